@@ -1,0 +1,45 @@
+"""`ft`: one command, subcommands found in this package.
+
+A module `cmd_<name>.py` defines register(subparsers) and adds the `ft <name>` parser with a `run` default;
+a module `bench_<name>.py` does the same under `ft bench`. User errors (ValueError, OSError) print one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import pkgutil
+import sys
+
+import freetoken
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ft", description="freetoken: MoE expert offloading, simulated and live")
+    parser.add_argument("--version", action="version", version=f"freetoken {freetoken.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    bench = sub.add_parser("bench", help="benchmarks: measured ratios printed in one run")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCH")
+    bench_sub.required = True
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("cmd_"):
+            importlib.import_module(f"{__name__}.{info.name}").register(sub)
+        elif info.name.startswith("bench_"):
+            importlib.import_module(f"{__name__}.{info.name}").register(bench_sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as e:
+        if os.environ.get("FT_DEBUG"):
+            raise
+        print(f"ft {args.command}: error: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,69 @@
+"""ft sim: replay a routing trace through a placement policy and a miss split."""
+
+from __future__ import annotations
+
+import argparse
+
+from freetoken.cli.common import print_json, progress
+from freetoken.placement import FETCH_ORDERS, POLICIES, Split
+from freetoken.trace import load
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sim", help="replay a routing trace through a policy, a split and a cache capacity")
+    p.add_argument("--trace", required=True, help="trace file (.safetensors, see `ft trace import`)")
+    p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
+    p.add_argument("--split", default="offload", choices=["offload", "hybrid", "cpu"])
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--capacity", type=int, help="GPU expert slots")
+    size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
+    p.add_argument("--rule", default="balanced", choices=["balanced", "paper", "max_fetch"],
+                   help="hybrid: how many misses to fetch")
+    p.add_argument("--bp", type=float, default=0.0, help="hybrid: pinned PCIe bandwidth, GB/s")
+    p.add_argument("--bh", type=float, default=0.0, help="hybrid: host expert-processing bandwidth, GB/s")
+    p.add_argument("--max-fetch", type=int, default=0, help="hybrid --rule max_fetch: fetch at most this many")
+    p.add_argument("--fetch-order", default="most_tokens", choices=sorted(FETCH_ORDERS))
+    p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens per prefill call")
+    p.add_argument("--profile", help="frequency: trace whose expert counts choose the pinned set "
+                                     "(default: the replayed trace, i.e. in-sample)")
+    p.add_argument("--n-cpu-layers", type=int, help="static_layers: MoE layers kept on the CPU "
+                                                      "(default: derived from the capacity)")
+    p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
+    p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from sim.calls import num_calls
+    from sim.run import SimConfig, simulate
+
+    trace = load(args.trace)
+    profile = load(args.profile) if args.profile else None
+    options = {}
+    if args.n_cpu_layers is not None:
+        options["n_cpu_layers"] = args.n_cpu_layers
+    if args.scope is not None:
+        options["scope"] = args.scope
+    split = Split(args.split, args.rule, args.bp, args.bh, args.max_fetch, args.fetch_order)
+    config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
+                       options)
+    n_calls = num_calls(trace, args.prefill_chunk)
+    with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
+        result = simulate(trace, config, profile, on_call=None if args.json else advance)
+    out = result.to_dict()
+    out["trace"] = args.trace
+    if args.json:
+        print_json(out)
+        return 0
+    t = result.total
+    print(f"{args.trace}: {trace.num_tokens} tokens, {trace.num_layers} MoE layers x {trace.num_experts} experts, "
+          f"top-{trace.top_k}")
+    print(f"policy {result.policy}, split {result.split}, capacity {result.capacity} of {trace.num_keys} experts "
+          f"({result.capacity / trace.num_keys:.1%})")
+    print(f"  accesses {t.accesses}  hits {t.hits}  misses {t.misses}  hit rate {t.hit_rate:.2%}")
+    print(f"  fetched {t.fetched}  cpu {t.cpu}  evictions {t.evictions}"
+          + (f"  fetched bytes {t.fetched_bytes}" if args.expert_bytes else ""))
+    for name, c in result.by_phase().items():
+        print(f"  {name:8s} accesses {c.accesses}  hit rate {c.hit_rate:.2%}  fetched {c.fetched}  cpu {c.cpu}")
+    return 0

@@ -1,0 +1,42 @@
+"""Placement policies (which experts hold GPU slots) and miss splits, shared by the simulator and the engine."""
+
+from __future__ import annotations
+
+from freetoken.placement.belady import Belady
+from freetoken.placement.call import DECODE, PREFILL, Call, Plan, make_call
+from freetoken.placement.frequency import Frequency
+from freetoken.placement.lru import LRU
+from freetoken.placement.policy import NOT_RESIDENT, PlacementPolicy
+from freetoken.placement.split import FETCH_ORDERS, Split, balanced_fetch_count, paper_fetch_count
+from freetoken.placement.static_layers import StaticLayers
+from freetoken.placement.stream import KeyStream, key_stream
+
+POLICIES: dict[str, type[PlacementPolicy]] = {
+    "lru": LRU,
+    "static_layers": StaticLayers,
+    "frequency": Frequency,
+    "belady": Belady,
+}
+
+
+def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, **options) -> PlacementPolicy:
+    """Build a policy by name. options go to its constructor (profile=, future=, n_cpu_layers=, scope=, ...)."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}") from None
+    import inspect
+
+    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "capacity", "num_layers", "num_experts"}
+    unknown = set(options) - accepted
+    if unknown:
+        raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
+                         f"it takes: {', '.join(sorted(accepted)) or 'none'}")
+    return cls(capacity, num_layers, num_experts, **options)
+
+
+__all__ = [
+    "Belady", "Call", "DECODE", "FETCH_ORDERS", "Frequency", "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES",
+    "PREFILL", "PlacementPolicy", "Plan", "Split", "StaticLayers", "balanced_fetch_count", "key_stream",
+    "make_call", "make_policy", "paper_fetch_count",
+]

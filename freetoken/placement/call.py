@@ -1,0 +1,64 @@
+"""What one MoE layer asks of the cache, and what the cache answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PREFILL, DECODE = 0, 1
+
+
+@dataclass(slots=True)
+class Call:
+    """One MoE-layer invocation: the distinct experts it needs, in first-use order.
+
+    Decode calls carry one token's top-k; prefill calls carry every expert a chunk of tokens routes to,
+    with how many of the chunk's tokens use each (the CPU lane's and the GPU's work scale with it).
+    """
+
+    layer: int
+    experts: list[int]  # [A] distinct expert ids
+    tokens: list[int]  # [A] tokens routed to each
+    phase: int = DECODE
+    request: int = 0
+
+
+def make_call(layer: int, topk: np.ndarray, phase: int, request: int = 0) -> Call:
+    """The one place that turns router picks into a Call; the simulator and the live engine both use it.
+
+    topk: [T, K] expert ids of T tokens (T = 1 in decode). Experts keep first-use order
+    (token-major, then top-k rank), so a decode call lists the router's top-k as ranked.
+    """
+    flat = np.asarray(topk).reshape(-1)
+    if flat.size and flat.size == np.asarray(topk).shape[-1]:  # one token: ids are already distinct
+        return Call(layer, [int(e) for e in flat], [1] * flat.size, phase, request)
+    ids, first, counts = np.unique(flat, return_index=True, return_counts=True)
+    order = np.argsort(first, kind="stable")
+    return Call(layer, ids[order].tolist(), counts[order].tolist(), phase, request)
+
+
+@dataclass(slots=True)
+class Plan:
+    """The policy's answer for one Call. Ids are expert ids within `layer`; evictions are (layer, expert).
+
+    hits   experts already in a GPU slot (hit_slots: their slot ids)
+    fetch  experts copied host -> GPU for this call (fetch_slots: the slot each lands in, -1 = a staging
+           buffer, used once and not kept resident)
+    cpu    experts the host computes
+    evict  (layer, expert) pairs that lost their slot to make room for this call's fetches
+    prefetch (layer, expert) pairs copied ahead of need for a later layer (kept resident)
+    """
+
+    layer: int
+    hits: list[int]
+    hit_slots: list[int]
+    fetch: list[int]
+    fetch_slots: list[int]
+    cpu: list[int]
+    evict: list[tuple[int, int]] = field(default_factory=list)
+    prefetch: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def num_misses(self) -> int:
+        return len(self.fetch) + len(self.cpu)

@@ -1,0 +1,131 @@
+"""The placement-policy interface: one object decides residency for the simulator and the live engine alike.
+
+A policy owns which (layer, expert) keys hold one of `capacity` GPU slots. Keys are ints,
+key = layer * num_experts + expert. A subclass is small: it overrides a few hooks (libCacheSim style),
+and `plan` turns each Call into a Plan the same way for every policy:
+
+    1. hit/miss status of every expert of the call (fixed at the start of the call);
+    2. the split picks which misses to fetch; the rest go to the CPU lane;
+    3. accesses are applied in call order: on_hit / on_miss, then fetched keys are offered for a slot.
+       Keys of the current call are never evicted for each other (the GPU needs them all at once);
+       a fetched key that finds no slot runs from a staging buffer (slot -1) and is not kept.
+
+So a call is one *set* access: for LRU its keys become most recent together, in call order. With one
+expert per call (top-1) this is exactly a sequential cache over the key stream (libCacheSim's model);
+with top-k > 1 it differs from a sequential cache only where one of the call's own keys would be evicted.
+"""
+
+from __future__ import annotations
+
+from freetoken.placement.call import Call, Plan
+from freetoken.placement.split import Split
+
+NOT_RESIDENT = -1
+
+
+class PlacementPolicy:
+    name = "base"
+    admits = True  # False: residency is fixed (pinned); fetched experts are used once from staging
+    needs_future = False  # True: offline policy that must be given the whole future key stream
+
+    def __init__(self, capacity: int, num_layers: int, num_experts: int):
+        if num_layers <= 0 or num_experts <= 0:
+            raise ValueError(f"num_layers and num_experts must be positive, got {num_layers}, {num_experts}")
+        if not 0 <= capacity <= num_layers * num_experts:
+            raise ValueError(f"capacity must lie in [0, {num_layers * num_experts}] expert slots "
+                             f"({num_layers} layers x {num_experts} experts), got {capacity}")
+        self.capacity = capacity
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+        self.slot_of: dict[int, int] = {}  # key -> slot
+        self._free_slots = list(range(capacity - 1, -1, -1))
+        self.clock = 0  # accesses applied so far
+        self.last_use = [-1] * (num_layers * num_experts)  # clock of each key's latest access
+
+    def _place_pinned(self, keys) -> None:
+        """Warm start for static policies: give these keys slots before the first call."""
+        for key in keys:
+            self.slot_of[key] = self._free_slots.pop()
+
+    # hooks
+    def on_hit(self, key: int, now: int) -> None:
+        pass
+
+    def on_miss(self, key: int, now: int) -> None:
+        pass
+
+    def on_admit(self, key: int, now: int) -> None:
+        pass
+
+    def on_evict(self, key: int) -> None:
+        pass
+
+    def begin_call(self, keys: list[int]) -> None:
+        """Called with the call's keys before any of them is applied."""
+
+    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
+        """A resident key, not in `protected`, to evict so that `key` gets a slot; None = do not cache `key`."""
+        raise NotImplementedError
+
+    # shared
+    def plan(self, call: Call, split: Split) -> Plan:
+        E = self.num_experts
+        base = call.layer * E
+        experts = call.experts
+        keys = [base + e for e in experts]
+        self.begin_call(keys)
+        slot_of = self.slot_of
+        hits, hit_slots, miss_idx = [], [], []
+        for i, key in enumerate(keys):
+            slot = slot_of.get(key)
+            if slot is None:
+                miss_idx.append(i)
+            else:
+                hits.append(experts[i])
+                hit_slots.append(slot)
+        fetch, fetch_slots, cpu, evict = [], [], [], []
+        chosen: set[int] = set()
+        if miss_idx:
+            last_use = self.last_use
+            picks = split.choose([experts[i] for i in miss_idx], [call.tokens[i] for i in miss_idx],
+                                 [last_use[keys[i]] for i in miss_idx])
+            chosen = {miss_idx[j] for j in picks}
+        protected = set(keys) if chosen else None
+        for i, key in enumerate(keys):
+            now = self.clock
+            self.clock = now + 1
+            if key in slot_of:
+                self.on_hit(key, now)
+            else:
+                self.on_miss(key, now)
+                if i in chosen:
+                    fetch.append(experts[i])
+                    fetch_slots.append(self._admit(key, now, protected, evict))
+                else:
+                    cpu.append(experts[i])
+            self.last_use[key] = now
+        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict)
+
+    def _admit(self, key: int, now: int, protected: set[int], evict: list) -> int:
+        if not self.admits:
+            return NOT_RESIDENT
+        if self._free_slots:
+            slot = self._free_slots.pop()
+        else:
+            out = self.victim(key, now, protected) if self.capacity else None
+            if out is None:
+                return NOT_RESIDENT
+            slot = self.slot_of.pop(out)
+            self.on_evict(out)
+            evict.append(divmod(out, self.num_experts))
+        self.slot_of[key] = slot
+        self.on_admit(key, now)
+        return slot
+
+    # inspection
+    def resident(self) -> dict[tuple[int, int], int]:
+        """(layer, expert) -> slot of every resident expert."""
+        return {divmod(k, self.num_experts): s for k, s in self.slot_of.items()}
+
+    def slot(self, layer: int, expert: int) -> int:
+        return self.slot_of.get(layer * self.num_experts + expert, NOT_RESIDENT)

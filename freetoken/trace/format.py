@@ -1,0 +1,220 @@
+"""Routing traces: which experts every token picked at every MoE layer.
+
+One safetensors file per trace. Tensors (T = tokens, L = MoE layers, K = top-k):
+    experts [T, L, K] int16   expert ids, in the router's top-k order
+    gates   [T, L, K] float16 optional router weights of those experts
+    request [T] int32         request id (a conversation / prompt)
+    turn    [T] int32         turn within the request (agent workloads)
+    phase   [T] int8          0 = prefill, 1 = decode
+    token   [T] int32         token id, -1 where unknown
+String metadata: model, num_layers, num_experts, top_k, source, format_version (+ free-form extras).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+FORMAT_VERSION = "1"
+PREFILL, DECODE = 0, 1
+REQUIRED_META = ("model", "num_layers", "num_experts", "top_k", "source", "format_version")
+_DTYPES = {
+    "experts": np.int16,
+    "gates": np.float16,
+    "request": np.int32,
+    "turn": np.int32,
+    "phase": np.int8,
+    "token": np.int32,
+}
+
+
+class TraceError(ValueError):
+    """A trace file or array that does not satisfy the format; the message names the file and field."""
+
+
+@dataclass(slots=True)
+class RoutingTrace:
+    experts: np.ndarray  # [T, L, K] int16
+    num_experts: int
+    model: str = "unknown"
+    source: str = "unknown"
+    request: np.ndarray | None = None  # [T] int32
+    turn: np.ndarray | None = None  # [T] int32
+    phase: np.ndarray | None = None  # [T] int8
+    token: np.ndarray | None = None  # [T] int32
+    gates: np.ndarray | None = None  # [T, L, K] float16
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        T = self.experts.shape[0] if self.experts.ndim == 3 else 0
+        if self.request is None:
+            self.request = np.zeros(T, np.int32)
+        if self.turn is None:
+            self.turn = np.zeros(T, np.int32)
+        if self.phase is None:
+            self.phase = np.zeros(T, np.int8)
+        if self.token is None:
+            self.token = np.full(T, -1, np.int32)
+        validate(self)
+
+    # shape
+    @property
+    def num_tokens(self) -> int:
+        return int(self.experts.shape[0])
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.experts.shape[1])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.experts.shape[2])
+
+    @property
+    def num_keys(self) -> int:
+        """(layer, expert) pairs: the universe a cache of expert slots draws from."""
+        return self.num_layers * self.num_experts
+
+    def metadata(self) -> dict[str, str]:
+        meta = dict(self.extra)
+        meta.update(
+            model=self.model,
+            num_layers=str(self.num_layers),
+            num_experts=str(self.num_experts),
+            top_k=str(self.top_k),
+            source=self.source,
+            format_version=FORMAT_VERSION,
+        )
+        return meta
+
+    def select(self, mask: np.ndarray) -> "RoutingTrace":
+        """The tokens where mask is true (e.g. one request), same metadata."""
+        return RoutingTrace(
+            experts=self.experts[mask],
+            num_experts=self.num_experts,
+            model=self.model,
+            source=self.source,
+            request=self.request[mask],
+            turn=self.turn[mask],
+            phase=self.phase[mask],
+            token=self.token[mask],
+            gates=None if self.gates is None else self.gates[mask],
+            extra=dict(self.extra),
+        )
+
+
+def validate(trace: RoutingTrace, where: str = "trace") -> None:
+    """Raise TraceError naming the field at fault; `where` is the file name when loading."""
+    ex = trace.experts
+    if not isinstance(ex, np.ndarray) or ex.ndim != 3:
+        raise TraceError(f"{where}: field 'experts' must be a [tokens, layers, top_k] array, got "
+                         f"{getattr(ex, 'shape', type(ex).__name__)}")
+    if ex.dtype != np.int16:
+        raise TraceError(f"{where}: field 'experts' must be int16, got {ex.dtype}")
+    T, L, K = ex.shape
+    if L == 0 or K == 0:
+        raise TraceError(f"{where}: field 'experts' has an empty layer or top_k axis: shape {ex.shape}")
+    if not isinstance(trace.num_experts, (int, np.integer)) or trace.num_experts <= 0:
+        raise TraceError(f"{where}: metadata 'num_experts' must be a positive integer, got {trace.num_experts!r}")
+    if K > trace.num_experts:
+        raise TraceError(f"{where}: top_k {K} exceeds num_experts {trace.num_experts}")
+    if T:
+        lo, hi = int(ex.min()), int(ex.max())
+        if lo < 0 or hi >= trace.num_experts:
+            bad = lo if lo < 0 else hi
+            t, l, k = np.argwhere(ex == bad)[0]
+            raise TraceError(f"{where}: field 'experts' holds id {bad} at token {t}, layer {l}, slot {k}; "
+                             f"ids must lie in [0, {trace.num_experts})")
+        s = np.sort(ex, axis=2)
+        dup = np.argwhere(s[:, :, 1:] == s[:, :, :-1])
+        if len(dup):
+            t, l, _ = dup[0]
+            raise TraceError(f"{where}: field 'experts' repeats an expert within one top-k at token {t}, layer {l}")
+    for name in ("request", "turn", "phase", "token"):
+        arr = getattr(trace, name)
+        if not isinstance(arr, np.ndarray) or arr.shape != (T,):
+            raise TraceError(f"{where}: field '{name}' must have shape ({T},) to match 'experts', "
+                             f"got {getattr(arr, 'shape', type(arr).__name__)}")
+        if arr.dtype != _DTYPES[name]:
+            raise TraceError(f"{where}: field '{name}' must be {np.dtype(_DTYPES[name])}, got {arr.dtype}")
+    if T and not np.isin(trace.phase, (PREFILL, DECODE)).all():
+        raise TraceError(f"{where}: field 'phase' must hold 0 (prefill) or 1 (decode)")
+    if trace.gates is not None:
+        g = trace.gates
+        if not isinstance(g, np.ndarray) or g.shape != ex.shape:
+            raise TraceError(f"{where}: field 'gates' must have the shape of 'experts' {ex.shape}, "
+                             f"got {getattr(g, 'shape', None)}")
+        if g.dtype != np.float16:
+            raise TraceError(f"{where}: field 'gates' must be float16, got {g.dtype}")
+
+
+# files
+def save(trace: RoutingTrace, path: str | os.PathLike) -> Path:
+    """Write atomically: a failed save leaves no partial file behind."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    validate(trace, str(path))
+    tensors = {n: np.ascontiguousarray(getattr(trace, n)) for n in ("experts", "request", "turn", "phase", "token")}
+    if trace.gates is not None:
+        tensors["gates"] = np.ascontiguousarray(trace.gates)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=trace.metadata())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load(path: str | os.PathLike) -> RoutingTrace:
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = f.metadata() or {}
+            names = set(f.keys())
+            arrays = {n: f.get_tensor(n) for n in names}
+    except (SafetensorError, OSError, ValueError, json.JSONDecodeError) as e:
+        raise TraceError(f"{path}: not a readable safetensors trace ({e})") from None
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise TraceError(f"{path}: metadata is missing {', '.join(repr(m) for m in missing)}")
+    if meta["format_version"] != FORMAT_VERSION:
+        raise TraceError(f"{path}: metadata 'format_version' is {meta['format_version']!r}; "
+                         f"this build reads version {FORMAT_VERSION}")
+    for req in ("experts", "request", "turn", "phase", "token"):
+        if req not in arrays:
+            raise TraceError(f"{path}: field '{req}' is missing")
+    ints = {}
+    for key in ("num_layers", "num_experts", "top_k"):
+        try:
+            ints[key] = int(meta[key])
+        except ValueError:
+            raise TraceError(f"{path}: metadata '{key}' must be an integer, got {meta[key]!r}") from None
+    extra = {k: v for k, v in meta.items() if k not in REQUIRED_META}
+    try:
+        trace = RoutingTrace(
+            experts=arrays["experts"], num_experts=ints["num_experts"], model=meta["model"], source=meta["source"],
+            request=arrays["request"], turn=arrays["turn"], phase=arrays["phase"], token=arrays["token"],
+            gates=arrays.get("gates"), extra=extra,
+        )
+    except TraceError as e:
+        raise TraceError(str(e).replace("trace:", f"{path}:", 1)) from None
+    for key in ("num_layers", "top_k"):
+        if ints[key] != getattr(trace, key):
+            raise TraceError(f"{path}: metadata '{key}' is {ints[key]} but field 'experts' has "
+                             f"{getattr(trace, key)}")
+    return trace

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing) and installs freetoken with its test extras. CPU machines get the CPU build of torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then pip install -q "torch>=2.4"; else pip install -q torch==2.13.0; fi
+fi
+pip install -q -e ".[dev]"
+echo "freetoken installed in $(pwd)/.venv"

@@ -1,0 +1,150 @@
+"""Replay a routing trace through a placement policy and a miss split: the simulator's executor.
+
+The executor only counts what each Plan says; charging time for it is the cost model's job. Per-call
+counts are kept as columns (ReplayLog) so the cost model and per-request / per-phase breakdowns read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Iterable
+
+import numpy as np
+
+from freetoken.placement import DECODE, Call, PlacementPolicy, Plan, Split
+
+COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
+           "hit_tokens", "fetch_tokens", "cpu_tokens")
+
+
+@dataclass(slots=True)
+class ReplayLog:
+    """One entry per MoE-layer call; *_tokens count (token, expert) pairs each lane computes."""
+
+    layer: np.ndarray
+    phase: np.ndarray
+    request: np.ndarray
+    experts: np.ndarray  # distinct experts the call needs
+    tokens: np.ndarray  # (token, expert) pairs of the call
+    hits: np.ndarray
+    fetched: np.ndarray
+    cpu: np.ndarray
+    evictions: np.ndarray
+    prefetched: np.ndarray
+    hit_tokens: np.ndarray
+    fetch_tokens: np.ndarray
+    cpu_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.layer)
+
+
+@dataclass(slots=True)
+class Counts:
+    calls: int = 0
+    accesses: int = 0
+    hits: int = 0
+    misses: int = 0
+    fetched: int = 0
+    cpu: int = 0
+    evictions: int = 0
+    prefetched: int = 0
+    cpu_tokens: int = 0
+    fetched_bytes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.accesses if self.accesses else 0.0
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["hit_rate"] = self.hit_rate
+        d["miss_rate"] = 1.0 - self.hit_rate if self.accesses else 0.0
+        return d
+
+
+def count(log: ReplayLog, mask: np.ndarray | None = None, expert_bytes: int = 0) -> Counts:
+    sel = slice(None) if mask is None else mask
+    hits, fetched, cpu = (int(getattr(log, c)[sel].sum()) for c in ("hits", "fetched", "cpu"))
+    prefetched = int(log.prefetched[sel].sum())
+    return Counts(
+        calls=int(np.count_nonzero(mask)) if mask is not None else len(log),
+        accesses=hits + fetched + cpu,
+        hits=hits,
+        misses=fetched + cpu,
+        fetched=fetched,
+        cpu=cpu,
+        evictions=int(log.evictions[sel].sum()),
+        prefetched=prefetched,
+        cpu_tokens=int(log.cpu_tokens[sel].sum()),
+        fetched_bytes=(fetched + prefetched) * expert_bytes,
+    )
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    policy: str
+    split: str
+    capacity: int
+    log: ReplayLog
+    expert_bytes: int = 0
+    plans: list[Plan] | None = None
+
+    @property
+    def total(self) -> Counts:
+        return count(self.log, None, self.expert_bytes)
+
+    def by_phase(self) -> dict[str, Counts]:
+        return {name: count(self.log, self.log.phase == p, self.expert_bytes)
+                for p, name in ((0, "prefill"), (1, "decode")) if (self.log.phase == p).any()}
+
+    def by_request(self) -> dict[int, Counts]:
+        return {int(r): count(self.log, self.log.request == r, self.expert_bytes)
+                for r in np.unique(self.log.request)}
+
+    def to_dict(self, breakdown: bool = True) -> dict:
+        out = {"policy": self.policy, "split": self.split, "capacity": self.capacity, **self.total.to_dict()}
+        if breakdown:
+            out["phases"] = {k: v.to_dict() for k, v in self.by_phase().items()}
+            out["requests"] = {str(k): v.to_dict() for k, v in self.by_request().items()}
+        return out
+
+
+def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
+           keep_plans: bool = False, on_call: Callable[[], None] | None = None) -> ReplayResult:
+    """Run every call through policy.plan and log what the plan moves. on_call: progress hook, once per call."""
+    cols: dict[str, list[int]] = {c: [] for c in COLUMNS}
+    (layer_c, phase_c, req_c, exp_c, tok_c, hit_c, fet_c, cpu_c, ev_c, pre_c, ht_c, ft_c, ct_c) = (
+        cols[c] for c in COLUMNS)
+    plans: list[Plan] | None = [] if keep_plans else None
+    plan_fn = policy.plan
+    for call in calls:
+        plan = plan_fn(call, split)
+        layer_c.append(call.layer)
+        phase_c.append(call.phase)
+        req_c.append(call.request)
+        n = len(call.experts)
+        exp_c.append(n)
+        hit_c.append(len(plan.hits))
+        fet_c.append(len(plan.fetch))
+        cpu_c.append(len(plan.cpu))
+        ev_c.append(len(plan.evict))
+        pre_c.append(len(plan.prefetch))
+        if call.phase == DECODE:  # one token: every expert computes one (token, expert) pair
+            tok_c.append(n)
+            ht_c.append(len(plan.hits))
+            ft_c.append(len(plan.fetch))
+            ct_c.append(len(plan.cpu))
+        else:
+            per = dict(zip(call.experts, call.tokens))
+            tok_c.append(sum(call.tokens))
+            ht_c.append(sum(per[e] for e in plan.hits))
+            ft_c.append(sum(per[e] for e in plan.fetch))
+            ct_c.append(sum(per[e] for e in plan.cpu))
+        if plans is not None:
+            plans.append(plan)
+        if on_call is not None:
+            on_call()
+    log = ReplayLog(**{c: np.asarray(v, np.int64) for c, v in cols.items()})
+    mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
+    return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes, plans)
