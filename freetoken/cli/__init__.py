@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
+    except BrokenPipeError:  # output piped into `head` and the like
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

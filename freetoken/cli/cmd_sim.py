@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from freetoken.cli.common import print_json, progress
+from freetoken.paths import DEFAULT_TRACE
 from freetoken.placement import FETCH_ORDERS, POLICIES, Split
 from freetoken.trace import load
 
 
 def register(sub) -> None:
     p = sub.add_parser("sim", help="replay a routing trace through a policy, a split and a cache capacity")
-    p.add_argument("--trace", required=True, help="trace file (.safetensors, see `ft trace import`)")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE),
+                   help="trace file (.safetensors, see `ft trace import`); default: the shipped synthetic trace")
     p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
     p.add_argument("--split", default="offload", choices=["offload", "hybrid", "cpu"])
     size = p.add_mutually_exclusive_group(required=True)

@@ -1,0 +1,10 @@
+"""Where the project's shipped data lives (an editable install reads it from the checkout)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_TRACES = REPO_ROOT / "traces"
+DEFAULT_TRACE = SHIPPED_TRACES / "synthetic-32x8-top2.safetensors"
+CONF_DIR = REPO_ROOT / "conf"
