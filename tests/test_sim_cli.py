@@ -1,0 +1,72 @@
+"""`ft sim` end to end on a saved trace: JSON fields, breakdowns that add up, clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from freetoken.cli import main
+from freetoken.placement import Split
+from freetoken.trace import RoutingTrace, load, save
+from sim.run import SimConfig, simulate
+
+
+@pytest.fixture()
+def trace_file(tmp_path):
+    rng = np.random.default_rng(3)
+    T, L, E, K = 60, 4, 8, 2
+    ex = np.argsort(rng.random((T, L, E)), axis=2)[:, :, :K].astype(np.int16)
+    request = np.repeat(np.arange(3, dtype=np.int32), 20)
+    phase = np.tile(np.array([0] * 8 + [1] * 12, np.int8), 3)
+    path = tmp_path / "t.safetensors"
+    save(RoutingTrace(ex, E, model="tiny", source="test", request=request, phase=phase), path)
+    return path
+
+
+def test_json_has_the_counts_and_they_add_up(trace_file, capsys):
+    assert main(["sim", "--trace", str(trace_file), "--policy", "lru", "--capacity", "10", "--prefill-chunk", "4",
+                 "--expert-bytes", "100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("hits", "misses", "fetched", "cpu", "evictions", "hit_rate", "fetched_bytes"):
+        assert key in out
+    assert out["hits"] + out["misses"] == out["accesses"]
+    assert out["fetched_bytes"] == 100 * out["fetched"]
+    for part in ("phases", "requests"):
+        for key in ("hits", "misses", "fetched", "evictions"):
+            assert sum(v[key] for v in out[part].values()) == out[key]
+    direct = simulate(load(trace_file), SimConfig("lru", Split("offload"), capacity=10, prefill_chunk=4,
+                                                  expert_bytes=100)).total
+    assert (out["hits"], out["misses"], out["evictions"]) == (direct.hits, direct.misses, direct.evictions)
+    # decode accesses: 3 requests x 12 tokens x 4 layers x top-2
+    assert out["phases"]["decode"]["accesses"] == 3 * 12 * 4 * 2
+
+
+def test_hybrid_split_moves_work_to_cpu(trace_file, capsys):
+    main(["sim", "--trace", str(trace_file), "--capacity", "10", "--split", "hybrid", "--bp", "10", "--bh", "10",
+          "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["cpu"] > 0 and out["fetched"] > 0 and out["split"] == "hybrid-balanced"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--trace", "/nonexistent.safetensors", "--capacity", "4"], "no such trace file"),
+        (["--fraction", "1.5"], "fraction must lie in (0, 1]"),
+        (["--capacity", "999"], "capacity 999 exceeds"),
+        (["--split", "hybrid", "--capacity", "4"], "bp > 0"),
+        (["--policy", "static_layers", "--capacity", "8", "--n-cpu-layers", "0"], "n_cpu_layers=0"),
+    ],
+)
+def test_bad_input_is_one_clear_line(trace_file, capsys, args, message):
+    argv = ["sim"] + (args if "--trace" in args else ["--trace", str(trace_file)] + args)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_corrupt_trace_file_is_named(tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    assert main(["sim", "--trace", str(bad), "--capacity", "1"]) == 2
+    assert str(bad) in capsys.readouterr().err
