@@ -1,0 +1,29 @@
+"""Triton kernels of the live engine. Each module holds the kernel, its wrapper (check, allocate, launch) and a torch
+reference `<name>_ref`.
+
+On a machine without CUDA the kernels can only run in Triton's interpreter, and Triton decides between compiling and
+interpreting when each `@triton.jit` decorator runs (it reads TRITON_INTERPRET then). This package is imported before
+any kernel module is, so setting TRITON_INTERPRET=1 here - before the first `import triton` below - makes CPU machines
+interpret every kernel on CPU tensors. An explicit TRITON_INTERPRET (0 or 1) is left as the user set it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from freetoken.kernels.attention import attention, attention_ref  # noqa: E402
+from freetoken.kernels.expert_ffn import expert_ffn, expert_ffn_ref  # noqa: E402
+from freetoken.kernels.linear import linear, linear_ref  # noqa: E402
+from freetoken.kernels.rmsnorm import rms_norm, rms_norm_ref  # noqa: E402
+from freetoken.kernels.rope import apply_rope, apply_rope_ref  # noqa: E402
+from freetoken.kernels.router import router_topk, router_topk_ref  # noqa: E402
+
+__all__ = [
+    "apply_rope", "apply_rope_ref", "attention", "attention_ref", "expert_ffn", "expert_ffn_ref",
+    "linear", "linear_ref", "rms_norm", "rms_norm_ref", "router_topk", "router_topk_ref",
+]

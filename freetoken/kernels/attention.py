@@ -1,0 +1,63 @@
+"""Causal GQA attention over a contiguous KV cache: query i sits at position start_pos + i and sees keys [0, start_pos + i].
+
+The caller has already written this call's K/V at [start_pos, start_pos + T). Prefill (T > 1) runs a flash-attention
+kernel (attention_prefill.py), decode (T = 1) a split-K kernel plus a merge (attention_decode.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from freetoken.kernels.attention_decode import attention_decode
+from freetoken.kernels.attention_prefill import attention_prefill
+from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
+
+MAX_HEAD_DIM = 256
+
+
+def attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float
+) -> torch.Tensor:
+    """q [T, H, Dh], k_cache / v_cache [S_max, Hkv, Dh] -> [T, H, Dh] in q's dtype, softmax in fp32."""
+    # 1. check
+    check_tensor(q, "q", 3)
+    check_tensor(k_cache, "k_cache", 3)
+    check_tensor(v_cache, "v_cache", 3)
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache)
+    T, H, Dh = q.shape
+    S_max, Hkv, Dh_k = k_cache.shape
+    if tuple(v_cache.shape) != tuple(k_cache.shape):
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} != k_cache {tuple(k_cache.shape)}")
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"v_cache: dtype {v_cache.dtype} != k_cache {k_cache.dtype}")
+    if Dh_k != Dh:
+        raise ValueError(f"k_cache: head dim {Dh_k} != q's {Dh}")
+    if Dh > MAX_HEAD_DIM:
+        raise ValueError(f"q: head dim {Dh} > {MAX_HEAD_DIM}")
+    if Hkv == 0 or H % Hkv:
+        raise ValueError(f"q: {H} heads is not a multiple of k_cache's {Hkv} kv heads")
+    if start_pos < 0 or start_pos + T > S_max:
+        raise ValueError(f"start_pos: {start_pos} + {T} queries exceeds the cache's {S_max} positions")
+    # 2. allocate
+    out = torch.empty((T, H, Dh), dtype=q.dtype, device=q.device)
+    if T == 0:
+        return out
+    # 3. launch
+    launch = attention_decode if T == 1 else attention_prefill
+    return launch(q, k_cache, v_cache, int(start_pos), float(sm_scale), out, dot_in_fp32(q, k_cache))
+
+
+def attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float
+) -> torch.Tensor:
+    """Explicit fp32 scores, causal mask, softmax, weighted sum; kv heads repeated for GQA."""
+    T, H, Dh = q.shape
+    Hkv = k_cache.shape[1]
+    L = start_pos + T
+    k = k_cache[:L].float().repeat_interleave(H // Hkv, dim=1)  # [L, H, Dh]
+    v = v_cache[:L].float().repeat_interleave(H // Hkv, dim=1)
+    scores = torch.einsum("thd,shd->hts", q.float(), k) * sm_scale  # [H, T, L]
+    q_pos = start_pos + torch.arange(T, device=q.device)
+    visible = torch.arange(L, device=q.device)[None, :] <= q_pos[:, None]  # [T, L]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v).to(q.dtype)

@@ -1,0 +1,121 @@
+"""GQA decode attention (one query) over a contiguous KV cache, split-K: partial softmaxes per key split, then a merge."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.kernels.dot import mma
+
+LOG2E = 1.4426950408889634
+TARGET_PROGRAMS = 256  # enough (kv head, split) programs to keep every SM of a large GPU streaming the cache
+
+
+@triton.jit
+def _attention_decode_split_kernel(
+    # Pointers
+    q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr,
+    # Dimensions
+    L, Dh, GROUP, SPLIT_LEN, qk_scale,
+    # Strides
+    stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ph, stride_ps, stride_lh,
+    # Meta-parameters
+    DOT_FP32: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program (kv head, split): all GROUP query heads of the kv head against keys [split * SPLIT_LEN, +SPLIT_LEN)."""
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_g
+    q_mask = (offs_g[:, None] < GROUP) & (offs_d[None, :] < Dh)
+    q = tl.load(q_ptr + heads[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)  # [BG, BD]
+
+    m_i = tl.full([BLOCK_G], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    lo = split * SPLIT_LEN
+    hi = tl.minimum(lo + SPLIT_LEN, L)
+    for n0 in range(lo, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < hi
+        k = tl.load(k_ptr + offs_n[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
+                    mask=nmask[None, :] & (offs_d[:, None] < Dh), other=0.0)  # [BD, BN]
+        s = mma(q, k, tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
+        s = tl.where(nmask[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every split holds at least one key
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+                    mask=nmask[:, None] & (offs_d[None, :] < Dh), other=0.0)  # [BN, BD]
+        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
+        m_i = m_new
+    tl.store(part_out_ptr + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
+             acc / l_i[:, None], mask=q_mask)
+    tl.store(part_lse_ptr + heads * stride_lh + split, m_i + tl.log2(l_i), mask=offs_g < GROUP)
+
+
+@triton.jit
+def _attention_decode_merge_kernel(
+    # Pointers
+    part_out_ptr, part_lse_ptr, out_ptr,
+    # Dimensions
+    NUM_SPLITS, Dh,
+    # Strides
+    stride_ph, stride_ps, stride_lh, stride_oh,
+    # Meta-parameters
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program per head: out = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max)."""
+    h = tl.program_id(0)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    smask = offs_s < NUM_SPLITS
+    lse = tl.load(part_lse_ptr + h * stride_lh + offs_s, mask=smask, other=-float("inf"))  # [BS]
+    w = tl.exp2(lse - tl.max(lse, axis=0))
+    part = tl.load(part_out_ptr + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                   mask=smask[:, None] & (offs_d[None, :] < Dh), other=0.0)  # [BS, BD]
+    out = tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)
+    tl.store(out_ptr + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < Dh)
+
+
+def decode_splits(kv_len: int, num_kv_heads: int, block_n: int) -> tuple[int, int]:
+    """(number of splits, keys per split, a multiple of block_n) for kv_len keys."""
+    max_splits = triton.cdiv(kv_len, block_n)
+    splits = max(1, min(triton.cdiv(TARGET_PROGRAMS, num_kv_heads), max_splits))
+    split_len = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
+    return triton.cdiv(kv_len, split_len), split_len
+
+
+def attention_decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
+    out: torch.Tensor, dot_fp32: bool,
+) -> torch.Tensor:
+    """Launch only; `attention` checks the arguments (q [1, H, Dh]) and allocates `out`."""
+    _, H, Dh = q.shape
+    Hkv = k_cache.shape[1]
+    group = H // Hkv
+    L = start_pos + 1
+    BLOCK_D = max(triton.next_power_of_2(Dh), 16)
+    BLOCK_N = 64 if BLOCK_D <= 128 else 32
+    num_splits, split_len = decode_splits(L, Hkv, BLOCK_N)
+    part_out = torch.empty((H, num_splits, Dh), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((H, num_splits), dtype=torch.float32, device=q.device)
+    _attention_decode_split_kernel[(Hkv, num_splits)](
+        q, k_cache, v_cache, part_out, part_lse,
+        L, Dh, group, split_len, sm_scale * LOG2E,
+        q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        part_out.stride(0), part_out.stride(1), part_lse.stride(0),
+        DOT_FP32=dot_fp32, BLOCK_G=max(triton.next_power_of_2(group), 16), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        num_warps=4, num_stages=2,
+    )
+    _attention_decode_merge_kernel[(H,)](
+        part_out, part_lse, out,
+        num_splits, Dh,
+        part_out.stride(0), part_out.stride(1), part_lse.stride(0), out.stride(1),
+        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(Dh),
+        num_warps=4,
+    )
+    return out

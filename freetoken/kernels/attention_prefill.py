@@ -1,0 +1,79 @@
+"""Causal GQA flash attention for prefill chunks: T queries at positions start_pos.. over a contiguous KV cache."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.kernels.dot import mma
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attention_prefill_kernel(
+    # Pointers
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    # Dimensions
+    T, start_pos, Dh, GROUP, qk_scale,
+    # Strides
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
+    # Meta-parameters
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Program (query block, head): online softmax (base 2) over keys [0, start_pos + last query of the block]."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # query index within the chunk
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < Dh
+    q_mask = (offs_m[:, None] < T) & dmask[None, :]
+    q = tl.load(q_ptr + offs_m[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=q_mask, other=0.0)
+    q_pos = start_pos + offs_m  # [BM]
+
+    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    end = start_pos + tl.minimum((pid_m + 1) * BLOCK_M, T)  # one past the last key any real row of the block sees
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        nmask = offs_n < end
+        k = tl.load(k_ptr + offs_n[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
+                    mask=nmask[None, :] & dmask[:, None], other=0.0)  # [BD, BN]
+        s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
+        s = tl.where((offs_n[None, :] <= q_pos[:, None]) & nmask[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is visible to every row
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + offs_n[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
+                    mask=nmask[:, None] & dmask[None, :], other=0.0)  # [BN, BD]
+        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(out_ptr + offs_m[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def attention_prefill(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
+    out: torch.Tensor, dot_fp32: bool,
+) -> torch.Tensor:
+    """Launch only; `attention` checks the arguments and allocates `out` [T, H, Dh]."""
+    T, H, Dh = q.shape
+    Hkv = k_cache.shape[1]
+    BLOCK_D = max(triton.next_power_of_2(Dh), 16)
+    BLOCK_M = 64 if T > 32 else 16
+    BLOCK_N = 64 if BLOCK_D <= 128 else 32
+    grid = (triton.cdiv(T, BLOCK_M), H)
+    _attention_prefill_kernel[grid](
+        q, k_cache, v_cache, out,
+        T, start_pos, Dh, H // Hkv, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
+        DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        num_warps=4 if BLOCK_M <= 16 else 8, num_stages=2,
+    )
+    return out

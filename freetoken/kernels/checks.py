@@ -1,0 +1,45 @@
+"""Argument checks shared by the kernel wrappers, and the one question every wrapper asks: are we interpreting?"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+
+
+def check_tensor(
+    t: torch.Tensor,
+    name: str,
+    ndim: int,
+    dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES,
+    last_contiguous: bool = True,
+) -> None:
+    """Fail with one line naming the argument when a tensor cannot go to a kernel."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name}: dtype {t.dtype} not in {[str(d) for d in dtypes]}")
+    if t.device.type != "cuda" and not interpreting():
+        raise ValueError(f"{name}: on {t.device}; CPU tensors run only under TRITON_INTERPRET=1")
+    if last_contiguous and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name}: last dim must be contiguous (stride {t.stride(-1)})")
+
+
+def check_same_device(**tensors: torch.Tensor) -> None:
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"tensors on different devices: {devices}")
+
+
+def dot_in_fp32(*tensors: torch.Tensor) -> bool:
+    """Upcast tl.dot operands to fp32? Yes in the interpreter (its bf16 dot is wrong) and for fp32 inputs."""
+    return interpreting() or any(t.dtype == torch.float32 for t in tensors)

@@ -1,0 +1,203 @@
+"""Fused routed-expert FFN over GPU slot ids: out[t] = sum_k w[t,k] * down_s(silu(gate_s x[t]) * up_s x[t]).
+
+slot -1 means the expert is not resident (computed elsewhere): those pairs are dropped when pairs are grouped by slot
+(moe_align.py), and blocks past the padded total return at once. Three launches: gate/up GEMM with a fused silu*mul
+epilogue, down GEMM scaled by the routing weight into a per-pair buffer, a sum over each token's K pairs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
+from freetoken.kernels.dot import mma
+from freetoken.kernels.moe_align import align_by_slot
+
+
+@triton.jit
+def silu_mul(gate, up):
+    """silu(gate) * up in fp32 (SwiGLU)."""
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def _gate_up_kernel(
+    # Pointers
+    x_ptr, w_ptr, pairs_ptr, block_slot_ptr, h_ptr,
+    # Dimensions
+    TK, K, D, I,
+    # Strides
+    stride_xt, stride_ws, stride_wn, stride_hp,
+    # Meta-parameters
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (row block, I tile): h[rows, n] = silu(x[tok] @ Wg[s, n].T) * (x[tok] @ Wu[s, n].T)."""
+    b = tl.program_id(0)
+    slot = tl.load(block_slot_ptr + b)
+    if slot < 0:  # past the last resident pair
+        return
+    offs_r = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pairs_ptr + offs_r)  # [BM], TK = padding
+    rmask = pair < TK
+    tok = pair // K
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + tok[:, None] * stride_xt + offs_k[None, :]  # [BM, BK]
+    g_ptrs = w_ptr + slot.to(tl.int64) * stride_ws + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
+    u_ptrs = g_ptrs + I * stride_wn
+    acc_g = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_u = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        kmask = offs_k < D - k0
+        x = tl.load(x_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
+        wmask = kmask[:, None] & nmask[None, :]
+        acc_g = mma(x, tl.load(g_ptrs, mask=wmask, other=0.0), acc_g, DOT_FP32)
+        acc_u = mma(x, tl.load(u_ptrs, mask=wmask, other=0.0), acc_u, DOT_FP32)
+        x_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+    h = silu_mul(acc_g, acc_u)
+    tl.store(h_ptr + offs_r[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=rmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _down_kernel(
+    # Pointers
+    h_ptr, w_ptr, pairs_ptr, block_slot_ptr, route_w_ptr, y_ptr,
+    # Dimensions
+    TK, D, I,
+    # Strides
+    stride_hp, stride_ws, stride_wn, stride_yp,
+    # Meta-parameters
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T)."""
+    b = tl.program_id(0)
+    slot = tl.load(block_slot_ptr + b)
+    if slot < 0:
+        return
+    offs_r = b * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(pairs_ptr + offs_r)
+    rmask = pair < TK
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < D
+    offs_k = tl.arange(0, BLOCK_K)
+    h_ptrs = h_ptr + offs_r[:, None] * stride_hp + offs_k[None, :]  # [BM, BK]
+    w_ptrs = w_ptr + slot.to(tl.int64) * stride_ws + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        kmask = offs_k < I - k0
+        h = tl.load(h_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
+        acc = mma(h, w, acc, DOT_FP32)
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
+    tl.store(y_ptr + pair[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
+             mask=rmask[:, None] & nmask[None, :])
+
+
+@triton.jit
+def _sum_pairs_kernel(
+    # Pointers
+    y_ptr, slot_ptr, out_ptr,
+    # Dimensions
+    K, D,
+    # Strides
+    stride_yp, stride_st, stride_ot,
+    # Meta-parameters
+    BLOCK_D: tl.constexpr,
+):
+    """Program (token, D tile): out[t] = sum of y over the token's resident pairs (others were never written)."""
+    t = tl.program_id(0)
+    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for k in range(K):
+        width = tl.where(tl.load(slot_ptr + t * stride_st + k) >= 0, D, 0)  # 0: pair not resident, row unwritten
+        acc += tl.load(y_ptr + (t * K + k) * stride_yp + offs_d, mask=offs_d < width, other=0.0)
+    tl.store(out_ptr + t * stride_ot + offs_d, acc.to(out_ptr.dtype.element_ty), mask=offs_d < D)
+
+
+def expert_ffn(
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
+) -> torch.Tensor:
+    """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, w_gate_up [S, 2I, D], w_down [S, D, I] -> [T, D]."""
+    # 1. check
+    check_tensor(x, "x", 2)
+    check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
+    check_tensor(weights, "weights", 2, dtypes=(torch.float32,))
+    check_tensor(w_gate_up, "w_gate_up", 3)
+    check_tensor(w_down, "w_down", 3)
+    check_same_device(x=x, slot_ids=slot_ids, weights=weights, w_gate_up=w_gate_up, w_down=w_down)
+    T, D = x.shape
+    S, I2, D_w = w_gate_up.shape
+    I = I2 // 2
+    K = slot_ids.shape[1]
+    if slot_ids.shape[0] != T or tuple(weights.shape) != tuple(slot_ids.shape):
+        raise ValueError(f"slot_ids {tuple(slot_ids.shape)} / weights {tuple(weights.shape)} must both be [{T}, K]")
+    if D_w != D or I2 % 2:
+        raise ValueError(f"w_gate_up: shape {tuple(w_gate_up.shape)} is not [S, 2*I, {D}]")
+    if tuple(w_down.shape) != (S, D, I):
+        raise ValueError(f"w_down: shape {tuple(w_down.shape)} is not [{S}, {D}, {I}]")
+    if w_gate_up.stride(1) != D or w_down.stride(1) != I:
+        raise ValueError("w_gate_up / w_down: each slot's matrix must be row-major contiguous")
+    if S == 0:
+        raise ValueError("w_gate_up: no slots")
+    # 2. allocate
+    out = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    if T == 0 or K == 0:
+        return out.zero_()
+    BLOCK_M = 16 if T <= 32 else 64
+    blocks = align_by_slot(slot_ids, S, BLOCK_M)
+    P = blocks.pairs.shape[0]
+    h = torch.empty((P, I), dtype=x.dtype, device=x.device)  # rows in slot order
+    y = torch.empty((T * K, D), dtype=torch.float32, device=x.device)  # rows by pair id t*K + k
+    route_w = weights.contiguous().reshape(-1)
+    # 3. launch
+    dot_fp32 = dot_in_fp32(x, w_gate_up)
+    BLOCK_N, BLOCK_K = 64, 64
+    num_blocks = blocks.block_slot.shape[0]
+    _gate_up_kernel[(num_blocks, triton.cdiv(I, BLOCK_N))](
+        x, w_gate_up, blocks.pairs, blocks.block_slot, h,
+        T * K, K, D, I,
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), h.stride(0),
+        DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
+    )
+    _down_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](
+        h, w_down, blocks.pairs, blocks.block_slot, route_w, y,
+        T * K, D, I,
+        h.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
+        DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
+    )
+    BLOCK_D = min(triton.next_power_of_2(D), 1024)
+    _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
+        y, slot_ids, out,
+        K, D,
+        y.stride(0), slot_ids.stride(0), out.stride(0),
+        BLOCK_D=BLOCK_D, num_warps=4,
+    )
+    return out
+
+
+def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def expert_ffn_ref(
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
+) -> torch.Tensor:
+    """gpt-fast style: gather each pair's slot weights, einsum in fp32, zero weight where the slot is -1."""
+    # T = tokens, K = picks, D = hidden, I = expert intermediate
+    I = w_down.shape[2]
+    resident = slot_ids >= 0  # [T, K]
+    slots = slot_ids.clamp(min=0).long()
+    w_gu = w_gate_up[slots].float()  # [T, K, 2I, D]
+    gate_up = torch.einsum("td,tkhd->tkh", x.float(), w_gu)  # [T, K, 2I]
+    h = silu_mul_ref(gate_up[..., :I], gate_up[..., I:])  # [T, K, I]
+    y = torch.einsum("tki,tkdi->tkd", h, w_down[slots].float())  # [T, K, D]
+    scale = torch.where(resident, weights.float(), 0.0)  # [T, K]
+    return torch.einsum("tkd,tk->td", y, scale).to(x.dtype)

@@ -1,0 +1,99 @@
+"""Dense projection y = x @ w.T (+ bias) as a tiled Triton matmul: q/k/v/o projections, routers, lm_head."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
+from freetoken.kernels.dot import mma
+
+# (max tokens, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose max tokens >= T is used.
+# Few tokens (decode) are weight-bandwidth bound: narrow N tiles give more programs to stream the weight.
+TILE_CONFIGS = (
+    (16, 16, 64, 128, 4, 4),
+    (64, 64, 64, 64, 4, 4),
+    (float("inf"), 128, 128, 64, 8, 3),
+)
+
+
+@triton.jit
+def _linear_kernel(
+    # Pointers
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    # Dimensions
+    M, N, K,
+    # Strides
+    stride_xm, stride_wn, stride_om,
+    # Meta-parameters
+    HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """out[M, N] = x[M, K] @ w[N, K].T + bias[N]; program ids grouped along M so neighbours reuse w tiles in L2."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    group = pid // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group_size)
+    pid_n = (pid % (GROUP_M * num_n)) // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BM, BK]
+    w_ptrs = w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = offs_k < K - k0
+        x = tl.load(x_ptrs, mask=(offs_m[:, None] < M) & kmask[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=(offs_n[None, :] < N) & kmask[:, None], other=0.0)
+        acc = mma(x, w, acc, DOT_FP32)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [T, D_in], w [D_out, D_in], bias [D_out] -> [T, D_out] in x's dtype, accumulated in fp32."""
+    # 1. check
+    check_tensor(x, "x", 2)
+    check_tensor(w, "w", 2)
+    if bias is not None:
+        check_tensor(bias, "bias", 1)
+    check_same_device(x=x, w=w, bias=bias)
+    T, D_in = x.shape
+    D_out = w.shape[0]
+    if w.shape[1] != D_in:
+        raise ValueError(f"w: shape {tuple(w.shape)} does not match x's D_in {D_in}")
+    if bias is not None and bias.shape[0] != D_out:
+        raise ValueError(f"bias: shape {tuple(bias.shape)} does not match w's D_out {D_out}")
+    # 2. allocate
+    out = torch.empty((T, D_out), dtype=x.dtype, device=x.device)
+    if T == 0 or D_out == 0:
+        return out
+    # 3. launch
+    _, BM, BN, BK, warps, stages = next(c for c in TILE_CONFIGS if T <= c[0])
+    grid = (triton.cdiv(T, BM) * triton.cdiv(D_out, BN),)
+    _linear_kernel[grid](
+        x, w, bias if bias is not None else w, out,
+        T, D_out, D_in,
+        x.stride(0), w.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, DOT_FP32=dot_in_fp32(x, w),
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=8,
+        num_warps=warps, num_stages=stages,
+    )
+    return out
+
+
+def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 matmul, rounded once to x's dtype."""
+    y = x.float() @ w.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)

@@ -1,0 +1,63 @@
+"""RMSNorm over the last dim (also Qwen3's per-head q/k norm on [T*H, Dh]), HF rounding order."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.kernels.checks import check_same_device, check_tensor
+
+MAX_D = 65536
+
+
+@triton.jit
+def _rms_norm_kernel(
+    # Pointers
+    x_ptr, w_ptr, out_ptr,
+    # Dimensions
+    D, eps,
+    # Strides
+    stride_x, stride_out,
+    # Meta-parameters
+    BLOCK_D: tl.constexpr,
+):
+    """One row per program: y = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype), the sum of squares in fp32."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_D)
+    mask = offs < D
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
+    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # HF rounds to the input dtype before the weight
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, D], weight [D] -> [T, D] in x's dtype."""
+    # 1. check
+    check_tensor(x, "x", 2)
+    check_tensor(weight, "weight", 1)
+    check_same_device(x=x, weight=weight)
+    T, D = x.shape
+    if weight.shape[0] != D:
+        raise ValueError(f"weight: shape {tuple(weight.shape)} does not match x's last dim {D}")
+    if D > MAX_D:
+        raise ValueError(f"x: last dim {D} > {MAX_D} (one row per program)")
+    # 2. allocate
+    out = torch.empty((T, D), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    # 3. launch
+    BLOCK_D = triton.next_power_of_2(D)
+    num_warps = min(max(BLOCK_D // 256, 1), 16)
+    _rms_norm_kernel[(T,)](x, weight, out, D, float(eps), x.stride(0), out.stride(0), BLOCK_D=BLOCK_D, num_warps=num_warps)
+    return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF LlamaRMSNorm / Qwen3MoeRMSNorm: normalise in fp32, round to x.dtype, times the weight."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return (weight.float() * normed.float()).to(x.dtype)
