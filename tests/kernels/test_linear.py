@@ -1,0 +1,45 @@
+"""linear kernel vs its reference; the reference vs torch.nn.functional.linear."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.kernels import linear, linear_ref
+from freetoken.kernels.linear import TILE_CONFIGS
+from tests.kernels.tolerances import assert_close
+
+
+# T = 1 and 7 take the decode tile row, 40 the middle one, 70 the large one (see TILE_CONFIGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,D_in,D_out", [(1, 96, 130), (7, 40, 50), (40, 72, 33), (70, 130, 20)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_matches_reference(dtype, T, D_in, D_out, with_bias):
+    g = torch.Generator().manual_seed(T + D_in + D_out)
+    x = torch.randn(T, D_in, generator=g).to(dtype)
+    w = (torch.randn(D_out, D_in, generator=g) / D_in**0.5).to(dtype)
+    bias = torch.randn(D_out, generator=g).to(dtype) if with_bias else None
+    assert_close(linear(x, w, bias), linear_ref(x, w, bias))
+
+
+def test_every_tile_row_is_exercised():
+    rows = [next(i for i, c in enumerate(TILE_CONFIGS) if T <= c[0]) for T in (1, 7, 40, 70)]
+    assert sorted(set(rows)) == list(range(len(TILE_CONFIGS)))
+
+
+def test_strided_rows():
+    buf = torch.randn(5, 64)
+    x = buf[:, :40]  # row stride 64
+    w = torch.randn(24, 40)
+    assert_close(linear(x, w), linear_ref(x.contiguous(), w))
+
+
+def test_reference_matches_torch():
+    g = torch.Generator().manual_seed(7)
+    x, w, b = torch.randn(3, 16, generator=g), torch.randn(8, 16, generator=g), torch.randn(8, generator=g)
+    torch.testing.assert_close(linear_ref(x, w, b), torch.nn.functional.linear(x, w, b), rtol=1e-6, atol=1e-6)
+
+
+def test_shape_mismatch_is_named():
+    with pytest.raises(ValueError, match="w: shape"):
+        linear(torch.randn(2, 8), torch.randn(4, 9))
