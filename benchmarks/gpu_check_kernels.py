@@ -1,0 +1,185 @@
+"""Compile every Triton kernel at Qwen3-30B-A3B shapes, compare each with its torch reference, time both.
+
+    python benchmarks/gpu_check_kernels.py             # on a CUDA machine: real shapes, compiled kernels
+    python benchmarks/gpu_check_kernels.py --dry-run   # anywhere: tiny shapes, CPU tensors, Triton interpreter
+
+From another script in benchmarks/: `from gpu_check_kernels import check_kernels; results = check_kernels("cuda")`.
+Each result line: max abs error, error relative to the reference's largest value, kernel and reference times, and
+for the bandwidth-bound cases the bytes streamed per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+@dataclass(frozen=True, slots=True)
+class KernelShapes:
+    """Model shapes: D hidden, I expert intermediate, E experts, K picks, H / Hkv heads, Dh head dim."""
+
+    D: int
+    I: int
+    E: int
+    K: int
+    H: int
+    Hkv: int
+    Dh: int
+    slots: int  # expert slots resident in GPU memory (one layer's worth)
+    vocab: int
+    prefill_tokens: int
+    context: int  # tokens already in the KV cache for the chunked-prefill and decode cases
+
+    def __post_init__(self):
+        if self.H % self.Hkv or self.K > self.E or min(self.D, self.I, self.Dh, self.slots, self.prefill_tokens) < 1:
+            raise ValueError(f"inconsistent kernel shapes: {self}")
+
+
+QWEN3_30B_A3B = KernelShapes(D=2048, I=768, E=128, K=8, H=32, Hkv=4, Dh=128, slots=128, vocab=151936,
+                             prefill_tokens=512, context=4096)
+TINY = KernelShapes(D=64, I=40, E=16, K=4, H=4, Hkv=2, Dh=16, slots=10, vocab=100, prefill_tokens=9, context=40)
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    kernel: Callable
+    reference: Callable
+    args: tuple
+    bytes_moved: int = 0  # > 0: a bandwidth-bound case, report GB/s
+    tolerance: float = 2e-2  # max error relative to the reference's largest magnitude
+
+
+@dataclass(frozen=True, slots=True)
+class KernelResult:
+    name: str
+    max_abs_err: float
+    rel_err: float
+    kernel_ms: float
+    reference_ms: float
+    gbps: float
+    ok: bool
+
+
+def _chunked(fn: Callable, chunk: int) -> Callable:
+    """Run a token-major reference in chunks of tokens (the einsum reference gathers [T, K, 2I, D] weights)."""
+    def run(x, *rest):
+        return torch.cat([fn(x[i : i + chunk], *(r[i : i + chunk] for r in rest[:2]), *rest[2:])
+                          for i in range(0, x.shape[0], chunk)])
+    return run
+
+
+def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
+    from freetoken import kernels as K
+
+    g = torch.Generator(device="cpu").manual_seed(0)
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+
+    T, L = s.prefill_tokens, s.context
+    eb = torch.finfo(dtype).bits // 8
+    x = randn(T, s.D)
+    w_norm = (torch.rand(s.D, generator=g) + 0.5).to(device=device, dtype=dtype)
+    q = randn(T, s.H, s.Dh)
+    kc, vc = randn(L + T, s.Hkv, s.Dh), randn(L + T, s.Hkv, s.Dh)
+    pos = torch.arange(L, L + T, device=device)
+    w_qkv = randn((s.H + 2 * s.Hkv) * s.Dh, s.D, scale=s.D**-0.5)
+    w_head = randn(s.vocab, s.D, scale=s.D**-0.5)
+    w_gate_up = randn(s.slots, 2 * s.I, s.D, scale=s.D**-0.5)
+    w_down = randn(s.slots, s.D, s.I, scale=s.I**-0.5)
+    logits = randn(T, s.E, scale=2.0)
+    slot_ids = torch.randint(-1, s.slots, (T, s.K), generator=g, dtype=torch.int32).to(device)
+    route_w = torch.rand(T, s.K, generator=g).to(device)
+    decode_slots = torch.randperm(s.slots, generator=g)[: s.K].to(device=device, dtype=torch.int32)[None, :]
+    expert_bytes = 3 * s.I * s.D * eb
+    scale = s.Dh**-0.5
+    ffn_ref = _chunked(K.expert_ffn_ref, 16)
+    return [
+        Case("rms_norm [T, D]", K.rms_norm, K.rms_norm_ref, (x, w_norm, 1e-6)),
+        Case("rms_norm q/k [T*H, Dh]", K.rms_norm, K.rms_norm_ref,
+             (q.view(T * s.H, s.Dh), w_norm[: s.Dh], 1e-6)),
+        Case("apply_rope [T, H, Dh]", K.apply_rope, K.apply_rope_ref, (q, pos, 1e6)),
+        Case("attention prefill T from 0", K.attention, K.attention_ref, (q, kc, vc, 0, scale)),
+        Case("attention prefill chunk at context", K.attention, K.attention_ref, (q, kc, vc, L, scale)),
+        Case("attention decode at context", K.attention, K.attention_ref, (q[:1], kc, vc, L, scale),
+             bytes_moved=2 * (L + 1) * s.Hkv * s.Dh * eb),
+        Case("router_topk [T, E]", lambda *a: K.router_topk(*a)[0], lambda *a: K.router_topk_ref(*a)[0],
+             (logits, s.K, True), tolerance=1e-3),
+        Case("linear qkv decode", K.linear, K.linear_ref, (x[:1], w_qkv), bytes_moved=w_qkv.numel() * eb),
+        Case("linear qkv prefill", K.linear, K.linear_ref, (x, w_qkv)),
+        Case("linear lm_head decode", K.linear, K.linear_ref, (x[:1], w_head), bytes_moved=w_head.numel() * eb),
+        Case("expert_ffn decode K slots", K.expert_ffn, ffn_ref,
+             (x[:1], decode_slots, route_w[:1], w_gate_up, w_down), bytes_moved=s.K * expert_bytes),
+        Case("expert_ffn prefill with misses", K.expert_ffn, ffn_ref, (x, slot_ids, route_w, w_gate_up, w_down)),
+    ]
+
+
+def _time_ms(fn: Callable, args: tuple, device: str, iters: int) -> float:
+    if device.startswith("cuda"):
+        for _ in range(3):
+            fn(*args)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn(*args)
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / iters
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn(*args)
+    return (time.perf_counter() - t0) * 1e3 / iters
+
+
+def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry_run: bool = False,
+                  shapes: KernelShapes | None = None, iters: int = 20) -> list[KernelResult]:
+    """Run every case, print one line each, return the results (ok = error within the case's tolerance)."""
+    shapes = shapes or (TINY if dry_run else QWEN3_30B_A3B)
+    if dry_run:
+        device, iters = "cpu", 1
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device: CUDA is not available here (use --dry-run on a CPU machine)")
+    results = []
+    print(f"{'kernel':38s} {'max abs err':>11s} {'rel err':>9s} {'kernel ms':>10s} {'ref ms':>9s} {'GB/s':>7s}")
+    with torch.no_grad():
+        for case in _cases(shapes, device, dtype):
+            out = case.kernel(*case.args)
+            ref = case.reference(*case.args)
+            err = (out.float() - ref.float()).abs().max().item()
+            rel = err / max(ref.float().abs().max().item(), 1e-30)
+            kernel_ms = _time_ms(case.kernel, case.args, device, iters)
+            ref_ms = _time_ms(case.reference, case.args, device, max(1, iters // 4))
+            gbps = case.bytes_moved / (kernel_ms * 1e6) if case.bytes_moved else 0.0
+            res = KernelResult(case.name, err, rel, kernel_ms, ref_ms, gbps, rel <= case.tolerance)
+            results.append(res)
+            bandwidth = f"{gbps:7.0f}" if case.bytes_moved else f"{'-':>7s}"
+            print(f"{res.name:38s} {err:11.3e} {rel:9.2e} {kernel_ms:10.4f} {ref_ms:9.3f} {bandwidth} "
+                  f"{'ok' if res.ok else 'FAIL'}")
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under the Triton interpreter")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    args = p.parse_args(argv)
+    try:
+        results = check_kernels(dtype=getattr(torch, args.dtype), dry_run=args.dry_run)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
