@@ -1,0 +1,89 @@
+"""One `ft bench bw` run: host read, CPU lane, and (with CUDA) PCIe alone and overlapped, then a recommendation."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+import freetoken
+from freetoken.calibrate.lanes import (DeviceSlots, ExpertPool, Geometry, cpu_lane, gather_lane, h2d_bulk,
+                                       overlapped, torch_expert_ffn)
+from freetoken.calibrate.measure import host_read, last_level_cache_bytes
+from freetoken.calibrate.mode import recommend
+from freetoken.calibrate.profile import PROFILE_VERSION, profile_key
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    geometry: Geometry = field(default_factory=Geometry)
+    seconds: float = 3.0  # per measurement
+    min_buffer_bytes: int = 512 * MiB  # every buffer and expert pool spans at least this
+    llc_multiple: int = 4  # ... and this many times the last-level cache
+    misses_per_call: int = 4  # missing experts per decode layer call, for the predicted split
+    probe: bool = True  # end-to-end decode probe, offload vs hybrid (needs CUDA and the engine)
+
+    def __post_init__(self) -> None:
+        if self.seconds <= 0:
+            raise ValueError(f"seconds must be positive, got {self.seconds}")
+        if self.misses_per_call <= 0:
+            raise ValueError(f"misses per call must be positive, got {self.misses_per_call}")
+
+    @classmethod
+    def quick(cls, geometry: Geometry) -> "BenchConfig":
+        """A few seconds in all: buffers just past the cache, short runs, no probe."""
+        return cls(geometry, seconds=0.75, min_buffer_bytes=256 * MiB, probe=False)
+
+
+def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> dict:
+    geo = cfg.geometry
+    llc = last_level_cache_bytes()
+    span = max(cfg.min_buffer_bytes, cfg.llc_multiple * llc)
+    cuda = torch.cuda.is_available()
+    gpu = torch.cuda.get_device_name() if cuda else None
+    lane, lane_name = cpu_lane_function()
+    profile = {
+        "version": PROFILE_VERSION, "key": profile_key(gpu, geo.fmt), "gpu": gpu, "expert_format": geo.fmt,
+        "geometry": {"hidden": geo.hidden, "intermediate": geo.intermediate, "expert_bytes": geo.expert_bytes},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "freetoken": freetoken.__version__,
+        "threads": torch.get_num_threads(), "llc_bytes": llc, "seconds_per_measurement": cfg.seconds,
+    }
+    log(f"host read: {span / MiB:.0f} MiB buffer, {cfg.seconds:g} s")
+    profile["host"] = {**host_read(span, cfg.seconds).to_dict(), "buffer_bytes": span}
+    cpu_pool = ExpertPool(geo, geo.pool_size(span))
+    log(f"CPU lane ({lane_name}): {cpu_pool.experts} experts of {geo.expert_bytes / MiB:.1f} MiB, 1 token each")
+    profile["cpu_lane"] = {**cpu_lane(cpu_pool, cfg.seconds, lane=lane).to_dict(), "function": lane_name,
+                           "experts_in_pool": cpu_pool.experts, "tokens_per_expert": 1}
+    profile["pcie"] = profile["overlap"] = profile["decode_probe"] = None
+    dma = cpu_ov = dma_ov = None
+    if cuda:
+        gpu_pool = ExpertPool(geo, geo.pool_size(span), pin=True)
+        slots = DeviceSlots(geo, slots=max(8, cfg.misses_per_call * 2))
+        log(f"PCIe: pinned bulk copy and expert gather, {cfg.misses_per_call} experts per call")
+        bulk = h2d_bulk(gpu_pool, cfg.seconds)
+        gather = gather_lane(gpu_pool, slots, cfg.seconds, cfg.misses_per_call)
+        profile["pcie"] = {"h2d_bulk": bulk.to_dict(), "gather": gather.to_dict(), "gb_s": round(gather.gb_s, 3)}
+        log("CPU lane and expert gather at the same time")
+        cpu_r, dma_r = overlapped(cpu_pool, gpu_pool, slots, cfg.seconds, lane, cfg.misses_per_call)
+        profile["overlap"] = {"cpu_lane": cpu_r.to_dict(), "gather": dma_r.to_dict()}
+        dma, cpu_ov, dma_ov = gather.gb_s, cpu_r.gb_s, dma_r.gb_s
+        if cfg.probe:
+            from freetoken.calibrate.probe import decode_probe
+
+            log("decode probe: offload vs hybrid")
+            profile["decode_probe"] = decode_probe(cpu_ov, dma_ov)
+    profile["recommendation"] = recommend(dma, cpu_ov, dma_ov, cfg.misses_per_call, profile["decode_probe"])
+    return profile
+
+
+def cpu_lane_function():
+    """The engine's own CPU-lane expert function when it exists, else the torch expression of the same FFN."""
+    try:
+        from freetoken.engine.cpu_lane import expert_ffn_host  # type: ignore[import-not-found]
+    except ImportError:
+        return torch_expert_ffn, "torch reference (engine CPU lane not found)"
+    return expert_ffn_host, "engine"

@@ -1,0 +1,149 @@
+"""The two miss lanes on a real expert geometry: the CPU lane computing experts from host memory, and PCIe copies
+of experts into device slots; each alone and both at once (a hybrid step runs them together).
+
+E = experts in the pool, D = hidden, I = expert intermediate size. Expert weights use the engine's slot layout:
+w13 [E, 2I, D] (gate rows then up rows), w2 [E, D, I].
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from freetoken.calibrate.measure import Rate, sustain
+
+FORMATS: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+# CpuLane(x [T, D], w13 [2I, D], w2 [D, I]) -> [T, D]: one expert on the host
+CpuLane = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def torch_expert_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """SwiGLU expert: down(silu(gate x) * up x)."""
+    gate, up = (x @ w13.T).chunk(2, dim=-1)  # [T, I] each
+    return (F.silu(gate) * up) @ w2.T  # [T, D]
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """One routed expert: hidden D, intermediate I, weight format. Default: Qwen3-30B-A3B."""
+
+    hidden: int = 2048
+    intermediate: int = 768
+    fmt: str = "bf16"
+
+    def __post_init__(self) -> None:
+        if self.fmt not in FORMATS:
+            raise ValueError(f"expert format {self.fmt!r} is not one of {', '.join(FORMATS)}")
+        if self.hidden <= 0 or self.intermediate <= 0:
+            raise ValueError(f"expert geometry must be positive, got D={self.hidden}, I={self.intermediate}")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return FORMATS[self.fmt]
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.hidden * self.intermediate * self.dtype.itemsize
+
+    def pool_size(self, min_bytes: int) -> int:
+        """Experts needed for the pool to span min_bytes (at least 4, so no expert is reused back to back)."""
+        return max(4, -(-min_bytes // self.expert_bytes))
+
+
+class ExpertPool:
+    """E random experts in host memory (pinned when a GPU will copy them), visited round robin."""
+
+    def __init__(self, geo: Geometry, experts: int, pin: bool = False):
+        D, I = geo.hidden, geo.intermediate
+        self.geo = geo
+        self.w13 = torch.full((experts, 2 * I, D), 0.02, dtype=geo.dtype)  # [E, 2I, D]; values do not matter
+        self.w2 = torch.full((experts, D, I), 0.02, dtype=geo.dtype)  # [E, D, I]
+        if pin:
+            self.w13, self.w2 = self.w13.pin_memory(), self.w2.pin_memory()
+        self.experts = experts
+        self._next = 0
+
+    def take(self) -> int:
+        e = self._next
+        self._next = (e + 1) % self.experts
+        return e
+
+
+def cpu_lane(pool: ExpertPool, seconds: float, tokens: int = 1, lane: CpuLane = torch_expert_ffn,
+             stop: threading.Event | None = None) -> Rate:
+    """Expert weight bytes the CPU lane gets through per second at `tokens` tokens per expert (1 = decode)."""
+    x = torch.randn(tokens, pool.geo.hidden).to(pool.geo.dtype)
+
+    def one_pass():
+        e = pool.take()
+        lane(x, pool.w13[e], pool.w2[e])
+
+    return sustain(one_pass, pool.geo.expert_bytes, seconds, until=stop)
+
+
+class DeviceSlots:
+    """S expert slots on the GPU and a side stream for copies, as the engine's fetch lane has."""
+
+    def __init__(self, geo: Geometry, slots: int, device: str = "cuda"):
+        D, I = geo.hidden, geo.intermediate
+        self.w13 = torch.empty(slots, 2 * I, D, dtype=geo.dtype, device=device)
+        self.w2 = torch.empty(slots, D, I, dtype=geo.dtype, device=device)
+        self.slots = slots
+        self.stream = torch.cuda.Stream(device=device)
+        self._next = 0
+
+    def gather(self, pool: ExpertPool, experts: list[int]) -> None:
+        """Copies missing experts host -> slots on the side stream (no wait)."""
+        with torch.cuda.stream(self.stream):
+            for e in experts:
+                s = self._next
+                self._next = (s + 1) % self.slots
+                self.w13[s].copy_(pool.w13[e], non_blocking=True)
+                self.w2[s].copy_(pool.w2[e], non_blocking=True)
+
+    def sync(self) -> None:
+        self.stream.synchronize()
+
+
+def h2d_bulk(pool: ExpertPool, seconds: float) -> Rate:
+    """One large pinned host -> device copy per pass: the PCIe ceiling."""
+    dst = torch.empty_like(pool.w13, device="cuda")
+    stream = torch.cuda.Stream()
+
+    def one_pass():
+        with torch.cuda.stream(stream):
+            dst.copy_(pool.w13, non_blocking=True)
+
+    return sustain(one_pass, pool.w13.numel() * pool.w13.element_size(), seconds, sync=stream.synchronize)
+
+
+def gather_lane(pool: ExpertPool, slots: DeviceSlots, seconds: float, per_call: int = 4,
+                stop: threading.Event | None = None) -> Rate:
+    """Expert bytes per second the fetch lane moves, `per_call` missing experts per layer call."""
+
+    def one_pass():
+        slots.gather(pool, [pool.take() for _ in range(per_call)])
+
+    return sustain(one_pass, per_call * pool.geo.expert_bytes, seconds, sync=slots.sync, until=stop)
+
+
+def overlapped(cpu_pool: ExpertPool, gpu_pool: ExpertPool, slots: DeviceSlots, seconds: float,
+               lane: CpuLane = torch_expert_ffn, per_call: int = 4) -> tuple[Rate, Rate]:
+    """Both lanes at once, as in a hybrid step; each rate is measured over the window where both ran."""
+    out: dict[str, Rate] = {}
+    done = threading.Event()
+
+    def run_cpu():
+        out["cpu"] = cpu_lane(cpu_pool, seconds, lane=lane)
+        done.set()
+
+    worker = threading.Thread(target=run_cpu, daemon=True)
+    worker.start()
+    out["dma"] = gather_lane(gpu_pool, slots, seconds, per_call, stop=done)
+    worker.join()
+    return out["cpu"], out["dma"]

@@ -1,0 +1,82 @@
+"""The bandwidth profile: what `ft bench bw` measured, one JSON file per (GPU, expert format) in the user cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+
+PROFILE_VERSION = 1
+MODES = ("offload", "hybrid", "cpu")
+REQUIRED = {  # field -> type, checked on load
+    "version": int, "key": str, "expert_format": str, "geometry": dict, "host": dict, "cpu_lane": dict,
+    "recommendation": dict,
+}
+
+
+def cache_dir() -> Path:
+    """$XDG_CACHE_HOME/freetoken, else ~/.cache/freetoken."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "freetoken"
+
+
+def profile_key(gpu: str | None, expert_format: str) -> str:
+    return f"{gpu or 'cpu'}|{expert_format}"
+
+
+def profile_path(gpu: str | None, expert_format: str, directory: Path | None = None) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", profile_key(gpu, expert_format)).strip("-").lower()
+    return (directory or cache_dir()) / f"bw-{slug}.json"
+
+
+def save_profile(profile: dict, path: Path) -> Path:
+    validate_profile(profile, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(profile, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_profile(path: Path) -> dict:
+    try:
+        profile = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); rerun `ft bench bw`")
+    validate_profile(profile, path)
+    return profile
+
+
+def find_profile(gpu: str | None, expert_format: str, directory: Path | None = None) -> dict | None:
+    path = profile_path(gpu, expert_format, directory)
+    return load_profile(path) if path.exists() else None
+
+
+def validate_profile(profile, where) -> None:
+    if not isinstance(profile, dict):
+        raise ValueError(f"{where}: a profile is a JSON object")
+    for name, kind in REQUIRED.items():
+        if not isinstance(profile.get(name), kind):
+            raise ValueError(f"{where}: field {name!r} missing or not a {kind.__name__}; rerun `ft bench bw`")
+    if profile["version"] != PROFILE_VERSION:
+        raise ValueError(f"{where}: profile version {profile['version']} is not {PROFILE_VERSION}; rerun `ft bench bw`")
+    rec = profile["recommendation"]
+    if rec.get("mode") not in MODES:
+        raise ValueError(f"{where}: recommendation.mode must be one of {', '.join(MODES)}, got {rec.get('mode')!r}")
+    if rec["mode"] == "hybrid" and not (_positive(rec.get("bp_gb_s")) and _positive(rec.get("bh_gb_s"))):
+        raise ValueError(f"{where}: a hybrid recommendation needs positive bp_gb_s and bh_gb_s")
+    for lane in ("host", "cpu_lane"):
+        if not _positive(profile[lane].get("gb_s")):
+            raise ValueError(f"{where}: {lane}.gb_s must be a positive number")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0

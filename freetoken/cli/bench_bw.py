@@ -1,0 +1,74 @@
+"""ft bench bw: sustained bandwidths of the expert lanes; writes this machine's profile and names the split mode."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from freetoken.cli.common import print_json
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bw", help="host, CPU-lane and PCIe bandwidths; writes the profile `--split auto` reads")
+    p.add_argument("--quick", action="store_true", help="short runs over buffers just past the cache (~5 s)")
+    p.add_argument("--seconds", type=float, help="seconds per measurement (default 3, --quick 0.75)")
+    p.add_argument("--hidden", type=int, default=2048, help="expert geometry: hidden size D (Qwen3-30B-A3B: 2048)")
+    p.add_argument("--intermediate", type=int, default=768, help="expert intermediate size I (Qwen3-30B-A3B: 768)")
+    p.add_argument("--format", dest="fmt", default="bf16", help="expert weight format: bf16, fp16, fp32")
+    p.add_argument("--misses-per-call", type=int, default=4, help="missing experts per decode layer call")
+    p.add_argument("--no-probe", action="store_true", help="skip the end-to-end decode probe")
+    p.add_argument("--cache-dir", type=Path, help="where the profile goes (default $XDG_CACHE_HOME/freetoken)")
+    p.add_argument("--no-save", action="store_true", help="measure and print only")
+    p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from freetoken.calibrate.bench import BenchConfig, run_bench
+    from freetoken.calibrate.lanes import Geometry
+    from freetoken.calibrate.profile import profile_path, save_profile
+
+    geo = Geometry(args.hidden, args.intermediate, args.fmt)
+    cfg = BenchConfig.quick(geo) if args.quick else BenchConfig(geo)
+    cfg = replace(cfg, misses_per_call=args.misses_per_call, probe=cfg.probe and not args.no_probe,
+                  **({"seconds": args.seconds} if args.seconds is not None else {}))
+    log = (lambda s: None) if args.json else (lambda s: print(f"  measuring {s}", file=sys.stderr))
+    profile = run_bench(cfg, log)
+    path = None
+    if not args.no_save:
+        path = save_profile(profile, profile_path(profile["gpu"], geo.fmt, args.cache_dir))
+    if args.json:
+        print_json({**profile, "path": str(path) if path else None})
+        return 0
+    print_table(profile)
+    if path:
+        print(f"profile written to {path}")
+    return 0
+
+
+def print_table(p: dict) -> None:
+    g = p["geometry"]
+    print(f"expert {g['hidden']}x{g['intermediate']} {p['expert_format']}: {g['expert_bytes'] / 2**20:.1f} MiB; "
+          f"{p['threads']} CPU threads; LLC {p['llc_bytes'] / 2**20:.0f} MiB")
+    rows = [("host memory read", p["host"]), ("CPU lane, 1 token/expert", p["cpu_lane"])]
+    if p["pcie"] is None:
+        rows.append(("PCIe", None))
+    else:
+        rows += [("PCIe pinned bulk copy", p["pcie"]["h2d_bulk"]), ("PCIe expert gather", p["pcie"]["gather"]),
+                 ("CPU lane while gathering", p["overlap"]["cpu_lane"]),
+                 ("gather while CPU lane runs", p["overlap"]["gather"])]
+    print(f"{'lane':28s} {'sustained GB/s':>15s} {'best pass GB/s':>15s} {'seconds':>8s}")
+    for name, r in rows:
+        if r is None:
+            print(f"{name:28s} {'absent (no CUDA device)':>40s}")
+        else:
+            print(f"{name:28s} {r['gb_s']:15.2f} {r['peak_gb_s']:15.2f} {r['seconds']:8.2f}")
+    probe = p["decode_probe"]
+    if probe:
+        print(f"decode probe ({probe['model']}): offload {probe['offload_tok_s']:.2f} tok/s, "
+              f"hybrid {probe['hybrid_tok_s']:.2f} tok/s")
+    rec = p["recommendation"]
+    print(f"recommended mode: {rec['mode']} ({rec['reason']})")

@@ -1,0 +1,119 @@
+"""ft bench bw: a valid profile from a real (quick) run; the recommendation rule on hand-derived numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from freetoken.calibrate.lanes import Geometry
+from freetoken.calibrate.measure import last_level_cache_bytes
+from freetoken.calibrate.mode import recommend, resolve_split
+from freetoken.calibrate.profile import load_profile, profile_path, save_profile
+from freetoken.cli import main
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    """One real `ft bench bw --quick --json` run (a few seconds), shared by the checks below."""
+    cache = tmp_path_factory.mktemp("cache")
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["bench", "bw", "--quick", "--json", "--cache-dir", str(cache)]) == 0
+    return json.loads(out.getvalue()), cache
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
+def test_quick_run_writes_a_valid_cpu_profile(quick_run):
+    printed, cache = quick_run
+    path = profile_path(None, "bf16", cache)
+    assert printed["path"] == str(path)
+    profile = load_profile(path)  # validates every required field
+    assert profile["key"] == "cpu|bf16" and profile["gpu"] is None
+    assert profile["pcie"] is None and profile["overlap"] is None
+    assert profile["recommendation"]["mode"] == "cpu"
+    assert "PCIe absent" in profile["recommendation"]["reason"]
+    # the buffer is beyond the last-level cache, and the expert is Qwen3-30B-A3B's: 3 * 2048 * 768 * 2 bytes
+    assert profile["host"]["buffer_bytes"] >= 4 * last_level_cache_bytes()
+    assert profile["cpu_lane"]["bytes_per_pass"] == 9_437_184
+    assert profile["cpu_lane"]["experts_in_pool"] * 9_437_184 >= profile["host"]["buffer_bytes"]
+    for lane in ("host", "cpu_lane"):
+        r = profile[lane]
+        # sustained = all bytes over all seconds (rounded to 3 decimals when written)
+        assert r["gb_s"] == pytest.approx(r["passes"] * r["bytes_per_pass"] / r["seconds"] / 1e9, rel=0.01)
+        assert r["passes"] >= 3 and r["seconds"] >= 0.75 * 0.99
+        assert r["gb_s"] <= r["peak_gb_s"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
+def test_table_says_pcie_is_absent(tmp_path, capsys):
+    assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "host memory read" in out and "CPU lane, 1 token/expert" in out
+    assert "absent (no CUDA device)" in out and "recommended mode: cpu" in out
+
+
+def test_offload_when_the_balanced_split_fetches_every_miss():
+    # q in {3, 4}: cost(3) = max(3/45, 1/10) = 0.1 > cost(4) = 4/45 = 0.089, so all 4 are fetched
+    rec = recommend(dma_alone=50.0, cpu_overlap=10.0, dma_overlap=45.0, misses_per_call=4, probe=None)
+    assert rec["mode"] == "offload" and rec["fetched_per_call"] == 4
+    assert rec["predicted_speedup"] == pytest.approx((4 / 50) / (4 / 45), abs=1e-3)
+
+
+def test_hybrid_only_when_the_decode_probe_confirms_it():
+    # q in {0, 1}: cost(0) = 4/40 = 0.1, cost(1) = max(1/10, 3/40) = 0.1, tie -> q = 0;
+    # offload 4/12 = 0.333 per call, so predicted 3.33x
+    args = dict(dma_alone=12.0, cpu_overlap=40.0, dma_overlap=10.0, misses_per_call=4)
+    unchecked = recommend(**args, probe=None)
+    assert unchecked["mode"] == "offload" and unchecked["predicted_speedup"] == pytest.approx(3.333, abs=1e-3)
+    assert "not checked end to end" in unchecked["reason"]
+    slower = recommend(**args, probe={"offload_tok_s": 10.0, "hybrid_tok_s": 10.5})
+    assert slower["mode"] == "offload" and slower["measured_speedup"] == 1.05
+    faster = recommend(**args, probe={"offload_tok_s": 10.0, "hybrid_tok_s": 20.0})
+    assert faster["mode"] == "hybrid" and (faster["bp_gb_s"], faster["bh_gb_s"]) == (10.0, 40.0)
+
+
+def _profile(mode, bp=None, bh=None):
+    return {"version": 1, "key": "GPU X|bf16", "gpu": "GPU X", "expert_format": "bf16",
+            "geometry": {"hidden": 2048, "intermediate": 768}, "host": {"gb_s": 60.0}, "cpu_lane": {"gb_s": 30.0},
+            "recommendation": {"mode": mode, "bp_gb_s": bp, "bh_gb_s": bh, "reason": "test"}}
+
+
+def test_auto_resolves_to_offload_unless_the_profile_recommends_hybrid(tmp_path):
+    assert resolve_split("auto", "GPU X", "bf16", tmp_path).split.mode == "offload"  # no profile
+    with pytest.raises(ValueError, match="run `ft bench bw`"):
+        resolve_split("hybrid", "GPU X", "bf16", tmp_path)
+    save_profile(_profile("offload", 50.0, 20.0), profile_path("GPU X", "bf16", tmp_path))
+    assert resolve_split("auto", "GPU X", "bf16", tmp_path).split.mode == "offload"
+    forced = resolve_split("hybrid", "GPU X", "bf16", tmp_path).split
+    assert (forced.mode, forced.bp, forced.bh) == ("hybrid", 50.0, 20.0)
+    save_profile(_profile("hybrid", 50.0, 20.0), profile_path("GPU X", "bf16", tmp_path))
+    auto = resolve_split("auto", "GPU X", "bf16", tmp_path).split
+    assert (auto.mode, auto.rule, auto.bp, auto.bh) == ("hybrid", "balanced", 50.0, 20.0)
+    # another format on the same GPU has no profile yet
+    assert resolve_split("auto", "GPU X", "fp32", tmp_path).split.mode == "offload"
+    assert resolve_split("cpu", None, "bf16", tmp_path).split.mode == "cpu"
+
+
+def test_broken_profiles_are_named(tmp_path):
+    path = profile_path("GPU X", "bf16", tmp_path)
+    path.write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        resolve_split("auto", "GPU X", "bf16", tmp_path)
+    bad = _profile("hybrid")  # hybrid without rates
+    with pytest.raises(ValueError, match="bp_gb_s"):
+        save_profile(bad, path)
+    path.write_text(json.dumps({**_profile("offload"), "host": {"gb_s": -1}}))
+    with pytest.raises(ValueError, match=r"host\.gb_s"):
+        load_profile(path)
+
+
+def test_bad_geometry_is_refused(capsys):
+    assert main(["bench", "bw", "--quick", "--format", "int3", "--no-save"]) == 2
+    assert "expert format 'int3'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="positive"):
+        Geometry(0, 768)
