@@ -44,7 +44,7 @@ def attention(
         return out
     # 3. launch
     launch = attention_decode if T == 1 else attention_prefill
-    return launch(q, k_cache, v_cache, int(start_pos), float(sm_scale), out, dot_in_fp32(q, k_cache))
+    return launch(q, k_cache, v_cache, int(start_pos), float(sm_scale), out, dot_in_fp32(q, k_cache, v_cache))
 
 
 def attention_ref(

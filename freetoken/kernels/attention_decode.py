@@ -115,7 +115,7 @@ def attention_decode(
         part_out, part_lse, out,
         num_splits, Dh,
         part_out.stride(0), part_out.stride(1), part_lse.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(Dh),
+        BLOCK_S=max(triton.next_power_of_2(num_splits), 2), BLOCK_D=triton.next_power_of_2(Dh),
         num_warps=4,
     )
     return out

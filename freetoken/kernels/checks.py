@@ -41,5 +41,7 @@ def check_same_device(**tensors: torch.Tensor) -> None:
 
 
 def dot_in_fp32(*tensors: torch.Tensor) -> bool:
-    """Upcast tl.dot operands to fp32? Yes in the interpreter (its bf16 dot is wrong) and for fp32 inputs."""
-    return interpreting() or any(t.dtype == torch.float32 for t in tensors)
+    """Upcast tl.dot operands to fp32? Yes in the interpreter (its bf16 dot is wrong), for fp32 inputs, and when the
+    operands' dtypes differ (tl.dot needs one dtype)."""
+    dtypes = {t.dtype for t in tensors}
+    return interpreting() or torch.float32 in dtypes or len(dtypes) > 1

@@ -1,8 +1,11 @@
 """Fused routed-expert FFN over GPU slot ids: out[t] = sum_k w[t,k] * down_s(silu(gate_s x[t]) * up_s x[t]).
 
-slot -1 means the expert is not resident (computed elsewhere): those pairs are dropped when pairs are grouped by slot
-(moe_align.py), and blocks past the padded total return at once. Three launches: gate/up GEMM with a fused silu*mul
-epilogue, down GEMM scaled by the routing weight into a per-pair buffer, a sum over each token's K pairs.
+Three launches: a gate/up GEMM with a fused silu*mul epilogue, a down GEMM scaled by the routing weight into a
+per-pair buffer, a sum over each token's K pairs. Rows come in blocks of BLOCK_M (token, k) pairs sharing one slot:
+- prefill: pairs grouped by slot and padded to BLOCK_M (moe_align.py); pairs with slot -1 (not resident, computed
+  elsewhere) are dropped there, and blocks past the padded total carry slot -1;
+- decode (few pairs): block b is pair b with slot slot_ids[b], no grouping glue at all.
+Either way a block whose slot is -1 takes the one early return.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp3
 from freetoken.kernels.dot import mma
 from freetoken.kernels.moe_align import align_by_slot
 
+MAX_PAIRS_ONE_PER_BLOCK = 16  # up to this many (token, k) pairs, each pair is its own block (decode)
+
 
 @triton.jit
 def silu_mul(gate, up):
@@ -23,24 +28,36 @@ def silu_mul(gate, up):
 
 
 @triton.jit
+def _block_rows(b, pairs_ptr, block_slot_ptr, slot_ids_ptr, TK, BLOCK_M: tl.constexpr, ONE_PAIR: tl.constexpr):
+    """Row block b -> (slot, pair ids [BM], real-row mask [BM], rows of the h buffer [BM])."""
+    offs = tl.arange(0, BLOCK_M)
+    if ONE_PAIR:
+        slot = tl.load(slot_ids_ptr + b)
+        pair = b + offs * 0
+        return slot, pair, offs == 0, pair
+    else:
+        rows = b * BLOCK_M + offs
+        pair = tl.load(pairs_ptr + rows)  # TK = padding
+        return tl.load(block_slot_ptr + b), pair, pair < TK, rows
+
+
+@triton.jit
 def _gate_up_kernel(
     # Pointers
-    x_ptr, w_ptr, pairs_ptr, block_slot_ptr, h_ptr,
+    x_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, h_ptr,
     # Dimensions
     TK, K, D, I,
     # Strides
     stride_xt, stride_ws, stride_wn, stride_hp,
     # Meta-parameters
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (row block, I tile): h[rows, n] = silu(x[tok] @ Wg[s, n].T) * (x[tok] @ Wu[s, n].T)."""
-    b = tl.program_id(0)
-    slot = tl.load(block_slot_ptr + b)
-    if slot < 0:  # past the last resident pair
+    slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
+                                          BLOCK_M, ONE_PAIR)
+    if slot < 0:  # not resident, or past the last resident pair
         return
-    offs_r = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pairs_ptr + offs_r)  # [BM], TK = padding
-    rmask = pair < TK
     tok = pair // K
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < I
@@ -60,33 +77,31 @@ def _gate_up_kernel(
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
     h = silu_mul(acc_g, acc_u)
-    tl.store(h_ptr + offs_r[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+    tl.store(h_ptr + rows[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=rmask[:, None] & nmask[None, :])
 
 
 @triton.jit
 def _down_kernel(
     # Pointers
-    h_ptr, w_ptr, pairs_ptr, block_slot_ptr, route_w_ptr, y_ptr,
+    h_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr,
     # Dimensions
     TK, D, I,
     # Strides
     stride_hp, stride_ws, stride_wn, stride_yp,
     # Meta-parameters
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T)."""
-    b = tl.program_id(0)
-    slot = tl.load(block_slot_ptr + b)
+    slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
+                                          BLOCK_M, ONE_PAIR)
     if slot < 0:
         return
-    offs_r = b * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(pairs_ptr + offs_r)
-    rmask = pair < TK
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < D
     offs_k = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + offs_r[:, None] * stride_hp + offs_k[None, :]  # [BM, BK]
+    h_ptrs = h_ptr + rows[:, None] * stride_hp + offs_k[None, :]  # [BM, BK]
     w_ptrs = w_ptr + slot.to(tl.int64) * stride_ws + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
@@ -147,31 +162,41 @@ def expert_ffn(
         raise ValueError("w_gate_up / w_down: each slot's matrix must be row-major contiguous")
     if S == 0:
         raise ValueError("w_gate_up: no slots")
+    if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
+        raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
     # 2. allocate
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
     if T == 0 or K == 0:
         return out.zero_()
+    slot_ids = slot_ids.contiguous()
+    one_pair = T * K <= MAX_PAIRS_ONE_PER_BLOCK
     BLOCK_M = 16 if T <= 32 else 64
-    blocks = align_by_slot(slot_ids, S, BLOCK_M)
-    P = blocks.pairs.shape[0]
-    h = torch.empty((P, I), dtype=x.dtype, device=x.device)  # rows in slot order
-    y = torch.empty((T * K, D), dtype=torch.float32, device=x.device)  # rows by pair id t*K + k
+    if one_pair:
+        pairs = block_slot = slot_ids  # unused by the kernels in this mode
+        num_blocks = num_rows = T * K
+    else:
+        blocks = align_by_slot(slot_ids, S, BLOCK_M)
+        pairs, block_slot = blocks.pairs, blocks.block_slot
+        num_blocks, num_rows = block_slot.shape[0], pairs.shape[0]
+    h = torch.empty((num_rows, I), dtype=x.dtype, device=x.device)  # SwiGLU output per row
+    y = torch.empty((T * K, D), dtype=torch.float32, device=x.device)  # weighted expert output by pair t*K + k
     route_w = weights.contiguous().reshape(-1)
     # 3. launch
-    dot_fp32 = dot_in_fp32(x, w_gate_up)
+    dot_fp32 = dot_in_fp32(x, w_gate_up, w_down)
     BLOCK_N, BLOCK_K = 64, 64
-    num_blocks = blocks.block_slot.shape[0]
     _gate_up_kernel[(num_blocks, triton.cdiv(I, BLOCK_N))](
-        x, w_gate_up, blocks.pairs, blocks.block_slot, h,
+        x, w_gate_up, pairs, block_slot, slot_ids, h,
         T * K, K, D, I,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), h.stride(0),
-        DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        num_warps=4, num_stages=3,
     )
     _down_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](
-        h, w_down, blocks.pairs, blocks.block_slot, route_w, y,
+        h, w_down, pairs, block_slot, slot_ids, route_w, y,
         T * K, D, I,
         h.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
-        DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        num_warps=4, num_stages=3,
     )
     BLOCK_D = min(triton.next_power_of_2(D), 1024)
     _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](

@@ -10,12 +10,21 @@ from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp3
 from freetoken.kernels.dot import mma
 
 # (max tokens, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose max tokens >= T is used.
-# Few tokens (decode) are weight-bandwidth bound: narrow N tiles give more programs to stream the weight.
 TILE_CONFIGS = (
     (16, 16, 64, 128, 4, 4),
     (64, 64, 64, 64, 4, 4),
     (float("inf"), 128, 128, 64, 8, 3),
 )
+# Few tokens are weight-bandwidth bound: below this many N tiles, halve BLOCK_N so more programs stream the weight.
+MIN_N_TILES = 256
+
+
+def tile_config(T: int, N: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for T tokens and N output features."""
+    _, bm, bn, bk, warps, stages = next(c for c in TILE_CONFIGS if T <= c[0])
+    if bm == 16 and triton.cdiv(N, bn) < MIN_N_TILES:
+        bn = 32
+    return bm, bn, bk, warps, stages
 
 
 @triton.jit
@@ -78,13 +87,13 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     if T == 0 or D_out == 0:
         return out
     # 3. launch
-    _, BM, BN, BK, warps, stages = next(c for c in TILE_CONFIGS if T <= c[0])
+    BM, BN, BK, warps, stages = tile_config(T, D_out)
     grid = (triton.cdiv(T, BM) * triton.cdiv(D_out, BN),)
     _linear_kernel[grid](
         x, w, bias if bias is not None else w, out,
         T, D_out, D_in,
         x.stride(0), w.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, DOT_FP32=dot_in_fp32(x, w),
+        HAS_BIAS=bias is not None, DOT_FP32=dot_in_fp32(x, w),  # a bias of another dtype is read as fp32
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=8,
         num_warps=warps, num_stages=stages,
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -40,14 +42,28 @@ def test_prefill_seven_tokens_with_misses(dtype):
 
 
 def test_repeated_slots_across_tokens_and_odd_sizes():
-    """Every token uses slot 2 (a 7-row group), slot 0 twice; sizes divide no block."""
-    slots = torch.tensor([[2, 0], [2, -1], [2, 0], [2, 1], [2, -1], [2, 3], [2, 1]], dtype=torch.int32)
-    assert_close(*_run(7, 2, 4, 33, 19, torch.float32, slot_ids=slots, seed=3))
+    """Every token uses slot 2 (a 7-row group), slot 0 twice; 21 pairs take the grouped path; sizes divide no block."""
+    slots = torch.tensor([[2, 0, -1], [2, -1, 3], [2, 0, 1], [2, 1, -1], [2, -1, 3], [2, 3, 0], [2, 1, -1]],
+                         dtype=torch.int32)
+    assert_close(*_run(7, 3, 4, 33, 19, torch.float32, slot_ids=slots, seed=3))
 
 
 def test_many_tokens_take_the_large_row_block():
     """T = 40 groups pairs in 64-row blocks; 40 tokens x 2 picks over 3 slots fill several blocks per slot."""
     assert_close(*_run(40, 2, 3, 24, 16, torch.float32, seed=4))
+
+
+@pytest.mark.parametrize("one_pair_limit", [0, 64])
+def test_grouped_and_one_pair_per_block_paths_agree(monkeypatch, one_pair_limit):
+    """The same 12 pairs through slot grouping (limit 0) and through one block per pair (limit 64)."""
+    monkeypatch.setattr(sys.modules["freetoken.kernels.expert_ffn"], "MAX_PAIRS_ONE_PER_BLOCK", one_pair_limit)
+    slots = torch.tensor([[1, 4, -1, 0], [4, 1, 2, -1], [-1, -1, 4, 3]], dtype=torch.int32)
+    assert_close(*_run(3, 4, 5, 24, 20, torch.float32, slot_ids=slots, seed=6))
+
+
+def test_out_of_range_slot_is_refused_on_cpu():
+    with pytest.raises(ValueError, match="slot_ids: values"):
+        _run(1, 2, 3, 8, 8, torch.float32, slot_ids=torch.tensor([[0, 3]], dtype=torch.int32))
 
 
 def test_all_missing_gives_zeros():

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 from freetoken.kernels import linear, linear_ref
-from freetoken.kernels.linear import TILE_CONFIGS
+from freetoken.kernels.linear import MIN_N_TILES, TILE_CONFIGS, tile_config
 from tests.kernels.tolerances import assert_close
 
 
@@ -25,6 +27,16 @@ def test_kernel_matches_reference(dtype, T, D_in, D_out, with_bias):
 def test_every_tile_row_is_exercised():
     rows = [next(i for i, c in enumerate(TILE_CONFIGS) if T <= c[0]) for T in (1, 7, 40, 70)]
     assert sorted(set(rows)) == list(range(len(TILE_CONFIGS)))
+    assert tile_config(1, 130)[1] == 32 and tile_config(1, 64 * MIN_N_TILES + 10)[1] == 64
+
+
+def test_decode_with_wide_output_takes_full_width_tiles(monkeypatch):
+    """The unhalved 64-wide decode tile (lm_head-like widths), reached here by lowering the tile-count threshold."""
+    monkeypatch.setattr(sys.modules["freetoken.kernels.linear"], "MIN_N_TILES", 2)  # the package's `linear` is the function
+    assert tile_config(1, 200)[1] == 64
+    g = torch.Generator().manual_seed(8)
+    x, w = torch.randn(1, 48, generator=g), torch.randn(200, 48, generator=g)
+    assert_close(linear(x, w), linear_ref(x, w))
 
 
 def test_strided_rows():
