@@ -1,0 +1,99 @@
+"""Every kernel variant the wrappers launch goes through Triton's real compiler (TTIR -> PTX -> ptxas) for sm_90,
+without a GPU: catches what the interpreter lets through (dot shapes, dtypes, shared memory, control flow).
+
+Run as a script in a subprocess because Triton fixes interpret-or-compile when each @triton.jit decorator runs, and
+the test session has already imported the kernels as interpreted functions.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _variants():
+    """(name, kernel, pointer/float arg types, constexprs, num_warps, num_stages) for the launches the wrappers make."""
+    from freetoken.kernels.attention_decode import _attention_decode_merge_kernel, _attention_decode_split_kernel
+    from freetoken.kernels.attention_prefill import _attention_prefill_kernel
+    from freetoken.kernels.expert_ffn import _down_kernel, _gate_up_kernel, _sum_pairs_kernel
+    from freetoken.kernels.linear import TILE_CONFIGS, _linear_kernel
+    from freetoken.kernels.rmsnorm import _rms_norm_kernel
+    from freetoken.kernels.rope import _rope_kernel
+    from freetoken.kernels.router import _router_topk_kernel
+
+    P, F = "*bf16", "*fp32"
+    slots = dict(pairs_ptr="*i32", block_slot_ptr="*i32", slot_ids_ptr="*i32")
+    out = [
+        ("rms_norm", _rms_norm_kernel, dict(x_ptr=P, w_ptr=P, out_ptr=P, eps="fp32"), dict(BLOCK_D=2048), 8, 1),
+        ("rope", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P),
+         dict(BLOCK_H=32, BLOCK_HALF=64, BLOCK_PASS=0), 4, 1),
+        ("rope partial", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P),
+         dict(BLOCK_H=32, BLOCK_HALF=32, BLOCK_PASS=64), 4, 1),
+        ("router_topk", _router_topk_kernel, dict(logits_ptr=P, weights_ptr=F, ids_ptr="*i32"),
+         dict(RENORMALIZE=True, BLOCK_E=128, BLOCK_K=8), 1, 1),
+        ("linear fp32 decode", _linear_kernel, dict(x_ptr=F, w_ptr=F, bias_ptr=F, out_ptr=F),
+         dict(HAS_BIAS=True, DOT_FP32=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=8), 4, 4),
+    ]
+    for _, bm, bn, bk, warps, stages in TILE_CONFIGS:
+        for bn_used in sorted({bn, 32} if bm == 16 else {bn}):
+            out.append((f"linear {bm}x{bn_used}x{bk}", _linear_kernel, dict(x_ptr=P, w_ptr=P, bias_ptr=P, out_ptr=P),
+                        dict(HAS_BIAS=False, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=bn_used, BLOCK_K=bk, GROUP_M=8),
+                        warps, stages))
+    for bm, warps in ((16, 4), (64, 8)):
+        out.append((f"attention prefill BM={bm}", _attention_prefill_kernel,
+                    dict(q_ptr=P, k_ptr=P, v_ptr=P, out_ptr=P, qk_scale="fp32"),
+                    dict(DOT_FP32=False, BLOCK_M=bm, BLOCK_N=64, BLOCK_D=128), warps, 2))
+    out += [
+        ("attention decode split", _attention_decode_split_kernel,
+         dict(q_ptr=P, k_ptr=P, v_ptr=P, part_out_ptr=F, part_lse_ptr=F, qk_scale="fp32"),
+         dict(DOT_FP32=False, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128), 4, 2),
+        ("attention decode merge", _attention_decode_merge_kernel, dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P),
+         dict(BLOCK_S=64, BLOCK_D=128), 4, 1),
+        ("expert sum", _sum_pairs_kernel, dict(y_ptr=F, slot_ptr="*i32", out_ptr=P), dict(BLOCK_D=1024), 4, 1),
+    ]
+    for one_pair, bm in ((True, 16), (False, 64)):
+        meta = dict(ONE_PAIR=one_pair, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64)
+        out.append((f"expert gate_up one_pair={one_pair}", _gate_up_kernel,
+                    dict(x_ptr=P, w_ptr=P, h_ptr=P, **slots), meta, 4, 3))
+        out.append((f"expert down one_pair={one_pair}", _down_kernel,
+                    dict(h_ptr=P, w_ptr=P, route_w_ptr=F, y_ptr=F, **slots), meta, 4, 3))
+    return out
+
+
+def compile_all() -> int:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    failures = 0
+    for name, fn, types, consts, warps, stages in _variants():
+        signature = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+        try:
+            triton.compile(ASTSource(fn, signature, consts), target=target,
+                           options=dict(num_warps=warps, num_stages=stages))
+            print(f"OK {name}")
+        except Exception as e:  # report every variant, then fail
+            failures += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[:1500]}")
+    return failures
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_for_sm90():
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    res = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    lines = res.stdout.splitlines()
+    assert res.returncode == 0 and not any(line.startswith("FAIL") for line in lines), res.stdout + res.stderr[-3000:]
+    assert sum(line.startswith("OK ") for line in lines) == len(_variants())
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(1 if compile_all() else 0)
