@@ -112,7 +112,7 @@ def _down_kernel(
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
-    tl.store(y_ptr + pair[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
+    tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
              mask=rmask[:, None] & nmask[None, :])
 
 
@@ -133,7 +133,7 @@ def _sum_pairs_kernel(
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for k in range(K):
         width = tl.where(tl.load(slot_ptr + t * stride_st + k) >= 0, D, 0)  # 0: pair not resident, row unwritten
-        acc += tl.load(y_ptr + (t * K + k) * stride_yp + offs_d, mask=offs_d < width, other=0.0)
+        acc += tl.load(y_ptr + (t * K + k).to(tl.int64) * stride_yp + offs_d, mask=offs_d < width, other=0.0)
     tl.store(out_ptr + t * stride_ot + offs_d, acc.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
