@@ -43,3 +43,45 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# experiments: the real Hydra config composed once, shrunk per test (tiny trace, temp results dir)
+@pytest.fixture(scope="session")
+def base_config():
+    from experiments.compose import compose
+
+    return compose()
+
+
+@pytest.fixture(scope="session")
+def tiny_trace_file(tmp_path_factory) -> Path:
+    """4 layers x 8 experts, top-2; 4 requests of 2 turns, each turn 10 prefill + 15 decode tokens (skewed picks)."""
+    import numpy as np
+
+    from freetoken.trace import RoutingTrace, save
+
+    rng = np.random.default_rng(3)
+    T, L, E, K = 200, 4, 8, 2
+    pop = rng.dirichlet(np.full(E, 0.5), size=L)  # [L, E]
+    ex = np.stack([np.stack([rng.choice(E, K, replace=False, p=pop[l]) for l in range(L)]) for _ in range(T)])
+    request = np.repeat(np.arange(4, dtype=np.int32), 50)
+    turn = np.tile(np.repeat(np.arange(2, dtype=np.int32), 25), 4)
+    phase = np.tile(np.array([0] * 10 + [1] * 15, np.int8), 8)
+    path = tmp_path_factory.mktemp("traces") / "tiny.safetensors"
+    save(RoutingTrace(ex.astype(np.int16), E, model="tiny", source="test", request=request, turn=turn, phase=phase),
+         path)
+    return path
+
+
+@pytest.fixture()
+def small_config(base_config, tiny_trace_file, tmp_path):
+    """base_config on the tiny trace with results under tmp_path. make("policy=belady", **{"cache.fraction": 0.5}):
+    group choices as overrides (composed again), dotted keys as keyword arguments."""
+    from experiments.compose import compose, shrink
+
+    def make(*overrides, **values):
+        small = {"trace.path": str(tiny_trace_file), "trace.name": "tiny", "results.dir": str(tmp_path / "results"),
+                 "results.progress": False}
+        return shrink(compose(overrides) if overrides else base_config, **{**small, **values})
+
+    return make

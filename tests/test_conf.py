@@ -1,0 +1,91 @@
+"""conf/: every option of every group composes and instantiates; presets sweep only options that exist."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from experiments.compose import compose, options
+from experiments.specs import CacheSpec, PolicySpec, TraceSpec
+from freetoken.paths import CONF_DIR, REPO_ROOT
+from freetoken.placement import POLICIES, Split
+
+TARGETS = {"policy": PolicySpec, "split": Split, "cache": CacheSpec, "trace": TraceSpec}
+
+
+def test_every_policy_of_the_code_has_an_option():
+    assert set(options("policy")) == set(POLICIES)
+
+
+@pytest.mark.parametrize("group", sorted(TARGETS))
+def test_every_option_instantiates(group):
+    for name in options(group):
+        cfg = compose([f"{group}={name}"])
+        obj = instantiate(cfg[group], _convert_="all")
+        assert isinstance(obj, TARGETS[group]), (group, name)
+        if group == "policy":
+            assert obj.name == name
+        if group == "split":
+            assert obj.mode == name
+
+
+@pytest.mark.parametrize("group", ["model", "hardware", "results"])
+def test_every_plain_option_composes(group):
+    names = options(group)
+    if not names:
+        pytest.fail(f"conf/{group}/ has no options")
+    for name in names:
+        cfg = compose([f"{group}={name}"])
+        assert OmegaConf.to_container(cfg[group], resolve=True)
+
+
+def test_shared_trace_paths_follow_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("FT_SHARED_TRACES", str(tmp_path))
+    cfg = compose(["trace=granite"])
+    assert cfg.trace.path == str(tmp_path / "granite-3.0-1b-a400m" / "moe_expert_trace.json")
+    monkeypatch.delenv("FT_SHARED_TRACES")
+    default = compose(["trace=granite"]).trace.path  # ../shared/traces beside the checkout
+    assert default == str((REPO_ROOT.parent / "shared" / "traces").resolve() / "granite-3.0-1b-a400m"
+                          / "moe_expert_trace.json")
+
+
+def test_results_dir_from_environment_and_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("FT_RESULTS_DIR", str(tmp_path))
+    assert compose().results.dir == str(tmp_path)
+    assert compose(["results.dir=/x/y"]).results.dir == "/x/y"
+    monkeypatch.delenv("FT_RESULTS_DIR")
+    assert compose().results.dir == str(REPO_ROOT / "results")
+
+
+def test_synthetic_spec_builds_the_trace_it_names():
+    spec = instantiate(compose(["trace=synth", "trace.synth.num_tokens=64", "trace.synth.skew=0.5"]).trace,
+                       _convert_="all")
+    assert spec.name == "synth-16x32-top4-s0.5-r0.3"
+    trace = spec.load()
+    assert (trace.num_tokens, trace.num_layers, trace.num_experts, trace.top_k) == (64, 16, 32, 4)
+
+
+def test_first_requests_keeps_whole_requests_in_order(tiny_trace_file):
+    from experiments.traces import first_requests
+    from freetoken.trace import load
+
+    trace = load(tiny_trace_file)
+    two = first_requests(trace, 2)
+    assert two.num_tokens == 100 and sorted(set(two.request.tolist())) == [0, 1]
+    assert (two.experts == trace.experts[:100]).all()
+
+
+@pytest.mark.parametrize("preset", options("experiment"))
+def test_experiment_presets_sweep_existing_options(preset):
+    text = (CONF_DIR / "experiment" / f"{preset}.yaml").read_text()
+    assert text.startswith("# @package _global_")
+    cfg = compose([f"experiment={preset}"], hydra_config=True)
+    params = cfg.hydra.sweeper.params
+    assert params, f"{preset}: no sweep"
+    for key, values in params.items():
+        if key in ("policy", "split", "trace", "cache", "model", "hardware", "engine"):
+            for value in str(values).split(","):
+                assert value in options(key), f"{preset}: {key}={value} is not a conf/{key} option"
+        else:
+            assert OmegaConf.select(cfg, key) is not None or key.startswith("+"), f"{preset}: no key {key}"

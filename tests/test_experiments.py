@@ -1,0 +1,176 @@
+"""Experiment entry points: sweeps into a results table equal to direct `ft sim` runs, resumable, parallel-safe."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from experiments.results import ResultsStore, config_hash
+from experiments.runner import run_once
+from freetoken.cli import main as ft_main
+
+REPO = Path(__file__).resolve().parent.parent
+METRICS = ("accesses", "hits", "misses", "fetched", "cpu", "evictions", "hit_rate", "miss_rate", "capacity")
+
+
+def entry(module: str, *overrides: str, jobs: int = 2) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FT_JOBS": str(jobs), "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([sys.executable, "-m", module, *overrides], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+def ft_sim_json(capsys, *args: str) -> dict:
+    assert ft_main(["sim", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_sweep_2x2_matches_ft_sim_and_resumes(tmp_path, tiny_trace_file, capsys):
+    results = tmp_path / "results"
+    args = ("-m", "policy=lru,frequency", "cache.fraction=0.25,0.5", f"trace.path={tiny_trace_file}",
+            "trace.name=tiny", "sim.prefill_chunk=4", f"results.dir={results}")
+    done = entry("experiments.replay", *args)
+    assert done.returncode == 0, done.stderr
+    table = pd.read_parquet(results / "replay.parquet")
+    assert len(table) == 4
+    assert set(zip(table["policy.name"], table["cache.fraction"])) == {
+        (p, f) for p in ("lru", "frequency") for f in (0.25, 0.5)}
+    for col in ("trace.name", "split.mode", "sim.prefill_chunk", "config_hash"):
+        assert col in table.columns
+    assert (table["trace.name"] == "tiny").all() and (table["sim.prefill_chunk"] == 4).all()
+    assert pd.read_csv(results / "replay.csv").shape == table.shape
+    for _, row in table.iterrows():
+        ref = ft_sim_json(capsys, "--trace", str(tiny_trace_file), "--policy", row["policy.name"], "--fraction",
+                          str(row["cache.fraction"]), "--prefill-chunk", "4")
+        for m in METRICS:
+            assert row[m] == pytest.approx(ref[m]), (row["policy.name"], row["cache.fraction"], m)
+        assert row["decode_miss_rate"] == pytest.approx(ref["phases"]["decode"]["miss_rate"])
+    stamps = {p: p.stat().st_mtime_ns for p in (results / "runs" / "replay").glob("*.json")}
+    assert len(stamps) == 4
+
+    again = entry("experiments.replay", *args)
+    assert again.returncode == 0, again.stderr
+    log = again.stdout + again.stderr
+    assert log.count("skip ") == 4 and "done " not in log
+    assert {p: p.stat().st_mtime_ns for p in (results / "runs" / "replay").glob("*.json")} == stamps
+    assert len(pd.read_parquet(results / "replay.parquet")) == 4
+
+
+def test_in_process_run_equals_ft_sim_for_every_policy(small_config, tiny_trace_file, capsys):
+    from experiments.replay import GROUPS, TABLE, compute
+
+    for policy in ("lru", "static_layers", "frequency", "belady"):
+        cfg = small_config(f"policy={policy}", "cache=capacity", **{"cache.capacity": 16})
+        row = run_once(cfg, TABLE, GROUPS, compute)
+        ref = ft_sim_json(capsys, "--trace", str(tiny_trace_file), "--policy", policy, "--capacity", "16")
+        assert {m: row[m] for m in METRICS} == pytest.approx({m: ref[m] for m in METRICS}), policy
+
+
+def test_hybrid_split_row_counts_cpu_work(small_config, tiny_trace_file, capsys):
+    from experiments.replay import GROUPS, TABLE, compute
+
+    cfg = small_config("split=hybrid", **{"split.bp": 10.0, "split.bh": 30.0, "cache.fraction": 0.25})
+    row = run_once(cfg, TABLE, GROUPS, compute)
+    ref = ft_sim_json(capsys, "--trace", str(tiny_trace_file), "--fraction", "0.25", "--split", "hybrid", "--bp", "10",
+                      "--bh", "30")
+    assert (row["fetched"], row["cpu"]) == (ref["fetched"], ref["cpu"]) and row["cpu"] > 0
+    assert row["split.mode"] == "hybrid" and row["split.bh"] == 30.0
+
+
+def _write_runs(args):
+    directory, worker = args
+    store = ResultsStore(directory)
+    for i in range(10):
+        key = config_hash("t", {"worker": worker, "i": i})
+        store.write_run("t", key, {"config_hash": key, "worker": worker, "i": i, "value": worker * 100 + i},
+                        {"turns": [{"turn": 0, "latency_s": 0.5}, {"turn": 1, "latency_s": i}]})
+        store.consolidate("t")
+
+
+def test_parallel_writers_lose_no_row(tmp_path):
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(_write_runs, [(tmp_path, w) for w in range(4)])
+    table = pd.read_parquet(tmp_path / "t.parquet")
+    assert sorted(table["value"]) == sorted(w * 100 + i for w in range(4) for i in range(10))
+    turns = pd.read_parquet(tmp_path / "t_turns.parquet")
+    assert len(turns) == 80 and set(turns["config_hash"]) == set(table["config_hash"])
+    assert not list(tmp_path.rglob("*.tmp"))  # atomic writes leave no partial files
+
+
+def test_config_hash_ignores_key_order_and_trace_location(small_config, tmp_path):
+    from experiments.replay import GROUPS
+    from experiments.runner import UNHASHED, config_columns
+
+    assert config_hash("r", {"a": 1, "b": 2}) == config_hash("r", {"b": 2, "a": 1}) != config_hash("r", {"a": 2, "b": 2})
+    a = config_columns(small_config(), GROUPS)
+    b = config_columns(small_config(**{"trace.path": "/elsewhere/tiny.safetensors"}), GROUPS)
+    strip = lambda c: {k: v for k, v in c.items() if k not in UNHASHED}  # noqa: E731
+    assert a != b and config_hash("replay", strip(a)) == config_hash("replay", strip(b))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["policy=nope"], "Could not find 'policy/nope'"),
+    (["hardware=nope"], "Could not find 'hardware/nope'"),
+    (["trace=nope"], "Could not find 'trace/nope'"),
+])
+def test_unknown_group_option_names_the_group(overrides, message):
+    from hydra.errors import HydraException
+
+    from experiments.compose import compose
+
+    with pytest.raises(HydraException, match=message.replace("(", r"\(")):
+        compose(overrides)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"cache.fraction": 1.5}, "cache.fraction must lie in (0, 1], got 1.5"),
+    ({"cache.fraction": 0.0}, "cache.fraction must lie in (0, 1], got 0.0"),
+    ({"cache.capacity": 4}, "give exactly one of cache.fraction or cache.capacity"),
+    ({"policy.options.n_cpu_layers": 1}, "policy.options: lru takes no option n_cpu_layers"),
+    ({"sim.prefill_chunk": 0}, "sim.prefill_chunk must be a positive"),
+    ({"split.mode": "gpu"}, "split mode 'gpu'"),
+    ({"trace.format": "csv"}, "trace.format: unknown 'csv'"),
+])
+def test_bad_value_names_the_key(small_config, values, message):
+    from experiments.replay import validate
+
+    with pytest.raises(ValueError) as err:
+        validate(small_config(**values))
+    assert message in str(err.value)
+
+
+def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
+    done = entry("experiments.replay", "cache.fraction=1.5", f"results.dir={tmp_path}")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "experiments.replay: error: cache.fraction must lie in (0, 1], got 1.5"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_live_without_engine_says_so(small_config):
+    from experiments import live
+
+    if live.engine_available():
+        live.validate(small_config())  # the engine exists: the same config passes validation
+    else:
+        with pytest.raises(ValueError, match="engine not available"):
+            live.validate(small_config())
+
+
+@pytest.mark.slow
+def test_ray_launcher_runs_a_sweep_on_a_local_ray_instance(tmp_path, tiny_trace_file):
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher")
+    results = tmp_path / "results"
+    done = entry("experiments.replay", "-m", "hydra/launcher=ray_local", "policy=lru,belady",
+                 f"trace.path={tiny_trace_file}", "trace.name=tiny", f"results.dir={results}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Ray Launcher is launching 2 jobs" in done.stdout + done.stderr
+    table = pd.read_parquet(results / "replay.parquet")
+    assert sorted(table["policy.name"]) == ["belady", "lru"]
+    lru, belady = (table.set_index("policy.name").loc[p, "misses"] for p in ("lru", "belady"))
+    assert belady <= lru
