@@ -11,6 +11,7 @@ for the bandwidth-bound cases the bytes streamed per second.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -147,6 +148,10 @@ def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry
     shapes = shapes or (TINY if dry_run else QWEN3_30B_A3B)
     if dry_run:
         device, iters = "cpu", 1
+        if "freetoken.kernels" not in sys.modules:  # interpret even on a CUDA machine (read at kernel definition)
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            raise ValueError("dry_run: freetoken.kernels was imported compiled; CPU tensors need TRITON_INTERPRET=1")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: CUDA is not available here (use --dry-run on a CPU machine)")
     results = []

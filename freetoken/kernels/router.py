@@ -76,7 +76,8 @@ def router_topk(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch.
 
 
 def router_topk_ref(logits: torch.Tensor, k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's routing: fp32 softmax, torch.topk, divide by the k weights' sum when renormalising."""
+    """HF's routing: fp32 softmax, torch.topk, divide by the k weights' sum when renormalising. Equal weights come in
+    torch.topk's (unspecified) order; the kernel puts the lower id first."""
     probs = torch.softmax(logits.float(), dim=-1)  # [T, E]
     weights, ids = torch.topk(probs, k, dim=-1)  # [T, K], descending
     if renormalize:

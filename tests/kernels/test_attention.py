@@ -18,11 +18,12 @@ def _inputs(T, H, Hkv, Dh, S_max, dtype, seed):
     return q, k, v
 
 
-# T > 32 takes the 64-row query block; Dh = 24 is masked up to a 32-wide block; H / Hkv = 1, 2, 4
+# T = 20: two 16-row query blocks; T > 32 takes the 64-row block; start_pos 70: two 64-key blocks;
+# Dh = 24 is masked up to a 32-wide block; H / Hkv = 1, 2, 4
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "T,H,Hkv,Dh,start_pos",
-    [(7, 4, 2, 16, 0), (7, 4, 1, 24, 5), (37, 2, 2, 16, 0), (5, 8, 2, 32, 70)],
+    [(7, 4, 2, 16, 0), (7, 4, 1, 24, 5), (20, 2, 1, 16, 3), (37, 2, 2, 16, 0), (5, 8, 2, 32, 70)],
 )
 def test_prefill_matches_reference(dtype, T, H, Hkv, Dh, start_pos):
     q, k, v = _inputs(T, H, Hkv, Dh, start_pos + T + 3, dtype, seed=T + H + start_pos)

@@ -48,6 +48,12 @@ def test_repeated_slots_across_tokens_and_odd_sizes():
     assert_close(*_run(7, 3, 4, 33, 19, torch.float32, slot_ids=slots, seed=3))
 
 
+def test_slot_runs_longer_than_one_block():
+    """30 tokens x 2 picks over 2 slots: about 30 pairs per slot, two 16-row blocks each."""
+    slots = torch.randint(0, 2, (30, 2), generator=torch.Generator().manual_seed(7), dtype=torch.int32)
+    assert_close(*_run(30, 2, 2, 24, 16, torch.float32, slot_ids=slots, seed=7))
+
+
 def test_many_tokens_take_the_large_row_block():
     """T = 40 groups pairs in 64-row blocks; 40 tokens x 2 picks over 3 slots fill several blocks per slot."""
     assert_close(*_run(40, 2, 3, 24, 16, torch.float32, seed=4))
