@@ -1,0 +1,152 @@
+"""`ft trace import / info / synth` end to end: files written, JSON that agrees with the library, clear errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from freetoken.cli import main
+from freetoken.paths import DEFAULT_TRACE, SHIPPED_TRACES
+from freetoken.trace import load
+from freetoken.trace.stats import popularity_skew, reuse_stats
+from sim.synth import SynthSpec, synthesize
+
+
+def _mixtral_log(path, tokens=5, layers=4, missing=((4, 2),)):
+    """A tiny Mixtral log: token 4 lacks layer 2, so 4 of 5 tokens are complete."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for layer in range(layers):
+        for t in range(tokens):
+            if (t, layer) in missing:
+                continue
+            e = rng.choice(8, 2, replace=False).tolist()
+            rows.append({"dataset": "d", "problem_id": 3, "layer": layer, "experts": e,
+                         "gating_probs": [0.7, 0.3], "token_idx": t})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path, rows
+
+
+def test_import_writes_the_trace_and_reports_dropped_tokens(tmp_path, capsys):
+    src, rows = _mixtral_log(tmp_path / "log.jsonl")
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", "import", str(src), str(out), "--model", "mixtral-test"]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}: 4 tokens" in text and "dropped 1 tokens" in text
+    trace = load(out)
+    assert trace.experts.shape == (4, 4, 2) and trace.model == "mixtral-test"
+    first = next(r for r in rows if r["layer"] == 3 and r["token_idx"] == 1)
+    assert trace.experts[1, 3].tolist() == first["experts"]
+    assert trace.extra["dropped_tokens"] == "1"
+
+
+def test_import_incomplete_error_is_exit_2_naming_the_token(tmp_path, capsys):
+    src, _ = _mixtral_log(tmp_path / "log.jsonl")
+    assert main(["trace", "import", str(src), str(tmp_path / "t.safetensors"), "--incomplete", "error"]) == 2
+    err = capsys.readouterr().err
+    assert "problem d/3 token 4 lacks layers [2]" in err and "Traceback" not in err
+    assert not (tmp_path / "t.safetensors").exists()
+
+
+def test_import_real_trace(shared_traces, tmp_path, capsys):
+    out = tmp_path / "g.safetensors"
+    assert main(["trace", "import", str(shared_traces / "mixtral-8x7b" / "gsm8k_2_routing.jsonl"), str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "244 tokens" in text and "dropped 3 tokens: tokens without exactly one row for each of the 32" in text
+    assert load(out).num_tokens == 244
+
+
+def test_info_json_agrees_with_the_library(tmp_path, capsys):
+    path = tmp_path / "s.safetensors"
+    from freetoken.trace import save
+
+    trace = synthesize(SynthSpec(6, 16, 2, 300, num_requests=3, prefill_share=0.4, skew=0.8, reuse=0.3))
+    save(trace, path)
+    assert main(["trace", "info", str(path), "--json", "--prefill-chunk", "16"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["tokens"], info["requests"], info["layers"], info["experts"], info["top_k"]) == (300, 3, 6, 16, 2)
+    assert info["phases"] == {"prefill": 120, "decode": 180}  # 100 tokens a request, 40 of them prefill
+    assert info["skew"]["gini"]["mean"] == pytest.approx(popularity_skew(trace).gini.mean())
+    assert info["reuse_token"] == reuse_stats(trace, 1).to_dict()
+    assert info["reuse_calls"]["p90"] == reuse_stats(trace, 16).percentiles[90]
+    assert main(["trace", "info", str(path)]) == 0
+    assert "Gini" in capsys.readouterr().out
+
+
+def test_synth_writes_the_asked_shape_deterministically(tmp_path, capsys):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    argv = ["--layers", "5", "--experts", "12", "--top-k", "3", "--tokens", "90", "--requests", "2",
+            "--skew", "0.5,0.5,1,1,2", "--reuse", "0.2", "--window", "3", "--seed", "4"]
+    assert main(["trace", "synth", str(a)] + argv) == 0
+    assert main(["trace", "synth", str(b)] + argv) == 0
+    ta, tb = load(a), load(b)
+    assert ta.experts.shape == (90, 5, 3) and np.array_equal(ta.experts, tb.experts)
+    spec = json.loads(ta.extra["synth_spec"])
+    assert spec["skew"] == [0.5, 0.5, 1.0, 1.0, 2.0] and spec["reuse"] == 0.2 and spec["seed"] == 4
+    want = synthesize(SynthSpec(5, 12, 3, 90, num_requests=2, skew=(0.5, 0.5, 1, 1, 2), reuse=0.2, window=3,
+                                seed=4))
+    assert np.array_equal(ta.experts, want.experts)
+
+
+def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
+    from freetoken.trace import save
+
+    real = tmp_path / "real.safetensors"
+    save(synthesize(SynthSpec(4, 8, 2, 200, num_requests=2, skew=1.5, reuse=0.5, window=2, seed=1)), real)
+    out = tmp_path / "fit.safetensors"
+    assert main(["trace", "synth", str(out), "--fit", str(real), "--tokens", "400"]) == 0
+    assert "fitted to" in capsys.readouterr().out
+    t = load(out)
+    assert t.experts.shape == (400, 4, 2)
+    assert abs(popularity_skew(t).gini.mean() - popularity_skew(load(real)).gini.mean()) < 0.05
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["synth", "{out}", "--layers", "4"], "give --experts, --top-k, --tokens"),
+    (["synth", "{out}", "--layers", "4", "--experts", "4", "--top-k", "5", "--tokens", "9"],
+     "top_k 5 exceeds num_experts 4"),
+    (["synth", "{out}", "--layers", "2", "--experts", "4", "--top-k", "1", "--tokens", "9", "--skew", "a,b"],
+     "--skew must be a number"),
+    (["synth", "{tmp}/x.json", "--layers", "2", "--experts", "4", "--top-k", "1", "--tokens", "9"],
+     "must be a .safetensors file"),
+    (["import", "{tmp}/none.jsonl", "{out}"], "cannot read"),
+    (["import", "{tmp}/odd.txt", "{out}"], "cannot tell the routing-log format"),
+    (["import", "{tmp}/odd.txt", "{out}", "--format", "granite_json"], "not valid JSON"),
+    (["import", "{tmp}/odd.txt", "{out}", "--format", "granite_json", "--incomplete", "drop"],
+     "--incomplete applies to the mixtral_jsonl format"),
+    (["info", "{tmp}/none.safetensors"], "no such trace file"),
+    (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be positive"),
+])
+def test_bad_input_is_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):
+    (tmp_path / "odd.txt").write_text("hello\n")
+    argv = [a.format(tmp=tmp_path, out=tmp_path / "o.safetensors") for a in argv]
+    assert main(["trace"] + argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_shipped_traces_load_and_stay_small():
+    for name, limit, shape in [("synthetic-32x8-top2.safetensors", 1 << 20, (32, 8, 2)),
+                               ("synthetic-48x128-top8.safetensors", 3 << 20, (48, 128, 8))]:
+        path = SHIPPED_TRACES / name
+        t = load(path)
+        assert path.stat().st_size < limit
+        assert (t.num_layers, t.num_experts, t.top_k) == shape
+        assert set(np.unique(t.phase).tolist()) == {0, 1} and 2 <= len(np.unique(t.request)) <= 4
+    assert DEFAULT_TRACE == SHIPPED_TRACES / "synthetic-32x8-top2.safetensors"
+
+
+def test_shipped_traces_regenerate_from_the_commands_in_their_readme(tmp_path, capsys):
+    import shlex
+
+    commands = [line.strip() for line in (SHIPPED_TRACES / "README.md").read_text().splitlines()
+                if line.strip().startswith("ft trace synth traces/")]
+    assert len(commands) == 2
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        shipped = SHIPPED_TRACES / argv[2].removeprefix("traces/")
+        argv[2] = str(tmp_path / shipped.name)
+        assert main(argv) == 0
+        a, b = load(shipped), load(argv[2])
+        assert np.array_equal(a.experts, b.experts) and np.array_equal(a.phase, b.phase)
+        assert a.extra == b.extra and a.model == b.model
