@@ -150,7 +150,7 @@ def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry
         device, iters = "cpu", 1
         if "freetoken.kernels" not in sys.modules:  # interpret even on a CUDA machine (read at kernel definition)
             os.environ["TRITON_INTERPRET"] = "1"
-        elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        elif not sys.modules["freetoken.kernels.checks"].interpreting():
             raise ValueError("dry_run: freetoken.kernels was imported compiled; CPU tensors need TRITON_INTERPRET=1")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: CUDA is not available here (use --dry-run on a CPU machine)")

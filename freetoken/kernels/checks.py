@@ -9,9 +9,13 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+# Read once, when the package imports its kernels: Triton fixed interpret-or-compile then, for good.
+_INTERPRETING = os.environ.get("TRITON_INTERPRET", "0").lower() not in ("", "0", "false", "off", "no")
+
+
 def interpreting() -> bool:
-    """True when Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0", "false", "False")
+    """True when the kernels were defined under TRITON_INTERPRET=1 and so run in the CPU interpreter."""
+    return _INTERPRETING
 
 
 def check_tensor(

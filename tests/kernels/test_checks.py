@@ -14,7 +14,7 @@ from freetoken.kernels.checks import check_tensor
 
 
 def test_cpu_tensor_without_interpreter_is_refused(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(sys.modules["freetoken.kernels.checks"], "_INTERPRETING", False)
     with pytest.raises(ValueError, match="x: on cpu"):
         check_tensor(torch.randn(2, 4), "x", 2)
 
