@@ -59,6 +59,8 @@ class Split:
     """mode: offload (fetch all) | cpu (fetch none) | hybrid (rule: balanced | paper | max_fetch).
 
     bp, bh: pinned PCIe and host expert-processing bandwidths (GB/s) for the hybrid rules.
+    fetch_min_pairs: when > 0, a call whose missing experts carry at least this many (token, expert) pairs
+    fetches them all, whatever the mode (llama.cpp copies CPU-held weights to the GPU for big batches).
     """
 
     mode: str = "offload"
@@ -67,8 +69,11 @@ class Split:
     bh: float = 0.0
     max_fetch: int = 0
     fetch_order: str = "most_tokens"
+    fetch_min_pairs: int = 0
 
     def __post_init__(self) -> None:
+        if self.fetch_min_pairs < 0:
+            raise ValueError(f"split fetch_min_pairs must be >= 0, got {self.fetch_min_pairs}")
         if self.mode not in ("offload", "cpu", "hybrid"):
             raise ValueError(f"split mode {self.mode!r} is not one of offload, cpu, hybrid")
         if self.fetch_order not in FETCH_ORDERS:
@@ -94,6 +99,8 @@ class Split:
 
     def choose(self, experts: list[int], tokens: list[int], last_use: list[int]) -> set[int]:
         """Indices (into experts) of the missing experts to fetch."""
+        if self.fetch_min_pairs and sum(tokens) >= self.fetch_min_pairs:
+            return set(range(len(experts)))
         q = self.fetch_count(len(experts))
         if q == len(experts):
             return set(range(q))

@@ -1,0 +1,76 @@
+"""ft predict: decode / prefill tok/s, TTFT and turn latency of a model on a machine under an engine."""
+
+from __future__ import annotations
+
+import argparse
+
+from freetoken.cli.common import print_json, progress
+
+
+def register(sub) -> None:
+    from sim.engines import ENGINES
+    from sim.lanes import HOST_MODES
+    from sim.planner import DEFAULT_KV_FLOOR
+    from sim.predict import DEFAULT_DECODE, DEFAULT_PROMPT, SYNTH_REUSE, SYNTH_SKEW, SYNTH_WINDOW
+
+    p = sub.add_parser("predict", help="predict throughput and latency from a model card, a hardware profile "
+                                       "and an engine (cost model over a replayed trace)")
+    p.add_argument("--model", help="a name in conf/model (e.g. qwen3.5-122b-a10b) or a .yaml path")
+    p.add_argument("--hardware", help="a name in conf/hardware (e.g. rtx5090-ryzen) or a .yaml path")
+    p.add_argument("--engine", default="freetoken-offload", choices=list(ENGINES))
+    p.add_argument("--trace", help="routing trace of this model (.safetensors); default: a synthetic one of its shape")
+    p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT, help="synthetic: prompt length")
+    p.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE, help="synthetic: tokens generated")
+    p.add_argument("--skew", type=float, default=SYNTH_SKEW, help="synthetic: Zipf exponent of expert popularity")
+    p.add_argument("--reuse", type=float, default=SYNTH_REUSE, help="synthetic: probability a pick reuses a recent one")
+    p.add_argument("--window", type=int, default=SYNTH_WINDOW, help="synthetic: tokens back a reuse looks")
+    p.add_argument("--min-context", type=int, default=DEFAULT_KV_FLOOR, help="KV-cache floor in tokens")
+    p.add_argument("--host", default="shared", choices=HOST_MODES,
+                   help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently")
+    p.add_argument("--n-cpu-moe", type=int, help="llamacpp-ncmoe: MoE layers on the CPU (default: from VRAM)")
+    p.add_argument("--anchors", action="store_true",
+                   help="regenerate docs/anchors.md: predictions beside every published anchor cell")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.anchors:
+        from sim.anchors import main as anchors_main
+
+        return anchors_main([])
+    if not args.model or not args.hardware:
+        raise ValueError("--model and --hardware are required (or --anchors)")
+    from freetoken.trace import load
+    from sim.calls import num_calls
+    from sim.engines import get_engine
+    from sim.hardware import load_hardware
+    from sim.model_card import load_model_card
+    from sim.predict import check_shape, predict, synthetic_trace
+
+    card, hw = load_model_card(args.model), load_hardware(args.hardware)
+    engine = get_engine(args.engine)
+    if args.trace:
+        trace = load(args.trace)
+        check_shape(trace, card, args.trace)
+    else:
+        trace = synthetic_trace(card, args.prompt_tokens, args.decode_tokens, skew=args.skew, reuse=args.reuse,
+                                window=args.window)
+    n = num_calls(trace, engine.prefill_chunk)
+    with progress(n, f"replaying {card.name} on {hw.name}", enabled=not args.json) as advance:
+        pred = predict(card, hw, args.engine, trace, min_context=args.min_context, host=args.host,
+                       n_cpu_layers=args.n_cpu_moe, on_call=None if args.json else advance)
+    if args.json:
+        print_json(pred.to_dict())
+        return 0
+    print(f"{card.name} on {hw.name} ({hw.gpu}), engine {args.engine}: {engine.about}")
+    print(f"  capacity {pred.capacity_experts} of {pred.total_experts} experts "
+          f"({pred.capacity_experts / pred.total_experts:.0%}), miss rate prefill {pred.miss_rate_prefill:.1%} "
+          f"decode {pred.miss_rate_decode:.1%}")
+    print(f"  prefill {pred.prefill_tok_s:8.1f} tok/s  ({pred.prompt_tokens} tokens, TTFT {pred.ttft_s:.2f} s)")
+    print(f"  decode  {pred.decode_tok_s:8.1f} tok/s  ({pred.decode_tokens} tokens)")
+    print(f"  turn latency p50 {pred.turn_latency_p50_s:.2f} s, worst {pred.turn_latency_worst_s:.2f} s")
+    busy = pred.lane_busy_s
+    print(f"  lanes busy: gpu {busy['gpu']:.2f} s, pcie {busy['pcie']:.2f} s, cpu {busy['cpu']:.2f} s "
+          f"(fetched {pred.fetched_gb:.1f} GB, cpu read {pred.cpu_gb:.1f} GB)")
+    return 0

@@ -1,0 +1,131 @@
+"""The cost model: seconds for every MoE-layer call of a replay, from physical inputs only.
+
+Per call (one layer of one prefill chunk or one decode token), with S = bytes per expert, P = params per expert:
+    dense   attention + dense weights + KV reads of the layer: roofline(bytes / HBM, FLOPs / GPU rate)
+    hits    resident experts: roofline(hits * S / HBM, 2 P hit_tokens / GPU rate)
+    pcie    (fetched + prefetched) * S over BP; beside GPU compute when `overlap`, and in prefill loaded during the
+            previous call when `double_buffer` (two staging buffers: layer l+1 streams in while layer l computes)
+    fetched computed on the GPU once their copy has landed: roofline(fetched * S / HBM, 2 P fetch_tokens / rate)
+    cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
+The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
+flows through sim.lanes.share (DRAM bandwidth split between them), `host="independent"` lets each run at its cap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.hardware import HardwareProfile
+from sim.lanes import HOST_MODES, share
+from sim.model_card import ModelCard
+from sim.replay import ReplayLog
+
+PREFILL = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CostOptions:
+    host: str = "shared"  # independent | shared (PCIe DMA and the CPU lane draw from one DRAM)
+    overlap: bool = True  # copies run on a second stream beside compute; False: copy, then compute
+    double_buffer: bool = True  # prefill: the next call's experts load while this call computes
+
+    def __post_init__(self) -> None:
+        if self.host not in HOST_MODES:
+            raise ValueError(f"host {self.host!r} is not one of {', '.join(HOST_MODES)}")
+        if self.double_buffer and not self.overlap:
+            raise ValueError("double_buffer needs overlap (a copy stream beside compute)")
+
+
+@dataclass(slots=True)
+class CallMeta:
+    """Per call, from the trace: tokens in the call, context tokens before it in its request, its turn."""
+
+    tokens: np.ndarray  # [N] tokens (not (token, expert) pairs)
+    context: np.ndarray  # [N]
+    turn: np.ndarray  # [N]
+
+
+@dataclass(slots=True)
+class CallTimes:
+    seconds: np.ndarray  # [N] wall time of each call (the calls run one after another)
+    gpu: np.ndarray  # [N] GPU busy
+    pcie: np.ndarray  # [N] PCIe busy
+    cpu: np.ndarray  # [N] CPU lane busy
+
+
+def call_meta(trace, prefill_chunk: int) -> CallMeta:
+    """The same call order as sim.calls.trace_calls, with what the cost model needs beyond the replay log."""
+    from sim.calls import segments
+
+    L = trace.num_layers
+    n, ctx, turn = [], [], []
+    seen: dict[int, int] = {}
+    for start, end in segments(trace):
+        req, t = int(trace.request[start]), int(trace.turn[start])
+        c = seen.get(req, 0)
+        if trace.phase[start] == PREFILL:
+            for lo in range(start, end, prefill_chunk):
+                k = min(end, lo + prefill_chunk) - lo
+                n.append(k)
+                ctx.append(c)
+                turn.append(t)
+                c += k
+        else:
+            k = end - start
+            n.extend([1] * k)
+            ctx.extend(range(c, c + k))
+            turn.extend([t] * k)
+            c += k
+        seen[req] = c
+    rep = lambda a: np.repeat(np.asarray(a, np.int64), L)  # noqa: E731  one entry per layer
+    return CallMeta(rep(n), rep(ctx), rep(turn))
+
+
+def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
+           options: CostOptions = CostOptions()) -> CallTimes:
+    N = len(log)
+    if len(meta.tokens) != N:
+        raise ValueError(f"call metadata has {len(meta.tokens)} calls, the replay log {N}")
+    S, P, Lm = card.expert_bytes(), card.expert_params, card.moe_layers
+    hbm, bp, bh = hw.hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
+    rate, cpu_rate = hw.gpu_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
+    dram = hw.dram_gb_s * 1e9 if options.host == "shared" else math.inf
+    latency = hw.cpu_lane_latency_us * 1e-6
+    n, ctx = meta.tokens.astype(np.float64), meta.context.astype(np.float64)
+
+    # dense: weights of one layer's share, KV of the context read once per call, attention FLOPs
+    attn_share = card.attention_layers / Lm
+    kv_bytes = card.kv_bytes_per_token / Lm * (ctx + n)
+    dense_flops = 2 * card.dense_params * 1e9 / Lm * n + 4 * card.attention_width * n * (ctx + (n + 1) / 2) * attn_share
+    t_dense = np.maximum((card.dense_bytes() / Lm + kv_bytes) / hbm, dense_flops / rate)  # [N]
+    t_hit = np.maximum(log.hits * S / hbm, 2 * P * log.hit_tokens / rate)
+    t_fcomp = np.maximum(log.fetched * S / hbm, 2 * P * log.fetch_tokens / rate)
+    pcie_bytes = ((log.fetched + log.prefetched) * S).astype(np.float64)
+    cpu_bytes = (log.cpu * S).astype(np.float64)
+    t_cpu_alone = np.maximum(cpu_bytes / bh, 2 * P * log.cpu_tokens / cpu_rate)
+    cpu_cap = np.divide(cpu_bytes, t_cpu_alone, out=np.full(N, bh), where=t_cpu_alone > 0)
+
+    seconds, gpu_busy = np.empty(N), t_dense + t_hit + t_fcomp
+    pcie_busy, cpu_busy = np.empty(N), np.empty(N)
+    end = prev_start = pcie_free = 0.0
+    phase = log.phase.tolist()
+    for i in range(N):
+        start = end
+        routed = start + t_dense[i]
+        d_p, d_c = share(pcie_bytes[i], bp, cpu_bytes[i], cpu_cap[i], dram)
+        d_c += latency if cpu_bytes[i] else 0.0
+        if options.overlap:
+            early = options.double_buffer and phase[i] == PREFILL and i and phase[i - 1] == PREFILL
+            pcie_end = max(pcie_free, prev_start if early else routed) + d_p
+            gpu_end = max(routed + t_hit[i], pcie_end) + t_fcomp[i]
+        else:  # one stream: the copy waits for the resident experts' compute, the fetched ones wait for the copy
+            pcie_end = max(pcie_free, routed + t_hit[i]) + d_p
+            gpu_end = pcie_end + t_fcomp[i]
+        end = max(gpu_end, routed + d_c if cpu_bytes[i] else routed)
+        seconds[i] = end - start
+        pcie_busy[i], cpu_busy[i] = d_p, d_c if cpu_bytes[i] else 0.0
+        pcie_free, prev_start = pcie_end, start
+    return CallTimes(seconds, gpu_busy, pcie_busy, cpu_busy)

@@ -1,0 +1,78 @@
+"""Hardware profiles: the bandwidths, rates and capacities the cost model charges against.
+
+A profile is a plain YAML mapping in conf/hardware/<name>.yaml (also a Hydra config group) of HardwareProfile's
+fields plus `sources`: field -> where the number comes from (datasheet, published measurement, `ft bench bw`).
+Every number must carry a source; a profile without one is rejected. Bandwidths in GB/s (1e9 B/s), rates in TFLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from freetoken.paths import CONF_DIR
+from sim.config_file import build, read_mapping, require_positive, resolve
+
+HARDWARE_DIR = CONF_DIR / "hardware"
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    name: str
+    gpu: str
+    cpu: str
+    vram_gib: float  # per GPU
+    hbm_gb_s: float  # GPU memory bandwidth
+    gpu_bf16_tflops: float  # dense tensor rate, fp32 accumulate (the rate W4A16 GEMMs run at after dequant)
+    gpu_fp8_tflops: float  # 0 = no fp8 tensor cores (bf16 rate is used)
+    gpu_int4_tflops: float  # int4/fp4 tensor rate, 0 = none
+    gpu_int8_tflops: float  # int8 dot-product rate (tensor cores, or dp4a on Pascal): llama.cpp's quantized GEMMs
+    pcie_gb_s: float  # BP: pinned host -> GPU copy bandwidth
+    host_gb_s: float  # BH: host-side expert processing (CPU reading expert weights)
+    dram_gb_s: float  # host DRAM bandwidth both the DMA engine and the CPU draw from (contention model)
+    cpu_tflops: float  # CPU expert-GEMM throughput (int8/bf16 SIMD, all cores)
+    cpu_lane_latency_us: float  # fixed cost of one CPU-lane call: activations to host, thread wake-up, back
+    gpu_reserved_gib: float  # CUDA context, activations and workspace: not available for weights or KV
+    sources: dict[str, str]
+    num_gpus: int = 1  # layers split across GPUs (pipeline): VRAM adds up, one token sees one GPU at a time
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        require_positive(self, ("vram_gib", "hbm_gb_s", "gpu_bf16_tflops", "pcie_gb_s", "host_gb_s", "dram_gb_s",
+                                "cpu_tflops", "num_gpus"))
+        require_positive(self, ("gpu_fp8_tflops", "gpu_int4_tflops", "gpu_int8_tflops", "cpu_lane_latency_us", "gpu_reserved_gib"),
+                         allow_zero=True)
+        numeric = [f.name for f in fields(self) if f.type in ("float", "int") and f.name != "num_gpus"]
+        missing = [n for n in numeric if n not in self.sources]
+        if missing:
+            raise ValueError(f"field 'sources' gives no source for {', '.join(missing)}")
+        unknown = set(self.sources) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"field 'sources' names unknown field(s) {', '.join(sorted(unknown))}")
+
+    @property
+    def vram_bytes(self) -> float:
+        return self.num_gpus * self.vram_gib * GIB
+
+    @property
+    def reserved_bytes(self) -> float:
+        return self.num_gpus * self.gpu_reserved_gib * GIB
+
+    def gpu_tflops(self, dtype: str) -> float:
+        """Tensor rate for a GEMM dtype, falling back to bf16 where the GPU lacks that path."""
+        rate = {"bf16": self.gpu_bf16_tflops, "fp8": self.gpu_fp8_tflops, "int4": self.gpu_int4_tflops,
+                "int8": self.gpu_int8_tflops}[dtype]
+        return rate if rate > 0 else self.gpu_bf16_tflops
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_hardware(name_or_path: str) -> HardwareProfile:
+    path = resolve(name_or_path, HARDWARE_DIR, "hardware")
+    return build(HardwareProfile, read_mapping(path), str(path))
+
+
+def hardware_names() -> list[str]:
+    return sorted(p.stem for p in Path(HARDWARE_DIR).glob("*.yaml"))

@@ -1,0 +1,28 @@
+"""The sim's memory plan: a model card on a hardware profile, through the engine's own start-up planner.
+
+freetoken.serve.memory.plan_memory decides the order of claims (reserve, dense weights, KV floor, expert slots);
+this module only turns a card and a profile into its inputs, so the sim and the engine size the cache alike.
+"""
+
+from __future__ import annotations
+
+from freetoken.serve.memory import DEFAULT_KV_FLOOR, MemoryPlan, ModelMemory, plan_memory
+from sim.hardware import HardwareProfile
+from sim.model_card import ModelCard
+
+UNBOUNDED_CONTEXT = 1 << 24  # cards carry no context limit; the floor is the caller's choice
+
+
+def model_memory(card: ModelCard) -> ModelMemory:
+    return ModelMemory(dense_bytes=card.dense_bytes() + card.embedding_bytes(),
+                       kv_bytes_per_token=card.kv_bytes_per_token, expert_bytes=card.expert_bytes(),
+                       num_experts=card.num_keys, min_slots=card.top_k, max_context=UNBOUNDED_CONTEXT)
+
+
+def plan_for(card: ModelCard, hw: HardwareProfile, min_context: int = DEFAULT_KV_FLOOR) -> MemoryPlan:
+    """Expert slots of `card` on `hw` with `min_context` tokens of KV cache guaranteed."""
+    return plan_memory(model_memory(card), int(hw.vram_bytes), kv_floor=min_context,
+                       reserve_bytes=int(hw.reserved_bytes), device=f"{hw.name} ({hw.gpu})")
+
+
+__all__ = ["DEFAULT_KV_FLOOR", "MemoryPlan", "plan_for"]

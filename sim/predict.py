@@ -1,0 +1,111 @@
+"""One prediction: model card + hardware profile + engine (+ a trace, or a synthetic one of the model's shape)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
+from sim.cost import call_meta, charge
+from sim.engines import get_engine
+from sim.hardware import HardwareProfile
+from sim.model_card import ModelCard
+from sim.planner import DEFAULT_KV_FLOOR, plan_for
+from sim.prediction import Prediction, summarize
+from sim.run import SimConfig, simulate
+
+# Synthetic routing knobs: sim.synth.fit_spec on the first 60 prompts of the real DeepSeek-V2-Lite trace
+# (fine-grained experts with shared experts, as the Qwen3.5 / DeepSeek families): mean Zipf exponent 0.34,
+# reuse 0.75 within 16 tokens. A trace of the model itself replaces them.
+SYNTH_SKEW, SYNTH_REUSE, SYNTH_WINDOW = 0.34, 0.75, 16
+SYNTH_PIECE = 512  # tokens generated per synthetic request; pieces are joined into one request
+DEFAULT_PROMPT, DEFAULT_DECODE = 4096, 256
+
+
+def synthetic_trace(card: ModelCard, prompt_tokens: int, decode_tokens: int, *, skew: float = SYNTH_SKEW,
+                    reuse: float = SYNTH_REUSE, window: int = SYNTH_WINDOW, seed: int = 0,
+                    cache_dir: Path | None = None) -> RoutingTrace:
+    """One request: a prompt then decode steps, routed like the model's shape (L x E, top-k).
+
+    sim.synth generates in parallel over requests, so the request is drawn as pieces of SYNTH_PIECE tokens of one
+    spec (same per-layer popularity) and joined; reuse restarts at each piece's start. Cached on disk by spec.
+    """
+    from sim.synth import SynthSpec, synthesize
+
+    if prompt_tokens < 0 or decode_tokens < 0 or prompt_tokens + decode_tokens == 0:
+        raise ValueError(f"prompt and decode tokens must be >= 0 and not both 0, got {prompt_tokens}, {decode_tokens}")
+    total = prompt_tokens + decode_tokens
+    pieces = -(-total // SYNTH_PIECE)
+    spec = SynthSpec(card.moe_layers, card.num_experts, card.top_k, pieces * SYNTH_PIECE, num_requests=pieces,
+                     prefill_share=1.0, skew=skew, reuse=reuse, window=window, seed=seed, model=f"synthetic:{card.name}")
+    key = hashlib.sha1(json.dumps([repr(spec), prompt_tokens, decode_tokens]).encode()).hexdigest()[:16]
+    cache = (cache_dir or _cache_dir()) / f"{card.name}-{key}.safetensors"
+    if cache.is_file():
+        return load(cache)
+    raw = synthesize(spec)
+    phase = np.where(np.arange(total) < prompt_tokens, PREFILL, DECODE).astype(np.int8)
+    trace = RoutingTrace(np.ascontiguousarray(raw.experts[:total]), card.num_experts, model=spec.model,
+                         source="synthetic", request=np.zeros(total, np.int32), phase=phase,
+                         extra={"synth_spec": raw.extra["synth_spec"], "synth_piece": str(SYNTH_PIECE)})
+    try:
+        save(trace, cache)
+    except OSError:  # a read-only cache is no reason to fail a prediction
+        pass
+    return trace
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "freetoken" / "synth"
+
+
+def check_shape(trace: RoutingTrace, card: ModelCard, where: str = "trace") -> None:
+    shape = (trace.num_layers, trace.num_experts, trace.top_k)
+    want = (card.moe_layers, card.num_experts, card.top_k)
+    if shape != want:
+        raise ValueError(f"{where} routes {shape[0]} MoE layers x {shape[1]} experts, top-{shape[2]}; model "
+                         f"{card.name} has {want[0]} x {want[1]}, top-{want[2]}: use a trace of this model, or "
+                         f"omit --trace for a synthetic one")
+
+
+def predict(card: ModelCard, hw: HardwareProfile, engine_name: str, trace: RoutingTrace, *,
+            min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
+            on_call=None) -> Prediction:
+    engine = get_engine(engine_name)
+    check_shape(trace, card)
+    card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
+    plan = plan_for(card, hw, min_context)
+    capacity = plan.expert_slots
+    if engine.resident and capacity < card.num_keys:
+        raise ValueError(f"engine {engine_name}: all {card.num_keys} experts of {card.name} need "
+                         f"{card.all_expert_bytes() / 2**30:.1f} GiB; {hw.name} leaves room for {capacity} "
+                         f"({plan.expert_bytes / 2**30:.1f} GiB) after dense weights and a {min_context}-token KV floor")
+    options = dict(engine.policy_options)
+    policy = engine.policy
+    if capacity >= card.num_keys and policy != "static_layers":  # everything fits: loaded at start-up, no cold misses
+        policy, options = "static_layers", {"n_cpu_layers": 0}
+    if options.get("n_cpu_layers") == "all":
+        options["n_cpu_layers"] = card.moe_layers
+    if n_cpu_layers is not None:
+        if engine.policy != "static_layers":
+            raise ValueError(f"--n-cpu-moe applies to static-layer engines (llamacpp-*), not {engine_name}")
+        options["n_cpu_layers"] = n_cpu_layers
+    split = engine.split_for(card, hw)
+    config = SimConfig(policy, split, capacity=capacity, prefill_chunk=engine.prefill_chunk,
+                       expert_bytes=card.expert_bytes(), options=options)
+    result = simulate(trace, config, on_call=on_call)
+    meta = call_meta(trace, engine.prefill_chunk)
+    times = charge(result.log, meta, card, hw, engine.cost_options(host))
+    pred = summarize(result.log, meta, times, card.expert_bytes(), model=card.name, hardware=hw.name,
+                     engine=engine_name, policy=result.policy, split=result.split, capacity_experts=capacity,
+                     total_experts=card.num_keys)
+    pred.inputs = {"expert_bytes": card.expert_bytes(), "expert_bits": card.expert_bits,
+                   "dense_bits": card.dense_bits, "bp_gb_s": hw.pcie_gb_s, "bh_gb_s": hw.host_gb_s,
+                   "dram_gb_s": hw.dram_gb_s, "hbm_gb_s": hw.hbm_gb_s, "host": host,
+                   "prefill_chunk": engine.prefill_chunk, "min_context": min_context,
+                   "n_cpu_layers": options.get("n_cpu_layers"), "trace": trace.model}
+    return pred

@@ -1,0 +1,165 @@
+"""Cost model lanes against times derived by hand on a one-layer toy model.
+
+Toy: one MoE layer of 4 experts (top-2); an expert is 3e6 params at 8 bits = S = 3 MB. Hardware: HBM 3 GB/s
+(S / HBM = 1 ms), PCIe BP 1.5 GB/s (S / BP = 2 ms), host BH 3 GB/s (S / BH = 1 ms), GPU and CPU at 1 TFLOP/s
+(one token through an expert: 2 x 3e6 FLOPs = 6 us, so decode is byte-bound). Dense weights of the layer are
+3e6 params at 8 bits = 3 MB: 1 ms at HBM (+3 bytes of KV per context token, 1 ns).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from freetoken.placement import LRU, Split, balanced_fetch_count, make_call, paper_fetch_count
+from sim.cost import CallMeta, CostOptions, charge
+from sim.hardware import HardwareProfile
+from sim.lanes import roofline, share
+from sim.model_card import ModelCard
+from sim.replay import COLUMNS, ReplayLog, replay
+
+MS = 1e-3
+KV_NS = 3 / 3e9  # one context token of KV at HBM
+
+
+def toy_card(**kw) -> ModelCard:
+    base = dict(name="toy", hf_id="none", num_layers=1, moe_layers=1, num_experts=4, top_k=2, shared_experts=0,
+                hidden_size=1000, expert_intermediate_size=1000, dense_params=0.003, embedding_params=0.0,
+                kv_bytes_per_token=3, attention_layers=1, attention_width=1, expert_bits=8.0, dense_bits=8.0,
+                total_params=0.015, active_params=0.009, source="test")
+    return ModelCard(**{**base, **kw})
+
+
+def toy_hw(**kw) -> HardwareProfile:
+    base = dict(name="toy", gpu="g", cpu="c", vram_gib=1.0, hbm_gb_s=3.0, gpu_bf16_tflops=1.0, gpu_fp8_tflops=0.0,
+                gpu_int4_tflops=0.0, gpu_int8_tflops=0.0, pcie_gb_s=1.5, host_gb_s=3.0, dram_gb_s=1000.0,
+                cpu_tflops=1.0, cpu_lane_latency_us=0.0, gpu_reserved_gib=0.0)
+    base.update(kw)
+    numeric = [k for k, v in base.items() if isinstance(v, float)]
+    return HardwareProfile(**base, sources={k: "test" for k in numeric})
+
+
+def log_of(*calls: dict) -> ReplayLog:
+    """calls: dicts of the columns that are not zero."""
+    return ReplayLog(**{c: np.asarray([call.get(c, 0) for call in calls], np.int64) for c in COLUMNS})
+
+
+def meta_of(tokens, context=None) -> CallMeta:
+    tokens = np.asarray(tokens, np.int64)
+    context = np.zeros_like(tokens) if context is None else np.asarray(context, np.int64)
+    return CallMeta(tokens, context, np.zeros_like(tokens))
+
+
+def seconds(calls, tokens, options=CostOptions(host="independent"), hw=None, card=None):
+    return charge(log_of(*calls), meta_of(tokens), card or toy_card(), hw or toy_hw(), options).seconds
+
+
+DENSE = 1 * MS + KV_NS  # dense weights + one token of KV, decode at context 0
+
+
+def test_roofline_takes_the_slower_of_bytes_and_flops():
+    assert roofline(1e9, 2e12, 1e12, 1e15) == pytest.approx(2e-3)  # 1 ms of bytes, 2 ms of FLOPs
+    assert roofline(3e9, 2e12, 1e12, 1e15) == pytest.approx(3e-3)
+
+
+def test_gpu_lane_resident_experts_decode():
+    # dense 1 ms, then 2 resident experts: 2 x S / HBM = 2 ms
+    t = seconds([dict(phase=1, hits=2, hit_tokens=2)], [1])
+    assert t[0] == pytest.approx(DENSE + 2 * MS)
+
+
+def test_gpu_lane_compute_bound_prefill_chunk():
+    # 1000 tokens on one resident expert: 2 x 3e6 x 1000 = 6e9 FLOPs / 1e12 = 6 ms > 1 ms of bytes.
+    # dense: 2 x 3e6 x 1000 = 6e9 FLOPs (6 ms) + attention 4 x 1 x 1000 x (0 + 500.5) = 2.0e6 FLOPs (2 us)
+    t = seconds([dict(phase=0, hits=1, hit_tokens=1000)], [1000])
+    dense = (6e9 + 4 * 1000 * 500.5) / 1e12
+    assert t[0] == pytest.approx(dense + 6 * MS)
+
+
+def test_pcie_lane_offload_decode():
+    # routed at 1 ms; 2 fetches: 2 x 2 ms on PCIe -> landed at 5 ms; computed after: 2 x 1 ms -> 7 ms
+    t = seconds([dict(phase=1, fetched=2, fetch_tokens=2)], [1])
+    assert t[0] == pytest.approx(DENSE + 4 * MS + 2 * MS)
+
+
+def test_cpu_lane_decode_bytes_and_latency():
+    # 2 experts on the CPU: 2 x S / BH = 2 ms, plus a 50 us lane latency
+    t = seconds([dict(phase=1, cpu=2, cpu_tokens=2)], [1], hw=toy_hw(cpu_lane_latency_us=50.0))
+    assert t[0] == pytest.approx(DENSE + 2 * MS + 50e-6)
+
+
+def test_cpu_lane_flop_bound_in_prefill():
+    # 1000 tokens on one CPU expert at 1 TFLOP/s: 6 ms (bytes: 1 ms). GPU lane idle besides dense.
+    t = seconds([dict(phase=0, cpu=1, cpu_tokens=1000)], [1000])
+    dense = (6e9 + 4 * 1000 * 500.5) / 1e12
+    assert t[0] == pytest.approx(dense + 6 * MS)
+
+
+def test_call_waits_for_the_slowest_lane():
+    # hybrid: 1 fetched (2 ms copy + 1 ms compute = 3 ms) beside 1 on the CPU (1 ms): the GPU lane decides
+    t = seconds([dict(phase=1, fetched=1, fetch_tokens=1, cpu=1, cpu_tokens=1)], [1])
+    assert t[0] == pytest.approx(DENSE + 3 * MS)
+
+
+def test_copy_overlaps_resident_compute_only_with_overlap():
+    call = dict(phase=1, hits=1, hit_tokens=1, fetched=1, fetch_tokens=1)
+    # overlap: copy 1..3 ms beside the hit's compute 1..2 ms; fetched compute 3..4 ms
+    assert seconds([call], [1])[0] == pytest.approx(DENSE + 3 * MS)
+    # one stream: hit 1..2, copy 2..4, fetched compute 4..5
+    serial = CostOptions(host="independent", overlap=False, double_buffer=False)
+    assert seconds([call], [1], serial)[0] == pytest.approx(DENSE + 4 * MS)
+
+
+def test_double_buffering_loads_the_next_prefill_call_early():
+    # two prefill calls of 1 token, each fetching one expert. Dense per call: 1 ms of bytes (FLOPs negligible).
+    calls = [dict(phase=0, fetched=1, fetch_tokens=1, layer=0), dict(phase=0, fetched=1, fetch_tokens=1, layer=0)]
+    d = 1 * MS + KV_NS
+    # without: each call = dense 1 + copy 2 + compute 1 = 4 ms -> 8 ms
+    single = CostOptions(host="independent", double_buffer=False)
+    assert seconds(calls, [1, 1], single).sum() == pytest.approx(2 * (d + 3 * MS))
+    # with: call 2's copy starts when call 1 starts (its buffer is free): PCIe busy 0..2 then 2..4 ms;
+    # call 2 starts at 4 ms, routed at 5, its experts landed at 4: compute 5..6 -> 6 ms in all
+    both = seconds(calls, [1, 1], CostOptions(host="independent"))
+    assert both.sum() == pytest.approx(d + 3 * MS + d + 1 * MS)
+
+
+def test_share_two_flows_by_hand():
+    # a: 100 B capped at 10 B/s, b: 60 B capped at 20 B/s
+    assert share(100, 10, 60, 20, math.inf) == pytest.approx((10.0, 3.0))
+    # DRAM 15 B/s < 30: rates 5 and 10; b ends at 6 s, a has 70 B left at 10 B/s -> 13 s
+    assert share(100, 10, 60, 20, 15) == pytest.approx((13.0, 6.0))
+    assert share(0, 10, 60, 20, 15) == pytest.approx((0.0, 4.0))  # alone: min(cap, DRAM)
+
+
+def _hybrid_log(rule: str, m: int, hw: HardwareProfile):
+    """A real replay: an empty cache, one decode call with m distinct experts, the spine's hybrid split."""
+    card = toy_card(num_experts=8, top_k=m, total_params=0.003 + 8 * 0.003, active_params=0.003 + m * 0.003)
+    split = Split("hybrid", rule, hw.pcie_gb_s, hw.host_gb_s)
+    call = make_call(0, np.arange(m)[None, :], phase=1)
+    return replay([call], LRU(0, 1, 8), split).log, card
+
+
+@pytest.mark.parametrize("m, bp, bh", [(4, 1.5, 3.0), (8, 52.7, 77.3), (8, 56.0, 63.6), (6, 11.8, 47.5)])
+def test_hybrid_q_is_the_spines_rule(m, bp, bh):
+    hw = toy_hw(pcie_gb_s=bp, host_gb_s=bh)
+    for rule, q in (("balanced", balanced_fetch_count(m, bp, bh)), ("paper", paper_fetch_count(m, bp, bh))):
+        log, _ = _hybrid_log(rule, m, hw)
+        assert (int(log.fetched[0]), int(log.cpu[0])) == (q, m - q)
+
+
+def test_shared_dram_full_contention_hybrid_buys_nothing_over_all_cpu():
+    # m = 4 misses, BP 1.5, BH 3, DRAM 3 GB/s (= BH: the CPU alone saturates what the DRAM gives).
+    # balanced q = 1 (max(1/1.5, 3/3) = 1 beats q = 2: 1.33). Shared: rates 1 and 2 GB/s while both run;
+    # copy ends at 3 ms, the CPU's last 3 MB at 3 GB/s end at 4 ms; fetched compute 4..5 ms (after routing at 1).
+    # All-CPU: 12 MB at 3 GB/s = 4 ms. Both calls: dense 1 + 4 = 5 ms.
+    hw = toy_hw(dram_gb_s=3.0)
+    log, card = _hybrid_log("balanced", 4, hw)
+    assert (int(log.fetched[0]), int(log.cpu[0])) == (1, 3)
+    shared = charge(log, meta_of([1]), card, hw, CostOptions(host="shared")).seconds[0]
+    all_cpu = seconds([dict(phase=1, cpu=4, cpu_tokens=4)], [1], CostOptions(host="shared"), hw, card)[0]
+    assert all_cpu == pytest.approx(DENSE + 4 * MS)
+    assert shared == pytest.approx(DENSE + 4 * MS)
+    assert shared >= all_cpu - 1e-12
+    # independent lanes: copy 2 ms + compute 1 ms beside 3 ms of CPU -> 3 ms: hybrid wins
+    independent = charge(log, meta_of([1]), card, hw, CostOptions(host="independent")).seconds[0]
+    assert independent == pytest.approx(DENSE + 3 * MS)
