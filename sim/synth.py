@@ -123,6 +123,7 @@ SKEW_GRID = np.round(np.arange(0.0, 3.0001, 0.05), 2)
 REUSE_GRID = np.round(np.arange(0.0, 0.91, 0.1), 2)  # coarse; the best is refined by +-0.05
 WINDOW_GRID = (1, 2, 3, 4, 6, 8, 12, 16)
 FIT_TOKENS = 4000  # synthetic tokens per candidate of the reuse grid search
+FIT_CANDIDATES = 1 + (len(REUSE_GRID) - 1) * len(WINDOW_GRID) + 2
 FIT_POSITIONS = 256  # longest candidate request (generation time grows with positions, not requests)
 
 
@@ -151,10 +152,11 @@ def _reuse_loss(a, b) -> float:
     return sum((np.log1p(a.percentiles[q]) - np.log1p(b.percentiles[q])) ** 2 for q in (50, 90))
 
 
-def fit_spec(trace: RoutingTrace, seed: int = 0) -> SynthSpec:
+def fit_spec(trace: RoutingTrace, seed: int = 0, on_candidate=None) -> SynthSpec:
     """A SynthSpec of the trace's shape whose per-layer skew (Gini) and token-granular reuse-distance p50 / p90
     match the trace's: skew by inverting a simulated Gini curve, reuse and window by a small grid search, then
-    one correction of the skew for the sampling noise that reuse adds (short traces only)."""
+    one correction of the skew for the sampling noise that reuse adds (short traces only). on_candidate() is
+    called after each of the FIT_CANDIDATES grid points (for a progress bar)."""
     from freetoken.trace.stats import expert_counts, gini, reuse_stats
 
     T = trace.num_tokens
@@ -169,6 +171,8 @@ def fit_spec(trace: RoutingTrace, seed: int = 0) -> SynthSpec:
     small = replace(spec, num_tokens=n, num_requests=min(n, max(round(R * n / T), -(-n // FIT_POSITIONS), 1)))
 
     def loss(reuse: float, window: int) -> float:
+        if on_candidate is not None:
+            on_candidate()
         return _reuse_loss(reuse_stats(synthesize(replace(small, reuse=reuse, window=window))), target)
 
     grid = [(0.0, 1)] + [(float(r), w) for w in WINDOW_GRID for r in REUSE_GRID if r > 0]

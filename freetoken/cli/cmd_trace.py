@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from freetoken.cli.common import print_json
+from freetoken.cli.common import print_json, progress
 from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
 
 DEFAULT_PREFILL_CHUNK = 2048
@@ -127,7 +127,7 @@ def run_info(args: argparse.Namespace) -> int:
 def run_synth(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from sim.synth import SynthSpec, fit_spec, synthesize
+    from sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
 
     _check_out(args.out)
     shape = {"num_layers": args.layers, "num_experts": args.experts, "top_k": args.top_k,
@@ -137,7 +137,9 @@ def run_synth(args: argparse.Namespace) -> int:
     if args.skew is not None:
         given["skew"] = _parse_skew(args.skew)
     if args.fit:
-        spec = fit_spec(_load_any(args.fit), seed=args.seed)
+        real = _load_any(args.fit)
+        with progress(FIT_CANDIDATES, f"fitting to {Path(args.fit).name}") as advance:
+            spec = fit_spec(real, seed=args.seed, on_candidate=advance)
         if "num_layers" in given and given["num_layers"] != spec.num_layers and "skew" not in given:
             given["skew"] = round(float(sum(spec.layer_skews()) / spec.num_layers), 3)  # one exponent for all
         spec = replace(spec, seed=args.seed, **given)
@@ -184,5 +186,5 @@ def _shape_line(trace: RoutingTrace) -> str:
 
     n_dec = int((trace.phase == DECODE).sum())
     return (f"{trace.num_tokens} tokens ({trace.num_tokens - n_dec} prefill, {n_dec} decode), "
-            f"{len(np.unique(trace.request))} requests, {trace.num_layers} layers x {trace.num_experts} experts, "
+            f"{len(np.unique(trace.request))} requests, {trace.num_layers} MoE layers x {trace.num_experts} experts, "
             f"top-{trace.top_k}")
