@@ -82,15 +82,16 @@ def _chunked(fn: Callable, chunk: int) -> Callable:
 def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
     from freetoken import kernels as K
 
-    g = torch.Generator(device="cpu").manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)  # drawn on the device: CPU draws of 1 GB would take a minute
+    on = dict(generator=g, device=device)
 
     def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype)
+        return (torch.randn(*shape, **on) * scale).to(dtype)
 
     T, L = s.prefill_tokens, s.context
     eb = torch.finfo(dtype).bits // 8
     x = randn(T, s.D)
-    w_norm = (torch.rand(s.D, generator=g) + 0.5).to(device=device, dtype=dtype)
+    w_norm = (torch.rand(s.D, **on) + 0.5).to(dtype)
     q = randn(T, s.H, s.Dh)
     kc, vc = randn(L + T, s.Hkv, s.Dh), randn(L + T, s.Hkv, s.Dh)
     pos = torch.arange(L, L + T, device=device)
@@ -99,9 +100,9 @@ def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
     w_gate_up = randn(s.slots, 2 * s.I, s.D, scale=s.D**-0.5)
     w_down = randn(s.slots, s.D, s.I, scale=s.I**-0.5)
     logits = randn(T, s.E, scale=2.0)
-    slot_ids = torch.randint(-1, s.slots, (T, s.K), generator=g, dtype=torch.int32).to(device)
-    route_w = torch.rand(T, s.K, generator=g).to(device)
-    decode_slots = torch.randperm(s.slots, generator=g)[: s.K].to(device=device, dtype=torch.int32)[None, :]
+    slot_ids = torch.randint(-1, s.slots, (T, s.K), dtype=torch.int32, **on)
+    route_w = torch.rand(T, s.K, **on)
+    decode_slots = torch.randperm(s.slots, **on)[: s.K].to(torch.int32)[None, :]
     expert_bytes = 3 * s.I * s.D * eb
     scale = s.Dh**-0.5
     ffn_ref = _chunked(K.expert_ffn_ref, 16)
