@@ -74,12 +74,16 @@ def check_shape(trace: RoutingTrace, card: ModelCard, where: str = "trace") -> N
 
 def predict(card: ModelCard, hw: HardwareProfile, engine_name: str, trace: RoutingTrace, *,
             min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
-            on_call=None) -> Prediction:
+            capacity: int | None = None, on_call=None) -> Prediction:
+    """capacity: expert slots instead of the memory planner's (must not exceed the model's experts)."""
     engine = get_engine(engine_name)
     check_shape(trace, card)
     card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
     plan = plan_for(card, hw, min_context)
-    capacity = plan.expert_slots
+    if capacity is not None and not 0 <= capacity <= card.num_keys:
+        raise ValueError(f"capacity {capacity} must lie in [0, {card.num_keys}]: {card.name} has {card.moe_layers} "
+                         f"MoE layers x {card.num_experts} experts")
+    capacity = plan.expert_slots if capacity is None else capacity
     if engine.resident and capacity < card.num_keys:
         raise ValueError(f"engine {engine_name}: all {card.num_keys} experts of {card.name} need "
                          f"{card.all_expert_bytes() / 2**30:.1f} GiB; {hw.name} leaves room for {capacity} "

@@ -27,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--min-context", type=int, default=DEFAULT_KV_FLOOR, help="KV-cache floor in tokens")
     p.add_argument("--host", default="shared", choices=HOST_MODES,
                    help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently")
+    p.add_argument("--capacity", type=int, help="expert slots (default: what VRAM holds after dense weights and KV)")
     p.add_argument("--n-cpu-moe", type=int, help="llamacpp-ncmoe: MoE layers on the CPU (default: from VRAM)")
     p.add_argument("--anchors", action="store_true",
                    help="regenerate docs/anchors.md: predictions beside every published anchor cell")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     n = num_calls(trace, engine.prefill_chunk)
     with progress(n, f"replaying {card.name} on {hw.name}", enabled=not args.json) as advance:
         pred = predict(card, hw, args.engine, trace, min_context=args.min_context, host=args.host,
-                       n_cpu_layers=args.n_cpu_moe, on_call=None if args.json else advance)
+                       n_cpu_layers=args.n_cpu_moe, capacity=args.capacity, on_call=None if args.json else advance)
     if args.json:
         print_json(pred.to_dict())
         return 0

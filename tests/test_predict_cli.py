@@ -1,0 +1,93 @@
+"""ft predict end to end, and predictions checked against bounds derived by hand from the cards."""
+
+import json
+
+import numpy as np
+import pytest
+
+from freetoken.cli import main
+from freetoken.trace import RoutingTrace, save
+from sim.hardware import load_hardware
+from sim.model_card import load_model_card
+from sim.predict import predict, synthetic_trace
+
+
+def run_json(capsys, *args) -> dict:
+    assert main(["predict", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_json_matches_the_library(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    out = run_json(capsys, "--model", "qwen3-30b-a3b", "--hardware", "rtx4060-laptop", "--engine",
+                   "freetoken-offload", "--prompt-tokens", "256", "--decode-tokens", "16")
+    for key in ("decode_tok_s", "prefill_tok_s", "ttft_s", "capacity_experts", "miss_rate"):
+        assert key in out
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware("rtx4060-laptop")
+    ref = predict(card, hw, "freetoken-offload", synthetic_trace(card, 256, 16))
+    assert out["decode_tok_s"] == pytest.approx(ref.decode_tok_s)
+    assert (out["prompt_tokens"], out["decode_tokens"]) == (256, 16)
+    assert out["ttft_s"] == pytest.approx(out["prefill_s"])  # one request, one turn
+
+
+def test_decode_bounds_by_hand():
+    # Qwen3-30B-A3B bf16 on the 4060 laptop (8 GiB): a decode token reads the dense weights (1.23 B x 2 B =
+    # 2.46 GB) at 256 GB/s = 9.6 ms at least, and each missed expert (9.44 MB) crosses PCIe x8 at 11.8 GB/s.
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware("rtx4060-laptop")
+    trace = synthetic_trace(card, 64, 32)
+    p = predict(card, hw, "freetoken-offload", trace)
+    misses_per_token = p.miss_rate_decode * 48 * 8
+    floor = 2.46e9 / 256e9 + misses_per_token * 9_437_184 / 11.8e9
+    assert 1 / p.decode_tok_s >= floor
+    # an all-CPU split moves the same misses over BH = 47.5 GB/s instead: faster on this PCIe x8 laptop
+    cpu = predict(card, hw, "ktransformers", trace)
+    assert cpu.decode_tok_s > p.decode_tok_s
+
+
+def test_resident_decode_is_the_bandwidth_roofline():
+    # Mixtral bf16 fully resident on an H200: per token dense 1.474 B x 2 B + 32 layers x 2 experts x 352 MB,
+    # plus KV at (context + 1) x 128 KiB, all at 4.8 TB/s; compute is far below the ridge at one token.
+    card, hw = load_model_card("mixtral-8x7b"), load_hardware("h200")
+    trace = synthetic_trace(card, 16, 8)
+    p = predict(card, hw, "resident", trace)
+    assert p.capacity_experts == 256 and p.miss_rate == 0
+    per_token_bytes = 1.474e9 * 2 + 64 * 352_321_536
+    kv = sum((16 + i + 1) * 131072 for i in range(8)) / 8
+    assert 1 / p.decode_tok_s == pytest.approx((per_token_bytes + kv) / 4.8e12, rel=1e-6)
+
+
+def test_llamacpp_cmoe_decode_all_on_cpu_prefill_copies():
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen")
+    p = predict(card, hw, "llamacpp-cmoe", synthetic_trace(card, 1024, 8))
+    assert p.miss_rate == 1.0
+    # decode: every expert on the CPU, nothing fetched; prefill chunks of 512 >= 32 tokens: every used expert copied
+    # (the Q4_K_M expert: 4,718,592 params x 4.85 bits / 8 = 2,860,646 bytes)
+    used = 2 * 48 * 128  # two 512-token chunks use every expert of every layer (4096 picks over 128)
+    assert p.cpu_gb == pytest.approx(8 * 48 * 8 * 2_860_646 / 1e9)
+    assert p.fetched_gb == pytest.approx(used * 2_860_646 / 1e9, rel=0.01)
+
+
+def test_ncmoe_takes_n_and_checks_it(capsys):
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen")
+    trace = synthetic_trace(card, 8, 8)
+    p = predict(card, hw, "llamacpp-ncmoe", trace, n_cpu_layers=40)
+    assert p.inputs["n_cpu_layers"] == 40
+    assert p.miss_rate_decode == pytest.approx(40 / 48)  # the first 40 of 48 layers miss every expert
+    with pytest.raises(ValueError, match="n-cpu-moe applies to static-layer engines"):
+        predict(card, hw, "freetoken-offload", trace, n_cpu_layers=4)
+
+
+def test_trace_of_another_shape_is_refused(capsys, tmp_path):
+    path = tmp_path / "mixtral-shaped.safetensors"
+    save(RoutingTrace(np.zeros((4, 32, 2), np.int16) + np.array([0, 1], np.int16), 8, model="m"), path)
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--hardware", "h200", "--trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "routes 32 MoE layers x 8 experts, top-2; model qwen3-30b-a3b has 48 x 128, top-8" in err
+
+
+def test_cli_errors_are_one_line(capsys):
+    assert main(["predict", "--model", "nope", "--hardware", "h200"]) == 2
+    assert "unknown model 'nope'" in capsys.readouterr().err
+    assert main(["predict", "--model", "qwen3.5-122b-a10b", "--hardware", "rtx5090-ryzen", "--engine",
+                 "resident", "--prompt-tokens", "8", "--decode-tokens", "1"]) == 2
+    assert "all 12288 experts of qwen3.5-122b-a10b need" in capsys.readouterr().err
