@@ -5,7 +5,7 @@ import numpy as np
 from freetoken.placement.stream import key_stream
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import (access_keys, expert_counts, gini, normalized_entropy, reuse_distances,
-                                   reuse_stats, top_share)
+                                   reuse_stats, token_reuse_distances, top_share)
 from sim.calls import trace_calls
 
 
@@ -53,3 +53,8 @@ def test_reuse_stats_percentiles_and_cold_share():
     assert (d < 0).sum() == len(np.unique(access_keys(t)))  # one cold access per key ever used
     assert r.percentiles[90] == np.percentile(d[d >= 0], 90)
     assert expert_counts(t).sum() == 40 * 3 * 2
+
+
+def test_per_layer_token_distances_equal_the_global_stream():
+    t = _trace()
+    assert np.array_equal(token_reuse_distances(t), reuse_distances(access_keys(t, 1)))

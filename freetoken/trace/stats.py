@@ -89,6 +89,20 @@ def reuse_distances(keys: np.ndarray) -> np.ndarray:
     return np.where(prev >= 0, np.arange(len(keys)) - prev - 1, -1)
 
 
+def token_reuse_distances(trace: RoutingTrace) -> np.ndarray:
+    """reuse_distances(access_keys(trace, 1)), a layer at a time: a key only recurs within its layer, and L sorts
+    of T * K small ids beat one sort of T * L * K keys (about 3x on 192k tokens)."""
+    T, L, K = trace.experts.shape
+    t, slot = np.divmod(np.arange(T * K, dtype=np.int64), K)  # [T * K] token and slot of each pick
+    out = np.empty((T, L, K), np.int64)
+    for layer in range(L):
+        ids = np.ascontiguousarray(trace.experts[:, layer]).reshape(-1)  # [T * K]
+        pos = t * (L * K) + layer * K + slot  # where each pick sits in the token-granular stream
+        prev = previous_occurrence(ids)
+        out[:, layer] = np.where(prev >= 0, pos - pos[prev] - 1, -1).reshape(T, K)
+    return out.reshape(-1)
+
+
 @dataclass(frozen=True, slots=True)
 class Reuse:
     accesses: int
@@ -101,7 +115,7 @@ class Reuse:
 
 
 def reuse_stats(trace: RoutingTrace, prefill_chunk: int = 1) -> Reuse:
-    d = reuse_distances(access_keys(trace, prefill_chunk))
+    d = token_reuse_distances(trace) if prefill_chunk == 1 else reuse_distances(access_keys(trace, prefill_chunk))
     warm = d[d >= 0]
     pct = {q: float(np.percentile(warm, q)) if warm.size else float("nan") for q in PERCENTILES}
     return Reuse(int(d.size), float((d < 0).mean()) if d.size else 0.0, pct)
