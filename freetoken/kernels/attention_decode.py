@@ -12,7 +12,7 @@ LOG2E = 1.4426950408889634
 TARGET_PROGRAMS = 256  # enough (kv head, split) programs to keep every SM of a large GPU streaming the cache
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "SPLIT_LEN"])  # change every decode step: compile once
 def _attention_decode_split_kernel(
     # Pointers
     q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr,
@@ -57,7 +57,7 @@ def _attention_decode_split_kernel(
     tl.store(part_lse_ptr + heads * stride_lh + split, m_i + tl.log2(l_i), mask=offs_g < GROUP)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _attention_decode_merge_kernel(
     # Pointers
     part_out_ptr, part_lse_ptr, out_ptr,

@@ -11,7 +11,7 @@ from freetoken.kernels.dot import mma
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "start_pos"])  # both change every call: compile once
 def _attention_prefill_kernel(
     # Pointers
     q_ptr, k_ptr, v_ptr, out_ptr,

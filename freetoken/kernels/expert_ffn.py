@@ -41,7 +41,7 @@ def _block_rows(b, pairs_ptr, block_slot_ptr, slot_ids_ptr, TK, BLOCK_M: tl.cons
         return tl.load(block_slot_ptr + b), pair, pair < TK, rows
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TK"])
 def _gate_up_kernel(
     # Pointers
     x_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, h_ptr,
@@ -81,7 +81,7 @@ def _gate_up_kernel(
              mask=rmask[:, None] & nmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["TK"])
 def _down_kernel(
     # Pointers
     h_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr,
