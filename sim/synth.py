@@ -15,6 +15,8 @@ import numpy as np
 
 from freetoken.trace.format import DECODE, PREFILL, RoutingTrace
 
+MAX_SKEW = 10.0  # E ** MAX_SKEW stays finite in float32 for any realistic expert count
+
 
 @dataclass(frozen=True, slots=True)
 class SynthSpec:
@@ -46,8 +48,8 @@ class SynthSpec:
         skews = self.layer_skews()
         if len(skews) != self.num_layers:
             raise ValueError(f"skew gives {len(skews)} per-layer exponents for {self.num_layers} layers")
-        if not np.all(np.isfinite(skews)) or (skews < 0).any():
-            raise ValueError(f"skew exponents must be finite and >= 0, got {self.skew}")
+        if not np.all(np.isfinite(skews)) or (skews < 0).any() or (skews > MAX_SKEW).any():
+            raise ValueError(f"skew exponents must lie in [0, {MAX_SKEW}], got {self.skew}")
         if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
 
@@ -80,7 +82,7 @@ def synthesize(spec: SynthSpec) -> RoutingTrace:
     lengths = spec.request_lengths()  # [R]
     P = int(lengths.max())
     inv_p = np.exp(-layer_log_popularity(spec, rng)).astype(np.float32)  # [L, E] 1 / weight
-    picks = np.zeros((R, P, L, K), np.int64)
+    picks = np.zeros((R, P, L, K), np.int16)
     r_idx = np.arange(R)[:, None, None]  # [R, 1, 1]
     l_idx = np.arange(L)[None, :, None]  # [1, L, 1]
     draw = np.empty((R, L, E), np.float32)
@@ -105,7 +107,7 @@ def synthesize(spec: SynthSpec) -> RoutingTrace:
     phase = np.where(pos < n_prefill[:, None], PREFILL, DECODE).astype(np.int8)
     request = np.broadcast_to(np.arange(R, dtype=np.int32)[:, None], (R, P))
     extra = {"synth_spec": _spec_string(spec)}
-    return RoutingTrace(picks[valid].astype(np.int16), E, model=spec.model, source="synthetic",
+    return RoutingTrace(picks[valid], E, model=spec.model, source="synthetic",
                         request=request[valid], phase=phase[valid], extra=extra)
 
 

@@ -81,7 +81,8 @@ def test_more_reuse_means_shorter_reuse_distances():
     ({"reuse": 1.5}, "reuse must lie in [0, 1]"),
     ({"num_tokens": 0}, "num_tokens must be a positive integer"),
     ({"num_requests": 200}, "num_requests 200 exceeds num_tokens 100"),
-    ({"skew": -1.0}, "skew exponents must be finite and >= 0"),
+    ({"skew": -1.0}, "skew exponents must lie in [0, 10.0]"),
+    ({"skew": float("nan")}, "skew exponents must lie in [0, 10.0]"),
 ])
 def test_spec_is_validated(kwargs, message):
     args = dict(num_layers=4, num_experts=8, top_k=2, num_tokens=100)
