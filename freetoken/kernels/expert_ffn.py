@@ -184,11 +184,12 @@ def expert_ffn(
     # 3. launch
     dot_fp32 = dot_in_fp32(x, w_gate_up, w_down)
     BLOCK_N, BLOCK_K = 64, 64
-    _gate_up_kernel[(num_blocks, triton.cdiv(I, BLOCK_N))](
+    BLOCK_N_GATE_UP = 32 if one_pair else BLOCK_N  # decode: more, narrower programs stream the K experts' weights
+    _gate_up_kernel[(num_blocks, triton.cdiv(I, BLOCK_N_GATE_UP))](
         x, w_gate_up, pairs, block_slot, slot_ids, h,
         T * K, K, D, I,
         x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), h.stride(0),
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K,
         num_warps=4, num_stages=3,
     )
     _down_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](

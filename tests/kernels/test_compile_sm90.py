@@ -60,7 +60,7 @@ def _variants():
     for one_pair, bm in ((True, 16), (False, 64)):
         meta = dict(ONE_PAIR=one_pair, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64)
         out.append((f"expert gate_up one_pair={one_pair}", _gate_up_kernel,
-                    dict(x_ptr=P, w_ptr=P, h_ptr=P, **slots), meta, 4, 3))
+                    dict(x_ptr=P, w_ptr=P, h_ptr=P, **slots), dict(meta, BLOCK_N=32 if one_pair else 64), 4, 3))
         out.append((f"expert down one_pair={one_pair}", _down_kernel,
                     dict(h_ptr=P, w_ptr=P, route_w_ptr=F, y_ptr=F, **slots), meta, 4, 3))
     return out
