@@ -42,7 +42,7 @@ def next_occurrence(keys: np.ndarray) -> np.ndarray:
     """[N] -> [N]: index of the next access to the same key, NEVER if none."""
     keys = np.asarray(keys, np.int64)
     n = keys.size
-    order = np.lexsort((np.arange(n), keys))  # grouped by key, in time order
+    order = np.argsort(keys, kind="stable")  # grouped by key, in time order
     nxt = np.full(n, NEVER, np.int64)
     same = keys[order[1:]] == keys[order[:-1]]
     nxt[order[:-1][same]] = order[1:][same]
@@ -53,7 +53,7 @@ def previous_occurrence(keys: np.ndarray) -> np.ndarray:
     """[N] -> [N]: index of the previous access to the same key, -1 if none."""
     keys = np.asarray(keys, np.int64)
     n = keys.size
-    order = np.lexsort((np.arange(n), keys))
+    order = np.argsort(keys, kind="stable")
     prev = np.full(n, -1, np.int64)
     same = keys[order[1:]] == keys[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]

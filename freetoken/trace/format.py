@@ -168,6 +168,9 @@ def save(trace: RoutingTrace, path: str | os.PathLike) -> Path:
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=trace.metadata())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a trace is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
