@@ -113,38 +113,28 @@ class ReplayResult:
 def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
            keep_plans: bool = False, on_call: Callable[[], None] | None = None) -> ReplayResult:
     """Run every call through policy.plan and log what the plan moves. on_call: progress hook, once per call."""
-    cols: dict[str, list[int]] = {c: [] for c in COLUMNS}
-    (layer_c, phase_c, req_c, exp_c, tok_c, hit_c, fet_c, cpu_c, ev_c, pre_c, ht_c, ft_c, ct_c) = (
-        cols[c] for c in COLUMNS)
+    rows: list[tuple[int, ...]] = []  # one row of COLUMNS per call (a single append on the hot path)
+    row = rows.append
     plans: list[Plan] | None = [] if keep_plans else None
     plan_fn = policy.plan
     for call in calls:
         plan = plan_fn(call, split)
-        layer_c.append(call.layer)
-        phase_c.append(call.phase)
-        req_c.append(call.request)
         n = len(call.experts)
-        exp_c.append(n)
-        hit_c.append(len(plan.hits))
-        fet_c.append(len(plan.fetch))
-        cpu_c.append(len(plan.cpu))
-        ev_c.append(len(plan.evict))
-        pre_c.append(len(plan.prefetch))
+        h, f, c = len(plan.hits), len(plan.fetch), len(plan.cpu)
         if call.phase == DECODE:  # one token: every expert computes one (token, expert) pair
-            tok_c.append(n)
-            ht_c.append(len(plan.hits))
-            ft_c.append(len(plan.fetch))
-            ct_c.append(len(plan.cpu))
+            tok, ht, ft, ct = n, h, f, c
         else:
-            per = dict(zip(call.experts, call.tokens))
-            tok_c.append(sum(call.tokens))
-            ht_c.append(sum(per[e] for e in plan.hits))
-            ft_c.append(sum(per[e] for e in plan.fetch))
-            ct_c.append(sum(per[e] for e in plan.cpu))
+            per = dict(zip(call.experts, call.tokens)).__getitem__
+            tok = sum(call.tokens)
+            ht = sum(map(per, plan.hits)) if h else 0
+            ft = sum(map(per, plan.fetch)) if f else 0
+            ct = sum(map(per, plan.cpu)) if c else 0
+        row((call.layer, call.phase, call.request, n, tok, h, f, c, len(plan.evict), len(plan.prefetch), ht, ft, ct))
         if plans is not None:
             plans.append(plan)
         if on_call is not None:
             on_call()
-    log = ReplayLog(**{c: np.asarray(v, np.int64) for c, v in cols.items()})
+    table = np.array(rows, np.int64).reshape(len(rows), len(COLUMNS)).T.copy()  # [columns, calls]
+    log = ReplayLog(**dict(zip(COLUMNS, table)))
     mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
     return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes, plans)

@@ -6,25 +6,17 @@ from freetoken.placement.policy import PlacementPolicy
 
 
 class LRU(PlacementPolicy):
+    """The recency order is slot_of's own insertion order (least recently used first): an admitted key is
+    inserted at the back, an evicted one popped, a hit moved to the back. No second structure to keep in step."""
+
     name = "lru"
 
-    def __init__(self, capacity: int, num_layers: int, num_experts: int):
-        super().__init__(capacity, num_layers, num_experts)
-        self._order: dict[int, None] = {}  # resident keys, least recently used first
-
     def on_hit(self, key: int, now: int) -> None:
-        order = self._order
-        del order[key]
-        order[key] = None
-
-    def on_admit(self, key: int, now: int) -> None:
-        self._order[key] = None
-
-    def on_evict(self, key: int) -> None:
-        del self._order[key]
+        slot_of = self.slot_of
+        slot_of[key] = slot_of.pop(key)
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        for k in self._order:  # keys of the current call sit at the back: this stops at once unless all are
+        for k in self.slot_of:  # keys of the current call sit at the back: this stops at once unless all are
             if k not in protected:
                 return k
         return None
