@@ -20,7 +20,7 @@ def _inputs(T, H, Hkv, Dh, S_max, dtype, seed):
 
 # T = 20: two 16-row query blocks; T > 32 takes the 64-row block; start_pos 70: two 64-key blocks;
 # Dh = 24 is masked up to a 32-wide block; H / Hkv = 1, 2, 4
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(
     "T,H,Hkv,Dh,start_pos",
     [(7, 4, 2, 16, 0), (7, 4, 1, 24, 5), (20, 2, 1, 16, 3), (37, 2, 2, 16, 0), (5, 8, 2, 32, 70)],
@@ -31,7 +31,7 @@ def test_prefill_matches_reference(dtype, T, H, Hkv, Dh, start_pos):
     assert_close(attention(q, k, v, start_pos, scale), attention_ref(q, k, v, start_pos, scale))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("H,Hkv,Dh,start_pos", [(4, 4, 16, 0), (4, 1, 24, 9), (8, 2, 32, 150)])
 def test_decode_matches_reference(dtype, H, Hkv, Dh, start_pos):
     q, k, v = _inputs(1, H, Hkv, Dh, start_pos + 4, dtype, seed=H + start_pos)

@@ -30,13 +30,13 @@ def _run(T, K, S, D, I, dtype, slot_ids=None, seed=0):
     return out, expert_ffn_ref(x, slot_ids, weights, w_gate_up, w_down)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_decode_one_token_eight_slots(dtype):
     slots = torch.tensor([[3, 0, 7, -1, 5, 1, -1, 2]], dtype=torch.int32)
     assert_close(*_run(1, 8, 9, 48, 40, dtype, slot_ids=slots, seed=1))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_prefill_seven_tokens_with_misses(dtype):
     assert_close(*_run(7, 3, 5, 40, 24, dtype, seed=2))
 

@@ -14,7 +14,7 @@ from tests.kernels.tolerances import assert_close
 
 # T = 1 and 7 take the decode tile row, 40 the middle one, 70 the large one (see TILE_CONFIGS);
 # 140 x 300: a 2 x 3 grid of 128-tiles through the grouped program order
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("T,D_in,D_out", [(1, 96, 130), (7, 40, 50), (40, 72, 33), (70, 130, 20), (140, 16, 300)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernel_matches_reference(dtype, T, D_in, D_out, with_bias):

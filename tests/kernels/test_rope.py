@@ -9,7 +9,7 @@ from freetoken.kernels import apply_rope, apply_rope_ref
 from tests.kernels.tolerances import assert_close
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("T,H,Dh,rotary_dim,first_pos", [(1, 4, 16, None, 0), (7, 3, 32, None, 100), (5, 2, 24, 16, 9)])
 def test_kernel_matches_reference(dtype, T, H, Dh, rotary_dim, first_pos):
     g = torch.Generator().manual_seed(T + H + Dh)
