@@ -66,11 +66,14 @@ def config_columns(cfg: DictConfig, groups: tuple[str, ...]) -> dict:
 
 
 def run_once(cfg: DictConfig, table: str, groups: tuple[str, ...], compute: Callable[[DictConfig], RunOutput],
-             validate: Callable[[DictConfig], None] | None = None) -> dict:
-    """Returns the row (read back when the same config already ran)."""
+             validate: Callable[[DictConfig], None] | None = None,
+             keep: Callable[[dict], dict] | None = None) -> dict:
+    """Returns the row (read back when the same config already ran). keep: drops columns that are not config."""
     if validate is not None:
         validate(cfg)  # cheap checks first: a bad config must fail, not be "skipped"
     columns = config_columns(cfg, groups)
+    if keep is not None:
+        columns = keep(columns)
     key = config_hash(table, {k: v for k, v in columns.items() if k not in UNHASHED})
     store = ResultsStore(cfg.results.dir)
     label = " ".join(f"{k}={columns[k]}" for k in cfg.results.label if columns.get(k) is not None)

@@ -108,3 +108,61 @@ class TraceSpec:
     @property
     def file(self) -> Path | None:
         return None if self.path is None else Path(self.path)
+
+
+@dataclass(frozen=True, slots=True)
+class PredictSpec:
+    """What the cost model is asked to run: a workload of the model's shape and the host contention model.
+
+    workload: synthetic (one request: prompt then decode, routed like the model's shape), conversation
+    (multi-turn; anchors=false re-prefills the whole history every turn, as a server without KV reuse does),
+    or trace (the trace group, which must have the model's shape).
+    """
+
+    workload: str = "synthetic"
+    prompt_tokens: int = 4096
+    decode_tokens: int = 256
+    turns: int = 1  # conversation: turns per conversation (each: prompt_tokens new, decode_tokens reply)
+    conversations: int = 1
+    anchors: bool = True
+    host: str = "shared"  # shared: PCIe DMA and CPU lane draw from one DRAM | independent
+    min_context: int | None = None  # KV tokens guaranteed before expert slots (None: the planner's floor)
+    n_cpu_layers: int | None = None  # static-layer engines: MoE layers on the CPU (None: the engine's rule)
+    per_turn: bool = False  # also write one row per turn (latency, TTFT) to <table>_turns
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"predict.workload: unknown {self.workload!r}; valid: {', '.join(WORKLOADS)}")
+        for name in ("prompt_tokens", "decode_tokens"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v >= 0):
+                raise ValueError(f"predict.{name} must be a token count >= 0, got {v!r}")
+        if self.prompt_tokens + self.decode_tokens == 0:
+            raise ValueError("predict.prompt_tokens and predict.decode_tokens cannot both be 0")
+        for name in ("turns", "conversations"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v > 0):
+                raise ValueError(f"predict.{name} must be a positive count, got {v!r}")
+        if self.host not in ("shared", "independent"):
+            raise ValueError(f"predict.host: unknown {self.host!r}; valid: shared, independent")
+        if self.min_context is not None and not (isinstance(self.min_context, int) and self.min_context > 0):
+            raise ValueError(f"predict.min_context must be a positive token count or null, got {self.min_context!r}")
+        if self.n_cpu_layers is not None and not (isinstance(self.n_cpu_layers, int) and self.n_cpu_layers >= 0):
+            raise ValueError(f"predict.n_cpu_layers must be >= 0 or null, got {self.n_cpu_layers!r}")
+
+
+WORKLOADS = ("synthetic", "conversation", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """An engine configuration by name: a key of sim.engines.ENGINES (policy + split + overlap, no code of its own)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        from sim.engines import ENGINES
+
+        if self.name not in ENGINES:
+            raise ValueError(f"engine.name: unknown {self.name!r}; valid: {', '.join(ENGINES)}")
