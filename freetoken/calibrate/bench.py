@@ -9,8 +9,8 @@ from typing import Callable
 import torch
 
 import freetoken
-from freetoken.calibrate.lanes import (DeviceSlots, ExpertPool, Geometry, cpu_lane, gather_lane, h2d_bulk,
-                                       overlapped, torch_expert_ffn)
+from freetoken.calibrate.lanes import (DeviceSlots, ExpertPool, Geometry, cpu_lane, engine_lane, gather_lane,
+                                       h2d_bulk, overlapped, torch_lane)
 from freetoken.calibrate.measure import host_read, last_level_cache_bytes
 from freetoken.calibrate.mode import recommend
 from freetoken.calibrate.profile import PROFILE_VERSION, profile_key
@@ -45,7 +45,6 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     span = max(cfg.min_buffer_bytes, cfg.llc_multiple * llc)
     cuda = torch.cuda.is_available()
     gpu = torch.cuda.get_device_name() if cuda else None
-    lane, lane_name = cpu_lane_function()
     profile = {
         "version": PROFILE_VERSION, "key": profile_key(gpu, geo.fmt), "gpu": gpu, "expert_format": geo.fmt,
         "geometry": {"hidden": geo.hidden, "intermediate": geo.intermediate, "expert_bytes": geo.expert_bytes},
@@ -55,8 +54,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     log(f"host read: {span / MiB:.0f} MiB buffer, {cfg.seconds:g} s")
     profile["host"] = {**host_read(span, cfg.seconds).to_dict(), "buffer_bytes": span}
     cpu_pool = ExpertPool(geo, geo.pool_size(span))
+    lane, lane_name = cpu_lane_function(cpu_pool)
     log(f"CPU lane ({lane_name}): {cpu_pool.experts} experts of {geo.expert_bytes / MiB:.1f} MiB, 1 token each")
-    profile["cpu_lane"] = {**cpu_lane(cpu_pool, cfg.seconds, lane=lane).to_dict(), "function": lane_name,
+    profile["cpu_lane"] = {**cpu_lane(cpu_pool, cfg.seconds, lane).to_dict(), "function": lane_name,
                            "experts_in_pool": cpu_pool.experts, "tokens_per_expert": 1}
     profile["pcie"] = profile["overlap"] = profile["decode_probe"] = None
     dma = cpu_ov = dma_ov = None
@@ -68,7 +68,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         gather = gather_lane(gpu_pool, slots, cfg.seconds, cfg.misses_per_call)
         profile["pcie"] = {"h2d_bulk": bulk.to_dict(), "gather": gather.to_dict(), "gb_s": round(gather.gb_s, 3)}
         log("CPU lane and expert gather at the same time")
-        cpu_r, dma_r = overlapped(cpu_pool, gpu_pool, slots, cfg.seconds, lane, cfg.misses_per_call)
+        cpu_r, dma_r = overlapped(cpu_pool, lane, gpu_pool, slots, cfg.seconds, cfg.misses_per_call)
         profile["overlap"] = {"cpu_lane": cpu_r.to_dict(), "gather": dma_r.to_dict()}
         dma, cpu_ov, dma_ov = gather.gb_s, cpu_r.gb_s, dma_r.gb_s
         if cfg.probe:
@@ -80,10 +80,9 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     return profile
 
 
-def cpu_lane_function():
-    """The engine's own CPU-lane expert function when it exists, else the torch expression of the same FFN."""
+def cpu_lane_function(pool: ExpertPool):
+    """The engine's own CPU lane; the torch expression of the same FFN only where the engine cannot be imported."""
     try:
-        from freetoken.engine.cpu_lane import expert_ffn_host  # type: ignore[import-not-found]
+        return engine_lane(pool), "engine (LiveExecutor host lane)"
     except ImportError:
-        return torch_expert_ffn, "torch reference (engine CPU lane not found)"
-    return expert_ffn_host, "engine"
+        return torch_lane(pool), "torch reference (engine not importable)"

@@ -11,6 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -18,8 +19,8 @@ from freetoken.calibrate.measure import Rate, sustain
 
 FORMATS: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-# CpuLane(x [T, D], w13 [2I, D], w2 [D, I]) -> [T, D]: one expert on the host
-CpuLane = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+# CpuLane(expert index in the pool) computes that expert on the host for the lane's tokens
+CpuLane = Callable[[int], object]
 
 
 def torch_expert_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -74,16 +75,34 @@ class ExpertPool:
         return e
 
 
-def cpu_lane(pool: ExpertPool, seconds: float, tokens: int = 1, lane: CpuLane = torch_expert_ffn,
-             stop: threading.Event | None = None) -> Rate:
-    """Expert weight bytes the CPU lane gets through per second at `tokens` tokens per expert (1 = decode)."""
+def torch_lane(pool: ExpertPool, tokens: int = 1) -> CpuLane:
+    """The FFN as plain torch matmuls in the weights' own format."""
     x = torch.randn(tokens, pool.geo.hidden).to(pool.geo.dtype)
+    return lambda e: torch_expert_ffn(x, pool.w13[e], pool.w2[e])
 
-    def one_pass():
-        e = pool.take()
-        lane(x, pool.w13[e], pool.w2[e])
 
-    return sustain(one_pass, pool.geo.expert_bytes, seconds, until=stop)
+def engine_lane(pool: ExpertPool, tokens: int = 1) -> CpuLane:
+    """The live engine's own CPU lane (LiveExecutor's host path) over the pool as a one-layer expert store."""
+    from freetoken.engine.executor import LiveExecutor
+    from freetoken.engine.kernelset import kernel_set
+    from freetoken.engine.slots import ExpertStore, SlotPool
+
+    store = ExpertStore([(pool.w13, pool.w2)])
+    executor = LiveExecutor(store, SlotPool(0, 1, store, "cpu"), kernel_set("reference"), torch.device("cpu"))
+    x = torch.randn(tokens, pool.geo.hidden).to(pool.geo.dtype)
+    weights = torch.ones(tokens, 1)  # [T, K=1]
+    ids = np.zeros((tokens, 1), np.int64)
+
+    def lane(e: int):
+        ids[:] = e
+        return executor._cpu_lane(0, [e], x, weights, ids)
+
+    return lane
+
+
+def cpu_lane(pool: ExpertPool, seconds: float, lane: CpuLane, stop: threading.Event | None = None) -> Rate:
+    """Expert weight bytes the CPU lane gets through per second."""
+    return sustain(lambda: lane(pool.take()), pool.geo.expert_bytes, seconds, until=stop)
 
 
 class DeviceSlots:
@@ -132,8 +151,8 @@ def gather_lane(pool: ExpertPool, slots: DeviceSlots, seconds: float, per_call: 
     return sustain(one_pass, per_call * pool.geo.expert_bytes, seconds, sync=slots.sync, until=stop)
 
 
-def overlapped(cpu_pool: ExpertPool, gpu_pool: ExpertPool, slots: DeviceSlots, seconds: float,
-               lane: CpuLane = torch_expert_ffn, per_call: int = 4) -> tuple[Rate, Rate]:
+def overlapped(cpu_pool: ExpertPool, lane: CpuLane, gpu_pool: ExpertPool, slots: DeviceSlots, seconds: float,
+               per_call: int = 4) -> tuple[Rate, Rate]:
     """Both lanes at once, as in a hybrid step; each rate is measured over the window where both ran."""
     out: dict[str, Rate] = {}
     done = threading.Event()

@@ -3,7 +3,43 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1919
 DEMO_MODEL_ID = "freetoken-demo"
+BACKENDS = ("engine", "hf")  # freetoken's own engine | HF transformers (the reference path)
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    model: Path | None = None  # checkpoint directory; None: the shipped demo model
+    served_name: str | None = None  # model id clients ask for (default: the directory name)
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    backend: str = "engine"
+    max_running: int = 1
+    max_waiting: int = 64
+    kv_floor: int | None = None  # tokens; None: min(context, 32768)
+    device_budget_gb: float | None = None  # CPU machines (and overrides): the "device" memory to plan against
+    prefix_cache_tokens: int | None = None  # None: the planned KV tokens
+    max_context: int | None = None  # None: the model's own
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"--backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"--port must lie in 0..65535, got {self.port}")
+        if self.max_running < 1:
+            raise ValueError(f"--max-running must be >= 1, got {self.max_running}")
+        if self.max_waiting < 0:
+            raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
+        if self.device_budget_gb is not None and self.device_budget_gb <= 0:
+            raise ValueError(f"--device-budget must be positive (GB), got {self.device_budget_gb}")
+        for name in ("kv_floor", "max_context"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
+            raise ValueError(f"--prefix-cache-tokens must be >= 0, got {self.prefix_cache_tokens}")
+        if self.model is not None and not self.model.is_dir():
+            raise ValueError(f"--model {self.model}: not a directory")

@@ -1,0 +1,46 @@
+"""ft serve: OpenAI and Anthropic APIs over a model (default: the shipped demo model) on 127.0.0.1:1919."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_PORT, ServeConfig
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over the OpenAI and Anthropic HTTP APIs")
+    p.add_argument("--model", type=Path, help="checkpoint directory (default: the shipped demo model)")
+    p.add_argument("--served-name", help="model id clients ask for (default: the directory name)")
+    p.add_argument("--host", default=DEFAULT_HOST)
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port (printed on the ready line)")
+    p.add_argument("--backend", default="engine", choices=BACKENDS,
+                   help="engine: freetoken's expert-offloading engine; hf: transformers (reference)")
+    p.add_argument("--max-running", type=int, default=1, help="requests generating at once")
+    p.add_argument("--max-waiting", type=int, default=64, help="requests queued beyond those (then 503)")
+    p.add_argument("--kv-floor", type=int, help="KV tokens reserved before any expert slot "
+                                                "(default: min(context, 32768))")
+    p.add_argument("--device-budget", type=float, dest="device_budget_gb",
+                   help="GB of device memory to plan against (default: the GPU's; on CPU, half the free RAM)")
+    p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (default: the plan's KV)")
+    p.add_argument("--max-context", type=int, help="context length (default: the model's)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = ServeConfig(args.model, args.served_name, args.host, args.port, args.backend, args.max_running,
+                      args.max_waiting, args.kv_floor, args.device_budget_gb, args.prefix_cache_tokens,
+                      args.max_context)
+    from freetoken.serve.app import build_app
+    from freetoken.serve.server import Server
+    from freetoken.serve.service import Service
+    from freetoken.serve.startup import load
+
+    backend, _ = load(cfg)
+    service = Service(backend, cfg.max_running, cfg.max_waiting)
+    server = Server(build_app(service), cfg.host, cfg.port)
+    try:
+        server.serve_forever()
+    finally:
+        service.shutdown()
+    return 0

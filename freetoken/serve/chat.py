@@ -1,0 +1,121 @@
+"""Chat prompts: the three APIs' messages in one form (the HF chat-template form), rendered to token ids with
+anchors at message boundaries for the prefix cache."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+# Used when a model ships no chat template: ChatML, as Qwen uses; tools listed in the system turn (Hermes style).
+FALLBACK_TEMPLATE = (  # HF renders with trim_blocks: a newline right after a block tag is dropped, hence {{ nl }}
+    "{% set nl = '\\n' %}"
+    "{% if tools %}<|im_start|>system{{ nl }}"
+    "{% if messages[0].role == 'system' %}{{ messages[0].content }}{{ nl }}{{ nl }}{% endif %}"
+    "You may call functions. Signatures:{{ nl }}{% for t in tools %}{{ t | tojson }}{{ nl }}{% endfor %}"
+    "Reply with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call> to call one.<|im_end|>{{ nl }}"
+    "{% elif messages[0].role == 'system' %}<|im_start|>system{{ nl }}{{ messages[0].content }}<|im_end|>{{ nl }}"
+    "{% endif %}"
+    "{% for m in messages %}{% if m.role != 'system' or not loop.first %}"
+    "<|im_start|>{{ m.role }}{{ nl }}{{ m.content or '' }}"
+    "{% for c in m.tool_calls or [] %}{{ nl }}<tool_call>{{ nl }}"
+    "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}{{ nl }}</tool_call>{% endfor %}"
+    "<|im_end|>{{ nl }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant{{ nl }}{% endif %}"
+)
+ANCHOR_LOOKBACK = 16  # message boundaries marked per request; earlier ones were marked by earlier turns
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    tokens: list[int]
+    anchors: list[int]  # token offsets that end a message
+
+
+@dataclass(slots=True)
+class Params:
+    """Sampling and stopping, API-neutral. max_tokens None: up to the context length."""
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+@dataclass(slots=True)
+class ChatInput:
+    messages: list[dict]  # [{"role", "content": str, "tool_calls"?: [...], "tool_call_id"?}]
+    tools: list[dict] | None  # OpenAI function form: [{"type": "function", "function": {...}}]
+    params: Params
+
+
+def text_of(content: Any, where: str) -> str:
+    """Message content as text: a string, or a list of text parts (OpenAI, Anthropic and Responses part types)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            parts.append(part.get("text", ""))
+        elif kind in ("refusal",):
+            parts.append(part.get("refusal", ""))
+        else:
+            raise ValueError(f"{where}[{i}]: content part type {kind!r} is not supported (text only)")
+    return "".join(parts)
+
+
+def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict:
+    """An assistant tool call in template form; arguments as an object where they parse as one."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+class ChatTokenizer:
+    """A HF tokenizer plus the model's chat template (or the ChatML fallback)."""
+
+    def __init__(self, tokenizer):
+        self.tok = tokenizer
+        self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
+
+    def render_text(self, messages: Sequence[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(list(messages), tools=tools or None, chat_template=self.template,
+                                            add_generation_prompt=add_generation_prompt, tokenize=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True)
+
+    def render(self, messages: Sequence[dict], tools: list[dict] | None = None) -> Prompt:
+        text = self.render_text(messages, tools, add_generation_prompt=True)
+        ids, offsets = self._encode_with_offsets(text)
+        ends = []  # char offsets where a message ends, for the last ANCHOR_LOOKBACK messages
+        for n in range(max(1, len(messages) - ANCHOR_LOOKBACK), len(messages) + 1):
+            prefix = self.render_text(messages[:n], tools, add_generation_prompt=False)
+            if text.startswith(prefix):
+                ends.append(len(prefix))
+        return Prompt(ids, _token_boundaries(offsets, ends))
+
+    def _encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:
+        if getattr(self.tok, "is_fast", False):
+            enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        return self.encode(text), None
+
+
+def _token_boundaries(offsets: list[tuple[int, int]] | None, char_ends: list[int]) -> list[int]:
+    """Token counts whose text ends exactly at one of char_ends (a boundary inside a token is no anchor)."""
+    if offsets is None:
+        return []
+    ends = {end: i + 1 for i, (_, end) in enumerate(offsets)}
+    return sorted({ends[c] for c in char_ends if c in ends})

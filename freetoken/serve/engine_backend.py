@@ -1,0 +1,116 @@
+"""The live engine behind the server: checkpoint -> memory plan -> expert cache of the planned size -> Engine.
+
+Each request runs in its own KVCache; the prefix cache keeps [L, 2, T, Hkv, Dh] copies of finished sequences'
+KV on the engine's device, counted against the plan's KV tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+
+from freetoken.serve.chat import ChatTokenizer, Params, Prompt
+from freetoken.serve.generation import CachedGeneration
+from freetoken.serve.memory import MemoryPlan, ModelMemory
+from freetoken.serve.prefix_cache import PrefixCache
+
+FORMAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+
+def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    return kv[:, :, start:stop]  # [L, 2, T, Hkv, Dh] along T
+
+
+class EngineSequence:
+    def __init__(self, engine, request: int):
+        self.engine, self.request = engine, request
+        self.kv = engine.new_kv()
+
+    @property
+    def length(self) -> int:
+        return self.kv.length
+
+    def load(self, pieces: list, tokens: list[int]) -> None:
+        kv = torch.cat(pieces, dim=2)  # [L, 2, T, Hkv, Dh]
+        for layer in range(kv.shape[0]):
+            self.kv.write(layer, 0, kv[layer, 0], kv[layer, 1])
+        self.kv.commit(0, tokens)
+
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        if len(tokens) == 1 and self.kv.length:
+            return self.engine.decode(tokens[0], self.kv, request=self.request)[-1]
+        return self.engine.prefill(tokens, self.kv, self.kv.length, request=self.request)[-1]
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        kv = self.kv
+        return torch.stack([torch.stack([kv.k[l][start:stop], kv.v[l][start:stop]])
+                            for l in range(len(kv.k))]).clone()  # [L, 2, T, Hkv, Dh]
+
+
+def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
+    cfg = ckpt.config
+    dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
+    gate_up = ckpt.experts[0][0]  # [E, 2I, D]
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * gate_up.element_size()
+    expert = 3 * cfg.expert_intermediate * cfg.hidden_size * gate_up.element_size()
+    return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.top_k, max_context)
+
+
+class EngineBackend:
+    def __init__(self, model_dir: Path, model_id: str, max_context: int | None = None):
+        from freetoken.models.checkpoint import load_checkpoint
+        from freetoken.models.tokenizer import load_tokenizer
+
+        self.ckpt = load_checkpoint(model_dir)
+        tokenizer = load_tokenizer(self.ckpt.path)
+        if tokenizer is None:
+            raise ValueError(f"{model_dir}: no tokenizer.json; the server needs the model's tokenizer")
+        self.tokenizer = tokenizer
+        self.chat = ChatTokenizer(tokenizer)
+        self.model_id = model_id
+        cfg = self.ckpt.config
+        self.max_context = max_context or min(cfg.max_position_embeddings, 32768)
+        self.expert_format = FORMAT_NAMES.get(self.ckpt.experts[0][0].dtype, str(self.ckpt.experts[0][0].dtype))
+        self.engine = None
+        self.prefix_cache: PrefixCache | None = None
+        self._requests = itertools.count()
+        self.split_reason = ""
+
+    def model_memory(self) -> ModelMemory:
+        return checkpoint_memory(self.ckpt, self.max_context)
+
+    def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
+                 split_mode: str = "auto", kernels: str | None = None) -> None:
+        """Builds the engine with the planned expert slots and the resolved miss split."""
+        from freetoken.calibrate.mode import resolve_split
+        from freetoken.engine import CacheConfig, Engine
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        resolved = resolve_split(split_mode, gpu, self.expert_format)
+        self.split_reason = resolved.reason
+        kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
+        cache = CacheConfig(policy, capacity=plan.expert_slots, split=resolved.split)
+        self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
+                             tokenizer=self.tokenizer)
+        tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
+        self.prefix_cache = PrefixCache(tokens, _slice_positions) if tokens else None
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        return self.engine.default_stop_ids()
+
+    def prefix_cache_budget(self) -> int:
+        return self.prefix_cache.budget_tokens if self.prefix_cache else 0
+
+    def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
+        return CachedGeneration(EngineSequence(self.engine, next(self._requests)), self.prefix_cache, prompt,
+                                params, max_new)
+
+    def stats(self) -> dict:
+        pc = self.prefix_cache
+        return {"backend": "engine", "split": self.split_reason,
+                "expert_cache": self.engine.counters.to_dict(),
+                "prefix_cache": None if pc is None else {**pc.stats.to_dict(), "cached_tokens": pc.cached_tokens,
+                                                         "budget_tokens": pc.budget_tokens}}

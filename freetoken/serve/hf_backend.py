@@ -1,0 +1,82 @@
+"""A backend on a HF transformers model (any local checkpoint transformers can load): the server's reference
+path, independent of freetoken's own engine, and what `ft serve --backend hf` runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from freetoken.serve.chat import ChatTokenizer, Params, Prompt
+from freetoken.serve.generation import CachedGeneration
+from freetoken.serve.prefix_cache import PrefixCache
+
+
+def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    return kv[:, :, :, start:stop]  # [L, 2, H, T, Dh] along T
+
+
+class HFSequence:
+    """KV as a transformers DynamicCache; prefix-cache pieces are [L, 2, H, T, Dh] tensors."""
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache()
+        self.length = 0
+
+    def load(self, pieces: list, tokens: list[int]) -> None:
+        kv = torch.cat(pieces, dim=3)  # [L, 2, H, T, Dh]
+        for layer in range(kv.shape[0]):
+            self.cache.update(kv[layer, 0][None].clone(), kv[layer, 1][None].clone(), layer)
+        self.length = kv.shape[3]
+
+    @torch.inference_mode()
+    def forward(self, tokens: list[int]) -> torch.Tensor:
+        ids = torch.tensor([tokens], dtype=torch.long)
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True)
+        self.length += len(tokens)
+        return out.logits[0, -1]  # [V]
+
+    def read(self, start: int, stop: int) -> torch.Tensor:
+        k = torch.stack([layer.keys[0, :, start:stop] for layer in self.cache.layers])  # [L, H, T, Dh]
+        v = torch.stack([layer.values[0, :, start:stop] for layer in self.cache.layers])
+        return torch.stack([k, v], dim=1).clone()  # [L, 2, H, T, Dh]
+
+
+class HFBackend:
+    def __init__(self, model_dir: Path, model_id: str, prefix_cache_tokens: int, max_context: int | None = None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.chat = ChatTokenizer(tokenizer)
+        self.model_id = model_id
+        self.max_context = max_context or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        eos = eos if isinstance(eos, list) else [eos]
+        self.stop_token_ids = {t for t in eos + [tokenizer.eos_token_id] if t is not None}
+        self.prefix_cache = PrefixCache(prefix_cache_tokens, _slice_positions) if prefix_cache_tokens else None
+
+    def use_plan(self, plan, prefix_cache_tokens: int | None = None, **engine_options) -> None:
+        """All weights stay resident here (no expert cache, engine_options unused); the plan's KV tokens bound
+        the prefix cache."""
+        tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
+        self.prefix_cache = PrefixCache(tokens, _slice_positions) if tokens else None
+
+    def prefix_cache_budget(self) -> int:
+        return self.prefix_cache.budget_tokens if self.prefix_cache else 0
+
+    def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
+        return CachedGeneration(HFSequence(self.model), self.prefix_cache, prompt, params, max_new)
+
+    def stats(self) -> dict:
+        if self.prefix_cache is None:
+            return {"backend": "hf", "prefix_cache": None}
+        pc = self.prefix_cache
+        return {"backend": "hf", "prefix_cache": {**pc.stats.to_dict(), "cached_tokens": pc.cached_tokens,
+                                                  "budget_tokens": pc.budget_tokens}}

@@ -1,0 +1,159 @@
+"""OpenAI Responses API: input items to a ChatInput; the response object and its stream events."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from pydantic import Field
+
+from freetoken.serve.chat import ChatInput, text_of, tool_call
+from freetoken.serve.errors import APIError
+from freetoken.serve.openai_api import _Lenient, openai_params, openai_tools
+from freetoken.serve.service import Delta, Done
+
+
+class ResponsesRequest(_Lenient):
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+
+
+def _messages(req: ResponsesRequest) -> list[dict]:
+    out = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    if isinstance(req.input, str):
+        return out + [{"role": "user", "content": req.input}]
+    for i, item in enumerate(req.input):
+        kind = item.get("type", "message")
+        where = f"input[{i}]"
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise APIError(400, f"{where}.role: expected user, assistant, system or developer, got {role!r}",
+                               f"input.{i}.role")
+            try:
+                content = text_of(item.get("content"), f"{where}.content")
+            except ValueError as e:
+                raise APIError(400, str(e), f"input.{i}.content")
+            out.append({"role": "system" if role == "developer" else role, "content": content})
+        elif kind == "function_call":
+            call = tool_call(item.get("name", ""), item.get("arguments", "{}"), item.get("call_id"))
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"),
+                        "content": output if isinstance(output, str) else json.dumps(output)})
+        elif kind == "reasoning":
+            continue  # earlier reasoning is not replayed into the prompt
+        else:
+            raise APIError(400, f"{where}.type {kind!r} is not supported", f"input.{i}.type")
+    return out
+
+
+def _tools(req: ResponsesRequest) -> list[dict] | None:
+    """Responses tools are flat ({type, name, parameters}); the chat templates take the nested chat form."""
+    if not req.tools:
+        return None
+    nested = []
+    for i, t in enumerate(req.tools):
+        if t.get("type") != "function":
+            continue  # built-in tools (web search, ...) do not exist here
+        fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
+        nested.append({"type": "function", "function": fn})
+    return openai_tools(nested, req.tool_choice)
+
+
+def responses_input(req: ResponsesRequest) -> ChatInput:
+    return ChatInput(_messages(req), _tools(req),
+                     openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, None))
+
+
+class ResponseBuilder:
+    """The response object and its stream events; sequence numbers count every event sent."""
+
+    def __init__(self, model: str, req: ResponsesRequest):
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.msg_id = f"msg_{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.req = req
+        self.seq = 0
+        self.text = ""
+
+    def _event(self, kind: str, **fields) -> dict:
+        self.seq += 1
+        return {"type": kind, "sequence_number": self.seq - 1, **fields}
+
+    def response(self, done: Done | None, streamed: bool = False) -> dict:
+        """streamed: the message item was opened at the start of the stream, so it is listed even if empty."""
+        status = "in_progress" if done is None else ("incomplete" if done.finish == "length" else "completed")
+        out = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
+               "model": self.model, "output": [] if done is None else self.output(done, streamed),
+               "instructions": self.req.instructions, "max_output_tokens": self.req.max_output_tokens,
+               "temperature": self.req.temperature, "top_p": self.req.top_p, "tools": self.req.tools or [],
+               "tool_choice": self.req.tool_choice or "auto", "parallel_tool_calls": True, "error": None,
+               "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+               "usage": None}
+        if done is not None:
+            out["usage"] = {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
+                            "total_tokens": done.prompt_tokens + done.completion_tokens,
+                            "input_tokens_details": {"cached_tokens": done.cached_tokens},
+                            "output_tokens_details": {"reasoning_tokens": 0}}
+        return out
+
+    def _message(self, text: str, status: str) -> dict:
+        content = [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" else []
+        return {"type": "message", "id": self.msg_id, "status": status, "role": "assistant", "content": content}
+
+    def output(self, done: Done, streamed: bool) -> list[dict]:
+        keep = streamed or done.text or not done.tool_calls
+        items = [self._message(done.text, "completed")] if keep else []
+        return items + [{"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name,
+                         "arguments": c.arguments, "status": "completed"} for c in done.tool_calls]
+
+    # stream
+    def start_events(self) -> list[dict]:
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return [self._event("response.created", response=self.response(None)),
+                self._event("response.in_progress", response=self.response(None)),
+                self._event("response.output_item.added", output_index=0, item=self._message("", "in_progress")),
+                self._event("response.content_part.added", item_id=self.msg_id, output_index=0, content_index=0,
+                            part=part)]
+
+    def events(self, event: Delta | Done) -> list[dict]:
+        if isinstance(event, Delta):
+            self.text += event.text
+            return [self._event("response.output_text.delta", item_id=self.msg_id, output_index=0,
+                                content_index=0, delta=event.text, logprobs=[])]
+        part = {"type": "output_text", "text": event.text, "annotations": []}
+        out = [self._event("response.output_text.done", item_id=self.msg_id, output_index=0, content_index=0,
+                           text=event.text, logprobs=[]),
+               self._event("response.content_part.done", item_id=self.msg_id, output_index=0, content_index=0,
+                           part=part),
+               self._event("response.output_item.done", output_index=0, item=self._message(event.text, "completed"))]
+        for i, c in enumerate(event.tool_calls, start=1):
+            item = {"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name, "arguments": "",
+                    "status": "in_progress"}
+            out += [self._event("response.output_item.added", output_index=i, item=item),
+                    self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
+                                delta=c.arguments),
+                    self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                                name=c.name, arguments=c.arguments),
+                    self._event("response.output_item.done", output_index=i,
+                                item={**item, "arguments": c.arguments, "status": "completed"})]
+        final = self.response(event, streamed=True)
+        # response.completed even when cut by max_output_tokens (status "incomplete" inside says so): the SDKs'
+        # stream helpers and agents wait for this event to take the final response
+        return out + [self._event("response.completed", response=final)]

@@ -1,0 +1,41 @@
+"""A tiny random Qwen3-MoE checkpoint with a character-level tokenizer, written to a directory in well under a second.
+
+Character-level tokens make text round-trip to the same ids, so a conversation's next turn re-tokenizes the
+previous answer exactly as it was generated (what the prefix-cache test relies on).
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from freetoken.serve.chat import FALLBACK_TEMPLATE
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHARS = list(string.ascii_letters + string.digits + string.punctuation + " \n")
+
+
+def write_tiny_model(path: Path, seed: int = 0, max_context: int = 1024) -> Path:
+    """A checkpoint directory both the engine and transformers load."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=SPECIALS)
+    fast.chat_template = FALLBACK_TEMPLATE  # ChatML with Hermes-style tools
+    path.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(path)
+    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                               moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
+                               max_position_embeddings=max_context, eos_token_id=vocab["<|im_end|>"],
+                               pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(path)
+    return path
