@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.hardware import HardwareProfile
-from sim.lanes import HOST_MODES, share
+from sim.lanes import HOST_MODES, roofline, share
 from sim.model_card import ModelCard
 from sim.replay import ReplayLog
 
@@ -100,12 +100,12 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     attn_share = card.attention_layers / Lm
     kv_bytes = card.kv_bytes_per_token / Lm * (ctx + n)
     dense_flops = 2 * card.dense_params * 1e9 / Lm * n + 4 * card.attention_width * n * (ctx + (n + 1) / 2) * attn_share
-    t_dense = np.maximum((card.dense_bytes() / Lm + kv_bytes) / hbm, dense_flops / rate)  # [N]
-    t_hit = np.maximum(log.hits * S / hbm, 2 * P * log.hit_tokens / rate)
-    t_fcomp = np.maximum(log.fetched * S / hbm, 2 * P * log.fetch_tokens / rate)
+    t_dense = roofline(card.dense_bytes() / Lm + kv_bytes, dense_flops, hbm, rate)  # [N]
+    t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, rate)
+    t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, rate)
     pcie_bytes = ((log.fetched + log.prefetched) * S).astype(np.float64)
     cpu_bytes = (log.cpu * S).astype(np.float64)
-    t_cpu_alone = np.maximum(cpu_bytes / bh, 2 * P * log.cpu_tokens / cpu_rate)
+    t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)
     cpu_cap = np.divide(cpu_bytes, t_cpu_alone, out=np.full(N, bh), where=t_cpu_alone > 0)
 
     seconds, gpu_busy = np.empty(N), t_dense + t_hit + t_fcomp

@@ -7,7 +7,7 @@ Every number must carry a source; a profile without one is rejected. Bandwidths 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from freetoken.paths import CONF_DIR

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 HOST_MODES = ("independent", "shared")
 
 
-def roofline(nbytes: float, flops: float, bandwidth: float, rate: float) -> float:
-    """Seconds for a kernel that reads nbytes at `bandwidth` B/s and does flops at `rate` FLOP/s."""
-    return max(nbytes / bandwidth if nbytes else 0.0, flops / rate if flops else 0.0)
+def roofline(nbytes, flops, bandwidth: float, rate: float):
+    """Seconds for kernels that read nbytes at `bandwidth` B/s and do flops at `rate` FLOP/s (scalars or arrays)."""
+    return np.maximum(np.divide(nbytes, bandwidth), np.divide(flops, rate))
 
 
 def share(bytes_a: float, cap_a: float, bytes_b: float, cap_b: float, dram: float) -> tuple[float, float]:

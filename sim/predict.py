@@ -11,17 +11,17 @@ import numpy as np
 
 from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
 from sim.cost import call_meta, charge
-from sim.engines import get_engine
+from sim.engines import Engine, get_engine
 from sim.hardware import HardwareProfile
 from sim.model_card import ModelCard
 from sim.planner import DEFAULT_KV_FLOOR, plan_for
 from sim.prediction import Prediction, summarize
 from sim.run import SimConfig, simulate
 
-# Synthetic routing knobs: sim.synth.fit_spec on the first 60 prompts of the real DeepSeek-V2-Lite trace
-# (fine-grained experts with shared experts, as the Qwen3.5 / DeepSeek families): mean Zipf exponent 0.34,
-# reuse 0.75 within 16 tokens. A trace of the model itself replaces them.
-SYNTH_SKEW, SYNTH_REUSE, SYNTH_WINDOW = 0.34, 0.75, 16
+# Synthetic routing knobs: what sim.synth.fit_spec finds for the recorded DeepSeek-V2-Lite trace (fine-grained
+# experts with a shared expert, as the Qwen3.5 / DeepSeek families; the same values as the shipped 48x128 trace,
+# traces/README.md): mean Zipf exponent 0.25, reuse 0.8 within 16 tokens. A trace of the model replaces them.
+SYNTH_SKEW, SYNTH_REUSE, SYNTH_WINDOW = 0.25, 0.8, 16
 SYNTH_PIECE = 512  # tokens generated per synthetic request; pieces are joined into one request
 DEFAULT_PROMPT, DEFAULT_DECODE = 4096, 256
 
@@ -72,11 +72,12 @@ def check_shape(trace: RoutingTrace, card: ModelCard, where: str = "trace") -> N
                          f"omit --trace for a synthetic one")
 
 
-def predict(card: ModelCard, hw: HardwareProfile, engine_name: str, trace: RoutingTrace, *,
+def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
             min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
             capacity: int | None = None, on_call=None) -> Prediction:
     """capacity: expert slots instead of the memory planner's (must not exceed the model's experts)."""
-    engine = get_engine(engine_name)
+    engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
+    engine_name = engine_name if isinstance(engine_name, str) else "custom"
     check_shape(trace, card)
     card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
     plan = plan_for(card, hw, min_context)
