@@ -1,0 +1,205 @@
+"""The live engine: a loaded model, its expert cache, generation over a reusable KV cache, routing recorded.
+
+    engine = Engine.from_pretrained(DIR, cache=CacheConfig("lru", fraction=0.5))
+    for token in engine.generate(ids, SamplingParams(greedy=True), max_tokens=32): ...
+
+A server drives the same object: generate() is an iterator (stream tokens as they come), a KVCache passed in is
+reused and extended (its explicit length and token ids allow prefix reuse), counters say what the cache did.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+import torch
+
+from freetoken.engine.cache import CacheConfig, ExpertCache
+from freetoken.engine.kernelset import kernel_set
+from freetoken.engine.kv import KVCache
+from freetoken.engine.model import Decoder
+from freetoken.engine.recorder import TraceRecorder
+from freetoken.engine.sampling import Sampler, SamplingParams
+from freetoken.engine.slots import ExpertStore
+from freetoken.models.checkpoint import Checkpoint, load_checkpoint
+from freetoken.models.tokenizer import load_tokenizer
+from freetoken.placement import DECODE, PREFILL
+from sim.calls import DEFAULT_PREFILL_CHUNK
+
+
+@dataclass(slots=True)
+class RunStats:
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def decode_tok_s(self) -> float:
+        return self.decode_tokens / self.decode_s if self.decode_s else 0.0
+
+    @property
+    def prefill_tok_s(self) -> float:
+        return self.prefill_tokens / self.prefill_s if self.prefill_s else 0.0
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class Engine:
+    def __init__(self, ckpt: Checkpoint, cache: CacheConfig | None = None, *, kernels: str = "triton",
+                 device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_context: int | None = None,
+                 keep_plans: bool = False, record: bool = True, tokenizer=None):
+        if prefill_chunk <= 0:
+            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+        self.config, self.checkpoint = ckpt.config, ckpt
+        self.device = torch.device(device) if device is not None else default_device()
+        self.kernels = kernel_set(kernels)
+        self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
+        experts = ckpt.experts if dtype is None else [(g.to(dtype), d.to(dtype)) for g, d in ckpt.experts]
+        self.store = ExpertStore(experts)
+        self.cache = ExpertCache(self.store, cache or CacheConfig(), self.kernels, self.device, keep_plans)
+        self.prefill_chunk = prefill_chunk
+        self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
+        self.tokenizer = tokenizer
+        cfg = self.config
+        self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture) if record else None
+        self.stats = RunStats()
+        self._turns: dict[int, int] = {}
+        self._phase, self._request = PREFILL, 0
+
+    @classmethod
+    def from_pretrained(cls, model: str | Path, cache: CacheConfig | None = None, *,
+                        dtype: torch.dtype | None = None, **kw) -> "Engine":
+        ckpt = load_checkpoint(model, dtype=dtype)
+        return cls(ckpt, cache, tokenizer=load_tokenizer(ckpt.path), **kw)
+
+    # model calls
+    def new_kv(self, max_tokens: int | None = None) -> KVCache:
+        return self.decoder.new_kv(max_tokens or self.max_context)
+
+    def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        cfg, ks = self.config, self.kernels
+        lw = self.decoder.layers[cfg.moe_layers[layer]]
+        logits = ks.linear(h, lw.router)  # [T, E]
+        weights, ids = ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob)  # [T, K] fp32, int32
+        ids_host = ids.cpu().numpy()
+        if self.recorder is not None:
+            self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())
+        return self.cache(layer, h, weights, ids_host, self._phase, self._request)
+
+    def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, phase: int = PREFILL, request: int = 0,
+                turn: int = 0, all_logits: bool = False) -> torch.Tensor:
+        """One forward of T tokens (one MoE call per layer): logits [T, V] (all_logits) or [1, V]."""
+        self._phase, self._request = phase, request
+        if self.recorder is not None:
+            self.recorder.begin(token_ids, phase, request, turn)
+        logits = self.decoder.forward(token_ids, kv, start_pos, self._moe, all_logits)
+        if self.recorder is not None:
+            self.recorder.end()
+        return logits
+
+    def prefill(self, token_ids: list[int], kv: KVCache, start_pos: int = 0, request: int = 0, turn: int = 0,
+                all_logits: bool = False) -> torch.Tensor:
+        """The prompt in chunks of prefill_chunk tokens (the simulator's sim.calls chunks the same way)."""
+        if not token_ids:
+            raise ValueError("prefill needs at least one token")
+        t0 = time.perf_counter()
+        outs = []
+        for lo in range(0, len(token_ids), self.prefill_chunk):
+            chunk = token_ids[lo:lo + self.prefill_chunk]
+            outs.append(self.forward(chunk, kv, start_pos + lo, PREFILL, request, turn, all_logits))
+        self._sync()
+        self.stats.prefill_tokens += len(token_ids)
+        self.stats.prefill_s += time.perf_counter() - t0
+        return torch.cat(outs) if all_logits else outs[-1]
+
+    def decode(self, token: int, kv: KVCache, request: int = 0, turn: int = 0) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self.forward([token], kv, kv.length, DECODE, request, turn)
+        self._sync()
+        self.stats.decode_tokens += 1
+        self.stats.decode_s += time.perf_counter() - t0
+        return logits
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    # generation
+    def generate(self, token_ids: list[int], sampling: SamplingParams | None = None, max_tokens: int = 64,
+                 stop_token_ids: Iterable[int] | None = None, kv: KVCache | None = None, request: int = 0,
+                 reuse_prefix: bool = True) -> Iterator[int]:
+        """Yield sampled token ids one by one (the stop token included, then stop).
+
+        kv: a cache to continue in; with reuse_prefix its longest common prefix with token_ids is kept and only
+        the rest is prefilled (at least one token is always recomputed, for the logits)."""
+        token_ids = [int(t) for t in token_ids]
+        if not token_ids:
+            raise ValueError("generate needs at least one prompt token")
+        if max_tokens <= 0:
+            raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+        kv = kv if kv is not None else self.new_kv()
+        start = min(kv.common_prefix(token_ids), len(token_ids) - 1) if reuse_prefix else 0
+        kv.truncate(start)
+        kv.check_room(start, len(token_ids) - start + max_tokens - 1)
+        stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)
+        sampler = Sampler(sampling or SamplingParams())
+        turn = self._turns.get(request, -1) + 1
+        self._turns[request] = turn
+        return self._generate(token_ids[start:], start, kv, sampler, max_tokens, stops, request, turn)
+
+    def _generate(self, prompt, start, kv, sampler, max_tokens, stops, request, turn) -> Iterator[int]:
+        logits = self.prefill(prompt, kv, start, request, turn)
+        for i in range(max_tokens):
+            token = sampler(logits[-1])
+            yield token
+            if token in stops or i == max_tokens - 1:
+                return
+            logits = self.decode(token, kv, request, turn)
+
+    def default_stop_ids(self) -> set[int]:
+        ids = set(self.config.eos_token_ids)
+        tok = self.tokenizer
+        if tok is not None and tok.eos_token_id is not None:
+            ids.add(int(tok.eos_token_id))
+        return ids
+
+    # results
+    @property
+    def counters(self):
+        return self.cache.counters
+
+    def trace(self, source: str = "live"):
+        if self.recorder is None:
+            raise ValueError("this engine was built with record=False")
+        return self.recorder.trace(source)
+
+    def reset(self) -> None:
+        """Start a fresh run: new policy state, counters, recorded trace and timings (weights stay loaded)."""
+        self.cache.reset()
+        cfg = self.config
+        if self.recorder is not None:
+            self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture)
+        self.stats = RunStats()
+        self._turns = {}
+
+
+def future_from_trace(trace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
+    """The KeyStream belady needs, from a trace recorded on the same inputs (same chunking as the run)."""
+    from freetoken.placement import key_stream
+    from sim.calls import trace_calls
+
+    return key_stream(trace_calls(trace, prefill_chunk), trace.num_experts)
+
+
+def expert_profile(trace) -> np.ndarray:
+    """[L, E] use counts of a trace: the profile the frequency policy pins from."""
+    from freetoken.trace.stats import expert_counts
+
+    return expert_counts(trace)

@@ -1,0 +1,121 @@
+"""The shared decoder: embedding, per layer (RMSNorm, GQA attention with rope over the KV cache, routed MoE or dense
+MLP), final norm, LM head. Every device op is a call into the kernel set; torch only glues (views, residual adds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from freetoken.engine.kernelset import KernelSet
+from freetoken.engine.kv import KVCache
+from freetoken.models.checkpoint import Checkpoint
+from freetoken.models.config import ModelConfig
+from freetoken.models.family import ATTN
+
+# (MoE layer index, normed hidden [T, D]) -> MoE output [T, D]: the expert cache's entry point
+MoEFn = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    bq: torch.Tensor | None = None
+    bk: torch.Tensor | None = None
+    bv: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    router: torch.Tensor | None = None  # [E, D] on MoE layers
+    dense_gate_up: torch.Tensor | None = None  # [1, 2F, D] on dense layers (expert_ffn with one slot)
+    dense_down: torch.Tensor | None = None  # [1, D, F]
+
+
+class Decoder:
+    def __init__(self, ckpt: Checkpoint, kernels: KernelSet, device: torch.device, dtype: torch.dtype | None = None):
+        cfg, fam = ckpt.config, ckpt.family
+        self.cfg, self.kernels, self.device = cfg, kernels, torch.device(device)
+
+        def dev(name: str) -> torch.Tensor:
+            t = ckpt.dense[name]
+            return t.to(self.device, dtype or t.dtype).contiguous()
+
+        def opt(name: str) -> torch.Tensor | None:
+            return dev(name) if name in ckpt.dense else None
+
+        self.embed = dev("model.embed_tokens.weight")  # [V, D]
+        self.dtype = self.embed.dtype
+        self.norm = dev("model.norm.weight")
+        self.lm_head = self.embed if cfg.tie_word_embeddings else dev("lm_head.weight")
+        self.layers: list[LayerWeights] = []
+        for l in range(cfg.num_layers):
+            a = ATTN.format(l=l)
+            lw = LayerWeights(
+                dev(f"model.layers.{l}.input_layernorm.weight"), dev(f"model.layers.{l}.post_attention_layernorm.weight"),
+                dev(a + "q_proj.weight"), dev(a + "k_proj.weight"), dev(a + "v_proj.weight"), dev(a + "o_proj.weight"),
+                opt(a + "q_proj.bias"), opt(a + "k_proj.bias"), opt(a + "v_proj.bias"),
+                opt(fam.q_norm.format(l=l)), opt(fam.k_norm.format(l=l)))
+            if cfg.moe_index(l) >= 0:
+                lw.router = dev(fam.moe_prefix.format(l=l) + fam.router)
+            else:
+                p = fam.dense_prefix.format(l=l)
+                lw.dense_gate_up = torch.cat([dev(p + "gate_proj.weight"), dev(p + "up_proj.weight")])[None]
+                lw.dense_down = dev(p + "down_proj.weight")[None]
+            self.layers.append(lw)
+        self.sm_scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def new_kv(self, max_tokens: int) -> KVCache:
+        cfg = self.cfg
+        return KVCache(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+
+    def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, moe: MoEFn,
+                all_logits: bool = False) -> torch.Tensor:
+        """Run T tokens at positions [start_pos, start_pos + T); logits [T, V] (all_logits) or [1, V] (last)."""
+        cfg, ks = self.cfg, self.kernels
+        T = len(token_ids)
+        kv.check_room(start_pos, T)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        if T and (int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size):
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {ids.min().item()}..{ids.max().item()}")
+        x = self.embed[ids.to(self.device)]  # [T, D]
+        positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
+        for l, lw in enumerate(self.layers):
+            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+            x = x + self._attention(l, lw, h, kv, start_pos, positions)
+            h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            if lw.router is not None:
+                x = x + moe(cfg.moe_index(l), h)
+            else:
+                one = torch.zeros((T, 1), dtype=torch.int32, device=self.device)
+                w = torch.ones((T, 1), dtype=torch.float32, device=self.device)
+                x = x + ks.expert_ffn(h, one, w, lw.dense_gate_up, lw.dense_down)
+        kv.commit(start_pos, token_ids)
+        x = x if all_logits else x[-1:]
+        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)
+
+    def _attention(self, l: int, lw: LayerWeights, h: torch.Tensor, kv: KVCache, start_pos: int,
+                   positions: torch.Tensor) -> torch.Tensor:
+        cfg, ks = self.cfg, self.kernels
+        T, H, Hkv, Dh = h.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q, k, v = ks.linear(h, lw.wq, lw.bq), ks.linear(h, lw.wk, lw.bk), ks.linear(h, lw.wv, lw.bv)
+        if cfg.qk_norm == "full":  # OLMoE: over the whole projection
+            q, k = ks.rms_norm(q, lw.q_norm, cfg.rms_norm_eps), ks.rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
+        if cfg.clip_qkv is not None:
+            c = cfg.clip_qkv
+            q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
+        q, k, v = q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh)
+        if cfg.qk_norm == "head":  # Qwen3: per head
+            q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps).view(T, H, Dh)
+            k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps).view(T, Hkv, Dh)
+        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta)
+        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta)
+        kv.write(l, start_pos, k, v)
+        o = ks.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale)  # [T, H, Dh]
+        return ks.linear(o.reshape(T, H * Dh), lw.wo)

@@ -1,0 +1,52 @@
+"""Records the routing of a live run in the spine's trace format: one row per token the model processed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from freetoken.trace import RoutingTrace
+
+
+class TraceRecorder:
+    def __init__(self, num_layers: int, top_k: int, num_experts: int, model: str):
+        self.L, self.K, self.E, self.model = num_layers, top_k, num_experts, model
+        self._experts: list[np.ndarray] = []  # [T, L, K] per forward
+        self._gates: list[np.ndarray] = []
+        self._meta: list[tuple[np.ndarray, int, int, int]] = []  # (token ids, phase, request, turn)
+        self._cur: tuple[np.ndarray, np.ndarray] | None = None
+
+    def begin(self, token_ids: list[int], phase: int, request: int, turn: int) -> None:
+        T = len(token_ids)
+        self._cur = (np.full((T, self.L, self.K), -1, np.int16), np.zeros((T, self.L, self.K), np.float16))
+        self._meta.append((np.asarray(token_ids, np.int32), phase, request, turn))
+
+    def layer(self, layer: int, ids: np.ndarray, gates: np.ndarray) -> None:
+        """ids, gates: [T, K] of one MoE layer of the current forward."""
+        ex, g = self._cur
+        ex[:, layer] = ids
+        g[:, layer] = gates
+
+    def end(self) -> None:
+        ex, g = self._cur
+        if (ex < 0).any():
+            raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
+        self._experts.append(ex)
+        self._gates.append(g)
+        self._cur = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(e) for e in self._experts)
+
+    def trace(self, source: str = "live") -> RoutingTrace:
+        if not self._experts:
+            raise ValueError("no routing recorded yet")
+        n = [len(m[0]) for m in self._meta]
+        return RoutingTrace(
+            experts=np.concatenate(self._experts), num_experts=self.E, model=self.model, source=source,
+            request=np.repeat([m[2] for m in self._meta], n).astype(np.int32),
+            turn=np.repeat([m[3] for m in self._meta], n).astype(np.int32),
+            phase=np.repeat([m[1] for m in self._meta], n).astype(np.int8),
+            token=np.concatenate([m[0] for m in self._meta]).astype(np.int32),
+            gates=np.concatenate(self._gates),
+        )

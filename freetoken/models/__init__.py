@@ -1,0 +1,32 @@
+"""Architecture families: config.json + tensor names -> ModelConfig and the shared decoder blocks."""
+
+from __future__ import annotations
+
+from freetoken.models import mixtral, olmoe, qwen3_moe
+from freetoken.models.config import CheckpointError, ConfigReader, ModelConfig
+from freetoken.models.family import Family
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (qwen3_moe.FAMILY, mixtral.FAMILY, olmoe.FAMILY)}
+ARCHITECTURES: dict[str, Family] = {arch: f for f in FAMILIES.values() for arch in f.architectures}
+
+
+def family_for(raw: dict, path: str) -> Family:
+    """The family of a parsed config.json, by its architectures list (then model_type)."""
+    archs = raw.get("architectures") or []
+    for arch in archs:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    model_type = raw.get("model_type")
+    if not archs and model_type in FAMILIES:
+        return FAMILIES[model_type]
+    got = ", ".join(archs) if archs else f"model_type {model_type!r}"
+    raise CheckpointError(f"{path}: unknown architecture {got}; supported: {', '.join(sorted(ARCHITECTURES))}")
+
+
+def read_model_config(raw: dict, path: str) -> tuple[Family, ModelConfig]:
+    family = family_for(raw, path)
+    return family, family.read_config(ConfigReader(raw, path))
+
+
+__all__ = ["ARCHITECTURES", "CheckpointError", "FAMILIES", "Family", "ModelConfig", "family_for",
+           "read_model_config"]

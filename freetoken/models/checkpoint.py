@@ -1,0 +1,147 @@
+"""Read a local HF checkpoint directory: config.json, safetensors shards (single file or indexed), tensor checks.
+
+Everything is read and checked before a Checkpoint is returned, so a bad file never leaves a half-loaded model
+in use: a missing shard, an unreadable or truncated file, a missing tensor or one of the wrong shape raises a
+CheckpointError naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from freetoken.models import read_model_config
+from freetoken.models.config import CheckpointError, ModelConfig
+from freetoken.models.family import Family
+
+INDEX = "model.safetensors.index.json"
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """dense: every non-expert tensor by its checkpoint name; experts: per MoE layer (gate_up [E, 2I, D]
+    with gate rows then up rows, down [E, D, I]) in host memory."""
+
+    path: Path
+    family: Family
+    config: ModelConfig
+    dense: dict[str, torch.Tensor]
+    experts: list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def resolve_dir(model: str | Path) -> Path:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise CheckpointError(f"{path}: not a directory (give the checkpoint directory holding config.json)")
+    text = str(model)
+    if "/" in text and not text.startswith((".", "/", "~")) and text.count("/") == 1:
+        raise CheckpointError(f"{text}: no such local directory, and hub ids cannot be loaded offline; "
+                              f"download it first (huggingface-cli download {text} --local-dir DIR) and pass DIR")
+    raise CheckpointError(f"{path}: no such checkpoint directory")
+
+
+def read_config(path: Path) -> tuple[Family, ModelConfig]:
+    file = path / "config.json"
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing (a checkpoint directory needs config.json)")
+    try:
+        raw = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{file}: expected a JSON object")
+    return read_model_config(raw, str(file))
+
+
+def shard_map(path: Path) -> dict[str, Path]:
+    """tensor name -> the shard file holding it."""
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index with a 'weight_map' ({e})") from None
+        out = {name: path / shard for name, shard in weight_map.items()}
+        for name, shard in out.items():
+            if not shard.is_file():
+                raise CheckpointError(f"{shard}: shard missing (the index {INDEX} maps tensor {name!r} to it)")
+        return out
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors weights and no {INDEX}")
+    out = {}
+    for file in files:
+        for name in _open(file).keys():
+            out[name] = file
+    return out
+
+
+def _open(file: Path):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        handle = safe_open(str(file), framework="pt")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{file}: unreadable or truncated safetensors file ({e})") from None
+    return handle
+
+
+class _Reader:
+    """Opens each shard once; get() checks the tensor exists and has the expected shape."""
+
+    def __init__(self, path: Path, where: dict[str, Path]):
+        self.path, self.where, self.handles = path, where, {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
+        file = self.where.get(name)
+        if file is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} not found in the checkpoint")
+        if file not in self.handles:
+            self.handles[file] = _open(file)
+        handle = self.handles[file]
+        if name not in handle.keys():
+            raise CheckpointError(f"{file}: tensor {name!r} not found (the index says it is here)")
+        got = tuple(handle.get_slice(name).get_shape())
+        if got != tuple(shape):
+            raise CheckpointError(f"{file}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        try:
+            t = handle.get_tensor(name)
+        except Exception as e:  # safetensors raises its own error types for bad buffers
+            raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e})") from None
+        return t if dtype is None else t.to(dtype)
+
+    def has(self, name: str) -> bool:
+        return name in self.where
+
+
+def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bool | None = None) -> Checkpoint:
+    """dtype: cast every tensor (None: keep the checkpoint's). pin: page-lock the expert store (default: on CUDA)."""
+    path = resolve_dir(model)
+    family, cfg = read_config(path)
+    reader = _Reader(path, shard_map(path))
+    dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
+    pin = torch.cuda.is_available() if pin is None else pin
+    experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
+    return Checkpoint(path, family, cfg, dense, experts)
+
+
+def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int, dtype, pin: bool):
+    E, I, D = cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size
+    fused_gu, fused_down = family.fused_tensor(layer, 0), family.fused_tensor(layer, 1)
+    if reader.has(fused_gu) and not reader.has(family.expert_tensor(layer, 0, 0)):
+        gate_up = reader.get(fused_gu, (E, 2 * I, D), dtype)
+        down = reader.get(fused_down, (E, D, I), dtype)
+        return (gate_up.pin_memory(), down.pin_memory()) if pin else (gate_up.contiguous(), down.contiguous())
+    first = reader.get(family.expert_tensor(layer, 0, 0), (I, D), dtype)
+    gate_up = torch.empty((E, 2 * I, D), dtype=first.dtype, pin_memory=pin)
+    down = torch.empty((E, D, I), dtype=first.dtype, pin_memory=pin)
+    for e in range(E):
+        gate_up[e, :I] = first if e == 0 else reader.get(family.expert_tensor(layer, e, 0), (I, D), dtype)
+        gate_up[e, I:] = reader.get(family.expert_tensor(layer, e, 1), (I, D), dtype)
+        down[e] = reader.get(family.expert_tensor(layer, e, 2), (D, I), dtype)
+    return gate_up, down

@@ -1,0 +1,134 @@
+"""The typed model description every architecture family maps its config.json onto."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+QK_NORMS = ("none", "head", "full")  # no q/k norm | RMSNorm per head (Qwen3) | over the whole projection (OLMoE)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be loaded; the message names the file and the field or tensor."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    family: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int  # decoder layers
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    num_experts: int
+    top_k: int
+    expert_intermediate: int
+    norm_topk_prob: bool
+    moe_layers: tuple[int, ...]  # decoder layers with a routed MoE block; the others run a dense MLP
+    dense_intermediate: int = 0  # the dense MLP of non-MoE layers
+    qk_norm: str = "none"
+    clip_qkv: float | None = None
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 4096
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "num_experts", "top_k", "expert_intermediate"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise CheckpointError(f"config.json: {self.num_heads} attention heads is not a multiple of "
+                                  f"{self.num_kv_heads} key/value heads")
+        if self.top_k > self.num_experts:
+            raise CheckpointError(f"config.json: top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        if self.qk_norm not in QK_NORMS:
+            raise CheckpointError(f"qk_norm {self.qk_norm!r} is not one of {', '.join(QK_NORMS)}")
+        if not self.moe_layers:
+            raise CheckpointError("config.json: the model has no MoE layer")
+        if any(not 0 <= l < self.num_layers for l in self.moe_layers):
+            raise CheckpointError(f"config.json: MoE layers {self.moe_layers} outside [0, {self.num_layers})")
+        if len(self.moe_layers) < self.num_layers and self.dense_intermediate <= 0:
+            raise CheckpointError("config.json: dense layers need a positive intermediate_size")
+
+    @property
+    def num_moe_layers(self) -> int:
+        return len(self.moe_layers)
+
+    def moe_index(self, layer: int) -> int:
+        """Decoder layer -> MoE layer index (the `layer` of Calls and traces), -1 for a dense layer."""
+        try:
+            return self.moe_layers.index(layer)
+        except ValueError:
+            return -1
+
+
+class ConfigReader:
+    """Reads fields of one config.json; a missing or mistyped field is a CheckpointError naming file and field."""
+
+    def __init__(self, raw: dict, path: str):
+        self.raw = raw
+        self.path = path
+
+    def get(self, *names: str, default: Any = ..., kind: type | None = None) -> Any:
+        for name in names:
+            if name in self.raw and self.raw[name] is not None:
+                value = self.raw[name]
+                break
+        else:
+            if default is ...:
+                raise CheckpointError(f"{self.path}: missing field {' / '.join(repr(n) for n in names)}")
+            return default
+        if kind is not None:
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise CheckpointError(f"{self.path}: field {names[0]!r} must be an integer, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise CheckpointError(f"{self.path}: field {names[0]!r} must be a number, got {value!r}")
+            value = kind(value)
+        return value
+
+    def rope_theta(self, default: float = 10000.0) -> float:
+        params = self.raw.get("rope_parameters") or self.raw.get("rope_scaling") or {}
+        rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
+        if rope_type not in ("default", None):
+            raise CheckpointError(f"{self.path}: rope type {rope_type!r} is not supported (only the default rope)")
+        if isinstance(params, dict) and "rope_theta" in params:
+            return float(params["rope_theta"])
+        return self.get("rope_theta", default=default, kind=float)
+
+    def eos_ids(self) -> tuple[int, ...]:
+        eos = self.raw.get("eos_token_id")
+        if eos is None:
+            return ()
+        return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+
+    def common(self, family: str) -> dict:
+        """The fields every Llama-like decoder shares."""
+        hidden = self.get("hidden_size", kind=int)
+        heads = self.get("num_attention_heads", kind=int)
+        head_dim = self.get("head_dim", default=None)
+        archs = self.raw.get("architectures") or [family]
+        return dict(
+            family=family,
+            architecture=archs[0],
+            vocab_size=self.get("vocab_size", kind=int),
+            hidden_size=hidden,
+            num_layers=self.get("num_hidden_layers", kind=int),
+            num_heads=heads,
+            num_kv_heads=self.get("num_key_value_heads", default=heads, kind=int),
+            head_dim=int(head_dim) if head_dim is not None else hidden // heads,
+            rope_theta=self.rope_theta(),
+            rms_norm_eps=self.get("rms_norm_eps", default=1e-6, kind=float),
+            top_k=self.get("num_experts_per_tok", kind=int),
+            tie_word_embeddings=bool(self.get("tie_word_embeddings", default=False)),
+            max_position_embeddings=self.get("max_position_embeddings", default=4096, kind=int),
+            bos_token_id=self.get("bos_token_id", default=None),
+            eos_token_ids=self.eos_ids(),
+        )

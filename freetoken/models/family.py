@@ -1,0 +1,67 @@
+"""An architecture family: how its config.json and tensor names map onto the shared decoder blocks.
+
+Every family here is a Llama-like decoder (RMSNorm, GQA attention with rope, a routed SwiGLU MoE block); a family
+file says only where its tensors live and which config fields it reads. Tensor names are format strings with {l}
+(decoder layer), {e} (expert) and {p} (one of the expert's three projections).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from freetoken.models.config import ConfigReader, ModelConfig
+
+ATTN = "model.layers.{l}.self_attn."
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    name: str
+    architectures: tuple[str, ...]  # config.json "architectures" values this family loads
+    read_config: Callable[[ConfigReader], ModelConfig]
+    moe_prefix: str = "model.layers.{l}.mlp."
+    router: str = "gate.weight"  # under moe_prefix
+    expert: str = "experts.{e}.{p}.weight"  # under moe_prefix, per-expert layout
+    expert_proj: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
+    fused_experts: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")  # [E, 2I, D], [E, D, I]
+    dense_prefix: str = "model.layers.{l}.mlp."  # dense MLP of non-MoE layers: gate_proj / up_proj / down_proj
+    q_norm: str = ATTN + "q_norm.weight"
+    k_norm: str = ATTN + "k_norm.weight"
+
+    def dense_tensors(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """Every non-expert tensor the model needs -> its shape (the device-resident part)."""
+        D, H, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, D),
+                                           "model.norm.weight": (D,)}
+        if not cfg.tie_word_embeddings:
+            out["lm_head.weight"] = (cfg.vocab_size, D)
+        for l in range(cfg.num_layers):
+            a = ATTN.format(l=l)
+            out[f"model.layers.{l}.input_layernorm.weight"] = (D,)
+            out[f"model.layers.{l}.post_attention_layernorm.weight"] = (D,)
+            for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
+                out[a + proj + ".weight"] = (rows, D)
+                if cfg.attention_bias:
+                    out[a + proj + ".bias"] = (rows,)
+            out[a + "o_proj.weight"] = (D, H * Dh)
+            if cfg.qk_norm == "head":
+                out[self.q_norm.format(l=l)] = (Dh,)
+                out[self.k_norm.format(l=l)] = (Dh,)
+            elif cfg.qk_norm == "full":
+                out[self.q_norm.format(l=l)] = (H * Dh,)
+                out[self.k_norm.format(l=l)] = (Hkv * Dh,)
+            if cfg.moe_index(l) >= 0:
+                out[self.moe_prefix.format(l=l) + self.router] = (cfg.num_experts, D)
+            else:
+                p, F = self.dense_prefix.format(l=l), cfg.dense_intermediate
+                out.update({p + "gate_proj.weight": (F, D), p + "up_proj.weight": (F, D), p + "down_proj.weight": (D, F)})
+        return out
+
+    def expert_tensor(self, layer: int, expert: int, which: int) -> str:
+        """which: 0 gate [I, D], 1 up [I, D], 2 down [D, I]."""
+        return self.moe_prefix.format(l=layer) + self.expert.format(e=expert, p=self.expert_proj[which])
+
+    def fused_tensor(self, layer: int, which: int) -> str:
+        """which: 0 gate_up [E, 2I, D], 1 down [E, D, I]."""
+        return self.moe_prefix.format(l=layer) + self.fused_experts[which]
