@@ -1,21 +1,27 @@
-"""Run a recorded trace's requests through the live engine and record what it measured: one row per run.
+"""Run requests through the live engine, then replay the routing it recorded in the simulator: one row with both.
 
-    python -m experiments.live trace=granite policy=lru cache.fraction=0.25
-Needs freetoken.engine; without it the entry point says so and exits (the simulator is experiments.replay).
+    python -m experiments.live policy=lru cache.fraction=0.25 live.checkpoint=/path/to/hf/moe
+    python -m experiments.live -m experiment=sim_vs_live
+The row holds the engine's cache counters (live_*), the simulator's counts on the recorded trace under the same
+policy, split and capacity (sim_*), and the engine's measured tok/s. Needs freetoken.engine; without it the entry
+point says so and exits.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
 from freetoken.paths import CONF_DIR
-from experiments.runner import RunOutput, build, guarded, run_once
+from experiments.results import config_hash
+from experiments.runner import RunOutput, build, config_columns, guarded, run_once
 
 TABLE = "live"
-GROUPS = ("trace", "policy", "split", "cache", "sim")
+GROUPS = ("policy", "split", "cache", "sim", "live")
+COUNTS = ("calls", "accesses", "hits", "misses", "fetched", "cpu", "evictions", "prefetched", "cpu_tokens")
 NO_ENGINE = ("engine not available: this build has no freetoken.engine, so nothing can run live; "
              "simulate instead with python -m experiments.replay")
 
@@ -29,18 +35,84 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(NO_ENGINE)
     for key in GROUPS:
         build(cfg, key)
+    if build(cfg, "policy").name == "belady":
+        raise ValueError("policy.name: belady needs the future, which a live run does not have")
+
+
+def tiny_checkpoint(results_dir: str, seed: int) -> Path:
+    """A tiny random Qwen3-MoE checkpoint (2 MoE layers x 8 experts, top-2), made once per seed (parallel
+    sweep workers wait on a lock for the first one to write it)."""
+    import fcntl
+    import shutil
+    import tempfile
+
+    root = Path(results_dir) / "checkpoints"
+    path = root / f"tiny-qwen3-moe-seed{seed}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (path / "config.json").is_file():
+            return path
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        cfg = AutoConfig.for_model("qwen3_moe", hidden_size=64, intermediate_size=48, moe_intermediate_size=32,
+                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                   vocab_size=128, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                                   initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=None)
+        torch.manual_seed(seed)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=root))
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp)
+        shutil.rmtree(path, ignore_errors=True)  # a partial directory from a killed run
+        tmp.rename(path)  # whole or absent
+    return path
 
 
 def compute(cfg: DictConfig) -> RunOutput:
-    import freetoken.engine as engine
+    import numpy as np
 
-    run_trace = getattr(engine, "run_trace", None)
-    if run_trace is None:
-        raise ValueError("engine not available: freetoken.engine has no run_trace(trace, policy, split, capacity) "
-                         "to replay a recorded trace live")
-    trace_spec, policy, split, cache, sim = (build(cfg, key) for key in GROUPS)
-    metrics = run_trace(trace_spec.load(), policy=policy, split=split, cache=cache, sim=sim)
-    return RunOutput(dict(metrics))
+    from freetoken.engine import CacheConfig, Engine, expert_profile
+    from freetoken.trace import save
+    from sim.run import SimConfig, simulate
+
+    policy, split, cache, sim, live = (build(cfg, key) for key in GROUPS)
+    checkpoint = live.checkpoint or tiny_checkpoint(cfg.results.dir, live.seed)
+    options = policy.constructor_options()
+    engine = Engine.from_pretrained(checkpoint, kernels=live.kernels, prefill_chunk=sim.prefill_chunk,
+                                    cache=CacheConfig("lru"))  # probe: vocabulary and, for frequency, a profile
+    rng = np.random.default_rng(live.seed)
+    prompts = [rng.integers(0, engine.config.vocab_size, live.prompt_tokens).tolist() for _ in range(live.requests)]
+    if policy.name == "frequency":  # out-of-sample is impossible before the run: profile = an all-resident pass
+        _serve(engine, prompts, live)
+        options["profile"] = expert_profile(engine.trace())
+    engine = Engine(engine.checkpoint, CacheConfig(policy.name, cache.capacity, cache.fraction, split, options),
+                    kernels=live.kernels, prefill_chunk=sim.prefill_chunk, tokenizer=engine.tokenizer)
+    _serve(engine, prompts, live)
+    trace = engine.trace("live")
+    key = config_hash(TABLE, config_columns(cfg, GROUPS))
+    trace_path = save(trace, Path(cfg.results.dir) / "traces" / f"live-{key}.safetensors")
+    counters = engine.counters.to_dict()
+    replayed = simulate(trace, SimConfig(policy.name, split, cache.capacity, cache.fraction, sim.prefill_chunk,
+                                         options=options)).total.to_dict()
+    metrics = {f"live_{k}": counters[k] for k in COUNTS if k in counters}
+    metrics.update({f"sim_{k}": replayed[k] for k in COUNTS})
+    metrics["live_miss_rate"] = counters["misses"] / counters["accesses"] if counters["accesses"] else 0.0
+    metrics["sim_miss_rate"] = replayed["miss_rate"]
+    metrics["miss_rate"] = metrics["live_miss_rate"]
+    metrics["agree"] = all(metrics[f"live_{k}"] == metrics[f"sim_{k}"] for k in COUNTS if f"live_{k}" in metrics)
+    metrics.update(decode_tok_s=engine.stats.decode_tok_s, prefill_tok_s=engine.stats.prefill_tok_s,
+                   num_tokens=trace.num_tokens, num_keys=trace.num_keys, recorded_trace=str(trace_path),
+                   checkpoint=str(checkpoint))
+    return RunOutput(metrics)
+
+
+def _serve(engine, prompts: list[list[int]], live) -> None:
+    from freetoken.engine import SamplingParams
+
+    for request, prompt in enumerate(prompts):
+        for _ in engine.generate(prompt, SamplingParams(greedy=True), max_tokens=live.decode_tokens,
+                                 stop_token_ids=[], request=request):
+            pass
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

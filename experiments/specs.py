@@ -166,3 +166,26 @@ class EngineSpec:
 
         if self.name not in ENGINES:
             raise ValueError(f"engine.name: unknown {self.name!r}; valid: {', '.join(ENGINES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSpec:
+    """A live run: a local HF MoE checkpoint (None: a tiny random Qwen3-MoE one, built once under the results dir)
+    serving `requests` seeded random prompts of prompt_tokens, each decoding decode_tokens greedily."""
+
+    checkpoint: str | None = None
+    requests: int = 2
+    prompt_tokens: int = 16
+    decode_tokens: int = 8
+    kernels: str = "triton"  # triton | reference (torch)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("requests", "prompt_tokens", "decode_tokens"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and v > 0):
+                raise ValueError(f"live.{name} must be a positive count, got {v!r}")
+        if self.kernels not in ("triton", "reference"):
+            raise ValueError(f"live.kernels: unknown {self.kernels!r}; valid: triton, reference")
+        if self.checkpoint is not None and not Path(self.checkpoint).is_dir():
+            raise ValueError(f"live.checkpoint: {self.checkpoint} is not a checkpoint directory")

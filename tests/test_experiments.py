@@ -152,14 +152,29 @@ def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_live_without_engine_says_so(small_config):
+def test_live_without_engine_says_so(small_config, monkeypatch):
     from experiments import live
 
-    if live.engine_available():
-        live.validate(small_config())  # the engine exists: the same config passes validation
-    else:
-        with pytest.raises(ValueError, match="engine not available"):
-            live.validate(small_config())
+    monkeypatch.setattr(live, "engine_available", lambda: False)
+    with pytest.raises(ValueError, match="engine not available"):
+        live.validate(small_config())
+
+
+def test_live_run_agrees_with_a_replay_of_its_recorded_trace(small_config, capsys):
+    from experiments import live
+
+    if not live.engine_available():
+        pytest.fail("freetoken.engine is part of this build; the live entry point must run")
+    cfg = small_config(**{"cache.fraction": 0.5, "live.kernels": "reference", "live.requests": 2,
+                          "live.prompt_tokens": 12, "live.decode_tokens": 6, "sim.prefill_chunk": 8})
+    row = run_once(cfg, live.TABLE, live.GROUPS, live.compute, live.validate)
+    assert row["agree"] and row["live_accesses"] == row["sim_accesses"] > 0
+    # independent check: ft sim on the trace the engine recorded, same policy and capacity
+    ref = ft_sim_json(capsys, "--trace", row["recorded_trace"], "--policy", "lru", "--fraction", "0.5",
+                      "--prefill-chunk", "8")
+    assert (row["live_hits"], row["live_fetched"], row["live_evictions"]) == (ref["hits"], ref["fetched"],
+                                                                              ref["evictions"])
+    assert row["num_tokens"] == 2 * (12 + 6 - 1)  # the last sampled token of each request is never fed back
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF-"
 SMALL_PREDICT = {"predict.prompt_tokens": 256, "predict.decode_tokens": 8}
 SMALL_TURNS = {"predict.turns": 2, "predict.conversations": 1, "predict.prompt_tokens": 64,
                "predict.decode_tokens": 4}
+SMALL_LIVE = {"live.requests": 1, "live.prompt_tokens": 8, "live.decode_tokens": 4}
 DRAW_OVERRIDES = {"miss_rate": {}, "throughput": SMALL_PREDICT, "hybrid_split": SMALL_PREDICT,
-                  "turn_latency": SMALL_TURNS}
+                  "turn_latency": SMALL_TURNS, "sim_vs_live": SMALL_LIVE}
 
 
 def predict_run(results, preset: str, overrides: list[str], values: dict) -> dict:
@@ -44,6 +45,12 @@ def small_results(tmp_path_factory, tiny_trace_file):
     for hw in ("rtx4060-laptop", "rtx5090-paper"):
         for engine in ("freetoken-offload", "freetoken-hybrid"):
             predict_run(results, "hybrid_split", [f"hardware={hw}", f"engine={engine}"], SMALL_PREDICT)
+    from experiments import live
+
+    for policy in ("lru", "static_layers"):
+        cfg = shrink(compose(["experiment=sim_vs_live", f"policy={policy}"]),
+                     **{"results.dir": str(results), "results.progress": False, **SMALL_LIVE})
+        run_once(cfg, live.TABLE, live.GROUPS, live.compute, live.validate)
     for anchors in ("true", "false"):
         predict_run(results, "turn_latency", ["engine=freetoken-offload", f"predict.anchors={anchors}"],
                     SMALL_TURNS)
@@ -86,11 +93,16 @@ def test_figure_refuses_rows_of_another_preset(small_results, tmp_path):
         figure("throughput").draw(small_results, tmp_path)
 
 
-def test_sim_vs_live_refuses_without_live_runs(small_results, tmp_path):
-    fig = figure("sim_vs_live")
-    reason = fig.unavailable()
-    with pytest.raises(FigureError, match="freetoken.engine" if reason else "live"):
-        fig.draw(small_results, tmp_path)
+def test_sim_vs_live_refuses_without_the_engine(small_results, tmp_path, monkeypatch, capsys):
+    from experiments import live
+    from paper_figs.__main__ import main
+
+    monkeypatch.setattr(live, "engine_available", lambda: False)
+    with pytest.raises(FigureError, match="freetoken.engine is not in this build"):
+        figure("sim_vs_live").draw(small_results, tmp_path)
+    assert main(["sim_vs_live", "--no-run", "--results", str(small_results), "--out", str(tmp_path)]) == 0
+    assert "sim_vs_live   skipped  freetoken.engine is not in this build" in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.png"))
 
 
 def test_cli_names_unknown_figures_and_reports_each(small_results, tmp_path, capsys):
