@@ -91,3 +91,19 @@ def test_cli_errors_are_one_line(capsys):
     assert main(["predict", "--model", "qwen3.5-122b-a10b", "--hardware", "rtx5090-ryzen", "--engine",
                  "resident", "--prompt-tokens", "8", "--decode-tokens", "1"]) == 2
     assert "all 12288 experts of qwen3.5-122b-a10b need" in capsys.readouterr().err
+
+
+def test_rule_option_switches_the_hybrid_split(capsys):
+    # m = 8 misses at BP 56, BH 63.6: balanced q = 8 x 56 / 119.6 = 3.75 -> 4 (max(4/56, 4/63.6) = .0714 beats
+    # q = 3: max(.0536, .0786)); paper q = round(8 x 56 / 63.6) = 7. With an empty cache (capacity 0) every decode
+    # call misses all 8: the CPU share of the misses is 4/8 vs 1/8.
+    common = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--engine", "freetoken-hybrid",
+              "--capacity", "0", "--prompt-tokens", "0", "--decode-tokens", "4"]
+    bal = run_json(capsys, *common, "--rule", "balanced")
+    paper = run_json(capsys, *common, "--rule", "paper")
+    per_expert_gb = 9_437_184 / 1e9
+    assert bal["cpu_gb"] == pytest.approx(4 * 48 * 4 * per_expert_gb)
+    assert paper["cpu_gb"] == pytest.approx(4 * 48 * 1 * per_expert_gb)
+    assert bal["engine"] == "freetoken-hybrid (rule balanced)"
+    assert main(["predict", *common[:4], "--engine", "freetoken-offload", "--rule", "paper"]) == 2
+    assert "--rule applies to hybrid engines" in capsys.readouterr().err

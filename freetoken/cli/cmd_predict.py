@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from freetoken.cli.common import print_json, progress
 
@@ -18,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--model", help="a name in conf/model (e.g. qwen3.5-122b-a10b) or a .yaml path")
     p.add_argument("--hardware", help="a name in conf/hardware (e.g. rtx5090-ryzen) or a .yaml path")
     p.add_argument("--engine", default="freetoken-offload", choices=list(ENGINES))
+    p.add_argument("--rule", choices=["balanced", "paper"],
+                   help="hybrid engines: how many misses to fetch (balanced lanes, or the paper's q* = m BP / BH)")
     p.add_argument("--trace", help="routing trace of this model (.safetensors); default: a synthetic one of its shape")
     p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT, help="synthetic: prompt length")
     p.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE, help="synthetic: tokens generated")
@@ -51,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
     engine = get_engine(args.engine)
+    if args.rule:
+        if engine.split != "hybrid":
+            raise ValueError(f"--rule applies to hybrid engines, not {args.engine} (split {engine.split})")
+        engine = replace(engine, rule=args.rule)
     if args.trace:
         trace = load(args.trace)
         check_shape(trace, card, args.trace)
@@ -59,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
                                 window=args.window)
     n = num_calls(trace, engine.prefill_chunk)
     with progress(n, f"replaying {card.name} on {hw.name}", enabled=not args.json) as advance:
-        pred = predict(card, hw, args.engine, trace, min_context=args.min_context, host=args.host,
+        pred = predict(card, hw, engine, trace, min_context=args.min_context, host=args.host,
                        n_cpu_layers=args.n_cpu_moe, capacity=args.capacity, on_call=None if args.json else advance)
+    pred.engine = args.engine + (f" (rule {args.rule})" if args.rule else "")
     if args.json:
         print_json(pred.to_dict())
         return 0
