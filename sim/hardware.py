@@ -76,3 +76,29 @@ def load_hardware(name_or_path: str) -> HardwareProfile:
 
 def hardware_names() -> list[str]:
     return sorted(p.stem for p in Path(HARDWARE_DIR).glob("*.yaml"))
+
+
+def with_bench_profile(hw: HardwareProfile, profile: dict, where: str) -> HardwareProfile:
+    """The profile's PCIe, CPU-lane and host-DRAM numbers replaced by what `ft bench bw` measured on the machine.
+
+    BP: the expert-gather copy rate; BH: the CPU lane; DRAM: what the two lanes moved together when run at once
+    (their sum is the shared ceiling when they contend, and >= BP + BH, i.e. no contention, when they do not).
+    """
+    from dataclasses import replace
+
+    sources = dict(hw.sources)
+    new = {"host_gb_s": float(profile["cpu_lane"]["gb_s"])}
+    sources["host_gb_s"] = f"ft bench bw ({where}): cpu_lane.gb_s"
+    if profile.get("pcie"):
+        new["pcie_gb_s"] = float(profile["pcie"]["gb_s"])
+        sources["pcie_gb_s"] = f"ft bench bw ({where}): pcie.gb_s (expert gather)"
+    if profile.get("overlap"):
+        new["dram_gb_s"] = float(profile["overlap"]["cpu_lane"]["gb_s"]) + float(profile["overlap"]["gather"]["gb_s"])
+        sources["dram_gb_s"] = f"ft bench bw ({where}): overlap.cpu_lane.gb_s + overlap.gather.gb_s"
+    else:
+        new["dram_gb_s"] = float(profile["host"]["gb_s"])
+        sources["dram_gb_s"] = f"ft bench bw ({where}): host.gb_s (sustained read)"
+    try:
+        return replace(hw, **new, sources=sources)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None

@@ -107,3 +107,26 @@ def test_rule_option_switches_the_hybrid_split(capsys):
     assert bal["engine"] == "freetoken-hybrid (rule balanced)"
     assert main(["predict", *common[:4], "--engine", "freetoken-offload", "--rule", "paper"]) == 2
     assert "--rule applies to hybrid engines" in capsys.readouterr().err
+
+
+def test_bench_profile_replaces_the_lane_bandwidths(capsys, tmp_path):
+    from freetoken.calibrate.profile import save_profile
+    from sim.hardware import with_bench_profile
+
+    profile = {"version": 1, "key": "x|int4", "expert_format": "int4", "geometry": {},
+               "host": {"gb_s": 70.0}, "cpu_lane": {"gb_s": 40.0}, "pcie": {"gb_s": 25.0},
+               "overlap": {"cpu_lane": {"gb_s": 30.0}, "gather": {"gb_s": 20.0}},
+               "recommendation": {"mode": "hybrid", "bp_gb_s": 25.0, "bh_gb_s": 40.0}}
+    path = save_profile(profile, tmp_path / "bw.json")
+    hw = with_bench_profile(load_hardware("rtx5090-ryzen"), profile, str(path))
+    assert (hw.pcie_gb_s, hw.host_gb_s, hw.dram_gb_s) == (25.0, 40.0, 50.0)  # DRAM: 30 + 20 moved together
+    assert "ft bench bw" in hw.sources["pcie_gb_s"]
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--engine", "freetoken-hybrid",
+            "--prompt-tokens", "64", "--decode-tokens", "8"]
+    out = run_json(capsys, *args, "--bw-profile", str(path))
+    card = load_model_card("qwen3-30b-a3b")
+    ref = predict(card, hw, "freetoken-hybrid", synthetic_trace(card, 64, 8))
+    assert out["decode_tok_s"] == pytest.approx(ref.decode_tok_s)
+    assert out["inputs"]["bp_gb_s"] == 25.0
+    base = predict(card, load_hardware("rtx5090-ryzen"), "freetoken-hybrid", synthetic_trace(card, 64, 8))
+    assert base.decode_tok_s > ref.decode_tok_s  # slower measured lanes, slower decode

@@ -27,6 +27,8 @@ def register(sub) -> None:
     p.add_argument("--skew", type=float, default=SYNTH_SKEW, help="synthetic: Zipf exponent of expert popularity")
     p.add_argument("--reuse", type=float, default=SYNTH_REUSE, help="synthetic: probability a pick reuses a recent one")
     p.add_argument("--window", type=int, default=SYNTH_WINDOW, help="synthetic: tokens back a reuse looks")
+    p.add_argument("--bw-profile", help="an `ft bench bw` profile (JSON) whose measured PCIe, CPU-lane and host "
+                                        "bandwidths replace the hardware profile's")
     p.add_argument("--min-context", type=int, default=DEFAULT_KV_FLOOR, help="KV-cache floor in tokens")
     p.add_argument("--host", default="shared", choices=HOST_MODES,
                    help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently")
@@ -53,6 +55,13 @@ def run(args: argparse.Namespace) -> int:
     from sim.predict import check_shape, predict, synthetic_trace
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
+    if args.bw_profile:
+        from pathlib import Path
+
+        from freetoken.calibrate.profile import load_profile
+        from sim.hardware import with_bench_profile
+
+        hw = with_bench_profile(hw, load_profile(Path(args.bw_profile)), args.bw_profile)
     engine = get_engine(args.engine)
     if args.rule:
         if engine.split != "hybrid":
