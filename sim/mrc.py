@@ -19,7 +19,10 @@ per set bit of s, and each block answers with one searchsorted. N accesses cost 
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -56,6 +59,23 @@ class MissRatioCurve:
             raise ValueError(f"capacity {capacity} is below the largest call ({self.min_exact_capacity} keys): "
                              "the one-pass curve is exact only from there (or at 0); replay instead")
         return int(self.misses[min(capacity, len(self.misses) - 1)])
+
+    def write_csv(self, path: str | os.PathLike) -> Path:
+        """capacity, misses, miss_ratio, exact: one row per capacity, written atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write("capacity,misses,miss_ratio,exact\n")
+                for c, m, r in zip(self.capacities.tolist(), self.misses.tolist(), self.miss_ratios.tolist()):
+                    f.write(f"{c},{m},{r:.6g},{int(self.is_exact(c))}\n")
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
 
 
 def _previous(keys: np.ndarray) -> np.ndarray:

@@ -96,6 +96,15 @@ def test_top1_decode_mrc_equals_libcachesim():
         assert curve.misses_at(capacity) == libcachesim_misses(stream.keys, capacity, "LRU")
 
 
+def test_curve_csv(tmp_path):
+    stream = KeyStream(np.array([0, 1, 2, 0, 1, 3], np.int64), np.array([0, 3, 5, 6], np.int64))
+    rows = lru_mrc(stream).write_csv(tmp_path / "out" / "mrc.csv").read_text().splitlines()
+    # 4 distinct keys -> capacities 0..4; 0 and 1 come back at depths 2 and 1 (the stack model's figure at 1
+    # and 2 slots, below the 3-key call, is marked inexact)
+    assert rows == ["capacity,misses,miss_ratio,exact", "0,6,1,1", "1,6,1,0", "2,5,0.833333,0", "3,4,0.666667,1",
+                    "4,4,0.666667,1"]
+
+
 def test_inexact_capacity_and_bad_streams_are_refused():
     stream = KeyStream(np.array([0, 1, 2, 0, 1], np.int64), np.array([0, 3, 5], np.int64))
     curve = lru_mrc(stream)
