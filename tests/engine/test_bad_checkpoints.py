@@ -1,0 +1,117 @@
+"""Bad checkpoints fail with one clear error naming the file and the tensor or field; nothing half-loaded is used."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from freetoken.engine import Engine
+from freetoken.models import CheckpointError
+from freetoken.models.checkpoint import load_checkpoint
+
+
+@pytest.fixture()
+def ckpt_dir(hf_models, tmp_path) -> Path:
+    out = tmp_path / "model"
+    shutil.copytree(hf_models["qwen3_moe"].path, out)
+    return out
+
+
+def shard(ckpt_dir: Path, names_per_shard: int = 20) -> list[Path]:
+    """Rewrite the single file as an indexed multi-shard checkpoint (as save_pretrained does for big models)."""
+    tensors = load_file(ckpt_dir / "model.safetensors")
+    (ckpt_dir / "model.safetensors").unlink()
+    names = sorted(tensors)
+    files, weight_map = [], {}
+    for i in range(0, len(names), names_per_shard):
+        file = ckpt_dir / f"model-{i // names_per_shard + 1:05d}.safetensors"
+        save_file({n: tensors[n] for n in names[i:i + names_per_shard]}, file, metadata={"format": "pt"})
+        weight_map.update({n: file.name for n in names[i:i + names_per_shard]})
+        files.append(file)
+    (ckpt_dir / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return files
+
+
+def test_sharded_checkpoint_loads_same_tensors(ckpt_dir, checkpoints):
+    files = shard(ckpt_dir)
+    assert len(files) > 2
+    got, want = load_checkpoint(ckpt_dir), checkpoints["qwen3_moe"]
+    assert set(got.dense) == set(want.dense)
+    for name in want.dense:
+        torch.testing.assert_close(got.dense[name], want.dense[name], rtol=0, atol=0)
+    for (g1, d1), (g2, d2) in zip(got.experts, want.experts):
+        torch.testing.assert_close(g1, g2, rtol=0, atol=0)
+        torch.testing.assert_close(d1, d2, rtol=0, atol=0)
+
+
+def test_missing_shard(ckpt_dir):
+    files = shard(ckpt_dir)
+    files[1].unlink()
+    with pytest.raises(CheckpointError, match=rf"{files[1].name}: shard missing .*tensor 'model\."):
+        Engine.from_pretrained(ckpt_dir, device="cpu")
+
+
+def test_truncated_safetensors(ckpt_dir):
+    file = ckpt_dir / "model.safetensors"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: unreadable or truncated"):
+        load_checkpoint(ckpt_dir)
+
+
+def test_tensor_of_wrong_shape(ckpt_dir):
+    file = ckpt_dir / "model.safetensors"
+    tensors = load_file(file)
+    name = "model.layers.1.mlp.experts.3.up_proj.weight"
+    tensors[name] = tensors[name][:-1].clone()  # [31, 64] instead of [32, 64]
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors: tensor '{name}' has shape \[31, 64\], "
+                                              r"expected \[32, 64\]"):
+        load_checkpoint(ckpt_dir)
+
+
+def test_missing_tensor(ckpt_dir):
+    file = ckpt_dir / "model.safetensors"
+    tensors = load_file(file)
+    del tensors["model.layers.0.self_attn.k_norm.weight"]
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"tensor 'model\.layers\.0\.self_attn\.k_norm\.weight' not found"):
+        load_checkpoint(ckpt_dir)
+
+
+def test_unknown_architecture(ckpt_dir):
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture LlamaForCausalLM; supported: "
+                                              r"MixtralForCausalLM, OlmoeForCausalLM, Qwen3MoeForCausalLM"):
+        load_checkpoint(ckpt_dir)
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "num_experts_per_tok", "moe_intermediate_size"])
+def test_config_missing_a_field(ckpt_dir, field):
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    del cfg[field]
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=rf"config\.json: missing field '{field}'"):
+        load_checkpoint(ckpt_dir)
+
+
+def test_hub_id_fails_offline():
+    with pytest.raises(CheckpointError, match=r"Qwen/Qwen3-30B-A3B: no such local directory, and hub ids cannot "
+                                              r"be loaded offline"):
+        load_checkpoint("Qwen/Qwen3-30B-A3B")
+
+
+def test_cli_reports_one_line(ckpt_dir, capsys):
+    from freetoken.cli import main
+
+    (ckpt_dir / "model.safetensors").write_bytes(b"\x00" * 5)
+    assert main(["generate", "--model", str(ckpt_dir), "--token-ids", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.safetensors: unreadable or truncated" in err[0]
