@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--kv-floor", type=int, help="KV tokens reserved before any expert slot "
                                                 "(default: min(context, 32768))")
     p.add_argument("--device-budget", type=float, dest="device_budget_gb",
-                   help="GB of device memory to plan against (default: the GPU's; on CPU, half the free RAM)")
+                   help="GiB of device memory to plan against (default: the GPU's; on CPU, half the free RAM)")
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (default: the plan's KV)")
     p.add_argument("--max-context", type=int, help="context length (default: the model's)")
     p.set_defaults(run=run)

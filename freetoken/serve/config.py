@@ -35,7 +35,7 @@ class ServeConfig:
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
         if self.device_budget_gb is not None and self.device_budget_gb <= 0:
-            raise ValueError(f"--device-budget must be positive (GB), got {self.device_budget_gb}")
+            raise ValueError(f"--device-budget must be positive (GiB), got {self.device_budget_gb}")
         for name in ("kv_floor", "max_context"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")

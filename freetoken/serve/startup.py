@@ -14,7 +14,7 @@ from freetoken.serve.memory import GiB, MemoryPlan, ModelMemory, plan_memory
 def device_budget(cfg: ServeConfig) -> tuple[int, str]:
     """Bytes to plan against and the device's name: --device-budget, else the GPU's memory, else half the free RAM."""
     if cfg.device_budget_gb is not None:
-        return int(cfg.device_budget_gb * 1e9), "cuda" if torch.cuda.is_available() else "cpu (--device-budget)"
+        return int(cfg.device_budget_gb * GiB), "cuda" if torch.cuda.is_available() else "cpu (--device-budget)"
     if torch.cuda.is_available():
         return torch.cuda.mem_get_info()[1], torch.cuda.get_device_name()
     import psutil
