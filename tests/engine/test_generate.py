@@ -1,0 +1,129 @@
+"""Generation: sampling by hand-derived numbers, KV-cache prefix reuse, `ft generate` and the shipped demo."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.engine import CacheConfig, Engine, Sampler, SamplingParams
+from freetoken.paths import DEMO_MODEL
+from freetoken.placement import Split
+
+from .conftest import PROMPT
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    # probs 0.5, 0.3, 0.2: top_p 0.6 keeps {0, 1} (0.5 < 0.6 <= 0.8), renormalised to 0.625 / 0.375
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.2]))
+    sampler = Sampler(SamplingParams(top_p=0.6, seed=1))
+    draws = np.array([sampler(logits) for _ in range(4000)])
+    assert set(draws.tolist()) == {0, 1}
+    assert abs((draws == 0).mean() - 0.625) < 0.03  # 4000 draws: std ~0.008
+
+
+def test_temperature_and_seed():
+    logits = torch.tensor([1.0, 0.0, -1.0])
+    s1, s2 = Sampler(SamplingParams(temperature=0.7, seed=5)), Sampler(SamplingParams(temperature=0.7, seed=5))
+    assert [s1(logits) for _ in range(50)] == [s2(logits) for _ in range(50)]
+    # temperature 0.5 squares the odds: p0 / p1 = e^(1/0.5) = e^2
+    s = Sampler(SamplingParams(temperature=0.5, seed=0))
+    draws = np.array([s(logits) for _ in range(6000)])
+    ratio = (draws == 0).sum() / (draws == 1).sum()
+    assert abs(ratio - np.e ** 2) < 0.8  # p0 ~ 0.867, p1 ~ 0.117: ~700 draws of 1, ratio std ~0.3
+    assert Sampler(SamplingParams(greedy=True))(torch.tensor([0.1, 3.0, 2.0])) == 1
+
+
+def test_prefix_reuse_matches_a_fresh_run(checkpoints):
+    ckpt = checkpoints["mixtral"]
+    sampling = SamplingParams(greedy=True)
+    fresh = Engine(ckpt, CacheConfig("lru", capacity=6), kernels="reference", device="cpu")
+    want = list(fresh.generate(PROMPT + [11, 12, 13], sampling, max_tokens=5, stop_token_ids=[]))
+    engine = Engine(ckpt, CacheConfig("lru", capacity=6), kernels="reference", device="cpu")
+    kv = engine.new_kv(64)
+    first = list(engine.generate(PROMPT, sampling, max_tokens=3, stop_token_ids=[], kv=kv))
+    assert kv.length == len(PROMPT) + 2 and kv.tokens == PROMPT + first[:2]
+    before = engine.stats.prefill_tokens
+    got = list(engine.generate(PROMPT + [11, 12, 13], sampling, max_tokens=5, stop_token_ids=[], kv=kv))
+    assert got == want
+    assert engine.stats.prefill_tokens - before == 3  # only the tokens after the shared prefix were prefilled
+
+
+def test_stop_token_ends_generation(checkpoints):
+    engine = Engine(checkpoints["olmoe"], kernels="reference", device="cpu")
+    free = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=6, stop_token_ids=[]))
+    stopped = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=6, stop_token_ids=[free[2]]))
+    assert stopped == free[:free.index(free[2]) + 1]
+
+
+def _ft(capsys, *argv) -> dict:
+    from freetoken.cli import main
+
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_ft_generate_on_the_demo_equals_hf(capsys, tmp_path):
+    """The shipped demo, greedy via the CLI: HF generate gives the same tokens; the counts replay in the simulator."""
+    from transformers import AutoModelForCausalLM
+
+    from freetoken.trace import load
+    from sim.run import SimConfig, simulate
+
+    trace_file = tmp_path / "run.safetensors"
+    out = _ft(capsys, "generate", "--token-ids", "5,6,7,8,9,10", "--greedy", "--max-tokens", "8", "--json",
+              "--kernels", "reference", "--device", "cpu", "--capacity", "6", "--split", "hybrid", "--bp", "1",
+              "--bh", "2", "--stop-token-ids", "", "--prefill-chunk", "4", "--record-trace", str(trace_file))
+    hf = AutoModelForCausalLM.from_pretrained(DEMO_MODEL).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([[5, 6, 7, 8, 9, 10]]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    assert out["token_ids"] == ref[0, 6:].tolist()
+    split = Split("hybrid", bp=1, bh=2)
+    sim = simulate(load(trace_file), SimConfig("lru", split, capacity=6, prefill_chunk=4)).total
+    assert (out["hits"], out["misses"], out["fetched"], out["cpu"], out["evictions"]) == (
+        sim.hits, sim.misses, sim.fetched, sim.cpu, sim.evictions)
+    assert out["cpu"] > 0 and out["fetched"] > 0
+
+
+def test_ft_generate_chat_uses_the_template(capsys):
+    from transformers import AutoTokenizer
+
+    out = _ft(capsys, "generate", "--chat", "--prompt", "hello there", "--max-tokens", "2", "--json",
+              "--kernels", "reference", "--device", "cpu")
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    want = tok.apply_chat_template([{"role": "user", "content": "hello there"}], add_generation_prompt=True,
+                                   tokenize=False)
+    assert want.startswith("<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n")
+    assert out["prompt_tokens"] == len(tok.encode(want, add_special_tokens=False))
+    assert len(out["token_ids"]) <= 2 and isinstance(out["text"], str)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--token-ids", "1,a"], "--token-ids: expected comma-separated integers"),
+    (["--policy", "belady"], "--policy belady needs --future-trace"),
+    (["--capacity", "99"], "capacity 99 exceeds the model's 16 routed experts"),
+    (["--split", "hybrid"], "hybrid split needs bp > 0 and bh > 0"),
+])
+def test_ft_generate_bad_input(capsys, argv, message):
+    from freetoken.cli import main
+
+    assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_demo_build_is_deterministic_and_small(tmp_path):
+    from safetensors.torch import load_file
+
+    from freetoken.demo.build import build_demo
+
+    out = build_demo(tmp_path / "demo")
+    assert sum(f.stat().st_size for f in out.iterdir()) < 2_000_000
+    assert (out / "tokenizer.json").read_text() == (DEMO_MODEL / "tokenizer.json").read_text()
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
+    got, want = load_file(out / "model.safetensors"), load_file(DEMO_MODEL / "model.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
