@@ -1,0 +1,51 @@
+"""`ft bench sim` end to end on a tiny trace: its miss counts are real (checked against each other and against
+a replay written out here), its curve agrees with its replays, and bad input fails in one line. No timing asserts:
+speed targets live in the benchmark's printed ratios."""
+
+import json
+
+import numpy as np
+
+from freetoken.cli import main
+from freetoken.placement import LRU, Split
+from freetoken.trace import DECODE, RoutingTrace, save
+from sim.calls import trace_calls
+from sim.replay import replay
+
+
+def _top1_decode(tmp_path):
+    rng = np.random.default_rng(7)
+    T, L, E = 300, 3, 8
+    ex = rng.choice(E, size=(T, L, 1), p=np.array([8, 6, 4, 3, 2, 1, 1, 1]) / 26).astype(np.int16)
+    trace = RoutingTrace(ex, E, model="tiny", source="test", phase=np.full(T, DECODE, np.int8))
+    return save(trace, tmp_path / "top1.safetensors"), trace
+
+
+def test_bench_json_counts_agree(tmp_path, capsys):
+    path, trace = _top1_decode(tmp_path)
+    assert main(["bench", "sim", "--trace", str(path), "--capacities", "4", "--repeat", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    capacity = round(0.25 * trace.num_keys)  # 6 of 24 slots
+    assert out["capacity"] == capacity and out["accesses"] == 300 * 3
+    want = replay(list(trace_calls(trace)), LRU(capacity, 3, 8), Split()).total.misses
+    # top-1, one call per token and layer: one model, so all three paths count the same misses
+    assert out["ours"]["misses"] == out["libcachesim"]["misses"] == out["libcachesim_per_request"]["misses"] == want
+    assert out["mrc"]["agrees_with_replays"] is True and out["mrc"]["capacities"] == 4
+    assert out["ours_vs_libcachesim"] == out["libcachesim"]["seconds"] / out["ours"]["seconds"]
+
+
+def test_bench_prints_both_ratios(tmp_path, capsys):
+    path, _ = _top1_decode(tmp_path)
+    assert main(["bench", "sim", "--trace", str(path), "--capacities", "3", "--repeat", "1",
+                 "--no-per-request"]) == 0
+    text = capsys.readouterr().out
+    assert "ratio replay speed ours / libcachesim:" in text and "ratio 3 replays / one-pass MRC:" in text
+
+
+def test_bench_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["bench", "sim", "--trace", str(tmp_path / "nope.safetensors")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file" in err[0]
+    path, _ = _top1_decode(tmp_path)
+    assert main(["bench", "sim", "--trace", str(path), "--fraction", "1.5"]) == 2
+    assert "--fraction" in capsys.readouterr().err
