@@ -41,6 +41,9 @@ class PlacementPolicy:
         self._free_slots = list(range(capacity - 1, -1, -1))
         self.clock = 0  # accesses applied so far
         self.last_use = [-1] * (num_layers * num_experts)  # clock of each key's latest access
+        cls = type(self)  # hooks left as the base's no-ops are skipped on the hot path of every replay
+        self._hooks = tuple(getattr(self, h) if getattr(cls, h) is not getattr(PlacementPolicy, h) else None
+                            for h in ("on_hit", "on_miss", "on_admit", "on_evict"))
 
     def _place_pinned(self, keys) -> None:
         """Warm start for static policies: give these keys slots before the first call."""
@@ -74,53 +77,65 @@ class PlacementPolicy:
         experts = call.experts
         keys = [base + e for e in experts]
         self.begin_call(keys)
-        slot_of = self.slot_of
-        hits, hit_slots, miss_idx = [], [], []
-        for i, key in enumerate(keys):
-            slot = slot_of.get(key)
+        get = self.slot_of.get
+        last_use = self.last_use
+        tokens = call.tokens
+        slots, hits, hit_slots = [], [], []  # hit/miss status is fixed at the call's start
+        miss_idx, miss_experts, miss_tokens, miss_last = [], [], [], []
+        for i, key in enumerate(keys):  # one plain loop: comprehensions cost a frame each on this hot path
+            slot = get(key)
+            slots.append(slot)
             if slot is None:
                 miss_idx.append(i)
+                miss_experts.append(experts[i])
+                miss_tokens.append(tokens[i])
+                miss_last.append(last_use[key])
             else:
                 hits.append(experts[i])
                 hit_slots.append(slot)
         fetch, fetch_slots, cpu, evict = [], [], [], []
-        chosen: set[int] = set()
+        chosen = ()
         if miss_idx:
-            last_use = self.last_use
-            picks = split.choose([experts[i] for i in miss_idx], [call.tokens[i] for i in miss_idx],
-                                 [last_use[keys[i]] for i in miss_idx])
-            chosen = {miss_idx[j] for j in picks}
-        protected = set(keys) if chosen else None
-        for i, key in enumerate(keys):
-            now = self.clock
-            self.clock = now + 1
-            if key in slot_of:
-                self.on_hit(key, now)
+            picks = split.choose(miss_experts, miss_tokens, miss_last)
+            chosen = {miss_idx[j] for j in picks} if len(picks) < len(miss_idx) else set(miss_idx)
+        protected = None  # the call's keys, built when a fetch first needs a victim
+        on_hit, on_miss, on_admit, on_evict = self._hooks
+        slot_of, free, victim = self.slot_of, self._free_slots, self.victim
+        admits = self.admits and self.capacity > 0
+        now = self.clock
+        for i, key in enumerate(keys):  # accesses apply in call order
+            if slots[i] is not None:  # still resident: the call's keys are protected from each other
+                if on_hit is not None:
+                    on_hit(key, now)
             else:
-                self.on_miss(key, now)
+                if on_miss is not None:
+                    on_miss(key, now)
                 if i in chosen:
                     fetch.append(experts[i])
-                    fetch_slots.append(self._admit(key, now, protected, evict))
+                    slot = NOT_RESIDENT  # admit: a free slot, else the victim's, else staging (not kept)
+                    if admits:
+                        if free:
+                            slot = free.pop()
+                        else:
+                            if protected is None:
+                                protected = set(keys)
+                            out = victim(key, now, protected)
+                            if out is not None:
+                                slot = slot_of.pop(out)
+                                if on_evict is not None:
+                                    on_evict(out)
+                                evict.append(divmod(out, E))
+                        if slot != NOT_RESIDENT:
+                            slot_of[key] = slot
+                            if on_admit is not None:
+                                on_admit(key, now)
+                    fetch_slots.append(slot)
                 else:
                     cpu.append(experts[i])
-            self.last_use[key] = now
-        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict)
-
-    def _admit(self, key: int, now: int, protected: set[int], evict: list) -> int:
-        if not self.admits:
-            return NOT_RESIDENT
-        if self._free_slots:
-            slot = self._free_slots.pop()
-        else:
-            out = self.victim(key, now, protected) if self.capacity else None
-            if out is None:
-                return NOT_RESIDENT
-            slot = self.slot_of.pop(out)
-            self.on_evict(out)
-            evict.append(divmod(out, self.num_experts))
-        self.slot_of[key] = slot
-        self.on_admit(key, now)
-        return slot
+            last_use[key] = now
+            now += 1
+        self.clock = now
+        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, [])
 
     # inspection
     def resident(self) -> dict[tuple[int, int], int]:
