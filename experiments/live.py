@@ -35,8 +35,11 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(NO_ENGINE)
     for key in GROUPS:
         build(cfg, key)
-    if build(cfg, "policy").name == "belady":
-        raise ValueError("policy.name: belady needs the future, which a live run does not have")
+    from freetoken.placement import POLICIES
+
+    name = build(cfg, "policy").name
+    if POLICIES[name].needs_future:
+        raise ValueError(f"policy.name: {name} needs the future key stream, which a live run does not have")
 
 
 def tiny_checkpoint(results_dir: str, seed: int) -> Path:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from freetoken.placement import POLICIES
 
-# Options the simulator builds itself: a profile from a trace, the future key stream for offline policies.
-_INJECTED = {"profile", "future"}
+# Options the simulator or engine builds itself: a profile from a trace, the future key stream, a live hint.
+_INJECTED = {"profile", "future", "hint"}  # hint: the live router (lookahead)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,9 @@ POLICY_STYLE = {  # one look per policy across figures
     "lru": dict(color="tab:blue", marker="o"),
     "static_layers": dict(color="tab:orange", marker="s"),
     "frequency": dict(color="tab:green", marker="^"),
+    "s3fifo": dict(color="tab:purple", marker="v"),
+    "layer_sweep": dict(color="tab:brown", marker="D"),
+    "lookahead": dict(color="tab:pink", marker="P"),
     "belady": dict(color="black", marker="", linestyle="--"),
 }
 

@@ -7,15 +7,23 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from experiments.compose import compose, options
-from experiments.specs import CacheSpec, PolicySpec, TraceSpec
+from experiments.specs import CacheSpec, EngineSpec, LiveSpec, PolicySpec, PredictSpec, SimSpec, TraceSpec
 from freetoken.paths import CONF_DIR, REPO_ROOT
 from freetoken.placement import POLICIES, Split
 
-TARGETS = {"policy": PolicySpec, "split": Split, "cache": CacheSpec, "trace": TraceSpec}
+TARGETS = {"policy": PolicySpec, "split": Split, "cache": CacheSpec, "trace": TraceSpec, "engine": EngineSpec}
 
 
-def test_every_policy_of_the_code_has_an_option():
+def test_every_policy_and_engine_of_the_code_has_an_option():
+    from sim.engines import ENGINES
+
     assert set(options("policy")) == set(POLICIES)
+    assert set(options("engine")) == set(ENGINES)
+
+
+def test_plain_blocks_instantiate(base_config):
+    for key, cls in (("sim", SimSpec), ("predict", PredictSpec), ("live", LiveSpec)):
+        assert isinstance(instantiate(base_config[key], _convert_="all"), cls)
 
 
 @pytest.mark.parametrize("group", sorted(TARGETS))
@@ -26,18 +34,21 @@ def test_every_option_instantiates(group):
         assert isinstance(obj, TARGETS[group]), (group, name)
         if group == "policy":
             assert obj.name == name
-        if group == "split":
+        if group in ("split",):
             assert obj.mode == name
+        if group == "engine":
+            assert obj.name == name
 
 
-@pytest.mark.parametrize("group", ["model", "hardware", "results"])
-def test_every_plain_option_composes(group):
+@pytest.mark.parametrize("group", ["model", "hardware"])
+def test_every_card_and_profile_composes_and_loads(group):
+    from experiments.predict import card_and_profile
+
     names = options(group)
-    if not names:
-        pytest.fail(f"conf/{group}/ has no options")
+    assert names, f"conf/{group}/ has no options"
     for name in names:
-        cfg = compose([f"{group}={name}"])
-        assert OmegaConf.to_container(cfg[group], resolve=True)
+        card, hw = card_and_profile(compose([f"{group}={name}"]))  # the cost model's own checks
+        assert (card.name if group == "model" else hw.name) == name
 
 
 def test_shared_trace_paths_follow_the_environment(monkeypatch, tmp_path):

@@ -65,7 +65,9 @@ def test_sweep_2x2_matches_ft_sim_and_resumes(tmp_path, tiny_trace_file, capsys)
 def test_in_process_run_equals_ft_sim_for_every_policy(small_config, tiny_trace_file, capsys):
     from experiments.replay import GROUPS, TABLE, compute
 
-    for policy in ("lru", "static_layers", "frequency", "belady"):
+    from experiments.compose import options
+
+    for policy in options("policy"):  # every option's values are its constructor's defaults, as ft sim uses
         cfg = small_config(f"policy={policy}", "cache=capacity", **{"cache.capacity": 16})
         row = run_once(cfg, TABLE, GROUPS, compute)
         ref = ft_sim_json(capsys, "--trace", str(tiny_trace_file), "--policy", policy, "--capacity", "16")
