@@ -106,7 +106,7 @@ class EngineBackend:
 
     def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
         return CachedGeneration(EngineSequence(self.engine, next(self._requests)), self.prefix_cache, prompt,
-                                params, max_new)
+                                params, max_new, self.stop_token_ids)
 
     def stats(self) -> dict:
         pc = self.prefix_cache

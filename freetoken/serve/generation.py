@@ -30,8 +30,10 @@ class KVSequence(Protocol):
 class CachedGeneration:
     """The Generation a backend hands the service (see service.Generation)."""
 
-    def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, params: Params, max_new: int):
+    def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, params: Params, max_new: int,
+                 stop_token_ids: set[int]):
         self.seq, self.cache, self.prompt, self.params, self.max_new = seq, cache, prompt, params, max_new
+        self.stop_token_ids = stop_token_ids
         self.reused_tokens = 0
         self.generated: list[int] = []
         self._logits: torch.Tensor | None = None
@@ -42,8 +44,9 @@ class CachedGeneration:
         return self
 
     def __next__(self) -> int:
-        if self._closed or len(self.generated) >= self.max_new:
-            raise StopIteration
+        if self._closed or len(self.generated) >= self.max_new or (
+                self.generated and self.generated[-1] in self.stop_token_ids):
+            raise StopIteration  # a stop token is never fed back: the sequence ends where the caller stops
         if self._logits is None:  # prefill
             tokens = self.prompt.tokens
             if self.cache is not None:

@@ -72,7 +72,8 @@ class HFBackend:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
     def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
-        return CachedGeneration(HFSequence(self.model), self.prefix_cache, prompt, params, max_new)
+        return CachedGeneration(HFSequence(self.model), self.prefix_cache, prompt, params, max_new,
+                                self.stop_token_ids)
 
     def stats(self) -> dict:
         if self.prefix_cache is None:

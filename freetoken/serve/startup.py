@@ -62,9 +62,9 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
 def resolve_model(cfg: ServeConfig) -> tuple[Path, str]:
     if cfg.model is not None:
         return cfg.model, cfg.served_name or cfg.model.resolve().name
-    from freetoken.demo import demo_model_dir  # the shipped tiny demo checkpoint
+    from freetoken.paths import DEMO_MODEL  # the shipped tiny demo checkpoint
 
-    return demo_model_dir(), cfg.served_name or DEMO_MODEL_ID
+    return DEMO_MODEL, cfg.served_name or DEMO_MODEL_ID
 
 
 __all__ = ["MemoryPlan", "load"]

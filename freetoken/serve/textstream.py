@@ -25,21 +25,33 @@ class TextStream:
         if self.stop is not None:
             return ""
         self.ids.append(token_id)
+        if not self._decode_window(final=False):
+            return ""  # a multi-byte character is not complete yet
+        return self._release(final=self.stop is not None)
+
+    def finish(self) -> str:
+        """The rest, once no more tokens come (bytes of an unfinished character decode as U+FFFD, as a whole-text
+        decode has them)."""
+        if self.stop is None:
+            self._decode_window(final=True)
+        return self._release(final=True)
+
+    def _decode_window(self, final: bool) -> bool:
+        """Appends the text of the tokens since the last clean boundary; False while it ends mid-character.
+
+        The window restarts only after text that ends in a whole character, so window texts concatenate to the
+        decode of all ids (TGI's prefix/read offsets)."""
         before = self.decode(self.ids[self._prefix_offset:self._read_offset])
         after = self.decode(self.ids[self._prefix_offset:])
-        if len(after) <= len(before) or after.endswith("\ufffd"):
-            return ""  # a multi-byte character is not complete yet
+        if not final and (len(after) <= len(before) or after.endswith("\ufffd")):
+            return False
         self.text += after[len(before):]
         self._prefix_offset, self._read_offset = self._read_offset, len(self.ids)
         hits = [(i, s) for s in self.stops if (i := self.text.find(s, max(0, self._sent - len(s)))) >= 0]
         if hits:
             idx, self.stop = min(hits)
             self.text = self.text[:idx]
-        return self._release(final=self.stop is not None)
-
-    def finish(self) -> str:
-        """The rest, once no more tokens come."""
-        return self._release(final=True)
+        return True
 
     @property
     def held(self) -> str:

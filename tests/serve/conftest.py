@@ -1,10 +1,14 @@
-"""A real server on a free loopback port, in a background thread, over a tiny model; bounded timeouts everywhere."""
+"""Real servers on free loopback ports, in background threads: one over the shipped demo model, one over a tiny
+character-level model whose chat template renders tools. Bounded timeouts everywhere."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import sys
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -13,10 +17,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tinymodel import write_tiny_model  # noqa: E402
 
 TIMEOUT = 30.0  # seconds, for every client call
+LONG = " ".join(str(i) for i in range(1500))  # > 2048 tokens for the demo model, > 1024 for the tiny one
 
 
 class Greedy(NamedTuple):
-    ids: list[int]  # the chat prompt
+    prompt_tokens: int
     text: str  # the completion, stop token dropped
     out: list[int]  # the sampled ids (stop token included)
     finish: str  # "stop" | "length"
@@ -34,13 +39,8 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-moe")
-
-
-def start_server(model_dir: Path, backend: str = "engine", **overrides):
-    """-> (server, thread, service); the caller stops it."""
+def start_server(model_dir: Path | None, backend: str = "engine", **overrides):
+    """-> (server, thread, service); the caller stops it. model_dir None: the shipped demo model."""
     from freetoken.serve.app import build_app
     from freetoken.serve.config import ServeConfig
     from freetoken.serve.server import Server
@@ -55,44 +55,68 @@ def start_server(model_dir: Path, backend: str = "engine", **overrides):
     return server, thread, service
 
 
-@pytest.fixture(scope="session")
-def served(tiny_model_dir):
-    """(base url, service) of the shared server: engine backend, 2 running requests."""
-    server, thread, service = start_server(tiny_model_dir, max_running=2)
-    yield server.url, service
-    server.stop(thread)
-    service.shutdown()
+@contextlib.contextmanager
+def running(model_dir: Path | None, **overrides):
+    server, thread, service = start_server(model_dir, **overrides)
+    try:
+        yield server.url, service
+    finally:
+        server.stop(thread)
+        service.shutdown()
 
 
 @pytest.fixture(scope="session")
-def reference_engine(tiny_model_dir):
-    """A separate Engine on the same checkpoint: what `ft generate --chat` runs."""
+def served():
+    """(base url, service): the demo model on the engine, 2 running requests."""
+    with running(None, max_running=2) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def model_id(served):
+    return served[1].backend.model_id
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_served(tiny_model_dir):
+    """(base url, service): the character-level tiny model (its template renders tools)."""
+    with running(tiny_model_dir, max_running=2) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):
+    """A separate Engine on the tiny checkpoint, for cold runs and its tokenizer."""
     from freetoken.engine import Engine
 
     return Engine.from_pretrained(tiny_model_dir, kernels="reference")
 
 
 @pytest.fixture(scope="session")
-def greedy(reference_engine):
-    """greedy(user text, max_tokens) -> Greedy(prompt ids, text, token ids, finish) from the engine, no server."""
-    from freetoken.engine import SamplingParams
-    from freetoken.models.tokenizer import chat_prompt
+def greedy():
+    """greedy(user text, max_tokens) -> Greedy: what `ft generate --chat --greedy` prints for the demo model
+    (reference kernels as the CPU server runs, every expert resident as the server's plan has them)."""
+    from freetoken.cli import main
+    from freetoken.models.tokenizer import load_tokenizer
+    from freetoken.paths import DEMO_MODEL
 
+    stops = {load_tokenizer(DEMO_MODEL).eos_token_id}
     memo = {}
 
-    def run(text: str, max_tokens: int):
+    def run(text: str, max_tokens: int) -> Greedy:
         if (text, max_tokens) not in memo:
-            tok = reference_engine.tokenizer
-            ids = chat_prompt(tok, text)
-            out = list(reference_engine.generate(ids, SamplingParams(greedy=True), max_tokens=max_tokens))
-            stops = reference_engine.default_stop_ids()
-            finish = "stop" if out[-1] in stops else "length"
-            memo[text, max_tokens] = Greedy(ids, tok.decode([t for t in out if t not in stops]), out, finish)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+                assert main(["generate", "--chat", "--prompt", text, "--greedy", "--max-tokens", str(max_tokens),
+                             "--kernels", "reference", "--device", "cpu", "--fraction", "1", "--json"]) == 0
+            r = json.loads(out.getvalue())
+            finish = "stop" if r["token_ids"][-1] in stops else "length"
+            memo[text, max_tokens] = Greedy(r["prompt_tokens"], r["text"], r["token_ids"], finish)
         return memo[text, max_tokens]
 
     return run
-
-
-@pytest.fixture(scope="session")
-def model_id(served):
-    return served[1].backend.model_id

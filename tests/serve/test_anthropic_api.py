@@ -11,6 +11,8 @@ import pytest
 
 from conftest import TIMEOUT
 
+from test_textstream import clean_stop
+
 PROMPT = "hello there"
 GREEDY = {"temperature": 0}  # this SDK version takes sampling settings only as extra body fields
 
@@ -27,7 +29,7 @@ def test_message_equals_engine_greedy(client, model_id, greedy):
     assert [b.type for b in m.content] == ["text"] and m.content[0].text == g.text
     assert m.stop_reason == "max_tokens" and m.stop_sequence is None
     assert m.usage.output_tokens == 6
-    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == len(g.ids)
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == g.prompt_tokens
 
 
 def test_stream_through_the_sdk_helper(client, model_id, greedy):
@@ -59,22 +61,24 @@ def test_raw_event_order(served, model_id, greedy):
     deltas = [e for e in events if e["type"] == "content_block_delta"]
     assert kinds == (["message_start", "content_block_start", "ping"] + ["content_block_delta"] * len(deltas)
                      + ["content_block_stop", "message_delta", "message_stop"])
-    assert events[0]["message"]["content"] == [] and events[0]["message"]["usage"]["input_tokens"] == len(g.ids)
+    assert events[0]["message"]["content"] == [] and events[0]["message"]["usage"]["input_tokens"] == g.prompt_tokens
     assert "".join(d["delta"]["text"] for d in deltas) == g.text
     assert events[-2]["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
 
 
 def test_stop_sequence(client, model_id, greedy):
     g = greedy(PROMPT, 6)
-    assert len(g.text) == 6
-    stop = g.text[3:5]
+    stop = clean_stop(g.text)
     m = client.messages.create(model=model_id, max_tokens=6, stop_sequences=[stop],
                                messages=[{"role": "user", "content": PROMPT}], extra_body=GREEDY)
     assert m.content[0].text == g.text[: g.text.find(stop)]
     assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", stop)
 
 
-def test_system_and_tool_blocks_render_and_count(client, model_id, reference_engine):
+def test_system_and_tool_blocks_render_and_count(tiny_served, tiny_engine):
+    """On the tiny model, whose chat template renders tools (the demo's does not)."""
+    client = anthropic.Anthropic(base_url=tiny_served[0], api_key="unused", timeout=TIMEOUT, max_retries=0)
+    model_id = tiny_served[1].backend.model_id
     tools = [{"name": "read", "description": "Read a file", "input_schema": {"type": "object"}}]
     messages = [{"role": "user", "content": "read a.txt"},
                 {"role": "assistant", "content": [{"type": "text", "text": "ok"},
@@ -82,7 +86,7 @@ def test_system_and_tool_blocks_render_and_count(client, model_id, reference_eng
                                                    "input": {"path": "a.txt"}}]},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "hi"}]}]
     counted = client.messages.count_tokens(model=model_id, system="be brief", messages=messages, tools=tools)
-    tok = reference_engine.tokenizer
+    tok = tiny_engine.tokenizer
     expect = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "read a.txt"},
               {"role": "assistant", "content": "ok", "tool_calls": [
                   {"id": "toolu_1", "type": "function", "function": {"name": "read", "arguments": {"path": "a.txt"}}}]},

@@ -37,23 +37,22 @@ def read_until_ready(proc: subprocess.Popen, seconds: float = 90.0) -> tuple[str
     raise AssertionError("no ready line:\n" + "\n".join(lines))
 
 
-def test_ft_serve_prints_plan_and_ready_then_launch_finds_the_model(tiny_model_dir, tmp_path):
+def test_ft_serve_prints_plan_and_ready_then_launch_finds_the_model(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([*FT, "serve", "--model", str(tiny_model_dir),
-                             "--port", "0", "--device-budget", "0.5", "--served-name", "tiny-served"],
+    proc = subprocess.Popen([*FT, "serve", "--port", "0", "--device-budget", "0.5"],  # the demo model
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     try:
         url, lines = read_until_ready(proc)
         text = "\n".join(lines)
         assert "memory plan (cpu (--device-budget), budget 0.50 GiB)" in text
-        assert re.search(r"KV cache .* tokens \(floor 1024\)", text)
+        assert re.search(r"KV cache .* tokens \(floor 2048\)", text)  # the demo's whole context
         health = httpx.get(url + "/health", timeout=TIMEOUT).json()
-        assert health["model"] == "tiny-served" and health["engine"]["backend"] == "engine"
+        assert health["model"] == "freetoken-demo" and health["engine"]["backend"] == "engine"
         port = url.rsplit(":", 1)[1]
         out = subprocess.run([*FT, "launch", "claude", "--dry-run", "--port", port,
                               "--home", str(tmp_path)], capture_output=True, text=True, timeout=60, env=env)
         assert out.returncode == 0, out.stderr
-        assert '"ANTHROPIC_MODEL": "tiny-served"' in out.stdout
+        assert '"ANTHROPIC_MODEL": "freetoken-demo"' in out.stdout
         assert f'"ANTHROPIC_BASE_URL": "http://127.0.0.1:{port}"' in out.stdout
         assert not (tmp_path / ".claude").exists()
     finally:

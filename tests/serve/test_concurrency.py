@@ -35,9 +35,9 @@ def test_concurrent_clients_get_correct_answers(served, model_id, greedy):
 
 
 @pytest.fixture(scope="module")
-def one_slot(tiny_model_dir):
+def one_slot():
     """A server with one running request and no queue: a leaked slot shows as a 503 or a hang."""
-    server, thread, service = start_server(tiny_model_dir, max_running=1, max_waiting=0)
+    server, thread, service = start_server(None, max_running=1, max_waiting=0)
     yield server.url, service
     server.stop(thread)
     service.shutdown()

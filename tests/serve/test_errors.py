@@ -5,9 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import TIMEOUT
-
-LONG = "x" * 1200  # past the tiny model's 1024-token context (one token per character)
+from conftest import LONG, TIMEOUT
 
 
 def openai_cases(model):

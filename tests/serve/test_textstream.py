@@ -13,6 +13,15 @@ from freetoken.serve.tools import parse_tool_calls
 decode = lambda ids: bytes(ids).decode("utf-8", errors="replace")  # noqa: E731
 
 
+def clean_stop(text: str) -> str:
+    """A stop string that occurs in text after its first character: its first ASCII letter or digit there, with
+    the next one if that is one too (random-weight models print mostly broken bytes)."""
+    for i in range(1, len(text)):
+        if text[i].isascii() and text[i].isalnum():
+            return text[i:i + 2] if text[i:i + 2].isascii() and text[i:i + 2].isalnum() else text[i]
+    raise AssertionError(f"no ASCII letter or digit after the first character of {text!r}")
+
+
 def run(text: str, stops=(), markers=()):
     ts = TextStream(decode, stops, markers)
     deltas = []
@@ -41,6 +50,16 @@ def test_deltas_add_up_to_the_text_cut_at_the_earliest_stop(seed):
     for d in deltas:
         emitted += d
         assert emitted == expect[: len(emitted)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_invalid_bytes_stream_to_the_whole_text_decode(seed):
+    # random bytes: broken and unfinished UTF-8 sequences, as a random-weight byte-level model emits
+    rng = random.Random(seed)
+    ids = [rng.choice([0x41, 0x20, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0x80, 0xFF]) for _ in range(30)]
+    ts = TextStream(decode)
+    deltas = [ts.push(t) for t in ids] + [ts.finish()]
+    assert "".join(deltas) == decode(ids) == ts.text
 
 
 def test_text_after_a_hold_marker_is_kept_back_for_parsing():
