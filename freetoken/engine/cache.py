@@ -52,13 +52,13 @@ class CacheConfig:
 
 class ExpertCache:
     def __init__(self, store: ExpertStore, config: CacheConfig, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False):
+                 keep_plans: bool = False, pipeline: bool | None = None):
         self.store, self.config = store, config
         L, E = store.num_layers, store.num_experts
         self.capacity = config.slots_for(L * E)
         staging = E if config.staging is None else config.staging
         self.pool = SlotPool(self.capacity, staging, store, device)
-        self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans)
+        self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline)
         self.policy = self._new_policy()
 
     def _new_policy(self) -> PlacementPolicy:
@@ -73,6 +73,7 @@ class ExpertCache:
         self.policy = self._new_policy()
         ex = self.executor
         ex.counters = type(ex.counters)()
+        ex.phase_counters = (type(ex.counters)(), type(ex.counters)())
         if ex.plans is not None:
             ex.plans = []
 
@@ -82,11 +83,15 @@ class ExpertCache:
         call = make_call(layer, ids, phase, request)
         plan = self.policy.plan(call, self.config.split)
         prefetch_slots = [self.policy.slot(l, e) for l, e in plan.prefetch]
-        return self.executor.run(plan, x, weights, ids, prefetch_slots)
+        return self.executor.run(plan, x, weights, ids, phase, prefetch_slots)
 
     @property
     def counters(self):
         return self.executor.counters
+
+    @property
+    def decode_counters(self):
+        return self.executor.phase_counters[1]
 
     @property
     def plans(self):

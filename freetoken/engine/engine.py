@@ -54,7 +54,7 @@ class Engine:
     def __init__(self, ckpt: Checkpoint, cache: CacheConfig | None = None, *, kernels: str = "triton",
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_context: int | None = None,
-                 keep_plans: bool = False, record: bool = True, tokenizer=None):
+                 keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None):
         if prefill_chunk <= 0:
             raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
         self.config, self.checkpoint = ckpt.config, ckpt
@@ -63,7 +63,7 @@ class Engine:
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
         experts = ckpt.experts if dtype is None else [(g.to(dtype), d.to(dtype)) for g, d in ckpt.experts]
         self.store = ExpertStore(experts)
-        self.cache = ExpertCache(self.store, cache or CacheConfig(), self.kernels, self.device, keep_plans)
+        self.cache = ExpertCache(self.store, cache or CacheConfig(), self.kernels, self.device, keep_plans, pipeline)
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
         self.tokenizer = tokenizer

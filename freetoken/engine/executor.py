@@ -1,7 +1,8 @@
 """The live executor: carries out one Plan of the placement policy for one MoE layer call.
 
 fetch: host -> slot copies (a side CUDA stream where CUDA exists; the GPU first computes the hits, then waits for
-the copies and computes the fetched experts, so transfers overlap compute); hits and fetched experts run in
+the copies and computes the fetched experts, so transfers overlap compute; in prefill the fetches go in two
+halves, double-buffered: the first half computes while the second copies); hits and fetched experts run in
 expert_ffn by slot id; `cpu` experts get slot -1 there and run in the CPU lane (torch on the host weights), whose
 result is added. The arithmetic is the same whichever lane computes an expert, so the cache never changes the
 math beyond floating-point summation order.
@@ -15,19 +16,23 @@ import torch
 from freetoken.engine.counters import CacheCounters
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
-from freetoken.placement import Plan
+from freetoken.placement import PREFILL, Plan
 
 
 class LiveExecutor:
     def __init__(self, store: ExpertStore, pool: SlotPool, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False):
+                 keep_plans: bool = False, pipeline: bool | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
         self.counters = CacheCounters()
+        self.phase_counters = (CacheCounters(), CacheCounters())  # prefill, decode
         self.plans: list[Plan] | None = [] if keep_plans else None
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
+        # compute hits, then fetched groups as their copies land (default on CUDA; on CPU the same arithmetic,
+        # in the same groups, with copies done up front: what tests check the grouping with)
+        self.pipeline = self.cuda if pipeline is None else pipeline
 
-    def run(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray,
+    def run(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray, phase: int,
             prefetch_slots: list[int] | None = None) -> torch.Tensor:
         """x [T, D] on the device, weights [T, K] fp32 (device), ids [T, K] host expert ids -> MoE output [T, D].
 
@@ -41,75 +46,90 @@ class LiveExecutor:
         for e, s in zip(plan.fetch, plan.fetch_slots):
             if s < 0:
                 if staging >= pool.capacity + pool.staging:
-                    raise RuntimeError(f"layer {layer}: {len(plan.fetch)} unkept fetches exceed the "
-                                       f"{pool.staging} staging buffers")
+                    raise ValueError(f"layer {layer}: {len(plan.fetch)} unkept fetches exceed the "
+                                     f"{pool.staging} staging buffers (raise the cache's staging)")
                 s, staging = staging, staging + 1
             slot_of[e] = s
             fetched.append((e, s))
-        copied = self._copy(layer, fetched, plan.prefetch, prefetch_slots or [])
         slots = slot_of[ids]  # [T, K]
         ffn = self.kernels.expert_ffn
-        if copied is not None and plan.hits:  # hits first, then the fetched experts once their copies land
-            hit_only = np.where(np.isin(ids, plan.hits), slots, -1)
-            y = ffn(x, self._slots(hit_only), weights, pool.w_gate_up, pool.w_down)
-            torch.cuda.current_stream(self.device).wait_event(copied)
-            y = y + ffn(x, self._slots(np.where(np.isin(ids, plan.fetch), slots, -1)), weights, pool.w_gate_up,
-                        pool.w_down)
-        else:
-            if copied is not None:
-                torch.cuda.current_stream(self.device).wait_event(copied)
+        if not self.pipeline or not fetched:
+            self._wait(self._copy(layer, [fetched], plan.prefetch, prefetch_slots or []))
             y = ffn(x, self._slots(slots), weights, pool.w_gate_up, pool.w_down)
+        else:  # hits while the copies run; then each fetched group as soon as its copies land
+            halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
+            cut = -(-len(fetched) // halves)
+            groups = [fetched[i:i + cut] for i in range(0, len(fetched), cut)]
+            events = self._copy(layer, groups, plan.prefetch, prefetch_slots or [])
+            y = None
+            for experts, event in [(plan.hits, None)] + [([e for e, _ in g], ev) for g, ev in zip(groups, events)]:
+                if not experts:
+                    continue
+                self._wait([event])
+                part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, pool.w_gate_up,
+                           pool.w_down)
+                y = part if y is None else y + part
         if plan.cpu:
             y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
-        self._count(plan, ids)
+        self._count(self.counters, plan, ids)
+        self._count(self.phase_counters[phase], plan, ids)
+        if self.plans is not None:
+            self.plans.append(plan)
         return y
 
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(slots, np.int32)).to(self.device, non_blocking=True)
 
-    def _copy(self, layer: int, fetched: list[tuple[int, int]], prefetch: list[tuple[int, int]],
-              prefetch_slots: list[int]):
-        """Issue the copies; on CUDA returns the event the compute stream must wait for (None when nothing moved)."""
-        if not fetched and not prefetch:
-            return None
+    def _copy(self, layer: int, groups: list[list[tuple[int, int]]], prefetch: list[tuple[int, int]],
+              prefetch_slots: list[int]) -> list:
+        """Issue the copies, group by group; on CUDA one event per group for the compute stream to wait on
+        (None entries on CPU, where the copies are done on return)."""
         store, pool = self.store, self.pool
         if not self.cuda:
-            for e, s in fetched:
-                pool.load(s, store, layer, e)
+            for group in groups:
+                for e, s in group:
+                    pool.load(s, store, layer, e)
             for (l, e), s in zip(prefetch, prefetch_slots):
                 pool.load(s, store, l, e)
-            return None
+            return [None] * len(groups)
         stream = self.copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))  # slots being replaced are no longer read
+        events = []
         with torch.cuda.stream(stream):
-            for e, s in fetched:
-                pool.load(s, store, layer, e)
-            done = torch.cuda.Event()
-            done.record(stream)
+            for group in groups:
+                for e, s in group:
+                    pool.load(s, store, layer, e)
+                done = torch.cuda.Event()
+                done.record(stream)
+                events.append(done)
             for (l, e), s in zip(prefetch, prefetch_slots):  # ahead of need: nothing waits for these now
                 pool.load(s, store, l, e)
-        return done
+        return events
+
+    def _wait(self, events: list) -> None:
+        for event in events:
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
 
     def _cpu_lane(self, layer: int, experts: list[int], x: torch.Tensor, weights: torch.Tensor,
                   ids: np.ndarray) -> torch.Tensor:
-        """sum over this call's cpu experts of w[t, k] * down(silu(gate x) * up x), in fp32 on the host."""
+        """sum over this call's cpu experts of w[t, k] * down(silu(gate x) * up x) on the host, in the store's dtype
+        (torch accumulates in fp32, as the GPU kernel does), routing weights and the sum in fp32."""
         store = self.store
-        I = store.intermediate
-        xh = x.to("cpu", torch.float32)  # [T, D]
+        I, dt = store.intermediate, store.dtype
+        xh = x.to("cpu", dt)  # [T, D]
         wh = weights.to("cpu", torch.float32)  # [T, K]
-        out = torch.zeros_like(xh)
+        out = torch.zeros(xh.shape, dtype=torch.float32)
         for e in experts:
             tok, k = np.nonzero(ids == e)
             tok_t = torch.from_numpy(tok)
-            gu = store.gate_up[layer][e].float()  # [2I, D]
-            h = xh[tok_t] @ gu.T  # [n, 2I]
-            h = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
-            y = h @ store.down[layer][e].float().T  # [n, D]
+            h = xh[tok_t] @ store.gate_up[layer][e].T  # [n, 2I]
+            h = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(dt)
+            y = (h @ store.down[layer][e].T).float()  # [n, D]
             out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
         return out
 
-    def _count(self, plan: Plan, ids: np.ndarray) -> None:
-        c = self.counters
+    def _count(self, c: CacheCounters, plan: Plan, ids: np.ndarray) -> None:
         c.calls += 1
         c.hits += len(plan.hits)
         c.fetched += len(plan.fetch)
@@ -118,5 +138,3 @@ class LiveExecutor:
         c.prefetched += len(plan.prefetch)
         c.cpu_tokens += int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0
         c.fetched_bytes += (len(plan.fetch) + len(plan.prefetch)) * self.store.expert_bytes
-        if self.plans is not None:
-            self.plans.append(plan)

@@ -25,7 +25,7 @@ def run_steps(engine: Engine, tokens: list[int]) -> torch.Tensor:
     out = [engine.prefill(tokens[:len(PROMPT)], kv, all_logits=True)]
     for pos in range(len(PROMPT), len(tokens)):
         out.append(engine.decode(tokens[pos], kv))
-    return torch.cat(out).float()
+    return torch.cat(out).float().cpu()
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -77,6 +77,18 @@ def test_every_policy(family, hf_models, checkpoints):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_pipelined_groups_keep_the_math(family, hf_models, checkpoints):
+    """The GPU path's order (hits, then fetched experts in two halves in prefill) run on CPU: same logits."""
+    ref, ckpt = hf_models[family], checkpoints[family]
+    for capacity in (0, 3, 7, 12):
+        for name, split in SPLITS.items():
+            engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=split), kernels="reference",
+                            device="cpu", prefill_chunk=CHUNK, pipeline=True)
+            logits = run_steps(engine, ref.tokens[:-1])
+            assert_close(logits, ref.logits[:-1], f"{family} pipelined capacity={capacity} split={name}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_equal_hf_generate(family, hf_models, checkpoints):
     ref, ckpt = hf_models[family], checkpoints[family]
     engine = Engine(ckpt, CacheConfig("lru", capacity=5, split=SPLITS["hybrid"]), kernels="reference",
@@ -92,7 +104,7 @@ def test_triton_kernels_prefill_and_decode(family, hf_models, checkpoints):
     hits, fetches into slots and staging, and computes on the CPU lane."""
     ref, ckpt = hf_models[family], checkpoints[family]
     engine = Engine(ckpt, CacheConfig("lru", capacity=5, split=SPLITS["hybrid"]), kernels="triton",
-                    device="cpu", prefill_chunk=CHUNK)
+                    device="cuda" if torch.cuda.is_available() else "cpu", prefill_chunk=CHUNK)
     logits = run_steps(engine, ref.tokens[:-1])
     assert_close(logits, ref.logits[:-1], f"{family} triton")
     c = engine.counters

@@ -1,0 +1,216 @@
+"""GPU device check: compile every kernel, then decode on a random-weight model shaped like Qwen3-30B-A3B with
+the expert cache at 37% of all experts, for lru+offload, lru+hybrid, static_layers+cpu and frequency+cpu.
+
+    python benchmarks/gpu_check.py             # one CUDA GPU, < 8 minutes on an H200
+    python benchmarks/gpu_check.py --dry-run   # anywhere: the same code on a tiny shape on CPU
+
+Per configuration: decode tok/s, hit rate, and the achieved fraction of the roofline: measured per-token time vs
+fetched bytes / PCIe BW + bytes the GPU reads (resident and fetched experts, dense weights) / HBM BW
+(+ CPU-lane expert bytes / host BW, shown apart), each bandwidth measured in this run.
+Weights are built directly in memory (no HF, no disk); by default every MoE layer shares one random host expert
+tensor (so the host needs one layer's experts, not 48): copies and CPU-lane reads still move real bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo and benchmarks/ importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    layers: int
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+
+QWEN3_30B_A3B = Shape(48, 128, 8, 2048, 768, 32, 4, 128, 151936)
+TINY = Shape(2, 8, 2, 64, 32, 4, 2, 16, 128)
+CONFIGS = (("lru", "offload"), ("lru", "hybrid"), ("static_layers", "cpu"), ("frequency", "cpu"))
+FRACTION = 0.37
+
+
+def random_checkpoint(shape: Shape, dtype: torch.dtype, device: str, distinct_layers: bool = False):
+    from freetoken.models import FAMILIES
+    from freetoken.models.checkpoint import Checkpoint
+    from freetoken.models.config import ModelConfig
+
+    s = shape
+    cfg = ModelConfig(family="qwen3_moe", architecture="Qwen3MoeForCausalLM", vocab_size=s.vocab,
+                      hidden_size=s.hidden, num_layers=s.layers, num_heads=s.heads, num_kv_heads=s.kv_heads,
+                      head_dim=s.head_dim, rope_theta=1e6, rms_norm_eps=1e-6, num_experts=s.experts,
+                      top_k=s.top_k, expert_intermediate=s.intermediate, norm_topk_prob=True,
+                      moe_layers=tuple(range(s.layers)), qk_norm="head", max_position_embeddings=4096)
+    family = FAMILIES["qwen3_moe"]
+    g = torch.Generator(device=device).manual_seed(0)
+    dense = {}
+    for name, dims in family.dense_tensors(cfg).items():
+        if len(dims) == 1:
+            dense[name] = torch.ones(dims, dtype=dtype, device=device)
+        else:  # 1/sqrt(fan_in): activations keep their scale through 48 layers
+            dense[name] = (torch.randn(dims, generator=g, device=device) / dims[-1] ** 0.5).to(dtype)
+    pin = torch.cuda.is_available()
+    E, I, D = s.experts, s.intermediate, s.hidden
+
+    def layer_experts():
+        gu = torch.empty((E, 2 * I, D), dtype=dtype, pin_memory=pin)
+        down = torch.empty((E, D, I), dtype=dtype, pin_memory=pin)
+        gu.copy_(torch.randn((E, 2 * I, D), generator=g, device=device) / D ** 0.5)
+        down.copy_(torch.randn((E, D, I), generator=g, device=device) / I ** 0.5)
+        return gu, down
+
+    shared = None if distinct_layers else layer_experts()
+    experts = [layer_experts() if distinct_layers else shared for _ in range(s.layers)]
+    return Checkpoint(Path("<random>"), family, cfg, dense, experts)
+
+
+def bandwidths(store, device: str) -> dict[str, float]:
+    """GB/s: pinned host -> device expert copies, device memory (read + write of a copy), CPU-lane expert reads."""
+    eb = store.expert_bytes
+    n = min(store.num_experts, 32)
+    out = {}
+    if device.startswith("cuda"):
+        dst_gu = torch.empty((n,) + tuple(store.gate_up[0].shape[1:]), dtype=store.dtype, device=device)
+        dst_d = torch.empty((n,) + tuple(store.down[0].shape[1:]), dtype=store.dtype, device=device)
+
+        def h2d():
+            dst_gu.copy_(store.gate_up[0][:n], non_blocking=True)
+            dst_d.copy_(store.down[0][:n], non_blocking=True)
+
+        out["pcie"] = n * eb / _cuda_time(h2d) / 1e9
+        buf = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+        other = torch.empty_like(buf)
+        out["hbm"] = 2 * buf.numel() / _cuda_time(lambda: other.copy_(buf)) / 1e9
+    x = torch.randn((1, store.hidden)).to(store.dtype)
+
+    def cpu_lane():
+        for e in range(n):
+            h = x @ store.gate_up[0][e].T
+            (h[:, :store.intermediate] * h[:, store.intermediate:]) @ store.down[0][e].T
+
+    cpu_lane()
+    t0 = time.perf_counter()
+    cpu_lane()
+    out["host"] = n * eb / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+def _cuda_time(fn, iters: int = 5) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def dense_bytes_per_token(ckpt) -> int:
+    """Weights the GPU reads every decode step besides the experts: all dense tensors but the embedding table."""
+    return sum(t.numel() * t.element_size() for n, t in ckpt.dense.items() if n != "model.embed_tokens.weight")
+
+
+def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args, device: str) -> dict:
+    from freetoken.engine import CacheConfig, Engine, SamplingParams
+    from freetoken.placement import Split
+
+    bp, bh = bw.get("pcie", 1.0), bw["host"]
+    split = Split(split_mode, bp=bp, bh=bh) if split_mode == "hybrid" else Split(split_mode)
+    engine = Engine(ckpt, CacheConfig(policy, fraction=FRACTION, split=split, options=options),
+                    kernels=args.kernels, device=device, max_context=args.prompt + args.tokens + 8)
+    prompt = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
+    sampling = SamplingParams(greedy=True)
+    list(engine.generate(prompt.tolist(), sampling, max_tokens=2, stop_token_ids=[]))  # warm-up: compile, fill
+    before = engine.cache.decode_counters.to_dict()
+    engine.stats = type(engine.stats)()
+    n = len(list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
+                                 request=1)))
+    after = engine.cache.decode_counters.to_dict()
+    d = {k: after[k] - before[k] for k in ("hits", "fetched", "cpu", "accesses", "fetched_bytes")}
+    s = engine.stats
+    steps = max(s.decode_tokens, 1)
+    eb = engine.store.expert_bytes
+    t_tok = s.decode_s / steps  # measured seconds per decode step
+    fetched_b = d["fetched_bytes"] / steps  # per decode step
+    gpu_b = (d["hits"] + d["fetched"]) * eb / steps + dense_bytes_per_token(ckpt)
+    cpu_b = d["cpu"] * eb / steps
+    t_gpu = fetched_b / (bw.get("pcie", 0) * 1e9 or float("inf")) + gpu_b / (bw.get("hbm", 0) * 1e9 or float("inf"))
+    t_cpu = cpu_b / (bh * 1e9)
+    return {"policy": policy, "split": split_mode, "tokens": n, "tok_s": s.decode_tok_s,
+            "hit_rate": d["hits"] / max(d["accesses"], 1), "decode_hits": d["hits"], "decode_accesses": d["accesses"], "capacity": engine.cache.capacity,
+            "roofline_gpu": t_gpu / t_tok if t_tok else 0.0, "roofline_all": (t_gpu + t_cpu) / t_tok if t_tok else 0.0,
+            "trace": engine.trace()}
+
+
+def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
+              check_kernel_suite: bool = True, distinct_layers: bool = False) -> list[dict]:
+    from freetoken.engine import expert_profile
+
+    device = "cpu" if dry_run else "cuda"
+    if not dry_run and not torch.cuda.is_available():
+        raise ValueError("no CUDA device here: run with --dry-run on a CPU machine")
+    dtype = torch.float32 if dry_run else torch.bfloat16
+    args = argparse.Namespace(kernels=kernels, tokens=tokens, prompt=prompt)
+    if check_kernel_suite:
+        from gpu_check_kernels import check_kernels
+
+        results = check_kernels(device, dtype, dry_run=dry_run)
+        bad = [r.name for r in results if not r.ok]
+        print(f"kernels: {len(results) - len(bad)}/{len(results)} ok" + (f"; FAIL: {', '.join(bad)}" if bad else ""))
+    t0 = time.perf_counter()
+    ckpt = random_checkpoint(TINY if dry_run else QWEN3_30B_A3B, dtype, device, distinct_layers)
+    from freetoken.engine.slots import ExpertStore
+
+    bw = bandwidths(ExpertStore(ckpt.experts), device)
+    print(f"model built in {time.perf_counter() - t0:.1f} s; bandwidths GB/s: "
+          + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
+    rows, profile = [], None
+    print(f"{'policy':14s} {'split':8s} {'slots':>6s} {'tok/s':>8s} {'hit rate':>9s} {'roofline':>9s} {'+cpu':>6s}")
+    for policy, split in CONFIGS:
+        options = {"profile": profile} if policy == "frequency" else {}
+        row = decode_run(ckpt, policy, split, bw, options, args, device)
+        if profile is None:
+            profile = expert_profile(row["trace"])  # frequency pins what the first run used most
+        del row["trace"]
+        rows.append(row)
+        print(f"{policy:14s} {split:8s} {row['capacity']:6d} {row['tok_s']:8.2f} {row['hit_rate']:9.1%} "
+              f"{row['roofline_gpu']:9.1%} {row['roofline_all']:6.1%}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dry-run", action="store_true", help="tiny shape on CPU (Triton interpreter)")
+    p.add_argument("--kernels", choices=["triton", "reference"], default="triton")
+    p.add_argument("--tokens", type=int, default=32, help="decode tokens per configuration")
+    p.add_argument("--prompt", type=int, default=16, help="prompt tokens")
+    p.add_argument("--skip-kernel-check", action="store_true")
+    p.add_argument("--distinct-layers", action="store_true", help="separate host experts per layer (48x memory)")
+    a = p.parse_args(argv)
+    try:
+        run_check(a.dry_run, a.kernels, a.tokens, a.prompt, not a.skip_kernel_check, a.distinct_layers)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
