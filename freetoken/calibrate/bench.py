@@ -72,10 +72,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         profile["overlap"] = {"cpu_lane": cpu_r.to_dict(), "gather": dma_r.to_dict()}
         dma, cpu_ov, dma_ov = gather.gb_s, cpu_r.gb_s, dma_r.gb_s
         if cfg.probe:
-            from freetoken.calibrate.probe import decode_probe
+            from freetoken.calibrate.probe import ProbeModel, decode_probe
 
-            log("decode probe: offload vs hybrid")
-            profile["decode_probe"] = decode_probe(cpu_ov, dma_ov)
+            log("decode probe: the engine decoding with offload, then hybrid")
+            profile["decode_probe"] = decode_probe(dma_ov, cpu_ov, ProbeModel(geometry=geo))
     profile["recommendation"] = recommend(dma, cpu_ov, dma_ov, cfg.misses_per_call, profile["decode_probe"])
     return profile
 

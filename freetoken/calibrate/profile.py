@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
+
+from freetoken.launch.files import write_atomic
 
 PROFILE_VERSION = 1
 MODES = ("offload", "hybrid", "cpu")
@@ -34,15 +35,7 @@ def profile_path(gpu: str | None, expert_format: str, directory: Path | None = N
 def save_profile(profile: dict, path: Path) -> Path:
     validate_profile(profile, path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(profile, indent=2) + "\n")
     return path
 
 

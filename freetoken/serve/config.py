@@ -24,6 +24,8 @@ class ServeConfig:
     device_budget_gb: float | None = None  # CPU machines (and overrides): the "device" memory to plan against
     prefix_cache_tokens: int | None = None  # None: the planned KV tokens
     max_context: int | None = None  # None: the model's own
+    policy: str = "lru"  # expert placement policy of the engine's cache
+    split: str = "auto"  # miss split: auto (offload unless this machine's bandwidth profile says hybrid) | ...
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -41,5 +43,13 @@ class ServeConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(f"--prefix-cache-tokens must be >= 0, got {self.prefix_cache_tokens}")
+        from freetoken.calibrate.mode import SPLIT_MODES
+        from freetoken.placement import POLICIES
+
+        if self.policy not in POLICIES or POLICIES[self.policy].needs_future:
+            valid = sorted(k for k, v in POLICIES.items() if not v.needs_future)
+            raise ValueError(f"--policy {self.policy!r} is not one of {', '.join(valid)} (online policies)")
+        if self.split not in SPLIT_MODES:
+            raise ValueError(f"--split {self.split!r} is not one of {', '.join(SPLIT_MODES)}")
         if self.model is not None and not self.model.is_dir():
             raise ValueError(f"--model {self.model}: not a directory")

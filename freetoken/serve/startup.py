@@ -53,9 +53,11 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     budget, device = device_budget(cfg)
     plan = plan_memory(memory, budget, kv_floor=cfg.kv_floor, reserve_bytes=min(GiB, budget // 10), device=device)
     log(plan.table())
-    backend.use_plan(plan, cfg.prefix_cache_tokens)
+    backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split)
     log(f"model {model_id!r} from {model_dir} ({cfg.backend} backend), context {backend.max_context} tokens, "
         f"prefix cache {backend.prefix_cache_budget()} tokens")
+    if getattr(backend, "split_reason", ""):
+        log(f"expert cache: {cfg.policy}, {plan.expert_slots} slots; split {backend.split_reason}")
     return backend, plan
 
 
