@@ -147,7 +147,7 @@ def build_app(service: Service) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         req = await parse(request, CountTokensRequest)
-        return {"input_tokens": len(service.prompt(count_tokens_input(req)).tokens)}
+        return {"input_tokens": len(service.render(count_tokens_input(req)).tokens)}
 
     @app.get("/health")
     async def health():

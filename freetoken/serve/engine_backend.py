@@ -24,13 +24,20 @@ def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 
 class EngineSequence:
-    def __init__(self, engine, request: int):
-        self.engine, self.request = engine, request
-        self.kv = engine.new_kv()
+    def __init__(self, engine, request: int, max_tokens: int):
+        self.engine, self.request, self.max_tokens = engine, request, max_tokens
+        self._kv = None
+
+    @property
+    def kv(self):
+        """Allocated at the first step (on the worker thread): what this request can fill, not the context."""
+        if self._kv is None:
+            self._kv = self.engine.new_kv(self.max_tokens)
+        return self._kv
 
     @property
     def length(self) -> int:
-        return self.kv.length
+        return 0 if self._kv is None else self._kv.length
 
     def load(self, pieces: list, tokens: list[int]) -> None:
         kv = torch.cat(pieces, dim=2)  # [L, 2, T, Hkv, Dh]
@@ -105,8 +112,8 @@ class EngineBackend:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
     def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
-        return CachedGeneration(EngineSequence(self.engine, next(self._requests)), self.prefix_cache, prompt,
-                                params, max_new, self.stop_token_ids)
+        seq = EngineSequence(self.engine, next(self._requests), len(prompt.tokens) + max_new)
+        return CachedGeneration(seq, self.prefix_cache, prompt, params, max_new, self.stop_token_ids)
 
     def stats(self) -> dict:
         pc = self.prefix_cache

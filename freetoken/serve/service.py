@@ -91,13 +91,17 @@ class Service:
         self._pool = ThreadPoolExecutor(self.max_running, thread_name_prefix="ft-gen")
         self._engine_lock = threading.Lock()
 
-    def prompt(self, chat: ChatInput) -> Prompt:
+    def render(self, chat: ChatInput) -> Prompt:
         try:
-            prompt = self.backend.chat.render(chat.messages, chat.tools)
+            return self.backend.chat.render(chat.messages, chat.tools)
         except ValueError as e:
             raise APIError(400, str(e), "messages")
         except Exception as e:  # a template that raises on these messages (jinja's own exception types)
             raise APIError(400, f"the chat template rejected these messages: {e}", "messages")
+
+    def prompt(self, chat: ChatInput) -> Prompt:
+        """The rendered prompt, if it leaves room to generate."""
+        prompt = self.render(chat)
         n, ctx = len(prompt.tokens), self.backend.max_context
         if n >= ctx:
             raise APIError(400, f"the prompt is {n} tokens; this model's context is {ctx} tokens, "

@@ -80,6 +80,9 @@ def test_anthropic_errors_then_a_good_request(served, model_id):
         assert r.status_code == status, (body, r.text)
         got = r.json()
         assert got["type"] == "error" and got["error"]["type"] == kind and got["error"]["message"]
+    counted = post(url + "/v1/messages/count_tokens", {"model": model_id, "messages": [{"role": "user",
+                                                                                       "content": LONG}]})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 2048  # counting is not generating
     good = post(url + "/v1/messages", {"model": model_id, "max_tokens": 2,
                                        "messages": [{"role": "user", "content": "hi"}]})
     assert good.status_code == 200 and good.json()["type"] == "message"
