@@ -91,6 +91,13 @@ def build_app(service: Service) -> FastAPI:
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
+    async def begin(chat, prompt=None) -> AsyncIterator:
+        """A request's events, its first one already there: queueing and request errors surface here, before
+        any byte is sent, so they get a status code."""
+        events = service.run(chat, prompt)
+        first = await anext(events)
+        return _chain(first, events)
+
     # OpenAI
     def openai_stream_error(e: APIError) -> str:
         return _sse(json.loads(render_error("/v1", e).body))
@@ -106,11 +113,10 @@ def build_app(service: Service) -> FastAPI:
         out = ChatCompletion(model_id)
         if not req.stream:
             return out.response(await service.complete(chat))
-        events = service.run(chat)
-        first = await anext(events)  # queueing and request errors surface here, as a status code
+        events = await begin(chat)
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return stream(_chain(first, events), lambda ev: [_sse(c) for c in out.chunks(ev, usage)],
-                            openai_stream_error, head=[_sse(out.first_chunk())], tail=["data: [DONE]\n\n"])
+        return stream(events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
+                      head=[_sse(out.first_chunk())], tail=["data: [DONE]\n\n"])
 
     @app.post("/v1/responses")
     async def responses(request: Request):
@@ -119,12 +125,11 @@ def build_app(service: Service) -> FastAPI:
         out = ResponseBuilder(model_id, req)
         if not req.stream:
             return out.response(await service.complete(chat))
-        events = service.run(chat)
-        first = await anext(events)
+        events = await begin(chat)
         head = [_sse(e, e["type"]) for e in out.start_events()]
-        return stream(_chain(first, events), lambda ev: [_sse(e, e["type"]) for e in out.events(ev)],
-                            lambda e: _sse({"type": "error", "sequence_number": out.seq, "code": e.code,
-                                            "message": e.message, "param": e.param}, "error"), head=head)
+        return stream(events, lambda ev: [_sse(e, e["type"]) for e in out.events(ev)],
+                      lambda e: _sse({"type": "error", "sequence_number": out.seq, "code": e.code,
+                                      "message": e.message, "param": e.param}, "error"), head=head)
 
     # Anthropic
     def anthropic_stream_error(e: APIError) -> str:
@@ -138,11 +143,10 @@ def build_app(service: Service) -> FastAPI:
         if not req.stream:
             return out.message(await service.complete(chat))
         prompt = service.prompt(chat)
-        events = service.run(chat, prompt)
-        first = await anext(events)
+        events = await begin(chat, prompt)
         head = [_sse(data, name) for name, data in out.start_events(len(prompt.tokens))]
-        return stream(_chain(first, events), lambda ev: [_sse(d, n) for n, d in out.events(ev)],
-                            anthropic_stream_error, head=head)
+        return stream(events, lambda ev: [_sse(d, n) for n, d in out.events(ev)], anthropic_stream_error,
+                      head=head)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):

@@ -178,9 +178,12 @@ class Service:
             if rest:
                 yield Delta(rest)
             text, calls = stream.text, []
-            if chat.tools and stream.held:
-                text, calls = parse_tool_calls(stream.text)
-                finish = "tool_calls" if calls else finish
+            if stream.held:  # output from a tool-call tag on, kept back from the text deltas
+                content, calls = parse_tool_calls(stream.text)
+                if calls:
+                    text, finish = content, "tool_calls"
+                else:  # not a well-formed call after all: it is text
+                    yield Delta(stream.held)
             self.counters.served += 1
             finished = True
             yield Done(text, finish, stream.stop, calls, len(prompt.tokens), generated, gen.reused_tokens)
