@@ -54,15 +54,16 @@ class LiveExecutor:
         slots = slot_of[ids]  # [T, K]
         ffn = self.kernels.expert_ffn
         if not self.pipeline or not fetched:
-            self._wait(self._copy(layer, [fetched], plan.prefetch, prefetch_slots or []))
+            ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
+            self._wait([ready, *events])
             y = ffn(x, self._slots(slots), weights, pool.w_gate_up, pool.w_down)
         else:  # hits while the copies run; then each fetched group as soon as its copies land
             halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
             cut = -(-len(fetched) // halves)
             groups = [fetched[i:i + cut] for i in range(0, len(fetched), cut)]
-            events = self._copy(layer, groups, plan.prefetch, prefetch_slots or [])
+            ready, events = self._copy(layer, groups, plan.prefetch, prefetch_slots or [])
             y = None
-            for experts, event in [(plan.hits, None)] + [([e for e, _ in g], ev) for g, ev in zip(groups, events)]:
+            for experts, event in [(plan.hits, ready)] + [([e for e, _ in g], ev) for g, ev in zip(groups, events)]:
                 if not experts:
                     continue
                 self._wait([event])
@@ -81,9 +82,10 @@ class LiveExecutor:
         return torch.from_numpy(np.ascontiguousarray(slots, np.int32)).to(self.device, non_blocking=True)
 
     def _copy(self, layer: int, groups: list[list[tuple[int, int]]], prefetch: list[tuple[int, int]],
-              prefetch_slots: list[int]) -> list:
-        """Issue the copies, group by group; on CUDA one event per group for the compute stream to wait on
-        (None entries on CPU, where the copies are done on return)."""
+              prefetch_slots: list[int]) -> tuple:
+        """Issue the copies, group by group. On CUDA returns (ready, [one event per group]) for the compute stream
+        to wait on; `ready` marks the copies queued before this call (earlier prefetches a hit may read).
+        On CPU the copies are done on return and every event is None."""
         store, pool = self.store, self.pool
         if not self.cuda:
             for group in groups:
@@ -91,11 +93,13 @@ class LiveExecutor:
                     pool.load(s, store, layer, e)
             for (l, e), s in zip(prefetch, prefetch_slots):
                 pool.load(s, store, l, e)
-            return [None] * len(groups)
+            return None, [None] * len(groups)
         stream = self.copy_stream
         stream.wait_stream(torch.cuda.current_stream(self.device))  # slots being replaced are no longer read
         events = []
         with torch.cuda.stream(stream):
+            ready = torch.cuda.Event()
+            ready.record(stream)
             for group in groups:
                 for e, s in group:
                     pool.load(s, store, layer, e)
@@ -104,7 +108,7 @@ class LiveExecutor:
                 events.append(done)
             for (l, e), s in zip(prefetch, prefetch_slots):  # ahead of need: nothing waits for these now
                 pool.load(s, store, l, e)
-        return events
+        return ready, events
 
     def _wait(self, events: list) -> None:
         for event in events:

@@ -13,7 +13,6 @@ import torch
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
 from freetoken.models.checkpoint import Checkpoint
-from freetoken.models.config import ModelConfig
 from freetoken.models.family import ATTN
 
 # (MoE layer index, normed hidden [T, D]) -> MoE output [T, D]: the expert cache's entry point

@@ -83,3 +83,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def policy_options(name: str, trace, prefill_chunk: int) -> dict:
+    """What each policy's constructor needs from a probe run: expert counts (profile=), the future (future=)."""
+    import inspect
+
+    from freetoken.engine import expert_profile, future_from_trace
+    from freetoken.placement import POLICIES
+
+    params = inspect.signature(POLICIES[name].__init__).parameters
+    options = {}
+    if "profile" in params:
+        options["profile"] = expert_profile(trace)
+    if "future" in params:
+        options["future"] = future_from_trace(trace, prefill_chunk)
+    return options

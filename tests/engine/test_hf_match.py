@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.engine import CacheConfig, Engine, SamplingParams, expert_profile, future_from_trace
-from freetoken.placement import Split
+from freetoken.engine import CacheConfig, Engine, SamplingParams
+from freetoken.placement import POLICIES, Split
 
-from .conftest import DECODE_STEPS, FAMILIES, PROMPT, hf_topk
+from .conftest import DECODE_STEPS, FAMILIES, PROMPT, hf_topk, policy_options
 
 SPLITS = {"offload": Split("offload"), "cpu": Split("cpu"), "hybrid": Split("hybrid", bp=1.0, bh=1.0)}
 CHUNK = 4  # prefill chunks of 4: the 10-token prompt takes 3 chunks, so prefill calls see the cache mid-prompt
@@ -65,9 +65,8 @@ def test_every_policy(family, hf_models, checkpoints):
     first = Engine(ckpt, CacheConfig("lru", capacity=0), kernels="reference", device="cpu", prefill_chunk=CHUNK)
     run_steps(first, ref.tokens[:-1])
     trace = first.trace()
-    options = {"static_layers": {}, "frequency": {"profile": expert_profile(trace)},
-               "belady": {"future": future_from_trace(trace, CHUNK)}}
-    for policy, opts in options.items():
+    for policy in sorted(set(POLICIES) - {"lru"}):
+        opts = policy_options(policy, trace, CHUNK)
         for capacity in (0, 5, 8, 16):
             for name, split in SPLITS.items():
                 engine = Engine(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts),

@@ -8,14 +8,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from freetoken.engine import CacheConfig, Engine, SamplingParams, expert_profile, future_from_trace
-from freetoken.placement import Split, make_policy
+from freetoken.engine import CacheConfig, Engine, SamplingParams
+from freetoken.placement import POLICIES, PlacementPolicy, Split, make_policy
 from freetoken.trace import load, save
 from sim.calls import trace_calls
 from sim.replay import replay
 from sim.run import SimConfig, simulate
 
-from .conftest import DECODE_STEPS, FAMILIES, PROMPT, hf_topk
+from .conftest import DECODE_STEPS, FAMILIES, PROMPT, hf_topk, policy_options
 
 SPLITS = {"offload": Split("offload"), "cpu": Split("cpu"), "hybrid": Split("hybrid", bp=2.0, bh=1.0)}
 CHUNK = 3
@@ -54,12 +54,10 @@ def test_sim_replay_makes_the_live_plans(family, checkpoints):
     ckpt = checkpoints[family]
     probe = live_run(ckpt, CacheConfig("lru", capacity=0))
     probe_trace = probe.trace()
-    profile = expert_profile(probe_trace)
-    future = future_from_trace(probe_trace, CHUNK)
-    options = {"lru": {}, "static_layers": {}, "frequency": {"profile": profile}, "belady": {"future": future}}
-    checked = 0
-    for policy, opts in options.items():
-        for capacity in (0, 3, 6, 11, 16):
+    checked, prefetched = 0, 0
+    for policy in sorted(POLICIES):
+        opts = policy_options(policy, probe_trace, CHUNK)
+        for capacity in (0, 3, 7, 16):
             for name, split in SPLITS.items():
                 cache = CacheConfig(policy, capacity=capacity, split=split, options=opts)
                 engine = live_run(ckpt, cache)
@@ -74,9 +72,13 @@ def test_sim_replay_makes_the_live_plans(family, checkpoints):
                 total, c = sim.total, engine.counters
                 assert (total.hits, total.misses, total.fetched, total.cpu, total.evictions) == (
                     c.hits, c.misses, c.fetched, c.cpu, c.evictions)
-                assert total.cpu_tokens == c.cpu_tokens
+                assert total.cpu_tokens == c.cpu_tokens and total.prefetched == c.prefetched
                 checked += 1
-    assert checked == 4 * 5 * 3
+                prefetched += c.prefetched
+    assert checked == len(POLICIES) * 4 * 3
+    base = getattr(PlacementPolicy, "prefetch_for", None)
+    if any(getattr(cls, "prefetch_for", None) is not base for cls in POLICIES.values()):
+        assert prefetched > 0  # a prefetching policy exercised the executor's ahead-of-need copies
 
 
 def test_simulate_entry_point_agrees(checkpoints):
