@@ -116,8 +116,5 @@ class EngineBackend:
         return CachedGeneration(seq, self.prefix_cache, prompt, params, max_new, self.stop_token_ids)
 
     def stats(self) -> dict:
-        pc = self.prefix_cache
-        return {"backend": "engine", "split": self.split_reason,
-                "expert_cache": self.engine.counters.to_dict(),
-                "prefix_cache": None if pc is None else {**pc.stats.to_dict(), "cached_tokens": pc.cached_tokens,
-                                                         "budget_tokens": pc.budget_tokens}}
+        return {"backend": "engine", "split": self.split_reason, "expert_cache": self.engine.counters.to_dict(),
+                "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}

@@ -46,7 +46,7 @@ class HFSequence:
 
 
 class HFBackend:
-    def __init__(self, model_dir: Path, model_id: str, prefix_cache_tokens: int, max_context: int | None = None):
+    def __init__(self, model_dir: Path, model_id: str, max_context: int | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -60,7 +60,7 @@ class HFBackend:
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         eos = eos if isinstance(eos, list) else [eos]
         self.stop_token_ids = {t for t in eos + [tokenizer.eos_token_id] if t is not None}
-        self.prefix_cache = PrefixCache(prefix_cache_tokens, _slice_positions) if prefix_cache_tokens else None
+        self.prefix_cache: PrefixCache | None = None  # sized by use_plan
 
     def use_plan(self, plan, prefix_cache_tokens: int | None = None, **engine_options) -> None:
         """All weights stay resident here (no expert cache, engine_options unused); the plan's KV tokens bound
@@ -76,8 +76,4 @@ class HFBackend:
                                 self.stop_token_ids)
 
     def stats(self) -> dict:
-        if self.prefix_cache is None:
-            return {"backend": "hf", "prefix_cache": None}
-        pc = self.prefix_cache
-        return {"backend": "hf", "prefix_cache": {**pc.stats.to_dict(), "cached_tokens": pc.cached_tokens,
-                                                  "budget_tokens": pc.budget_tokens}}
+        return {"backend": "hf", "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}

@@ -139,6 +139,9 @@ class PrefixCache:
         self._evict(self.cached_tokens, keep=set())
 
     # introspection (tests, /health)
+    def summary(self) -> dict:
+        return {**self.stats.to_dict(), "cached_tokens": self.cached_tokens, "budget_tokens": self.budget_tokens}
+
     def sequences(self) -> list[tuple[int, ...]]:
         """Every root-to-leaf token path now cached."""
         out, stack = [], [(c, ()) for c in self.root.children.values()]

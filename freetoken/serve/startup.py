@@ -43,7 +43,7 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     if cfg.backend == "hf":
         from freetoken.serve.hf_backend import HFBackend
 
-        backend = HFBackend(model_dir, model_id, prefix_cache_tokens=0, max_context=cfg.max_context)
+        backend = HFBackend(model_dir, model_id, max_context=cfg.max_context)
         memory = hf_model_memory(backend.model, backend.max_context)
     else:
         from freetoken.serve.engine_backend import EngineBackend
