@@ -35,6 +35,9 @@ class LayerWeights:
     router: torch.Tensor | None = None  # [E, D] on MoE layers
     dense_gate_up: torch.Tensor | None = None  # [1, 2F, D] on dense layers (expert_ffn with one slot)
     dense_down: torch.Tensor | None = None  # [1, D, F]
+    shared_gate_up: torch.Tensor | None = None  # [1, 2F, D] the always-on shared expert of a MoE layer
+    shared_down: torch.Tensor | None = None  # [1, D, F]
+    shared_gate: torch.Tensor | None = None  # [1, D] sigmoid gate on the shared expert's output
 
 
 class Decoder:
@@ -61,12 +64,20 @@ class Decoder:
                 dev(a + "q_proj.weight"), dev(a + "k_proj.weight"), dev(a + "v_proj.weight"), dev(a + "o_proj.weight"),
                 opt(a + "q_proj.bias"), opt(a + "k_proj.bias"), opt(a + "v_proj.bias"),
                 opt(fam.q_norm.format(l=l)), opt(fam.k_norm.format(l=l)))
+            def mlp(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+                """A SwiGLU MLP as one expert_ffn slot: gate_up [1, 2F, D], down [1, D, F]."""
+                gate, up, down = fam.mlp_tensors(prefix)
+                return torch.cat([dev(gate), dev(up)])[None].contiguous(), dev(down)[None].contiguous()
+
             if cfg.moe_index(l) >= 0:
-                lw.router = dev(fam.moe_prefix.format(l=l) + fam.router)
+                m = fam.moe_prefix.format(l=l)
+                lw.router = dev(m + fam.router)
+                if cfg.shared_expert_intermediate:
+                    lw.shared_gate_up, lw.shared_down = mlp(m + fam.shared_expert)
+                if cfg.shared_expert_gate:
+                    lw.shared_gate = dev(m + fam.shared_expert_gate)
             else:
-                p = fam.dense_prefix.format(l=l)
-                lw.dense_gate_up = torch.cat([dev(p + "gate_proj.weight"), dev(p + "up_proj.weight")])[None]
-                lw.dense_down = dev(p + "down_proj.weight")[None]
+                lw.dense_gate_up, lw.dense_down = mlp(fam.dense_prefix.format(l=l))
             self.layers.append(lw)
         self.sm_scale = 1.0 / math.sqrt(cfg.head_dim)
 
@@ -91,13 +102,28 @@ class Decoder:
             h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
             if lw.router is not None:
                 x = x + moe(cfg.moe_index(l), h)
+                if lw.shared_gate_up is not None:
+                    x = x + self._shared_expert(lw, h)
             else:
-                one = torch.zeros((T, 1), dtype=torch.int32, device=self.device)
-                w = torch.ones((T, 1), dtype=torch.float32, device=self.device)
-                x = x + ks.expert_ffn(h, one, w, lw.dense_gate_up, lw.dense_down)
+                x = x + self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
         kv.commit(start_pos, token_ids)
         x = x if all_logits else x[-1:]
         return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)
+
+    def _one_mlp(self, h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                 scale: torch.Tensor | None) -> torch.Tensor:
+        """A dense SwiGLU MLP through expert_ffn: every token picks slot 0 with weight `scale` [T, 1] (or 1)."""
+        T = h.shape[0]
+        slot0 = torch.zeros((T, 1), dtype=torch.int32, device=self.device)
+        if scale is None:
+            scale = torch.ones((T, 1), dtype=torch.float32, device=self.device)
+        return self.kernels.expert_ffn(h, slot0, scale, gate_up, down)
+
+    def _shared_expert(self, lw: LayerWeights, h: torch.Tensor) -> torch.Tensor:
+        scale = None
+        if lw.shared_gate is not None:  # Qwen2-MoE: sigmoid(h @ w_gate) per token, as the expert's routing weight
+            scale = torch.sigmoid(self.kernels.linear(h, lw.shared_gate).float())  # [T, 1]
+        return self._one_mlp(h, lw.shared_gate_up, lw.shared_down, scale)
 
     def _attention(self, l: int, lw: LayerWeights, h: torch.Tensor, kv: KVCache, start_pos: int,
                    positions: torch.Tensor) -> torch.Tensor:

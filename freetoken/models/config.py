@@ -30,6 +30,8 @@ class ModelConfig:
     norm_topk_prob: bool
     moe_layers: tuple[int, ...]  # decoder layers with a routed MoE block; the others run a dense MLP
     dense_intermediate: int = 0  # the dense MLP of non-MoE layers
+    shared_expert_intermediate: int = 0  # > 0: every MoE layer also runs one always-on shared expert
+    shared_expert_gate: bool = False  # the shared expert's output is scaled by sigmoid(h @ w_gate) (Qwen2-MoE)
     qk_norm: str = "none"
     clip_qkv: float | None = None
     attention_bias: bool = False

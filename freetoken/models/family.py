@@ -26,6 +26,8 @@ class Family:
     expert_proj: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
     fused_experts: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")  # [E, 2I, D], [E, D, I]
     dense_prefix: str = "model.layers.{l}.mlp."  # dense MLP of non-MoE layers: gate_proj / up_proj / down_proj
+    shared_expert: str = "shared_expert."  # under moe_prefix: gate_proj / up_proj / down_proj
+    shared_expert_gate: str = "shared_expert_gate.weight"  # under moe_prefix: [1, D]
     q_norm: str = ATTN + "q_norm.weight"
     k_norm: str = ATTN + "k_norm.weight"
 
@@ -52,11 +54,18 @@ class Family:
                 out[self.q_norm.format(l=l)] = (H * Dh,)
                 out[self.k_norm.format(l=l)] = (Hkv * Dh,)
             if cfg.moe_index(l) >= 0:
-                out[self.moe_prefix.format(l=l) + self.router] = (cfg.num_experts, D)
+                m = self.moe_prefix.format(l=l)
+                out[m + self.router] = (cfg.num_experts, D)
+                if cfg.shared_expert_intermediate:
+                    out.update(_mlp(m + self.shared_expert, cfg.shared_expert_intermediate, D))
+                if cfg.shared_expert_gate:
+                    out[m + self.shared_expert_gate] = (1, D)
             else:
-                p, F = self.dense_prefix.format(l=l), cfg.dense_intermediate
-                out.update({p + "gate_proj.weight": (F, D), p + "up_proj.weight": (F, D), p + "down_proj.weight": (D, F)})
+                out.update(_mlp(self.dense_prefix.format(l=l), cfg.dense_intermediate, D))
         return out
+
+    def mlp_tensors(self, prefix: str) -> tuple[str, str, str]:
+        return prefix + "gate_proj.weight", prefix + "up_proj.weight", prefix + "down_proj.weight"
 
     def expert_tensor(self, layer: int, expert: int, which: int) -> str:
         """which: 0 gate [I, D], 1 up [I, D], 2 down [D, I]."""
@@ -65,3 +74,8 @@ class Family:
     def fused_tensor(self, layer: int, which: int) -> str:
         """which: 0 gate_up [E, 2I, D], 1 down [E, D, I]."""
         return self.moe_prefix.format(l=layer) + self.fused_experts[which]
+
+
+def _mlp(prefix: str, F: int, D: int) -> dict[str, tuple[int, int]]:
+    """A SwiGLU MLP's tensors (dense layers, shared experts)."""
+    return {prefix + "gate_proj.weight": (F, D), prefix + "up_proj.weight": (F, D), prefix + "down_proj.weight": (D, F)}

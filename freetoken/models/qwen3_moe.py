@@ -6,17 +6,21 @@ from freetoken.models.config import ConfigReader, ModelConfig
 from freetoken.models.family import Family
 
 
-def read_config(c: ConfigReader) -> ModelConfig:
+def moe_layers(c: ConfigReader) -> tuple[int, ...]:
+    """Qwen's rule: a layer is sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer."""
     layers = c.get("num_hidden_layers", kind=int)
     dense_only = set(c.get("mlp_only_layers", default=[]))
     step = c.get("decoder_sparse_step", default=1, kind=int)
-    moe = tuple(l for l in range(layers) if l not in dense_only and step > 0 and (l + 1) % step == 0)
+    return tuple(l for l in range(layers) if l not in dense_only and step > 0 and (l + 1) % step == 0)
+
+
+def read_config(c: ConfigReader) -> ModelConfig:
     return ModelConfig(
         **c.common("qwen3_moe"),
         num_experts=c.get("num_experts", "num_local_experts", kind=int),
         expert_intermediate=c.get("moe_intermediate_size", kind=int),
         norm_topk_prob=bool(c.get("norm_topk_prob", default=False)),
-        moe_layers=moe,
+        moe_layers=moe_layers(c),
         dense_intermediate=c.get("intermediate_size", default=0, kind=int),
         qk_norm="head",
         attention_bias=bool(c.get("attention_bias", default=False)),

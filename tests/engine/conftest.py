@@ -17,6 +17,8 @@ FAMILY_KW = {
     "qwen3_moe": dict(num_experts=8, moe_intermediate_size=32, head_dim=16, norm_topk_prob=True),
     "mixtral": dict(num_local_experts=8),
     "olmoe": dict(num_experts=8, norm_topk_prob=False),
+    "qwen2_moe": dict(num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=40,
+                      norm_topk_prob=False),
 }
 FAMILIES = tuple(FAMILY_KW)
 PROMPT = [3, 17, 5, 99, 42, 7, 1, 2, 8, 100]
