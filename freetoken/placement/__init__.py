@@ -5,8 +5,11 @@ from __future__ import annotations
 from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan, make_call
 from freetoken.placement.frequency import Frequency
+from freetoken.placement.layer_sweep import LayerSweep
+from freetoken.placement.lookahead import Lookahead
 from freetoken.placement.lru import LRU
 from freetoken.placement.policy import NOT_RESIDENT, PlacementPolicy
+from freetoken.placement.s3fifo import S3FIFO
 from freetoken.placement.split import FETCH_ORDERS, Split, balanced_fetch_count, paper_fetch_count
 from freetoken.placement.static_layers import StaticLayers
 from freetoken.placement.stream import KeyStream, key_stream
@@ -16,6 +19,9 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
     "static_layers": StaticLayers,
     "frequency": Frequency,
     "belady": Belady,
+    "layer_sweep": LayerSweep,
+    "s3fifo": S3FIFO,
+    "lookahead": Lookahead,
 }
 
 

@@ -13,6 +13,12 @@ and `plan` turns each Call into a Plan the same way for every policy:
 So a call is one *set* access: for LRU its keys become most recent together, in call order. With one
 expert per call (top-1) this is exactly a sequential cache over the key stream (libCacheSim's model);
 with top-k > 1 it differs from a sequential cache only where one of the call's own keys would be evicted.
+
+Prefetch: after the call's own accesses, `prefetch_for(call)` may name keys of later layers to copy ahead of
+need. Each one not yet resident is admitted through the same victim() path (never evicting the current call's
+keys, nor a key prefetched earlier in the same call); one that finds no slot is not copied. They land in
+Plan.prefetch (slots: `slot_of` after the plan) and their evictions in Plan.evict. A prefetch is no access:
+it moves no clock and calls on_prefetch, not on_hit / on_miss. The default prefetches nothing.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ class PlacementPolicy:
         cls = type(self)  # hooks left as the base's no-ops are skipped on the hot path of every replay
         self._hooks = tuple(getattr(self, h) if getattr(cls, h) is not getattr(PlacementPolicy, h) else None
                             for h in ("on_hit", "on_miss", "on_admit", "on_evict"))
+        self._prefetches = cls.prefetch_for is not PlacementPolicy.prefetch_for
 
     def _place_pinned(self, keys) -> None:
         """Warm start for static policies: give these keys slots before the first call."""
@@ -65,6 +72,13 @@ class PlacementPolicy:
 
     def begin_call(self, keys: list[int]) -> None:
         """Called with the call's keys before any of them is applied."""
+
+    def prefetch_for(self, call: Call) -> list[int]:
+        """Keys to copy ahead of need once this call's own accesses are applied, most wanted first."""
+        return []
+
+    def on_prefetch(self, key: int, now: int) -> None:
+        """`key` was just given a slot by a prefetch (after on_admit)."""
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
         """A resident key, not in `protected`, to evict so that `key` gets a slot; None = do not cache `key`."""
@@ -135,7 +149,32 @@ class PlacementPolicy:
             last_use[key] = now
             now += 1
         self.clock = now
-        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, [])
+        prefetch = self._prefetch(self.prefetch_for(call), set(keys), evict) if self._prefetches else []
+        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, prefetch)
+
+    def _prefetch(self, wanted: list[int], protected: set[int], evict: list) -> list[tuple[int, int]]:
+        """Admit each wanted key that is not resident: a free slot, else the victim's, else it is not copied."""
+        if not (self.admits and self.capacity):
+            return []
+        done, now, E = [], self.clock, self.num_experts
+        for key in wanted:
+            if key in self.slot_of or key in protected:
+                continue
+            if self._free_slots:
+                slot = self._free_slots.pop()
+            else:
+                out = self.victim(key, now, protected)
+                if out is None:
+                    continue
+                slot = self.slot_of.pop(out)
+                self.on_evict(out)
+                evict.append(divmod(out, E))
+            self.slot_of[key] = slot
+            self.on_admit(key, now)
+            self.on_prefetch(key, now)
+            protected.add(key)
+            done.append(divmod(key, E))
+        return done
 
     # inspection
     def resident(self) -> dict[tuple[int, int], int]:

@@ -1,0 +1,84 @@
+"""S3-FIFO (Yang et al., SOSP 2023): a small probation FIFO, a main FIFO and a ghost FIFO; scan resistant.
+
+New keys enter the small queue S (target `small` of the slots), or the main queue M when the ghost queue G
+remembers them (evicted from S recently). Hits raise a per-key frequency, capped at 3. Evicting:
+- from S while S holds at least its target share (or M has no evictable key): the oldest key of S moves to M if it was hit
+  more than once, else it leaves and its key enters G (G keeps as many keys as M's share of the slots);
+- otherwise from M: the oldest key of M with frequency > 0 goes back to M's head with frequency - 1
+  (a second chance); one with frequency 0 leaves.
+Keys of the current call are never evicted: met at a queue's tail, they go back to its head unchanged.
+Each eviction moves every key at most a bounded number of times: O(1) amortised per access.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from freetoken.placement.policy import PlacementPolicy
+
+MAX_FREQ = 3
+
+
+class S3FIFO(PlacementPolicy):
+    name = "s3fifo"
+
+    def __init__(self, capacity: int, num_layers: int, num_experts: int, small: float = 0.1):
+        super().__init__(capacity, num_layers, num_experts)
+        if not 0 < small < 1:
+            raise ValueError(f"s3fifo small must lie in (0, 1), got {small}")
+        self.small = small
+        self._small_target = max(1, int(small * capacity))
+        self._ghost_size = max(1, capacity - self._small_target)
+        self._s: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._m: OrderedDict[int, None] = OrderedDict()
+        self._g: OrderedDict[int, None] = OrderedDict()
+        self._freq: dict[int, int] = {}
+
+    def on_hit(self, key: int, now: int) -> None:
+        f = self._freq[key]
+        if f < MAX_FREQ:
+            self._freq[key] = f + 1
+
+    def on_admit(self, key: int, now: int) -> None:
+        self._freq[key] = 0
+        if key in self._g:
+            del self._g[key]
+            self._m[key] = None
+        else:
+            self._s[key] = None
+
+    def on_evict(self, key: int) -> None:
+        del self._freq[key]
+        if key in self._s:
+            del self._s[key]
+            self._g[key] = None
+            if len(self._g) > self._ghost_size:
+                self._g.popitem(last=False)
+        else:
+            del self._m[key]
+
+    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
+        s, m, freq = self._s, self._m, self._freq
+        held_s = sum(1 for k in protected if k in s)  # protected keys stay in their queue while this runs
+        held_m = sum(1 for k in protected if k in m)
+        if held_s + held_m >= len(s) + len(m):
+            return None  # every resident is needed by this call
+        while True:
+            if len(s) > held_s and (len(s) >= self._small_target or len(m) == held_m):
+                k = next(iter(s))
+                if k in protected:
+                    s.move_to_end(k)
+                elif freq[k] > 1:
+                    del s[k]
+                    m[k] = None
+                else:
+                    return k
+            else:
+                k = next(iter(m))
+                if k in protected:
+                    m.move_to_end(k)
+                elif freq[k] > 0:
+                    freq[k] -= 1
+                    m.move_to_end(k)
+                else:
+                    return k
