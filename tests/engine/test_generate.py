@@ -127,3 +127,23 @@ def test_demo_build_is_deterministic_and_small(tmp_path):
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
+    """Text on stdout, the progress line on stderr; belady with the future recorded by a first run of the same
+    input is at least as good as lru (it is the offline optimum), frequency pins from a profile trace."""
+    from freetoken.cli import main
+
+    base = ["generate", "--token-ids", "3,4,5,6,7,8,9", "--greedy", "--max-tokens", "6", "--kernels", "reference",
+            "--device", "cpu", "--capacity", "5", "--stop-token-ids", "", "--prefill-chunk", "3"]
+    trace = tmp_path / "lru.safetensors"
+    assert main(base + ["--record-trace", str(trace)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.strip() and "tok/s decode" in cap.err and "hit rate" in cap.err
+    lru = _ft(capsys, *base, "--json")
+    belady = _ft(capsys, *base, "--json", "--policy", "belady", "--future-trace", str(trace))
+    assert belady["token_ids"] == lru["token_ids"]  # the cache never changes the tokens
+    assert belady["hits"] >= lru["hits"]
+    assert belady["hits"] + belady["misses"] == lru["hits"] + lru["misses"]  # same calls, same accesses
+    freq = _ft(capsys, *base, "--json", "--policy", "frequency", "--profile-trace", str(trace), "--split", "cpu")
+    assert freq["fetched"] == 0 and freq["hits"] > 0 and freq["token_ids"] == lru["token_ids"]
