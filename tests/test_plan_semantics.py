@@ -75,3 +75,20 @@ def test_make_policy_lists_valid_names_and_options():
         make_policy("frequency", 4, 2, 4)
     with pytest.raises(ValueError, match="shape"):
         make_policy("frequency", 4, 2, 4, profile=np.ones((3, 4)))
+
+
+def test_streaming_prefill_leaves_the_cache_alone():
+    # capacity 2, decode fills {0, 1}; a prefill chunk needs {2, 3, 0}: with admit_prefill=False both misses are
+    # copied to staging (-1), nothing is evicted, and the next decode call still hits 0 and 1.
+    stream = Split("offload", admit_prefill=False)
+    lru = LRU(2, 1, 4)
+    lru.plan(Call(0, [0, 1], [1, 1], DECODE), stream)
+    pre = lru.plan(Call(0, [2, 3, 0], [5, 2, 1], 0), stream)
+    assert (pre.hits, pre.fetch, pre.fetch_slots, pre.evict) == ([0], [2, 3], [-1, -1], [])
+    after = lru.plan(Call(0, [1, 0], [1, 1], DECODE), stream)
+    assert after.hits == [1, 0]
+    # the default admits: the same prefill evicts 1 for 2 (0 is protected), then 3 finds no evictable slot
+    lru = LRU(2, 1, 4)
+    lru.plan(Call(0, [0, 1], [1, 1], DECODE), Split("offload"))
+    pre = lru.plan(Call(0, [2, 3, 0], [5, 2, 1], 0), Split("offload"))
+    assert (pre.fetch_slots, pre.evict) == ([1, -1], [(0, 1)])

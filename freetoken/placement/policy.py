@@ -23,7 +23,7 @@ it moves no clock and calls on_prefetch, not on_hit / on_miss. The default prefe
 
 from __future__ import annotations
 
-from freetoken.placement.call import Call, Plan
+from freetoken.placement.call import PREFILL, Call, Plan
 from freetoken.placement.split import Split
 
 NOT_RESIDENT = -1
@@ -115,7 +115,7 @@ class PlacementPolicy:
         protected = None  # the call's keys, built when a fetch first needs a victim
         on_hit, on_miss, on_admit, on_evict = self._hooks
         slot_of, free, victim = self.slot_of, self._free_slots, self.victim
-        admits = self.admits and self.capacity > 0
+        admits = self.admits and self.capacity > 0 and (split.admit_prefill or call.phase != PREFILL)
         now = self.clock
         for i, key in enumerate(keys):  # accesses apply in call order
             if slots[i] is not None:  # still resident: the call's keys are protected from each other

@@ -61,6 +61,8 @@ class Split:
     bp, bh: pinned PCIe and host expert-processing bandwidths (GB/s) for the hybrid rules.
     fetch_min_pairs: when > 0, a call whose missing experts carry at least this many (token, expert) pairs
     fetches them all, whatever the mode (llama.cpp copies CPU-held weights to the GPU for big batches).
+    admit_prefill: False = prefill fetches stream through staging buffers (the double buffer of layer l+1) and
+    leave the cache as decode left it; True = they are offered a cache slot like decode fetches.
     """
 
     mode: str = "offload"
@@ -70,6 +72,7 @@ class Split:
     max_fetch: int = 0
     fetch_order: str = "most_tokens"
     fetch_min_pairs: int = 0
+    admit_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.fetch_min_pairs < 0:
