@@ -232,7 +232,7 @@ def write_outputs(rows: list[dict], out: Path, doc: Path) -> None:
 
     import pandas as pd
 
-    from experiments.results import write_atomic
+    from freetoken.io import write_atomic
 
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     buf = io.StringIO()

@@ -14,35 +14,18 @@ import fcntl
 import hashlib
 import json
 import os
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from freetoken.io import write_atomic
+
 HASH_COLUMN = "config_hash"
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 
 
 def config_hash(table: str, config: dict) -> str:
     """Stable over key order and machines: the table name plus the config as canonical JSON."""
     blob = json.dumps({"table": table, "config": config}, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results are for everyone who can read the dir
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 class ResultsStore:

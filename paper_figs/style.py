@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.results import write_atomic  # noqa: E402
+from freetoken.io import write_atomic  # noqa: E402
 
 POLICY_STYLE = {  # one look per policy across figures
     "lru": dict(color="tab:blue", marker="o"),

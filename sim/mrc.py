@@ -20,12 +20,12 @@ per set bit of s, and each block answers with one searchsorted. N accesses cost 
 from __future__ import annotations
 
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from freetoken.io import atomic_path
 from freetoken.placement.stream import KeyStream, previous_occurrence
 
 COLD = -1  # depth of a first access: a miss at every capacity
@@ -62,20 +62,11 @@ class MissRatioCurve:
 
     def write_csv(self, path: str | os.PathLike) -> Path:
         """capacity, misses, miss_ratio, exact: one row per capacity, written atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write("capacity,misses,miss_ratio,exact\n")
-                for c, m, r in zip(self.capacities.tolist(), self.misses.tolist(), self.miss_ratios.tolist()):
-                    f.write(f"{c},{m},{r:.6g},{int(self.is_exact(c))}\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return path
+        with atomic_path(path) as tmp, open(tmp, "w") as f:
+            f.write("capacity,misses,miss_ratio,exact\n")
+            for c, m, r in zip(self.capacities.tolist(), self.misses.tolist(), self.miss_ratios.tolist()):
+                f.write(f"{c},{m},{r:.6g},{int(self.is_exact(c))}\n")
+        return Path(path)
 
 
 def _previous(keys: np.ndarray) -> np.ndarray:

@@ -1,7 +1,6 @@
 """Synthetic traces: the sampler matches the probabilities it claims, reuse does what it says, and a trace fitted
 to a real one has that trace's statistics."""
 
-import itertools
 from dataclasses import replace
 
 import numpy as np

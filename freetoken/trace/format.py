@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from freetoken.io import atomic_path
 
 FORMAT_VERSION = "1"
 PREFILL, DECODE = 0, 1
@@ -163,19 +164,8 @@ def save(trace: RoutingTrace, path: str | os.PathLike) -> Path:
     tensors = {n: np.ascontiguousarray(getattr(trace, n)) for n in ("experts", "request", "turn", "phase", "token")}
     if trace.gates is not None:
         tensors["gates"] = np.ascontiguousarray(trace.gates)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=trace.metadata())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; a trace is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=trace.metadata())
     return path
 
 
