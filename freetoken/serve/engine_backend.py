@@ -57,12 +57,14 @@ class EngineSequence:
 
 
 def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
+    """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache."""
     cfg = ckpt.config
     dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
     gate_up = ckpt.experts[0][0]  # [E, 2I, D]
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * gate_up.element_size()
     expert = 3 * cfg.expert_intermediate * cfg.hidden_size * gate_up.element_size()
-    return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.top_k, max_context)
+    return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
+                       max_context)
 
 
 class EngineBackend:
@@ -84,6 +86,7 @@ class EngineBackend:
         self.prefix_cache: PrefixCache | None = None
         self._requests = itertools.count()
         self.split_reason = ""
+        self.cache_note = ""
 
     def model_memory(self) -> ModelMemory:
         return checkpoint_memory(self.ckpt, self.max_context)
@@ -98,7 +101,11 @@ class EngineBackend:
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
         kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
-        cache = CacheConfig(policy, capacity=plan.expert_slots, split=resolved.split)
+        # the planned slot rows: the policy's slots plus one layer of staging, unless every expert is resident
+        keys, layer = plan.num_experts, self.ckpt.config.num_experts
+        staging = 0 if plan.expert_slots >= keys else layer
+        cache = CacheConfig(policy, capacity=plan.expert_slots - staging, split=resolved.split, staging=staging)
+        self.cache_note = f"{policy}, {plan.expert_slots - staging} slots + {staging} staging"
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens

@@ -10,7 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GiB = 1 << 30
+MiB = 1 << 20
 DEFAULT_KV_FLOOR = 32768  # tokens: a useful agent context, capped by the model's own context length
+
+
+def fmt_bytes(b: int) -> str:
+    return f"{b / GiB:.2f} GiB" if b >= GiB // 10 else f"{b / MiB:.2f} MiB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +61,11 @@ class MemoryPlan:
 
     def table(self) -> str:
         def g(b):
-            return f"{b / GiB:8.2f} GiB"
+            return f"{fmt_bytes(b):>12s}"
 
         pct = self.expert_slots / self.num_experts
         return "\n".join([
-            f"memory plan ({self.device}, budget {self.budget_bytes / GiB:.2f} GiB):",
+            f"memory plan ({self.device}, budget {fmt_bytes(self.budget_bytes)}):",
             f"  reserve       {g(self.reserve_bytes)}",
             f"  dense weights {g(self.dense_bytes)}",
             f"  KV cache      {g(self.kv_bytes)}  {self.kv_tokens} tokens (floor {self.kv_floor})",
@@ -83,10 +88,10 @@ def plan_memory(model: ModelMemory, budget_bytes: int, kv_floor: int | None = No
     staging = model.min_slots * model.expert_bytes
     if available < floor_bytes + staging:
         raise ValueError(
-            f"KV floor of {floor} tokens ({floor_bytes / GiB:.2f} GiB) and {model.min_slots} expert slots "
-            f"({staging / GiB:.2f} GiB) do not fit: {device} budget {budget_bytes / GiB:.2f} GiB minus dense weights "
-            f"{model.dense_bytes / GiB:.2f} GiB and reserve {reserve_bytes / GiB:.2f} GiB leaves "
-            f"{max(available, 0) / GiB:.2f} GiB; lower --kv-floor or raise the budget")
+            f"KV floor of {floor} tokens ({fmt_bytes(floor_bytes)}) and {model.min_slots} expert slots "
+            f"({fmt_bytes(staging)}) do not fit: {device} budget {fmt_bytes(budget_bytes)} minus dense weights "
+            f"{fmt_bytes(model.dense_bytes)} and reserve {fmt_bytes(reserve_bytes)} leaves "
+            f"{fmt_bytes(max(available, 0))}; lower --kv-floor or raise the budget")
     slots = min(model.num_experts, (available - floor_bytes) // model.expert_bytes)
     left = available - floor_bytes - slots * model.expert_bytes
     kv_tokens = floor + left // model.kv_bytes_per_token

@@ -15,8 +15,8 @@ def device_budget(cfg: ServeConfig) -> tuple[int, str]:
     """Bytes to plan against and the device's name: --device-budget, else the GPU's memory, else half the free RAM."""
     if cfg.device_budget_gb is not None:
         return int(cfg.device_budget_gb * GiB), "cuda" if torch.cuda.is_available() else "cpu (--device-budget)"
-    if torch.cuda.is_available():
-        return torch.cuda.mem_get_info()[1], torch.cuda.get_device_name()
+    if torch.cuda.is_available():  # free, not total: the CUDA context and other processes hold the rest
+        return torch.cuda.mem_get_info()[0], torch.cuda.get_device_name()
     import psutil
 
     return psutil.virtual_memory().available // 2, "cpu (half the free RAM; set --device-budget)"
@@ -56,8 +56,8 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split)
     log(f"model {model_id!r} from {model_dir} ({cfg.backend} backend), context {backend.max_context} tokens, "
         f"prefix cache {backend.prefix_cache_budget()} tokens")
-    if getattr(backend, "split_reason", ""):
-        log(f"expert cache: {cfg.policy}, {plan.expert_slots} slots; split {backend.split_reason}")
+    if getattr(backend, "cache_note", ""):
+        log(f"expert cache: {backend.cache_note}; split {backend.split_reason}")
     return backend, plan
 
 

@@ -77,5 +77,5 @@ def test_ft_serve_bad_arguments_are_one_line_errors(tmp_path, tiny_model_dir, ca
     assert code == 2 and "--max-running must be >= 1" in err
     # 100000 tokens x 256 bytes of KV (2 layers x K,V x 2 heads x 8 dims x fp32) = 24.4 MiB > the 1 MiB budget
     code, err = run("--model", str(tiny_model_dir), "--device-budget", "0.001", "--kv-floor", "100000", "--port", "0")
-    assert code == 2 and "KV floor of 100000 tokens (0.02 GiB)" in err and "lower --kv-floor" in err
+    assert code == 2 and "KV floor of 100000 tokens (24.41 MiB)" in err and "lower --kv-floor" in err
     assert "Traceback" not in err

@@ -48,3 +48,17 @@ def test_default_floor_follows_a_short_model_context():
     # 15 MiB - 0.5 MiB KV = 14.5 MiB of room, all 64 experts take 4 MiB; the rest is KV
     assert plan.expert_slots == 64
     assert plan.kv_tokens == 512 + (15 * MiB - 512 * 1024 - 4 * MiB) // 1024
+
+
+def test_the_engine_gets_exactly_the_planned_slot_rows():
+    # the demo model on a budget that holds 12 of its 16 experts: 4 policy slots + 8 staging rows (one layer),
+    # and the slot pool's tensors have exactly the planned rows
+    from freetoken.serve.config import ServeConfig
+    from freetoken.serve.startup import load
+
+    backend, plan = load(ServeConfig(device_budget_gb=0.0009, kv_floor=512), log=lambda s: None)
+    pool = backend.engine.cache.pool
+    assert plan.expert_slots == 12 and plan.kv_tokens >= 512
+    assert (pool.capacity, pool.staging) == (4, 8)
+    assert pool.w_gate_up.shape[0] * pool.w_gate_up[0].numel() * pool.w_gate_up.element_size() \
+        + pool.w_down.numel() * pool.w_down.element_size() == plan.expert_bytes
