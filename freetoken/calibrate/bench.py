@@ -62,7 +62,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     dma = cpu_ov = dma_ov = None
     if cuda:
         gpu_pool = ExpertPool(geo, geo.pool_size(span), pin=True)
-        slots = DeviceSlots(geo, slots=max(8, cfg.misses_per_call * 2))
+        slots = DeviceSlots(gpu_pool, slots=max(8, cfg.misses_per_call * 2))
         log(f"PCIe: pinned bulk copy and expert gather, {cfg.misses_per_call} experts per call")
         bulk = h2d_bulk(gpu_pool, cfg.seconds)
         gather = gather_lane(gpu_pool, slots, cfg.seconds, cfg.misses_per_call)

@@ -106,24 +106,25 @@ def cpu_lane(pool: ExpertPool, seconds: float, lane: CpuLane, stop: threading.Ev
 
 
 class DeviceSlots:
-    """S expert slots on the GPU and a side stream for copies, as the engine's fetch lane has."""
+    """The engine's own slot pool on the GPU, filled from a one-layer expert store on a side stream, as the
+    engine's fetch lane does (SlotPool.load per missing expert)."""
 
-    def __init__(self, geo: Geometry, slots: int, device: str = "cuda"):
-        D, I = geo.hidden, geo.intermediate
-        self.w13 = torch.empty(slots, 2 * I, D, dtype=geo.dtype, device=device)
-        self.w2 = torch.empty(slots, D, I, dtype=geo.dtype, device=device)
+    def __init__(self, pool: ExpertPool, slots: int, device: str = "cuda"):
+        from freetoken.engine.slots import ExpertStore, SlotPool
+
+        self.store = ExpertStore([(pool.w13, pool.w2)])
+        self.slot_pool = SlotPool(slots, 0, self.store, torch.device(device))
         self.slots = slots
         self.stream = torch.cuda.Stream(device=device)
         self._next = 0
 
-    def gather(self, pool: ExpertPool, experts: list[int]) -> None:
+    def gather(self, experts: list[int]) -> None:
         """Copies missing experts host -> slots on the side stream (no wait)."""
         with torch.cuda.stream(self.stream):
             for e in experts:
                 s = self._next
                 self._next = (s + 1) % self.slots
-                self.w13[s].copy_(pool.w13[e], non_blocking=True)
-                self.w2[s].copy_(pool.w2[e], non_blocking=True)
+                self.slot_pool.load(s, self.store, 0, e)
 
     def sync(self) -> None:
         self.stream.synchronize()
@@ -146,7 +147,7 @@ def gather_lane(pool: ExpertPool, slots: DeviceSlots, seconds: float, per_call: 
     """Expert bytes per second the fetch lane moves, `per_call` missing experts per layer call."""
 
     def one_pass():
-        slots.gather(pool, [pool.take() for _ in range(per_call)])
+        slots.gather([pool.take() for _ in range(per_call)])
 
     return sustain(one_pass, per_call * pool.geo.expert_bytes, seconds, sync=slots.sync, until=stop)
 
