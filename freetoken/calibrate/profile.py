@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 
-from freetoken.launch.files import write_atomic
+from freetoken.io import write_atomic
 
 PROFILE_VERSION = 1
 MODES = ("offload", "hybrid", "cpu")
@@ -34,7 +34,6 @@ def profile_path(gpu: str | None, expert_format: str, directory: Path | None = N
 
 def save_profile(profile: dict, path: Path) -> Path:
     validate_profile(profile, path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(profile, indent=2) + "\n")
     return path
 

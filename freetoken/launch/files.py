@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from freetoken.io import write_atomic
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class FileEdit:
                 backup = self.path.with_name(f"{self.path.name}.{time.strftime('%Y%m%d-%H%M%S')}-{n}.bak")
                 n += 1
             shutil.copy2(self.path, backup)
-        write_atomic(self.path, self.new)
+        write_atomic(self.path, self.new, new_mode=0o600)  # a new config file may come to hold keys: private
         return backup
 
 
@@ -49,19 +49,3 @@ def read_text(path: Path) -> str | None:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Same-directory temp file + os.replace, keeping the old file's permissions (config files may hold keys)."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o600
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
