@@ -24,16 +24,14 @@ def register(sub) -> None:
                    help="GiB of device memory to plan against (default: the GPU's; on CPU, half the free RAM)")
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (default: the plan's KV)")
     p.add_argument("--max-context", type=int, help="context length (default: the model's)")
-    p.add_argument("--policy", default="lru", help="expert placement policy (lru, frequency needs a profile ...)")
+    p.add_argument("--policy", default="lru", help="expert placement policy of the engine's cache (default lru)")
     p.add_argument("--split", default="auto", help="miss split: auto (offload; hybrid only when `ft bench bw` "
                                                    "recommended it on this machine), offload, hybrid, cpu")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = ServeConfig(args.model, args.served_name, args.host, args.port, args.backend, args.max_running,
-                      args.max_waiting, args.kv_floor, args.device_budget_gb, args.prefix_cache_tokens,
-                      args.max_context, args.policy, args.split)
+    cfg = ServeConfig(**{f: getattr(args, f) for f in ServeConfig.__dataclass_fields__})  # flags named as fields
     from freetoken.serve.app import build_app
     from freetoken.serve.server import Server
     from freetoken.serve.service import Service

@@ -11,18 +11,18 @@ from pydantic import Field
 
 from freetoken.serve.chat import ChatInput, Params, text_of, tool_call
 from freetoken.serve.errors import APIError
-from freetoken.serve.openai_api import _Lenient
+from freetoken.serve.openai_api import Lenient
 from freetoken.serve.service import Delta, Done
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
-class AnthropicMessage(_Lenient):
+class AnthropicMessage(Lenient):
     role: Literal["user", "assistant"]
     content: str | list[dict[str, Any]]
 
 
-class MessagesRequest(_Lenient):
+class MessagesRequest(Lenient):
     model: str
     max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
@@ -36,7 +36,7 @@ class MessagesRequest(_Lenient):
     tool_choice: dict[str, Any] | None = None
 
 
-class CountTokensRequest(_Lenient):
+class CountTokensRequest(Lenient):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None

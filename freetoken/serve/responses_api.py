@@ -11,11 +11,11 @@ from pydantic import Field
 
 from freetoken.serve.chat import ChatInput, text_of, tool_call
 from freetoken.serve.errors import APIError
-from freetoken.serve.openai_api import _Lenient, openai_params, openai_tools
+from freetoken.serve.openai_api import Lenient, openai_params, openai_tools
 from freetoken.serve.service import Delta, Done
 
 
-class ResponsesRequest(_Lenient):
+class ResponsesRequest(Lenient):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
