@@ -3,7 +3,8 @@
 Per call (one layer of one prefill chunk or one decode token), with S = bytes per expert, P = params per expert:
     dense   attention + dense weights + KV reads of the layer: roofline(bytes / HBM, FLOPs / GPU rate)
     hits    resident experts: roofline(hits * S / HBM, 2 P hit_tokens / GPU rate)
-    pcie    (fetched + prefetched) * S over BP; beside GPU compute when `overlap`, and in prefill loaded during the
+    pcie    (fetched + prefetched) * S over BP, plus the fetch lane's fixed latency (the routing ids reach the host
+            and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute when `overlap`, and in prefill loaded during the
             previous call when `double_buffer` (two staging buffers: layer l+1 streams in while layer l computes)
     fetched computed on the GPU once their copy has landed: roofline(fetched * S / HBM, 2 P fetch_tokens / rate)
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
@@ -94,6 +95,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     rate, cpu_rate = hw.gpu_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
     dram = hw.dram_gb_s * 1e9 if options.host == "shared" else math.inf
     latency = hw.cpu_lane_latency_us * 1e-6
+    pcie_latency = hw.pcie_call_latency_us * 1e-6
     n, ctx = meta.tokens.astype(np.float64), meta.context.astype(np.float64)
 
     # dense: weights of one layer's share, KV of the context read once per call, attention FLOPs
@@ -117,6 +119,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
         routed = start + t_dense[i]
         d_p, d_c = share(pcie_bytes[i], bp, cpu_bytes[i], cpu_cap[i], dram)
         d_c += latency if cpu_bytes[i] else 0.0
+        d_p += pcie_latency if pcie_bytes[i] else 0.0
         if options.overlap:
             early = options.double_buffer and phase[i] == PREFILL and i and phase[i - 1] == PREFILL
             pcie_end = max(pcie_free, prev_start if early else routed) + d_p

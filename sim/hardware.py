@@ -33,6 +33,7 @@ class HardwareProfile:
     dram_gb_s: float  # host DRAM bandwidth both the DMA engine and the CPU draw from (contention model)
     cpu_tflops: float  # CPU expert-GEMM throughput (int8/bf16 SIMD, all cores)
     cpu_lane_latency_us: float  # fixed cost of one CPU-lane call: activations to host, thread wake-up, back
+    pcie_call_latency_us: float  # fixed cost of one fetching call: routing ids to the host, first copy enqueued
     gpu_reserved_gib: float  # CUDA context, activations and workspace: not available for weights or KV
     sources: dict[str, str]
     num_gpus: int = 1  # layers split across GPUs (pipeline): VRAM adds up, one token sees one GPU at a time
@@ -41,7 +42,8 @@ class HardwareProfile:
     def __post_init__(self) -> None:
         require_positive(self, ("vram_gib", "hbm_gb_s", "gpu_bf16_tflops", "pcie_gb_s", "host_gb_s", "dram_gb_s",
                                 "cpu_tflops", "num_gpus"))
-        require_positive(self, ("gpu_fp8_tflops", "gpu_int4_tflops", "gpu_int8_tflops", "cpu_lane_latency_us", "gpu_reserved_gib"),
+        require_positive(self, ("gpu_fp8_tflops", "gpu_int4_tflops", "gpu_int8_tflops", "cpu_lane_latency_us",
+                                "pcie_call_latency_us", "gpu_reserved_gib"),
                          allow_zero=True)
         numeric = [f.name for f in fields(self) if f.type in ("float", "int") and f.name != "num_gpus"]
         missing = [n for n in numeric if n not in self.sources]

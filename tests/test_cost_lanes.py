@@ -33,7 +33,7 @@ def toy_card(**kw) -> ModelCard:
 def toy_hw(**kw) -> HardwareProfile:
     base = dict(name="toy", gpu="g", cpu="c", vram_gib=1.0, hbm_gb_s=3.0, gpu_bf16_tflops=1.0, gpu_fp8_tflops=0.0,
                 gpu_int4_tflops=0.0, gpu_int8_tflops=0.0, pcie_gb_s=1.5, host_gb_s=3.0, dram_gb_s=1000.0,
-                cpu_tflops=1.0, cpu_lane_latency_us=0.0, gpu_reserved_gib=0.0)
+                cpu_tflops=1.0, cpu_lane_latency_us=0.0, pcie_call_latency_us=0.0, gpu_reserved_gib=0.0)
     base.update(kw)
     numeric = [k for k, v in base.items() if isinstance(v, float)]
     return HardwareProfile(**base, sources={k: "test" for k in numeric})
@@ -86,6 +86,15 @@ def test_cpu_lane_decode_bytes_and_latency():
     # 2 experts on the CPU: 2 x S / BH = 2 ms, plus a 50 us lane latency
     t = seconds([dict(phase=1, cpu=2, cpu_tokens=2)], [1], hw=toy_hw(cpu_lane_latency_us=50.0))
     assert t[0] == pytest.approx(DENSE + 2 * MS + 50e-6)
+
+
+def test_pcie_lane_latency_once_per_fetching_call():
+    # 2 fetches: the 30 us call latency (routing ids to the host) once, then 2 x 2 ms of copies, 2 x 1 ms compute;
+    # a call that fetches nothing pays no PCIe latency (2 hits: 2 ms)
+    hw = toy_hw(pcie_call_latency_us=30.0)
+    t = seconds([dict(phase=1, fetched=2, fetch_tokens=2), dict(phase=1, hits=2, hit_tokens=2)], [1, 1], hw=hw)
+    assert t[0] == pytest.approx(DENSE + 30e-6 + 4 * MS + 2 * MS)
+    assert t[1] == pytest.approx(DENSE + 2 * MS)
 
 
 def test_cpu_lane_flop_bound_in_prefill():
