@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from freetoken.paths import REPO_ROOT
 from freetoken.placement import Split
-from freetoken.trace import RoutingTrace
 from freetoken.placement.layer_sweep import visit_rates
+from freetoken.trace import RoutingTrace
 from sim.calls import trace_calls
 from sim.run import SimConfig, simulate
 

@@ -52,7 +52,7 @@ class BruteSweep:
         return s
 
     def plan(self, call, pending=()):
-        L, E = self.L, self.E
+        E = self.E
         self.layer = call.layer
         keys = [call.layer * E + e for e in call.experts]
         lo = call.layer * E

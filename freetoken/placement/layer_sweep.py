@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
