@@ -2,6 +2,9 @@
 
 No engine has code of its own. llama.cpp's habit of copying CPU-held experts to the GPU for batches of
 32 tokens or more is the split's fetch_min_pairs (32 x top_k pairs); its single stream is overlap=False.
+Prefill fetches stream through staging buffers and leave the cache as decode left it (admit_prefill=False) in every
+engine: FreeToken's double-buffered layer prefetch and llama.cpp's per-ubatch copies both land in scratch buffers
+(docs/cost_model.md says why; pinned policies admit nothing either way).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Engine:
     overlap: bool = True
     double_buffer: bool = True
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
+    admit_prefill: bool = False  # True: prefill fetches are offered cache slots like decode fetches
     expert_quant: str | None = None  # weight format the engine loads (QUANT_BITS), None = the card's
     dense_quant: str | None = None
     compute_dtype: str | None = None  # GEMM rate the engine's kernels run at, None = the card's
@@ -32,7 +36,7 @@ class Engine:
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         return Split(self.split, self.rule, hw.pcie_gb_s, hw.host_gb_s,
-                     fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k)
+                     fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
 
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer)

@@ -44,3 +44,47 @@ def test_offload_beats_all_cpu_on_the_review_box(cells):
     get = {(c.engine, c.metric): c.predicted for c in cells if c.hardware == "rtx5090-ryzen"}
     for metric in ("decode_tok_s", "prefill_tok_s"):
         assert get["freetoken-offload", metric] > get["llamacpp-cmoe", metric]
+
+
+def test_warm_server_rates_are_the_measured_requests_own_calls():
+    # reference: one replay of warm-up + measured request, each call charged, request 1's calls summed by hand
+    from sim.cost import call_meta, charge
+    from sim.engines import get_engine
+    from sim.hardware import load_hardware
+    from sim.model_card import load_model_card
+    from sim.planner import plan_for
+    from sim.run import SimConfig, simulate
+
+    card, hw, engine = load_model_card(anchors.MODEL), load_hardware("rtx5090-ryzen"), get_engine("freetoken-offload")
+    traces = anchors._Traces(card, 2048)
+    got = anchors.measured_rates(card, hw, "freetoken-offload", traces, 2048, "pinned")
+    trace = traces.get(2048, "pinned")
+    assert (trace.request == 0).sum() == anchors.DECODE_TOKENS and (trace.phase[trace.request == 0] == 1).all()
+    q = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
+    config = SimConfig("lru", engine.split_for(q, hw), capacity=plan_for(q, hw).expert_slots,
+                       prefill_chunk=engine.prefill_chunk, expert_bytes=q.expert_bytes())
+    log = simulate(trace, config).log
+    t = charge(log, call_meta(trace, engine.prefill_chunk), q, hw, engine.cost_options("shared")).seconds
+    mine = log.request == 1
+    assert got["prefill_tok_s"] == pytest.approx(2048 / t[mine & (log.phase == 0)].sum(), rel=1e-9)
+    assert got["decode_tok_s"] == pytest.approx(anchors.DECODE_TOKENS / t[mine & (log.phase == 1)].sum(), rel=1e-9)
+    # streaming prefill on a warm cache: the chunk hits what the warm-up's decode left resident
+    assert log.hits[mine & (log.phase == 0)].sum() > 0
+
+
+def test_granite_locality_proxy_is_rederived_from_the_real_trace(shared_traces):
+    # ROUTINGS["granite decode"]: Gini of the decode steps matched at 256 experts / top-8; reuse, window fitted
+    import numpy as np
+
+    from freetoken.trace import DECODE
+    from freetoken.trace.importers import import_trace
+    from freetoken.trace.stats import expert_counts, gini
+    from sim.synth import _invert, fit_spec, skew_curve
+
+    g = import_trace(shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json")
+    decode = g.select(np.flatnonzero(g.phase == DECODE))
+    want = anchors.ROUTINGS["granite decode"]
+    skew = np.mean(_invert(skew_curve(256, 8, 20000), gini(expert_counts(decode))))
+    assert skew == pytest.approx(want["skew"], abs=0.01)
+    spec = fit_spec(decode)
+    assert (spec.reuse, spec.window) == (want["reuse"], want["window"])

@@ -172,3 +172,24 @@ def test_shared_dram_full_contention_hybrid_buys_nothing_over_all_cpu():
     # independent lanes: copy 2 ms + compute 1 ms beside 3 ms of CPU -> 3 ms: hybrid wins
     independent = charge(log, meta_of([1]), card, hw, CostOptions(host="independent")).seconds[0]
     assert independent == pytest.approx(DENSE + 3 * MS)
+
+
+def test_prefill_streams_past_the_decode_working_set_in_every_engine():
+    # 2 layers x 2 experts, 2 slots. A decode token uses both experts of both layers: LRU keeps layer 1's pair.
+    # Two 2-token prefill chunks then use every expert. Streaming (the engines' admit_prefill=False): layer 0 is
+    # copied to staging, layer 1 hits, per chunk -> 2 hits, 2 fetches, slots -1, the cache unchanged. Admission:
+    # layer 0's copies evict layer 1's pair and layer 1's copies evict them back -> 0 hits, 4 fetches per chunk.
+    from sim.engines import ENGINES
+
+    card = toy_card(num_layers=2, moe_layers=2, num_experts=2, top_k=2, total_params=0.015, active_params=0.015)
+    hw = toy_hw()
+    assert all(not e.split_for(card, hw).admit_prefill for e in ENGINES.values())
+    both = np.array([[0, 1]])
+    chunk = np.array([[0, 1], [1, 0]])
+    calls = [make_call(0, both, phase=1), make_call(1, both, phase=1)]
+    calls += [make_call(layer, chunk, phase=0) for _ in range(2) for layer in (0, 1)]
+    for admit, hits, fetched in ((False, [0, 2, 0, 2], [2, 0, 2, 0]), (True, [0, 0, 0, 0], [2, 2, 2, 2])):
+        split = ENGINES["freetoken-offload"].split_for(card, hw)
+        split = Split(split.mode, split.rule, split.bp, split.bh, admit_prefill=admit)
+        log = replay(calls, LRU(2, 2, 2), split).log
+        assert log.hits[2:].tolist() == hits and log.fetched[2:].tolist() == fetched
