@@ -46,7 +46,9 @@ _FT_HYBRID_PREFILL = ("the paper rule q* = m BP / BH sends 12% of a chunk's miss
                       "(the chunk halves the copies per token when doubled: variant).",
                       ("4096-token chunks", {"prefill_chunk": 4096}))
 _XEON_PREFILL = ("copy-bound over PCIe 3.0 x16 (12.5 GB/s pinned, a published typical figure, not measured on "
-                 "this box); the GGUF quantization of the run is not published (Q4_K_M, 4.85 bpw, assumed).",
+                 "this box); the GGUF quantization of the run is not published (Q4_K_M, 4.85 bpw, assumed). Not "
+                 "modelled: llama.cpp's pipeline parallelism over the two GPUs (several ubatches in flight when "
+                 "n_batch > n_ubatch) could keep both GPUs' x16 links copying at once; the model uses one at a time.",
                  ("4.25-bpw experts", {"expert_quant": "int4"}))
 # (row label, metric) -> (why, optional (variant name, Engine field overrides))
 NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {

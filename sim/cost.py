@@ -4,8 +4,9 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
     dense   attention + dense weights + KV reads of the layer: roofline(bytes / HBM, FLOPs / GPU rate)
     hits    resident experts: roofline(hits * S / HBM, 2 P hit_tokens / GPU rate)
     pcie    (fetched + prefetched) * S over BP, plus the fetch lane's fixed latency (the routing ids reach the host
-            and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute when `overlap`, and in prefill loaded during the
-            previous call when `double_buffer` (two staging buffers: layer l+1 streams in while layer l computes)
+            and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute
+            when `overlap`, and in prefill loaded during the previous call when `double_buffer` (two staging
+            buffers: layer l+1 streams in while layer l computes)
     fetched computed on the GPU once their copy has landed: roofline(fetched * S / HBM, 2 P fetch_tokens / rate)
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
