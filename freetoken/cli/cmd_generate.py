@@ -7,7 +7,8 @@ import sys
 import time
 
 from freetoken.paths import DEMO_MODEL
-from freetoken.placement import FETCH_ORDERS, POLICIES
+from freetoken.cli.common import add_split_args, split_from_args
+from freetoken.placement import POLICIES
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -32,12 +33,7 @@ def register(sub) -> None:
     size.add_argument("--capacity", type=int, help="GPU expert slots")
     size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts "
                                                      "(default: 0.5)")
-    p.add_argument("--split", default="offload", choices=["offload", "hybrid", "cpu"])
-    p.add_argument("--rule", default="balanced", choices=["balanced", "paper", "max_fetch"])
-    p.add_argument("--bp", type=float, default=0.0, help="hybrid: pinned PCIe bandwidth, GB/s")
-    p.add_argument("--bh", type=float, default=0.0, help="hybrid: host expert-processing bandwidth, GB/s")
-    p.add_argument("--max-fetch", type=int, default=0, help="hybrid --rule max_fetch: fetch at most this many")
-    p.add_argument("--fetch-order", default="most_tokens", choices=sorted(FETCH_ORDERS))
+    add_split_args(p)
     p.add_argument("--profile-trace", help="frequency: trace whose expert counts choose the pinned experts")
     p.add_argument("--future-trace", help="belady: a trace recorded on the same input (the future it needs)")
     p.add_argument("--prefill-chunk", type=int, default=2048)
@@ -60,11 +56,9 @@ def build_engine(args: argparse.Namespace):
     import torch
 
     from freetoken.engine import CacheConfig, Engine, expert_profile, future_from_trace
-    from freetoken.placement import Split
     from freetoken.trace import load
 
-    split = Split(args.split, rule=args.rule, bp=args.bp, bh=args.bh, max_fetch=args.max_fetch,
-                  fetch_order=args.fetch_order)
+    split = split_from_args(args)
     options = {}
     if args.policy == "frequency":
         if not args.profile_trace:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from freetoken.cli.common import print_json, progress
+from freetoken.cli.common import add_split_args, print_json, progress, split_from_args
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.placement import FETCH_ORDERS, POLICIES, Split
+from freetoken.placement import POLICIES
 from freetoken.trace import load
 
 
@@ -15,16 +15,10 @@ def register(sub) -> None:
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help="trace file (.safetensors, see `ft trace import`); default: the shipped synthetic trace")
     p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
-    p.add_argument("--split", default="offload", choices=["offload", "hybrid", "cpu"])
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--capacity", type=int, help="GPU expert slots")
     size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
-    p.add_argument("--rule", default="balanced", choices=["balanced", "paper", "max_fetch"],
-                   help="hybrid: how many misses to fetch")
-    p.add_argument("--bp", type=float, default=0.0, help="hybrid: pinned PCIe bandwidth, GB/s")
-    p.add_argument("--bh", type=float, default=0.0, help="hybrid: host expert-processing bandwidth, GB/s")
-    p.add_argument("--max-fetch", type=int, default=0, help="hybrid --rule max_fetch: fetch at most this many")
-    p.add_argument("--fetch-order", default="most_tokens", choices=sorted(FETCH_ORDERS))
+    add_split_args(p)
     p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens per prefill call")
     p.add_argument("--profile", help="frequency: trace whose expert counts choose the pinned set "
                                      "(default: the replayed trace, i.e. in-sample)")
@@ -47,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         options["n_cpu_layers"] = args.n_cpu_layers
     if args.scope is not None:
         options["scope"] = args.scope
-    split = Split(args.split, args.rule, args.bp, args.bh, args.max_fetch, args.fetch_order)
+    split = split_from_args(args)
     config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
                        options)
     n_calls = num_calls(trace, args.prefill_chunk)

@@ -34,3 +34,25 @@ def progress(total: int, description: str, enabled: bool = True):
                   transient=True) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n=1: bar.advance(task, n)
+
+
+def add_split_args(p) -> None:
+    """The miss-split flags, one definition for `ft sim` and `ft generate` so the two cannot drift."""
+    from freetoken.placement import FETCH_ORDERS
+
+    p.add_argument("--split", default="offload", choices=["offload", "hybrid", "cpu"])
+    p.add_argument("--rule", default="balanced", choices=["balanced", "paper", "max_fetch"],
+                   help="hybrid: how many misses to fetch")
+    p.add_argument("--bp", type=float, default=0.0, help="hybrid: pinned PCIe bandwidth, GB/s")
+    p.add_argument("--bh", type=float, default=0.0, help="hybrid: host expert-processing bandwidth, GB/s")
+    p.add_argument("--max-fetch", type=int, default=0, help="hybrid --rule max_fetch: fetch at most this many")
+    p.add_argument("--fetch-order", default="most_tokens", choices=sorted(FETCH_ORDERS))
+    p.add_argument("--stream-prefill", action="store_true",
+                   help="prefill fetches stream through staging and leave the cache as decode left it")
+
+
+def split_from_args(args):
+    from freetoken.placement import Split
+
+    return Split(args.split, args.rule, args.bp, args.bh, args.max_fetch, args.fetch_order,
+                 admit_prefill=not args.stream_prefill)

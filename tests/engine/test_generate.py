@@ -147,3 +147,16 @@ def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
     assert belady["hits"] + belady["misses"] == lru["hits"] + lru["misses"]  # same calls, same accesses
     freq = _ft(capsys, *base, "--json", "--policy", "frequency", "--profile-trace", str(trace), "--split", "cpu")
     assert freq["fetched"] == 0 and freq["hits"] > 0 and freq["token_ids"] == lru["token_ids"]
+
+
+def test_streaming_prefill_live_equals_ft_sim(capsys, tmp_path):
+    """--stream-prefill means the same in both commands: the live counts replay exactly, and prefill evicts nothing."""
+    trace_file = tmp_path / "run.safetensors"
+    common = ["--capacity", "5", "--prefill-chunk", "3", "--stream-prefill"]
+    live = _ft(capsys, "generate", "--token-ids", "5,6,7,8,9,10,11", "--greedy", "--max-tokens", "6", "--json",
+               "--kernels", "reference", "--device", "cpu", "--stop-token-ids", "", "--record-trace",
+               str(trace_file), *common)
+    sim = _ft(capsys, "sim", "--trace", str(trace_file), "--json", *common)
+    assert (live["hits"], live["misses"], live["fetched"], live["cpu"], live["evictions"]) == (
+        sim["hits"], sim["misses"], sim["fetched"], sim["cpu"], sim["evictions"])
+    assert sim["phases"]["prefill"]["evictions"] == 0 and sim["phases"]["prefill"]["fetched"] > 0
