@@ -23,6 +23,18 @@ def dequantize(fmt: QuantFormat, tensors: dict, prefix: str, **kwargs):
     return DEQUANTIZERS[fmt.kind](tensors, prefix, fmt, **kwargs)
 
 
-__all__ = ["DEQUANTIZERS", "KINDS", "QuantError", "QuantFormat", "dequantize", "expert_bytes",
-           "parse_quant_config", "dequantize_awq", "dequantize_fp8_block", "dequantize_fp8_channel",
-           "dequantize_gptq", "dequantize_mxfp4", "dequantize_nvfp4"]
+__all__ = [
+    "DEQUANTIZERS",
+    "KINDS",
+    "QuantError",
+    "QuantFormat",
+    "dequantize",
+    "dequantize_awq",
+    "dequantize_fp8_block",
+    "dequantize_fp8_channel",
+    "dequantize_gptq",
+    "dequantize_mxfp4",
+    "dequantize_nvfp4",
+    "expert_bytes",
+    "parse_quant_config",
+]

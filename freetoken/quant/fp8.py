@@ -12,9 +12,9 @@ from freetoken.quant.config import QuantFormat
 from freetoken.quant.errors import as_bytes, check_shape, require
 
 
-def _weight(tensors: dict[str, torch.Tensor], prefix: str, fmt: QuantFormat) -> tuple[str, torch.Tensor]:
+def _weight(tensors: dict[str, torch.Tensor], prefix: str, fmt: QuantFormat) -> torch.Tensor:
     name = f"{prefix}.{fmt.name('weight')}"
-    return name, decode_e4m3(as_bytes(name, require(tensors, name)))  # [out, in]
+    return decode_e4m3(as_bytes(name, require(tensors, name)))  # [out, in]
 
 
 def _scale(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
@@ -27,7 +27,7 @@ def _scale(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
 def dequantize_fp8_block(tensors: dict[str, torch.Tensor], prefix: str, fmt: QuantFormat,
                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`{prefix}.weight` [out, in] e4m3, `.weight_scale_inv` [ceil(out/b0), ceil(in/b1)] -> [out, in]."""
-    w_name, w = _weight(tensors, prefix, fmt)
+    w = _weight(tensors, prefix, fmt)
     s_name = f"{prefix}.{fmt.name('scale')}"
     scale = _scale(tensors, s_name)
     (b0, b1), (out_dim, in_dim) = fmt.block, w.shape
@@ -39,7 +39,7 @@ def dequantize_fp8_block(tensors: dict[str, torch.Tensor], prefix: str, fmt: Qua
 def dequantize_fp8_channel(tensors: dict[str, torch.Tensor], prefix: str, fmt: QuantFormat,
                            dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """`{prefix}.weight` [out, in] e4m3, `.weight_scale` [out, 1] (or [out]) -> [out, in]."""
-    w_name, w = _weight(tensors, prefix, fmt)
+    w = _weight(tensors, prefix, fmt)
     s_name = f"{prefix}.{fmt.name('scale')}"
     scale = _scale(tensors, s_name)
     if scale.dim() == 1:

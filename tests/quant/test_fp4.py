@@ -7,10 +7,18 @@ import torch
 from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
 from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
 from compressed_tensors.quantization import preset_name_to_scheme
-from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+from compressed_tensors.quantization.utils.helpers import (
+    calculate_qparams,
+    generate_gparam,
+)
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
-from freetoken.quant import QuantError, dequantize_mxfp4, dequantize_nvfp4, parse_quant_config
+from freetoken.quant import (
+    QuantError,
+    dequantize_mxfp4,
+    dequantize_nvfp4,
+    parse_quant_config,
+)
 
 P = "model.layers.0.mlp.experts.5.up_proj"
 NVFP4_CT = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
@@ -80,7 +88,7 @@ def test_nvfp4_compressed_tensors_matches_and_global_scale_divides():
 
 def test_nvfp4_modelopt_names_multiply():
     # the ModelOpt layout of the same codes: `weight` packed, `weight_scale_2` = 1 / weight_global_scale
-    w, ct, ref = _nvfp4_ct(seed=2)
+    _, ct, ref = _nvfp4_ct(seed=2)
     gs = ct[f"{P}.weight_global_scale"]
     tensors = {f"{P}.weight": ct[f"{P}.weight_packed"], f"{P}.weight_scale": ct[f"{P}.weight_scale"],
                f"{P}.weight_scale_2": (1.0 / gs).reshape(())}

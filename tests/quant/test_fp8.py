@@ -6,7 +6,12 @@ import pytest
 import torch
 from transformers.integrations.finegrained_fp8 import Fp8Dequantize, Fp8Quantize
 
-from freetoken.quant import QuantError, dequantize_fp8_block, dequantize_fp8_channel, parse_quant_config
+from freetoken.quant import (
+    QuantError,
+    dequantize_fp8_block,
+    dequantize_fp8_channel,
+    parse_quant_config,
+)
 
 BLOCK_CFG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 P = "model.layers.0.mlp.experts.3.down_proj"
@@ -49,7 +54,9 @@ def test_block_fp8_partial_edge_blocks():
 
 
 def test_channel_fp8_matches_compressed_tensors():
-    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.compressors.naive_quantized.base import (
+        FloatQuantizationCompressor,
+    )
     from compressed_tensors.quantization import preset_name_to_scheme
     from compressed_tensors.quantization.utils.helpers import calculate_qparams
 

@@ -10,14 +10,20 @@ as is). They are loops over the definition, sharing no code with freetoken.quant
 import pytest
 import torch
 
-from freetoken.quant import QuantError, dequantize_awq, dequantize_gptq, expert_bytes, parse_quant_config
+from freetoken.quant import (
+    QuantError,
+    dequantize_awq,
+    dequantize_gptq,
+    expert_bytes,
+    parse_quant_config,
+)
 
 P = "model.layers.2.mlp.experts.7.gate_proj"
 
 
 def quantize(w, group_size, sym, g_idx):
     """w [out, in] -> int codes [in, out], zeros [G, out], fp16 scales [G, out], per the GPTQ/AWQ min-max grid."""
-    out_dim, in_dim = w.shape
+    out_dim = w.shape[0]
     groups = int(g_idx.max()) + 1
     scales = torch.empty(groups, out_dim, dtype=torch.float16)
     zeros = torch.empty(groups, out_dim, dtype=torch.int32)
@@ -46,7 +52,7 @@ def pack_gptq(q, zeros, zero_offset=1):
     for col in range(out_dim // 8):
         for j in range(8):
             qzeros[:, col] |= (z[:, col * 8 + j].to(torch.int64) & 0xF) << (4 * j)
-    to_i32 = lambda x: torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)  # noqa: E731  uint32 bits
+    to_i32 = lambda x: torch.where(x >= 2**31, x - 2**32, x).to(torch.int32)
     return to_i32(qweight), to_i32(qzeros)
 
 
