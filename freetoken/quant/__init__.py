@@ -1,6 +1,11 @@
 """Quantized expert formats: parse config.json's quantization_config, dequantize checkpoint tensors, size them."""
 
-from freetoken.quant.config import KINDS, QuantFormat, parse_quant_config
+from freetoken.quant.config import (
+    KINDS,
+    QuantFormat,
+    load_quant_format,
+    parse_quant_config,
+)
 from freetoken.quant.cost import expert_bytes
 from freetoken.quant.errors import QuantError
 from freetoken.quant.fp8 import dequantize_fp8_block, dequantize_fp8_channel
@@ -35,6 +40,6 @@ __all__ = [
     "dequantize_gptq",
     "dequantize_mxfp4",
     "dequantize_nvfp4",
-    "expert_bytes",
+    "expert_bytes", "load_quant_format",
     "parse_quant_config",
 ]

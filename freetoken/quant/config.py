@@ -5,7 +5,9 @@ One parser for every exporter, so the dequantizers and the cost model read typed
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from freetoken.quant.errors import QuantError
@@ -197,3 +199,18 @@ def parse_quant_config(cfg: dict[str, Any]) -> QuantFormat:
     if method not in PARSERS:
         raise QuantError(f"quantization_config.quant_method = {method!r}: valid methods are {sorted(PARSERS)}")
     return PARSERS[method](qc)
+
+
+def load_quant_format(model_dir: str | Path) -> QuantFormat | None:
+    """QuantFormat of a local checkpoint from its config.json; None when the checkpoint is not quantized."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise QuantError(f"{path}: cannot read config ({e})") from None
+    if "quantization_config" not in cfg:
+        return None
+    try:
+        return parse_quant_config(cfg)
+    except QuantError as e:
+        raise QuantError(f"{path}: {e}") from None

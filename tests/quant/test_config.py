@@ -59,3 +59,21 @@ def test_expert_bytes_by_hand():
     assert expert_bytes(nv, 2048, 768) == n // 2 + n // 16 + 4
     with pytest.raises(QuantError, match="do not fit the mxfp4 packing"):
         expert_bytes(mx, 2048, 770)
+
+
+def test_load_quant_format_from_config_json(tmp_path):
+    import json
+
+    from freetoken.quant import load_quant_format
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "quantization_config": {
+        "quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}}))
+    assert load_quant_format(tmp_path).kind == "mxfp4"
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    assert load_quant_format(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "gptq", "bits": 8,
+                                                                              "group_size": 128}}))
+    with pytest.raises(QuantError, match=r"config.json: quantization_config.bits = 8"):
+        load_quant_format(tmp_path)
+    with pytest.raises(QuantError, match=r"nowhere/config.json: cannot read"):
+        load_quant_format(tmp_path / "nowhere")
