@@ -1,5 +1,6 @@
-"""GPTQ / AutoRound / AWQ int4: packed here by hand, because no PyPI package packs these layouts on CPU without
-CUDA builds (auto-gptq, gptqmodel) or an import chain that needs more of the ecosystem (autoawq, auto-round).
+"""GPTQ / AWQ int4 packed here by hand, for what auto-round's packers (test_int4_auto_round.py) do not cover: act-order
+g_idx (they take none), AutoGPTQ's own v1 layout, and weights quantized from a float tensor rather than given on
+the grid. auto-gptq and gptqmodel need CUDA builds, so their packers cannot run here.
 
 The packers transcribe the exporters' loops: AutoGPTQ `QuantLinear.pack` (qweight rows = 8 input elements, qzeros
 columns = 8 outputs, nibble j at bits 4j, zeros stored minus one in the v1 `gptq` format) and AutoAWQ
