@@ -6,12 +6,13 @@ counts are kept as columns (ReplayLog) so the cost model and per-request / per-p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import numpy as np
 
 from freetoken.placement import DECODE, Call, PlacementPolicy, Plan, Split
+from freetoken.placement.counts import Counts
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
            "hit_tokens", "fetch_tokens", "cpu_tokens")
@@ -39,39 +40,13 @@ class ReplayLog:
         return len(self.layer)
 
 
-@dataclass(slots=True)
-class Counts:
-    calls: int = 0
-    accesses: int = 0
-    hits: int = 0
-    misses: int = 0
-    fetched: int = 0
-    cpu: int = 0
-    evictions: int = 0
-    prefetched: int = 0
-    cpu_tokens: int = 0
-    fetched_bytes: int = 0
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.accesses if self.accesses else 0.0
-
-    def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["hit_rate"] = self.hit_rate
-        d["miss_rate"] = 1.0 - self.hit_rate if self.accesses else 0.0
-        return d
-
-
 def count(log: ReplayLog, mask: np.ndarray | None = None, expert_bytes: int = 0) -> Counts:
     sel = slice(None) if mask is None else mask
     hits, fetched, cpu = (int(getattr(log, c)[sel].sum()) for c in ("hits", "fetched", "cpu"))
     prefetched = int(log.prefetched[sel].sum())
     return Counts(
         calls=int(np.count_nonzero(mask)) if mask is not None else len(log),
-        accesses=hits + fetched + cpu,
         hits=hits,
-        misses=fetched + cpu,
         fetched=fetched,
         cpu=cpu,
         evictions=int(log.evictions[sel].sum()),

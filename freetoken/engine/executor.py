@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from freetoken.engine.counters import CacheCounters
+from freetoken.placement.counts import Counts
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.placement import PREFILL, Plan
@@ -23,8 +23,8 @@ class LiveExecutor:
     def __init__(self, store: ExpertStore, pool: SlotPool, kernels: KernelSet, device: torch.device,
                  keep_plans: bool = False, pipeline: bool | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
-        self.counters = CacheCounters()
-        self.phase_counters = (CacheCounters(), CacheCounters())  # prefill, decode
+        self.counters = Counts()
+        self.phase_counters = (Counts(), Counts())  # prefill, decode
         self.plans: list[Plan] | None = [] if keep_plans else None
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -133,7 +133,7 @@ class LiveExecutor:
             out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
         return out
 
-    def _count(self, c: CacheCounters, plan: Plan, ids: np.ndarray) -> None:
+    def _count(self, c: Counts, plan: Plan, ids: np.ndarray) -> None:
         c.calls += 1
         c.hits += len(plan.hits)
         c.fetched += len(plan.fetch)
