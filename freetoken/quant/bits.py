@@ -17,7 +17,7 @@ def decode_e4m3(u8: torch.Tensor) -> torch.Tensor:
     normal = torch.ldexp(1.0 + man / 8.0, (exp - 7).to(torch.float32))
     subnormal = man / 8.0 * 2.0**-6
     val = torch.where(exp == 0, subnormal, normal)
-    val = torch.where((b & 0x7F) == 0x7F, torch.tensor(float("nan")), val)
+    val = torch.where((b & 0x7F) == 0x7F, float("nan"), val)
     return sign * val
 
 
@@ -25,7 +25,7 @@ def decode_e8m0(u8: torch.Tensor) -> torch.Tensor:
     """e8m0 (MX block scale) bits -> fp32 power of two 2**(b - 127); 0xff is NaN."""
     b = u8.to(torch.int32)
     val = torch.ldexp(torch.ones_like(b, dtype=torch.float32), (b - 127).to(torch.float32))
-    return torch.where(b == 0xFF, torch.tensor(float("nan")), val)
+    return torch.where(b == 0xFF, float("nan"), val)
 
 
 def decode_e2m1_packed(u8: torch.Tensor) -> torch.Tensor:

@@ -17,13 +17,13 @@ _SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # [8]
 
 def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """[R, C] int32 -> [8R, C]: nibble i of packed[r] is row 8r + i (GPTQ qweight)."""
-    nib = (packed.unsqueeze(1) >> _SHIFTS.view(1, 8, 1)) & 0xF  # [R, 8, C]
+    nib = (packed.unsqueeze(1) >> _SHIFTS.to(packed.device).view(1, 8, 1)) & 0xF  # [R, 8, C]
     return nib.reshape(-1, packed.shape[1])
 
 
 def unpack_cols(packed: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
     """[R, C] int32 -> [R, 8C]: nibble i of packed[:, c] is column 8c + order[i] (GPTQ qzeros, AWQ)."""
-    nib = (packed.unsqueeze(2) >> _SHIFTS.view(1, 1, 8)) & 0xF  # [R, C, 8] in nibble order
+    nib = (packed.unsqueeze(2) >> _SHIFTS.to(packed.device).view(1, 1, 8)) & 0xF  # [R, C, 8] in nibble order
     inverse = [order.index(j) for j in range(8)]  # column j sits in nibble inverse[j]
     return nib[:, :, inverse].reshape(packed.shape[0], -1)
 
@@ -54,7 +54,7 @@ def dequantize_gptq(tensors: dict[str, torch.Tensor], prefix: str, fmt: QuantFor
     elif fmt.desc_act:
         raise QuantError(f"missing tensor {gi_name!r} (desc_act=true needs the act-order group index)")
     else:
-        g_idx = torch.arange(in_dim) * groups // in_dim  # k // group_size, also for group_size -1
+        g_idx = torch.arange(in_dim, device=qweight.device) * groups // in_dim  # k // group_size, also for group_size -1
     q = unpack_rows(qweight).to(torch.float32)  # [in, out]
     zeros = (unpack_cols(qzeros) + fmt.zero_offset).to(torch.float32)  # [G, out]
     w = (q - zeros[g_idx]) * scales.to(torch.float32)[g_idx]  # [in, out]
@@ -72,7 +72,7 @@ def dequantize_awq(tensors: dict[str, torch.Tensor], prefix: str, fmt: QuantForm
     scales = require(tensors, sc_name, (torch.float16, torch.bfloat16, torch.float32))
     check_shape(qz_name, qzeros, (groups, out_dim // 8))
     check_shape(sc_name, scales, (groups, out_dim))
-    g_idx = torch.arange(in_dim) * groups // in_dim
+    g_idx = torch.arange(in_dim, device=qweight.device) * groups // in_dim
     q = unpack_cols(qweight, AWQ_ORDER).to(torch.float32)  # [in, out]
     zeros = unpack_cols(qzeros, AWQ_ORDER).to(torch.float32)  # [G, out]
     w = (q - zeros[g_idx]) * scales.to(torch.float32)[g_idx]
