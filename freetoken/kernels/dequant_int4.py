@@ -1,8 +1,10 @@
-"""GPTQ int4 weights dequantized inside a matmul: y = x @ W.T with W never materialised in full precision.
+"""Int4 weights (GPTQ / AWQ packing) dequantized inside a matmul: y = x @ W.T with W never materialised in full
+precision.
 
-`gptq_tile` is the building block for a quantized expert FFN: it turns the packed int32 words of one [BLOCK_K,
-BLOCK_N] tile of W.T (qweight [in/8, out], qzeros [G, out/8], scales [G, out], optional act-order g_idx [in]) into
-fp32 values in registers, reading the checkpoint tensors as they are stored.
+`gptq_tile` / `awq_tile` are the building blocks for a quantized expert FFN: each turns the packed int32 words of one
+[BLOCK_K, BLOCK_N] tile of W.T into fp32 values in registers, reading the checkpoint tensors as they are stored
+(GPTQ: qweight [in/8, out], qzeros [G, out/8], scales [G, out], optional act-order g_idx [in]; AWQ: qweight
+[in, out/8] with nibble i of each word holding column 8c + [0,2,4,6,1,3,5,7][i], qzeros likewise).
 """
 
 from __future__ import annotations
@@ -35,10 +37,25 @@ def gptq_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, K,
     return (q - z).to(tl.float32) * s
 
 
+@triton.jit
+def awq_tile(qweight_ptr, qzeros_ptr, scales_ptr, offs_k, offs_n, K, N, stride_qw, stride_qz, stride_sc,
+             GROUP: tl.constexpr):
+    """fp32 tile [BK, BN] of W.T for AWQ: column n sits in nibble (n % 8) // 2 + 4 * (n % 2) of word n // 8."""
+    mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+    shift = (((offs_n % 8) // 2) + 4 * (offs_n % 2)) * 4  # [BN]
+    words = tl.load(qweight_ptr + offs_k[:, None] * stride_qw + offs_n[None, :] // 8, mask=mask, other=0)
+    q = (words >> shift[None, :]) & 0xF
+    g = offs_k // GROUP
+    zwords = tl.load(qzeros_ptr + g[:, None] * stride_qz + offs_n[None, :] // 8, mask=mask, other=0)
+    z = (zwords >> shift[None, :]) & 0xF
+    s = tl.load(scales_ptr + g[:, None] * stride_sc + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+    return (q - z).to(tl.float32) * s
+
+
 @triton.jit(do_not_specialize=["M"])
 def _int4_linear_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, out_ptr, M, N, K,
                         stride_xm, stride_qw, stride_qz, stride_sc, stride_om,
-                        GROUP: tl.constexpr, ZERO_OFFSET: tl.constexpr, HAS_G_IDX: tl.constexpr,
+                        GROUP: tl.constexpr, ZERO_OFFSET: tl.constexpr, HAS_G_IDX: tl.constexpr, AWQ: tl.constexpr,
                         DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
@@ -49,24 +66,38 @@ def _int4_linear_kernel(x_ptr, qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, o
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
                     mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)  # [BM, BK]
-        w = gptq_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, K, N,
-                      stride_qw, stride_qz, stride_sc, GROUP, ZERO_OFFSET, HAS_G_IDX)  # [BK, BN]
+        if AWQ:
+            w = awq_tile(qweight_ptr, qzeros_ptr, scales_ptr, offs_k, offs_n, K, N, stride_qw, stride_qz, stride_sc,
+                         GROUP)  # [BK, BN]
+        else:
+            w = gptq_tile(qweight_ptr, qzeros_ptr, scales_ptr, g_idx_ptr, offs_k, offs_n, K, N,
+                          stride_qw, stride_qz, stride_sc, GROUP, ZERO_OFFSET, HAS_G_IDX)  # [BK, BN]
         acc = mma(x, w.to(x.dtype), acc, DOT_FP32)
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+LAYOUTS = ("gptq", "awq")
+
+
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                group_size: int, zero_offset: int = 1, g_idx: torch.Tensor | None = None) -> torch.Tensor:
-    """x [T, in] @ W.T for GPTQ-packed W [out, in] -> [T, out] in x's dtype; zero_offset 1 for v1 `gptq` checkpoints."""
+                group_size: int, zero_offset: int = 1, g_idx: torch.Tensor | None = None,
+                layout: str = "gptq") -> torch.Tensor:
+    """x [T, in] @ W.T for int4-packed W [out, in] -> [T, out] in x's dtype; zero_offset 1 for v1 `gptq` checkpoints
+    (AWQ stores zeros as they are: its zero_offset must be 0)."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(qweight, "qweight", 2, (torch.int32,))
     check_tensor(qzeros, "qzeros", 2, (torch.int32,))
     check_tensor(scales, "scales", 2)
-    K, N = qweight.shape[0] * 8, qweight.shape[1]
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r}, valid are {list(LAYOUTS)}")
+    awq = layout == "awq"
+    if awq and (zero_offset != 0 or g_idx is not None):
+        raise ValueError("layout 'awq': zeros are stored as is (zero_offset=0) and there is no g_idx")
+    K, N = (qweight.shape[0], qweight.shape[1] * 8) if awq else (qweight.shape[0] * 8, qweight.shape[1])
     if x.shape[1] != K:
-        raise ValueError(f"x: {x.shape[1]} input features, qweight {tuple(qweight.shape)} packs {K}")
+        raise ValueError(f"x: {x.shape[1]} input features, qweight {tuple(qweight.shape)} packs {K} ({layout})")
     group = K if group_size == -1 else group_size
     if group <= 0 or K % group:
         raise ValueError(f"group_size: {group_size} does not divide the input dim {K}")
@@ -90,21 +121,22 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, sc
     _int4_linear_kernel[grid](
         x, qweight, qzeros, scales, qweight if g_idx is None else g_idx, out, M, N, K,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
-        GROUP=group, ZERO_OFFSET=zero_offset, HAS_G_IDX=g_idx is not None, DOT_FP32=dot_in_fp32(x, scales),
+        GROUP=group, ZERO_OFFSET=zero_offset, HAS_G_IDX=g_idx is not None, AWQ=awq, DOT_FP32=dot_in_fp32(x, scales),
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
     )
     return out
 
 
 def int4_linear_ref(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-                    group_size: int, zero_offset: int = 1, g_idx: torch.Tensor | None = None) -> torch.Tensor:
+                    group_size: int, zero_offset: int = 1, g_idx: torch.Tensor | None = None,
+                    layout: str = "gptq") -> torch.Tensor:
     """The same product through freetoken.quant's torch dequantizer, in fp32."""
-    from freetoken.quant import QuantFormat, dequantize_gptq
+    from freetoken.quant import DEQUANTIZERS, QuantFormat
 
-    fmt = QuantFormat("gptq", "gptq", 4, group_size, zero_offset=zero_offset, desc_act=g_idx is not None,
+    fmt = QuantFormat(layout, layout, 4, group_size, zero_offset=zero_offset, desc_act=g_idx is not None,
                       names=(("qweight", "qweight"), ("qzeros", "qzeros"), ("scales", "scales"), ("g_idx", "g_idx")))
     tensors = {"w.qweight": qweight, "w.qzeros": qzeros, "w.scales": scales}
     if g_idx is not None:
         tensors["w.g_idx"] = g_idx
-    w = dequantize_gptq(tensors, "w", fmt)  # [out, in]
+    w = DEQUANTIZERS[layout](tensors, "w", fmt)  # [out, in]
     return (x.float() @ w.t()).to(x.dtype)
