@@ -72,10 +72,33 @@ def check_shape(trace: RoutingTrace, card: ModelCard, where: str = "trace") -> N
                          f"omit --trace for a synthetic one")
 
 
+def warmup_split(trace: RoutingTrace, decode_tokens: int) -> tuple[RoutingTrace, RoutingTrace]:
+    """(measured, warm-up): the trace's last `decode_tokens` decode steps become the warm-up, the rest is measured."""
+    decode = np.flatnonzero(trace.phase == DECODE)
+    if decode_tokens <= 0 or decode_tokens >= len(decode):
+        raise ValueError(f"warm-up decode tokens must lie in [1, {len(decode) - 1}] for this trace "
+                         f"({len(decode)} decode steps), got {decode_tokens}")
+    warm = decode[-decode_tokens:]
+    keep = np.ones(trace.num_tokens, bool)
+    keep[warm] = False
+    return trace.select(keep), trace.select(np.isin(np.arange(trace.num_tokens), warm))
+
+
+def _after(warm: RoutingTrace, trace: RoutingTrace) -> RoutingTrace:
+    """warm's tokens as request 0, then trace's requests shifted past it."""
+    gates = None if warm.gates is None or trace.gates is None else np.concatenate([warm.gates, trace.gates])
+    return RoutingTrace(np.concatenate([warm.experts, trace.experts]), trace.num_experts, model=trace.model,
+                        source=trace.source, gates=gates, extra=dict(trace.extra),
+                        request=np.concatenate([np.zeros(warm.num_tokens, np.int32), trace.request + 1]),
+                        turn=np.concatenate([warm.turn, trace.turn]), phase=np.concatenate([warm.phase, trace.phase]),
+                        token=np.concatenate([warm.token, trace.token]))
+
+
 def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
             min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
-            capacity: int | None = None, on_call=None) -> Prediction:
-    """capacity: expert slots instead of the memory planner's (must not exceed the model's experts)."""
+            capacity: int | None = None, on_call=None, warmup: RoutingTrace | None = None) -> Prediction:
+    """capacity: expert slots instead of the memory planner's (must not exceed the model's experts).
+    warmup: routing replayed first and not reported, so `trace` meets the cache a running server would have."""
     engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
     engine_name = engine_name if isinstance(engine_name, str) else "custom"
     check_shape(trace, card)
@@ -102,10 +125,14 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     split = engine.split_for(card, hw)
     config = SimConfig(policy, split, capacity=capacity, prefill_chunk=engine.prefill_chunk,
                        expert_bytes=card.expert_bytes(), options=options)
-    result = simulate(trace, config, on_call=on_call)
-    meta = call_meta(trace, engine.prefill_chunk)
+    run = trace if warmup is None else _after(warmup, trace)
+    if warmup is not None:
+        check_shape(warmup, card, "warm-up trace")
+    result = simulate(run, config, on_call=on_call)
+    meta = call_meta(run, engine.prefill_chunk)
     times = charge(result.log, meta, card, hw, engine.cost_options(host))
-    pred = summarize(result.log, meta, times, card.expert_bytes(), model=card.name, hardware=hw.name,
+    measured = None if warmup is None else result.log.request > 0
+    pred = summarize(result.log, meta, times, card.expert_bytes(), measured, model=card.name, hardware=hw.name,
                      engine=engine_name, policy=result.policy, split=result.split, capacity_experts=capacity,
                      total_experts=card.num_keys)
     pred.inputs = {"expert_bytes": card.expert_bytes(), "expert_bits": card.expert_bits,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -48,8 +48,17 @@ def _miss(log: ReplayLog, mask) -> float:
     return float(miss / (hits + miss)) if hits + miss else 0.0
 
 
+def _take(columns, mask: np.ndarray):
+    """The same per-call record with only the calls where mask is true."""
+    return type(columns)(**{f.name: getattr(columns, f.name)[mask] for f in fields(columns)})
+
+
 def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: int,
-              **labels) -> Prediction:
+              measured: np.ndarray | None = None, **labels) -> Prediction:
+    """measured: [N] calls to report (the rest warmed the cache). Replay and charge are causal, so dropping the
+    warm-up's calls leaves the measured calls' times exactly as they ran after it."""
+    if measured is not None:
+        log, meta, times = _take(log, measured), _take(meta, measured), _take(times, measured)
     pre, dec = log.phase == PREFILL, log.phase == DECODE
     first_layer = log.layer == 0  # one entry per chunk / token
     prompt = int(meta.tokens[pre & first_layer].sum())

@@ -24,6 +24,9 @@ def register(sub) -> None:
     p.add_argument("--trace", help="routing trace of this model (.safetensors); default: a synthetic one of its shape")
     p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT, help="synthetic: prompt length")
     p.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE, help="synthetic: tokens generated")
+    p.add_argument("--warmup-decode", type=int, default=0,
+                   help="replay this many decode steps first, unreported, so the request meets the cache of a "
+                        "running server (synthetic: more of the same routing; --trace: its last decode steps)")
     p.add_argument("--skew", type=float, default=SYNTH_SKEW, help="synthetic: Zipf exponent of expert popularity")
     p.add_argument("--reuse", type=float, default=SYNTH_REUSE, help="synthetic: probability a pick reuses a recent one")
     p.add_argument("--window", type=int, default=SYNTH_WINDOW, help="synthetic: tokens back a reuse looks")
@@ -52,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from sim.engines import get_engine
     from sim.hardware import load_hardware
     from sim.model_card import load_model_card
-    from sim.predict import check_shape, predict, synthetic_trace
+    from sim.predict import check_shape, predict, synthetic_trace, warmup_split
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
     if args.bw_profile:
@@ -67,16 +70,22 @@ def run(args: argparse.Namespace) -> int:
         if engine.split != "hybrid":
             raise ValueError(f"--rule applies to hybrid engines, not {args.engine} (split {engine.split})")
         engine = replace(engine, rule=args.rule)
+    if args.warmup_decode < 0:
+        raise ValueError(f"--warmup-decode must be >= 0, got {args.warmup_decode}")
     if args.trace:
         trace = load(args.trace)
         check_shape(trace, card, args.trace)
-    else:
-        trace = synthetic_trace(card, args.prompt_tokens, args.decode_tokens, skew=args.skew, reuse=args.reuse,
-                                window=args.window)
-    n = num_calls(trace, engine.prefill_chunk)
+    else:  # the warm-up continues the same synthetic routing (same hot experts), after the measured tokens
+        trace = synthetic_trace(card, args.prompt_tokens, args.decode_tokens + args.warmup_decode, skew=args.skew,
+                                reuse=args.reuse, window=args.window)
+    warmup = None
+    if args.warmup_decode:
+        trace, warmup = warmup_split(trace, args.warmup_decode)
+    n = num_calls(trace, engine.prefill_chunk) + (num_calls(warmup, engine.prefill_chunk) if warmup else 0)
     with progress(n, f"replaying {card.name} on {hw.name}", enabled=not args.json) as advance:
         pred = predict(card, hw, engine, trace, min_context=args.min_context, host=args.host,
-                       n_cpu_layers=args.n_cpu_moe, capacity=args.capacity, on_call=None if args.json else advance)
+                       n_cpu_layers=args.n_cpu_moe, capacity=args.capacity, on_call=None if args.json else advance,
+                       warmup=warmup)
     pred.engine = args.engine + (f" (rule {args.rule})" if args.rule else "")
     if args.json:
         print_json(pred.to_dict())
