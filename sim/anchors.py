@@ -173,25 +173,24 @@ class _Traces:
         full = self.full(routing)
         return full.select(np.arange(self.longest + DECODE_TOKENS, self.longest + 2 * DECODE_TOKENS))
 
+    def measured(self, prompt: int, routing: str):
+        """The measured request: the first `prompt` prompt tokens, then the first DECODE_TOKENS decode steps."""
+        return self.full(routing).select(
+            np.concatenate([np.arange(prompt), np.arange(self.longest, self.longest + DECODE_TOKENS)]))
+
     def get(self, prompt: int, routing: str):
-        full = self.full(routing)
-        warm = np.arange(self.longest + DECODE_TOKENS, self.longest + 2 * DECODE_TOKENS)
-        measured = np.concatenate([np.arange(prompt), np.arange(self.longest, self.longest + DECODE_TOKENS)])
-        trace = full.select(np.concatenate([warm, measured]))
-        request = np.concatenate([np.zeros(len(warm), np.int32), np.ones(len(measured), np.int32)])
-        return replace(trace, request=request)
+        """Warm-up (request 0) then the measured request (request 1), as one trace."""
+        from sim.predict import join_after
+
+        return join_after(self.warmup(routing), self.measured(prompt, routing))
 
 
 def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str) -> dict[str, float]:
-    """decode and prefill tok/s of request 1 alone. Replay and charge are causal (a call's time depends only on
-    the calls before it), so the warm-up's seconds are the same in both runs and subtract exactly; the warm-up has
-    no prefill, so the prefill rate is the whole run's."""
+    """decode and prefill tok/s of the measured request alone, after the warm-up (sim.predict's warmup=)."""
     from sim.predict import predict
 
-    both = predict(card, hw, engine, traces.get(prompt, routing))
-    warm = predict(card, hw, engine, traces.warmup(routing))
-    return {"decode_tok_s": DECODE_TOKENS / (both.decode_s - warm.decode_s),
-            "prefill_tok_s": both.prefill_tok_s}
+    pred = predict(card, hw, engine, traces.measured(prompt, routing), warmup=traces.warmup(routing))
+    return {"decode_tok_s": pred.decode_tok_s, "prefill_tok_s": pred.prefill_tok_s}
 
 
 def predict_cells(rows: list[dict] | None = None, extra: bool = False) -> list[Cell]:

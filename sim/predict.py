@@ -84,7 +84,7 @@ def warmup_split(trace: RoutingTrace, decode_tokens: int) -> tuple[RoutingTrace,
     return trace.select(keep), trace.select(np.isin(np.arange(trace.num_tokens), warm))
 
 
-def _after(warm: RoutingTrace, trace: RoutingTrace) -> RoutingTrace:
+def join_after(warm: RoutingTrace, trace: RoutingTrace) -> RoutingTrace:
     """warm's tokens as request 0, then trace's requests shifted past it."""
     gates = None if warm.gates is None or trace.gates is None else np.concatenate([warm.gates, trace.gates])
     return RoutingTrace(np.concatenate([warm.experts, trace.experts]), trace.num_experts, model=trace.model,
@@ -125,7 +125,7 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     split = engine.split_for(card, hw)
     config = SimConfig(policy, split, capacity=capacity, prefill_chunk=engine.prefill_chunk,
                        expert_bytes=card.expert_bytes(), options=options)
-    run = trace if warmup is None else _after(warmup, trace)
+    run = trace if warmup is None else join_after(warmup, trace)
     if warmup is not None:
         check_shape(warmup, card, "warm-up trace")
     result = simulate(run, config, on_call=on_call)

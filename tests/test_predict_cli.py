@@ -136,13 +136,13 @@ def test_warmup_is_replayed_but_not_reported(capsys):
     """A warm-up changes what the request meets, not what is reported: the measured request's decode time is the
     whole run's minus the warm-up's alone (replay and charge are causal), and a warm LRU misses less in decode."""
     from sim.engines import get_engine
-    from sim.predict import _after, warmup_split
+    from sim.predict import join_after, warmup_split
 
     card, hw, engine = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen"), get_engine("freetoken-offload")
     measured, warm = warmup_split(synthetic_trace(card, 64, 24 + 16), 16)
     assert (measured.num_tokens, warm.num_tokens) == (64 + 24, 16) and (warm.phase == 1).all()
     hot = predict(card, hw, engine, measured, warmup=warm, capacity=2000)
-    both = predict(card, hw, engine, _after(warm, measured), capacity=2000)
+    both = predict(card, hw, engine, join_after(warm, measured), capacity=2000)
     alone = predict(card, hw, engine, warm, capacity=2000)
     assert (hot.prompt_tokens, hot.decode_tokens) == (64, 24)
     assert hot.decode_s == pytest.approx(both.decode_s - alone.decode_s, rel=1e-9)
