@@ -161,7 +161,7 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
 
 def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
               check_kernel_suite: bool = True, distinct_layers: bool = False) -> list[dict]:
-    from freetoken.engine import expert_profile
+    from freetoken.trace.stats import expert_counts
 
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
@@ -187,7 +187,7 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
         options = {"profile": profile} if policy == "frequency" else {}
         row = decode_run(ckpt, policy, split, bw, options, args, device)
         if profile is None:
-            profile = expert_profile(row["trace"])  # frequency pins what the first run used most
+            profile = expert_counts(row["trace"])  # frequency pins what the first run used most
         del row["trace"]
         rows.append(row)
         print(f"{policy:14s} {split:8s} {row['capacity']:6d} {row['tok_s']:8.2f} {row['hit_rate']:9.1%} "

@@ -74,8 +74,9 @@ def tiny_checkpoint(results_dir: str, seed: int) -> Path:
 def compute(cfg: DictConfig) -> RunOutput:
     import numpy as np
 
-    from freetoken.engine import CacheConfig, Engine, expert_profile
+    from freetoken.engine import CacheConfig, Engine
     from freetoken.trace import save
+    from freetoken.trace.stats import expert_counts
     from sim.run import SimConfig, simulate
 
     policy, split, cache, sim, live = (build(cfg, key) for key in GROUPS)
@@ -87,7 +88,7 @@ def compute(cfg: DictConfig) -> RunOutput:
     prompts = [rng.integers(0, engine.config.vocab_size, live.prompt_tokens).tolist() for _ in range(live.requests)]
     if policy.name == "frequency":  # out-of-sample is impossible before the run: profile = an all-resident pass
         _serve(engine, prompts, live)
-        options["profile"] = expert_profile(engine.trace())
+        options["profile"] = expert_counts(engine.trace())
     engine = Engine(engine.checkpoint, CacheConfig(policy.name, cache.capacity, cache.fraction, split, options),
                     kernels=live.kernels, prefill_chunk=sim.prefill_chunk, tokenizer=engine.tokenizer)
     _serve(engine, prompts, live)

@@ -7,6 +7,7 @@ from typing import Iterator
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL, Call
+from freetoken.placement.stream import KeyStream, key_stream
 from freetoken.trace import RoutingTrace
 
 DEFAULT_PREFILL_CHUNK = 2048
@@ -53,6 +54,11 @@ def trace_calls(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK)
             for row in rows:
                 for layer in range(L):
                     yield Call(layer, row[layer], ones, DECODE, request)
+
+
+def trace_key_stream(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> KeyStream:
+    """The trace's calls as keys: the future `belady` needs, in the order a replay or a live run plans them."""
+    return key_stream(trace_calls(trace, prefill_chunk), trace.num_experts)
 
 
 def num_calls(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> int:

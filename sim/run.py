@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from freetoken.placement import POLICIES, Split, key_stream, make_policy
+from freetoken.placement import POLICIES, Split, make_policy
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import expert_counts
-from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls
+from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls, trace_key_stream
 from sim.replay import ReplayResult, replay
 
 
@@ -53,7 +53,7 @@ def simulate(trace: RoutingTrace, config: SimConfig, profile: RoutingTrace | Non
     if config.policy == "frequency" and "profile" not in options:
         options["profile"] = expert_counts(profile if profile is not None else trace)
     if cls.needs_future and "future" not in options:
-        options["future"] = key_stream(trace_calls(trace, config.prefill_chunk), trace.num_experts)
+        options["future"] = trace_key_stream(trace, config.prefill_chunk)
     policy = make_policy(config.policy, capacity, trace.num_layers, trace.num_experts, **options)
     return replay(trace_calls(trace, config.prefill_chunk), policy, config.split,
                   expert_bytes=config.expert_bytes, keep_plans=keep_plans, on_call=on_call)

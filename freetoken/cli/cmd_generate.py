@@ -55,7 +55,9 @@ def _ids(text: str, what: str) -> list[int]:
 def build_engine(args: argparse.Namespace):
     import torch
 
-    from freetoken.engine import CacheConfig, Engine, expert_profile, future_from_trace
+    from freetoken.engine import CacheConfig, Engine
+    from freetoken.trace.stats import expert_counts
+    from sim.calls import trace_key_stream
     from freetoken.trace import load
 
     split = split_from_args(args)
@@ -63,11 +65,11 @@ def build_engine(args: argparse.Namespace):
     if args.policy == "frequency":
         if not args.profile_trace:
             raise ValueError("--policy frequency needs --profile-trace (a trace whose counts pick the pinned experts)")
-        options["profile"] = expert_profile(load(args.profile_trace))
+        options["profile"] = expert_counts(load(args.profile_trace))
     if args.policy == "belady":
         if not args.future_trace:
             raise ValueError("--policy belady needs --future-trace (a trace recorded on the same input)")
-        options["future"] = future_from_trace(load(args.future_trace), args.prefill_chunk)
+        options["future"] = trace_key_stream(load(args.future_trace), args.prefill_chunk)
     fraction = 0.5 if args.capacity is None and args.fraction is None else args.fraction
     cache = CacheConfig(args.policy, capacity=args.capacity, fraction=fraction, split=split, options=options)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)

@@ -3,9 +3,9 @@
 import freetoken.kernels  # noqa: F401  first: picks the Triton interpreter on CPU before anything imports triton
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
-from freetoken.engine.engine import Engine, RunStats, expert_profile, future_from_trace
+from freetoken.engine.engine import Engine, RunStats
 from freetoken.engine.kv import KVCache
 from freetoken.engine.sampling import Sampler, SamplingParams
 
 __all__ = ["CacheConfig", "Engine", "ExpertCache", "KVCache", "RunStats", "Sampler",
-           "SamplingParams", "expert_profile", "future_from_trace"]
+           "SamplingParams"]

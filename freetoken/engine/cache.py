@@ -38,7 +38,7 @@ class CacheConfig:
             raise ValueError(f"staging must be >= 0, got {self.staging}")
         if POLICIES[self.policy].needs_future and "future" not in self.options:
             raise ValueError(f"policy {self.policy!r} needs the future: pass options={{'future': KeyStream}} "
-                             f"built from a recorded trace (freetoken.engine.future_from_trace)")
+                             f"built from a recorded trace (sim.calls.trace_key_stream)")
 
     def slots_for(self, num_keys: int) -> int:
         if self.capacity is not None:

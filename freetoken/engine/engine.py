@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-import numpy as np
 import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
@@ -188,18 +187,3 @@ class Engine:
             self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture)
         self.stats = RunStats()
         self._turns = {}
-
-
-def future_from_trace(trace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
-    """The KeyStream belady needs, from a trace recorded on the same inputs (same chunking as the run)."""
-    from freetoken.placement import key_stream
-    from sim.calls import trace_calls
-
-    return key_stream(trace_calls(trace, prefill_chunk), trace.num_experts)
-
-
-def expert_profile(trace) -> np.ndarray:
-    """[L, E] use counts of a trace: the profile the frequency policy pins from."""
-    from freetoken.trace.stats import expert_counts
-
-    return expert_counts(trace)

@@ -91,13 +91,14 @@ def policy_options(name: str, trace, prefill_chunk: int) -> dict:
     """What each policy's constructor needs from a probe run: expert counts (profile=), the future (future=)."""
     import inspect
 
-    from freetoken.engine import expert_profile, future_from_trace
+    from freetoken.trace.stats import expert_counts
+    from sim.calls import trace_key_stream
     from freetoken.placement import POLICIES
 
     params = inspect.signature(POLICIES[name].__init__).parameters
     options = {}
     if "profile" in params:
-        options["profile"] = expert_profile(trace)
+        options["profile"] = expert_counts(trace)
     if "future" in params:
-        options["future"] = future_from_trace(trace, prefill_chunk)
+        options["future"] = trace_key_stream(trace, prefill_chunk)
     return options
