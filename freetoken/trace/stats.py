@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from freetoken.placement.stream import key_stream, previous_occurrence
+from freetoken.placement.stream import previous_occurrence
 from freetoken.trace.format import RoutingTrace
 
 TOP_SHARES = (0.10, 0.25)
@@ -78,9 +78,9 @@ def access_keys(trace: RoutingTrace, prefill_chunk: int = 1) -> np.ndarray:
         L, E = trace.num_layers, trace.num_experts
         keys = trace.experts.astype(np.int64) + (np.arange(L, dtype=np.int64) * E)[None, :, None]  # [T, L, K]
         return keys.reshape(-1)
-    from sim.calls import trace_calls
+    from sim.calls import trace_key_stream
 
-    return key_stream(trace_calls(trace, prefill_chunk), trace.num_experts).keys
+    return trace_key_stream(trace, prefill_chunk).keys
 
 
 def reuse_distances(keys: np.ndarray) -> np.ndarray:
