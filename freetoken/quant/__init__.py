@@ -6,12 +6,13 @@ from freetoken.quant.config import (
     load_quant_format,
     parse_quant_config,
 )
-from freetoken.quant.cost import expert_bytes
+from freetoken.quant.cost import describe, expert_bytes, stored_bytes
 from freetoken.quant.errors import QuantError
 from freetoken.quant.fp8 import dequantize_fp8_block, dequantize_fp8_channel
 from freetoken.quant.int4 import dequantize_awq, dequantize_gptq
 from freetoken.quant.mxfp4 import dequantize_mxfp4
 from freetoken.quant.nvfp4 import dequantize_nvfp4
+from freetoken.quant.specs import FORMAT_SPECS, format_spec
 
 DEQUANTIZERS = {
     "gptq": dequantize_gptq,
@@ -30,6 +31,7 @@ def dequantize(fmt: QuantFormat, tensors: dict, prefix: str, **kwargs):
 
 __all__ = [
     "DEQUANTIZERS",
+    "FORMAT_SPECS",
     "KINDS",
     "QuantError",
     "QuantFormat",
@@ -40,6 +42,8 @@ __all__ = [
     "dequantize_gptq",
     "dequantize_mxfp4",
     "dequantize_nvfp4",
-    "expert_bytes", "load_quant_format",
+    "describe",
+    "expert_bytes", "format_spec", "load_quant_format",
     "parse_quant_config",
+    "stored_bytes",
 ]

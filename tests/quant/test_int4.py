@@ -15,8 +15,8 @@ from freetoken.quant import (
     QuantError,
     dequantize_awq,
     dequantize_gptq,
-    expert_bytes,
     parse_quant_config,
+    stored_bytes,
 )
 
 P = "model.layers.2.mlp.experts.7.gate_proj"
@@ -91,7 +91,7 @@ def test_gptq_matches_hand_packed(group_size, sym, act_order):
     assert torch.equal(ours, reference(q, zeros, scales, g_idx))
     assert (ours - w).abs().max() < 0.15 * w.abs().max()
     packed_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    assert expert_bytes(parse_quant_config(cfg), out_dim, in_dim) == packed_bytes
+    assert stored_bytes(parse_quant_config(cfg), out_dim, in_dim) == packed_bytes
 
 
 def test_gptq_v2_and_auto_round_zero_conventions():

@@ -9,8 +9,8 @@ import torch
 from freetoken.quant import (
     dequantize_awq,
     dequantize_gptq,
-    expert_bytes,
     parse_quant_config,
+    stored_bytes,
 )
 
 P = "model.layers.4.mlp.experts.1.up_proj"
@@ -46,7 +46,7 @@ def test_auto_round_gptq_packing(packing, group_size, sym):
     fmt = parse_quant_config({"quantization_config": {"quant_method": "auto-round", "bits": 4, "sym": sym,
                                                       "group_size": group_size, "packing_format": packing}})
     assert torch.equal(dequantize_gptq(tensors, P, fmt), w)
-    assert expert_bytes(fmt, out_dim, in_dim) == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert stored_bytes(fmt, out_dim, in_dim) == sum(t.numel() * t.element_size() for t in tensors.values())
     # the other zero convention is off by one step on every weight
     other = parse_quant_config({"quant_method": "gptq", "group_size": group_size,
                                 "checkpoint_format": "gptq_v2" if packing.endswith("auto_gptq") else "gptq"})
@@ -66,4 +66,4 @@ def test_auto_round_awq_packing(group_size):
     assert tensors[f"{P}.qweight"].shape == (in_dim, out_dim // 8)
     fmt = parse_quant_config({"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True})
     assert torch.equal(dequantize_awq(tensors, P, fmt), w)
-    assert expert_bytes(fmt, out_dim, in_dim) == sum(t.numel() * t.element_size() for t in tensors.values())
+    assert stored_bytes(fmt, out_dim, in_dim) == sum(t.numel() * t.element_size() for t in tensors.values())
