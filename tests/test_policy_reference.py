@@ -274,53 +274,82 @@ def test_belady_without_bypass_is_optimal_from_the_largest_call():
     assert checked > 150
 
 
-# Counterexamples found by the exhaustive search (the smallest found of each kind), checked by hand.
-NOT_OPTIMAL = [
+# Counterexamples to the first rule (call-order admission, ties by key), found by the exhaustive search and
+# checked by hand; the current rule (soonest-needed admission with bypass, ties by the following uses) meets each.
+FORMER_COUNTEREXAMPLES = [
     # bypass, capacity >= largest call: call 1 puts 4 (never used again) in the free slot; 4 is then a key of the
     # current call and cannot make room for 3, which bypasses since resident 0 is needed sooner. Optimum: bypass 4,
-    # cache 3: 1 + 2 + 1 + 0 = 4 misses (belady: 5).
+    # cache 3: 1 + 2 + 1 + 0 = 4 misses (the first rule: 5).
     pytest.param(True, 2, ((0,), (4, 3), (2, 0), (3,)), 4, id="bypass-free-slot"),
     # bypass, capacity >= largest call, a tie in call-granular next use: at call 2, residents 2, 0 and miss 1 are all
-    # next needed at call 3; belady keeps 2 and 0 (ties by key), but 1 and 2 are needed again at call 4 and 0 is not.
-    # Optimum: cache 1 over 0 at call 2: 1 + 2 + 1 + 1 + 0 = 5 (belady: 6).
+    # next needed at call 3; keeping 2 and 0 (ties by key) is worse: 1 and 2 are needed again at call 4 and 0 is not.
+    # Optimum: cache 1 over 0 at call 2: 1 + 2 + 1 + 1 + 0 = 5 (the first rule: 6).
     pytest.param(True, 3, ((2,), (2, 3, 0), (1, 3), (1, 2, 0), (1, 3, 2)), 5, id="bypass-call-granular-tie"),
-    # bypass, capacity below a call: call 0 fills its 2 slots in call order (1, 0), 2 goes to staging; optimum keeps
-    # 0 and 2, needed soonest: 3 + 0 + 1 = 4 (belady: 5).
+    # bypass, capacity below a call: call 0 filled its 2 slots in call order (1, 0), 2 went to staging; optimum keeps
+    # 2 (needed at call 1) and one of 0, 1 (call 2): 3 + 0 + 1 = 4 (the first rule: 5).
     pytest.param(True, 2, ((1, 0, 2), (2,), (0, 2, 1)), 4, id="bypass-overflowing-call"),
-    # no bypass, capacity below a call, with a tie: at call 2, 0 and 2 are both next needed at call 3; belady evicts 0
-    # (ties by key), but 0 is needed again at calls 4 and 5 while the 3-key calls can hold only 2 of their keys.
-    # Optimum: evict 2 at call 2: 1 + 1 + 1 + 2 + 1 + 1 = 7 (belady: 8).
+    # no bypass, capacity below a call, with a tie: at call 2, 0 and 2 are both next needed at call 3 (and again at
+    # call 4); evicting 0 (ties by key) is worse, 0 is needed a third time at call 5 and 2 is not.
+    # Optimum: evict 2 at call 2: 1 + 1 + 1 + 2 + 1 + 1 = 7 (the first rule: 8).
     pytest.param(False, 2, ((0,), (2,), (4,), (1, 0, 2), (0, 2, 1), (3, 0)), 7, id="min-overflowing-call"),
 ]
 
+# Still not optimal: capacity below a call with a tie deeper than the TIE_DEPTH (3) uses compared. bypass, capacity 1: at call 1, 1
+# and 2 are next needed at calls 2, 3 and 4 alike; 2 again at call 5, 1 never. Belady keeps 1 (a tie on all three
+# uses it compares, then the lower key): 1 + 1 + 2 + 1 + 2 + 1 = 8. Keeping 2: 1 + 1 + 2 + 1 + 2 + 0 = 7.
+NOT_OPTIMAL = [pytest.param(True, 1, ((1,), (2,), (2, 1, 0), (2, 1), (1, 0, 2), (2,)), 7, id="deep-tie-below-call")]
 
-@pytest.mark.parametrize("bypass, capacity, keys, best", NOT_OPTIMAL)
+
+@pytest.mark.parametrize("bypass, capacity, keys, best", FORMER_COUNTEREXAMPLES + NOT_OPTIMAL)
 def test_optimum_of_the_counterexamples(bypass, capacity, keys, best):
     """The exhaustive search's optimum, checked by hand in the comments above."""
     assert optimum(keys, capacity, bypass) == best
 
 
-@pytest.mark.xfail(strict=True, reason="belady admits a call's misses in call order and into any free slot; "
-                                       "the set-access optimum decides by next use across the whole call")
+def counterexample_misses(bypass, capacity, keys):
+    calls = [Call(0, list(k), [1] * len(k)) for k in keys]
+    return belady_misses(calls, tiny_trace(1 + max(max(k) for k in keys)), capacity, bypass)
+
+
+@pytest.mark.parametrize("bypass, capacity, keys, best", FORMER_COUNTEREXAMPLES)
+def test_belady_meets_the_former_counterexamples(bypass, capacity, keys, best):
+    assert counterexample_misses(bypass, capacity, keys) == best
+
+
+@pytest.mark.xfail(strict=True, reason="ties are broken on the next TIE_DEPTH uses only")
 @pytest.mark.parametrize("bypass, capacity, keys, best", NOT_OPTIMAL)
 def test_belady_is_optimal_on_the_counterexamples(bypass, capacity, keys, best):
-    calls = [Call(0, list(k), [1] * len(k)) for k in keys]
-    assert belady_misses(calls, tiny_trace(1 + max(max(k) for k in keys)), capacity, bypass) == best
+    assert counterexample_misses(bypass, capacity, keys) == best
 
 
-def test_belady_bypass_gap_is_rare_and_small():
-    """From the largest call up, bypass belady stays between the optimum and classic MIN, and falls short of
-    the optimum on few of the random tiny traces (the free-slot case above)."""
-    gaps = 0
+def test_belady_bypass_is_optimal_from_the_largest_call():
+    """With bypass (the study's bound), from the largest call up: the exhaustive optimum on every random tiny
+    trace, and never above classic MIN."""
+    checked = 0
     for E, calls, capacity in tiny_cases(400, seed=1):
         if capacity < max(len(c.experts) for c in calls):
             continue
         keys = tuple(tuple(c.experts) for c in calls)
         got = belady_misses(calls, tiny_trace(E), capacity, True)
-        best = optimum(keys, capacity, True)
-        assert best <= got <= belady_misses(calls, tiny_trace(E), capacity, False), keys
+        assert got == optimum(keys, capacity, True), (keys, capacity)
+        assert got <= belady_misses(calls, tiny_trace(E), capacity, False), keys
+        checked += 1
+    assert checked > 150
+
+
+def test_belady_below_the_largest_call_is_near_optimal():
+    """Below the largest call (capacity < a call's experts) the rule can miss the optimum by deep ties: rare, and
+    by one miss on these cases."""
+    gaps = checked = 0
+    for E, calls, capacity in tiny_cases(300, seed=2):
+        if capacity >= max(len(c.experts) for c in calls):
+            continue
+        keys = tuple(tuple(c.experts) for c in calls)
+        got, best = belady_misses(calls, tiny_trace(E), capacity, True), optimum(keys, capacity, True)
+        assert best <= got <= best + 1, keys
         gaps += got > best
-    assert gaps < 40
+        checked += 1
+    assert checked > 100 and gaps <= checked // 20
 
 
 def test_optimum_search_agrees_with_min_on_sequential_streams():

@@ -2,6 +2,10 @@
 
 Given the KeyStream of every call in the order they will be planned (sim.calls builds it from a trace).
 Next use is counted in calls: a call needs all its keys at once, so position inside a call does not matter.
+Ties in the next call are broken by the use after it (then the one after that): with set accesses a tie is
+common (a whole sweep's keys next meet in the same call) and the key needed again later is the better victim.
+With bypass, a call's fetched keys are offered slots soonest-needed first (admission_order), so a free slot
+never goes to a key that a later key of the same call outranks.
 bypass=True: a fetched key used later than every evictable resident is not cached (the optimum when caching
 is optional, as in offload where the transfer happens anyway); bypass=False always caches (classic MIN).
 """
@@ -15,6 +19,24 @@ import numpy as np
 from freetoken.placement.policy import PlacementPolicy
 from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
 
+TIE_DEPTH = 3  # uses compared: the next call, then the two after it
+
+
+def _due_codes(future: KeyStream, depth: int) -> list[int]:
+    """[N]: for access i, the calls of the key's next `depth` uses (NEVER -> past the last call) as one int that
+    orders like the tuple (next call, the one after, ...): one int compare on the hot path."""
+    nxt = next_occurrence(future.keys)  # [N]
+    call_of = future.call_ids()
+    base = future.num_calls + 1  # a never-used key sorts after every call
+    wide = base ** depth >= 2**63
+    code = np.zeros(nxt.size, dtype=object if wide else np.int64)
+    at, last = np.arange(nxt.size, dtype=np.int64), max(nxt.size - 1, 0)
+    for _ in range(depth):
+        at = np.where(at == NEVER, NEVER, nxt[np.minimum(at, last)])
+        use = np.where(at == NEVER, future.num_calls, call_of[np.minimum(at, last)])
+        code = code * base + (use.astype(object) if wide else use)
+    return code.tolist()
+
 
 class Belady(PlacementPolicy):
     name = "belady"
@@ -25,17 +47,15 @@ class Belady(PlacementPolicy):
         super().__init__(capacity, num_layers, num_experts)
         if future is None:
             raise ValueError("belady needs the future key stream (an offline bound: simulator, or a recorded trace)")
-        nxt = next_occurrence(future.keys)
-        call_of = future.call_ids()
-        next_call = np.where(nxt == NEVER, NEVER, call_of[np.minimum(nxt, len(call_of) - 1)])
+        self._next = _due_codes(future, TIE_DEPTH)  # [N]
         self._keys = future.keys.tolist()
-        self._next_call = next_call.tolist()
         self._offsets = future.offsets.tolist()
         self.bypass = bypass
+        self._orders_admission = bypass  # classic MIN (always cache) admits in call order
         self._call = 0
-        self._due_now: dict[int, int] = {}  # key of the current call -> its next call
-        self._heap: list[tuple[int, int]] = []  # (-next call, key), lazily invalidated
-        self._due: dict[int, int] = {}  # resident key -> its next call
+        self._due_now: dict[int, int] = {}  # key of the current call -> its next uses (as _due_codes)
+        self._heap: list[tuple[int, int]] = []  # (-due, key), lazily invalidated
+        self._due: dict[int, int] = {}  # resident key -> its due
 
     def begin_call(self, keys: list[int]) -> None:
         c = self._call
@@ -44,8 +64,12 @@ class Belady(PlacementPolicy):
         lo, hi = self._offsets[c], self._offsets[c + 1]
         if self._keys[lo:hi] != keys:
             raise ValueError(f"belady: call {c} asks for keys {keys}, the future it was given says {self._keys[lo:hi]}")
-        self._due_now = dict(zip(keys, self._next_call[lo:hi]))
+        self._due_now = dict(zip(keys, self._next[lo:hi]))
         self._call = c + 1
+
+    def admission_order(self, keys: list[int]) -> list[int]:
+        due = self._due_now
+        return sorted(keys, key=lambda k: (due[k], k))
 
     def _remember(self, key: int) -> None:
         due = self._due_now[key]

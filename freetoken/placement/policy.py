@@ -9,6 +9,8 @@ and `plan` turns each Call into a Plan the same way for every policy:
     3. accesses are applied in call order: on_hit / on_miss, then fetched keys are offered for a slot.
        Keys of the current call are never evicted for each other (the GPU needs them all at once);
        a fetched key that finds no slot runs from a staging buffer (slot -1) and is not kept.
+       A policy that overrides admission_order() is offered the slots after all the call's accesses, in
+       the order it gives (Belady: soonest next use first).
 
 So a call is one *set* access: for LRU its keys become most recent together, in call order. With one
 expert per call (top-1) this is exactly a sequential cache over the key stream (libCacheSim's model);
@@ -51,6 +53,7 @@ class PlacementPolicy:
         self._hooks = tuple(getattr(self, h) if getattr(cls, h) is not getattr(PlacementPolicy, h) else None
                             for h in ("on_hit", "on_miss", "on_admit", "on_evict"))
         self._prefetches = cls.prefetch_for is not PlacementPolicy.prefetch_for
+        self._orders_admission = cls.admission_order is not PlacementPolicy.admission_order
 
     def _place_pinned(self, keys) -> None:
         """Warm start for static policies: give these keys slots before the first call."""
@@ -72,6 +75,12 @@ class PlacementPolicy:
 
     def begin_call(self, keys: list[int]) -> None:
         """Called with the call's keys before any of them is applied."""
+
+    def admission_order(self, keys: list[int]) -> list[int]:
+        """The call's fetched keys in the order they are offered a slot (overridden: after all the call's
+        accesses, e.g. soonest-needed first so a free slot never goes to a key the call's others outrank).
+        The base never calls this: its fetched keys are offered a slot one by one, in call order."""
+        return keys
 
     def prefetch_for(self, call: Call) -> list[int]:
         """Keys to copy ahead of need once this call's own accesses are applied, most wanted first."""
@@ -117,6 +126,7 @@ class PlacementPolicy:
         slot_of, free, victim = self.slot_of, self._free_slots, self.victim
         admits = self.admits and self.capacity > 0 and (split.admit_prefill or call.phase != PREFILL)
         now = self.clock
+        deferred = [] if self._orders_admission and admits else None  # (key, fetch index, clock) to admit
         for i, key in enumerate(keys):  # accesses apply in call order
             if slots[i] is not None:  # still resident: the call's keys are protected from each other
                 if on_hit is not None:
@@ -127,7 +137,9 @@ class PlacementPolicy:
                 if i in chosen:
                     fetch.append(experts[i])
                     slot = NOT_RESIDENT  # admit: a free slot, else the victim's, else staging (not kept)
-                    if admits:
+                    if deferred is not None:
+                        deferred.append((key, len(fetch_slots), now))
+                    elif admits:
                         if free:
                             slot = free.pop()
                         else:
@@ -149,8 +161,31 @@ class PlacementPolicy:
             last_use[key] = now
             now += 1
         self.clock = now
+        if deferred:
+            self._admit_in_order(deferred, set(keys), fetch_slots, evict)
         prefetch = self._prefetch(self.prefetch_for(call), set(keys), evict) if self._prefetches else []
         return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, prefetch)
+
+    def _admit_in_order(self, deferred: list[tuple[int, int, int]], protected: set[int], fetch_slots: list[int],
+                        evict: list) -> None:
+        """Offer the call's fetched keys a slot in admission_order(); fills their fetch_slots entries."""
+        where = {key: (j, t) for key, j, t in deferred}
+        E = self.num_experts
+        for key in self.admission_order([key for key, _, _ in deferred]):
+            j, t = where[key]
+            slot = NOT_RESIDENT
+            if self._free_slots:
+                slot = self._free_slots.pop()
+            else:
+                out = self.victim(key, t, protected)
+                if out is not None:
+                    slot = self.slot_of.pop(out)
+                    self.on_evict(out)
+                    evict.append(divmod(out, E))
+            if slot != NOT_RESIDENT:
+                self.slot_of[key] = slot
+                self.on_admit(key, t)
+            fetch_slots[j] = slot
 
     def _prefetch(self, wanted: list[int], protected: set[int], evict: list) -> list[tuple[int, int]]:
         """Admit each wanted key that is not resident: a free slot, else the victim's, else it is not copied."""
