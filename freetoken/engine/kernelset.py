@@ -19,15 +19,17 @@ class KernelSet:
     router_topk: Callable
     linear: Callable
     expert_ffn: Callable
+    expert_ffn_quant: Callable
 
 
 def _build(name: str) -> KernelSet:
     from freetoken import kernels as k
 
     if name == "triton":
-        return KernelSet(name, k.rms_norm, k.apply_rope, k.attention, k.router_topk, k.linear, k.expert_ffn)
+        return KernelSet(name, k.rms_norm, k.apply_rope, k.attention, k.router_topk, k.linear, k.expert_ffn,
+                         k.expert_ffn_quant)
     return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_ref, k.router_topk_ref, k.linear_ref,
-                     k.expert_ffn_ref)
+                     k.expert_ffn_ref, k.expert_ffn_quant_ref)
 
 
 KERNEL_SETS = ("triton", "reference")
