@@ -75,9 +75,9 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
 # |prediction / published - 1| tests/test_anchors.py accepts: the error rounded up to 5 points, plus 5.
 TOLERANCE: dict[tuple[str, str], float] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 1.90,
-    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.85,
+    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.80,
     ("ryzen / FreeToken offload", "decode_tok_s"): 0.85,
-    ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.25,
+    ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.30,
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): 0.25,
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"): 0.60,
     ("xeon / llama.cpp cpu-moe + MTP", "decode_tok_s"): 0.30,

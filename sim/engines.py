@@ -32,6 +32,7 @@ class Engine:
     dense_quant: str | None = None
     compute_dtype: str | None = None  # GEMM rate the engine's kernels run at, None = the card's
     resident: bool = False  # every expert in VRAM; an error when they do not fit
+    staging: bool = False  # one layer of the planned slots is staging, not cache (freetoken's slot pool)
     about: str = ""
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
@@ -47,8 +48,9 @@ _LLAMACPP = dict(split="cpu", prefill_chunk=512, overlap=False, double_buffer=Fa
                  compute_dtype="int8")  # GGUF Q4_K_M; MMQ kernels: int8 dot products
 
 ENGINES: dict[str, Engine] = {
-    "freetoken-offload": Engine("lru", "offload", about="global LRU expert cache, every miss fetched over PCIe"),
-    "freetoken-hybrid": Engine("lru", "hybrid", rule="paper",
+    "freetoken-offload": Engine("lru", "offload", staging=True,
+                                about="global LRU expert cache, every miss fetched over PCIe"),
+    "freetoken-hybrid": Engine("lru", "hybrid", rule="paper", staging=True,
                                about="global LRU, misses split q* = m BP / BH fetched, the rest on the CPU"),
     "llamacpp-cmoe": Engine("static_layers", policy_options={"n_cpu_layers": "all"}, **_LLAMACPP,
                             about="-cmoe: all routed experts on the CPU; batches >= 32 tokens copy them to the GPU"),

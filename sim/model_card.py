@@ -3,6 +3,9 @@
 A card is a plain YAML mapping in conf/model/<name>.yaml (also a Hydra config group) of ModelCard's fields,
 plus `source` (where the numbers come from) and `estimated` (field -> why it is an estimate).
 Parameter counts are in billions. Expert params are derived: matrices x hidden x intermediate (gate, up, down).
+Routed experts are sized either by `expert_bits` (bits per weight incl. scales, a QUANT_BITS name's value) or, when
+`expert_format` is set (a name in freetoken.quant.FORMAT_SPECS, or a checkpoint's QuantFormat), exactly as the
+engine's packed layout holds them (freetoken.quant.expert_bytes over gate, up [I, D] and down [D, I]).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from freetoken.paths import CONF_DIR
+from freetoken.quant import FORMAT_SPECS, QuantFormat, format_spec
+from freetoken.quant import expert_bytes as matrix_bytes
 from sim.config_file import build, read_mapping, require_positive, resolve
 
 MODEL_DIR = CONF_DIR / "model"
@@ -57,8 +62,13 @@ class ModelCard:
     compute_dtype: str = "bf16"  # GPU tensor rate the expert and dense GEMMs run at (hardware gpu_<dtype>_tflops)
     estimated: dict[str, str] = field(default_factory=dict)
     notes: str = ""
+    expert_format: QuantFormat | None = None  # exact packed format of the routed experts; sets expert_bits
 
     def __post_init__(self) -> None:
+        if isinstance(self.expert_format, str):  # a YAML card names a format
+            object.__setattr__(self, "expert_format", format_spec(self.expert_format))
+        if self.expert_format is not None:
+            object.__setattr__(self, "expert_bits", 8 * self.expert_bytes() / self.expert_params)
         require_positive(self, ("num_layers", "moe_layers", "num_experts", "top_k", "hidden_size",
                                 "expert_intermediate_size", "dense_params", "kv_bytes_per_token",
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
@@ -103,18 +113,33 @@ class ModelCard:
 
     def with_quant(self, expert: str | None = None, dense: str | None = None,
                    compute: str | None = None) -> "ModelCard":
-        """The same model stored in other formats (names in QUANT_BITS), its GEMMs at another rate."""
+        """The same model stored in other formats, its GEMMs at another rate. expert: a format name
+        (FORMAT_SPECS: exact packed bytes; wins for mxfp4/nvfp4, which are in both) or a QUANT_BITS name; dense:
+        a QUANT_BITS name."""
         from dataclasses import replace
 
-        for fmt in (expert, dense):
-            if fmt is not None and fmt not in QUANT_BITS:
-                raise ValueError(f"unknown quantization {fmt!r}; valid: {', '.join(QUANT_BITS)}")
-        return replace(self, expert_bits=QUANT_BITS[expert] if expert else self.expert_bits,
-                       dense_bits=QUANT_BITS[dense] if dense else self.dense_bits,
+        if expert is not None and expert not in FORMAT_SPECS and expert not in QUANT_BITS:
+            raise ValueError(f"unknown expert quantization {expert!r}; valid formats: {', '.join(FORMAT_SPECS)}; "
+                             f"bits per weight: {', '.join(QUANT_BITS)}")
+        if dense is not None and dense not in QUANT_BITS:
+            raise ValueError(f"unknown quantization {dense!r}; valid: {', '.join(QUANT_BITS)}")
+        card = replace(self, dense_bits=QUANT_BITS[dense] if dense else self.dense_bits,
                        compute_dtype=compute or self.compute_dtype)
+        if expert in FORMAT_SPECS:
+            return replace(card, expert_format=format_spec(expert))
+        if expert is not None:
+            return replace(card, expert_bits=QUANT_BITS[expert], expert_format=None)
+        return card
 
     def expert_bytes(self) -> int:
-        return int(round(self.expert_params * self.expert_bits / 8))
+        if self.expert_format is None:
+            return int(round(self.expert_params * self.expert_bits / 8))
+        D, I, fmt = self.hidden_size, self.expert_intermediate_size, self.expert_format
+        where = f"model {self.name}: expert_format"
+        try:  # gate and up [I, D], down [D, I]
+            return (self.expert_matrices - 1) * matrix_bytes(fmt, I, D) + matrix_bytes(fmt, D, I)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
     def dense_bytes(self) -> int:
         """Weights read every token (excludes the embedding table)."""
@@ -131,6 +156,16 @@ class ModelCard:
 
 
 def load_model_card(name_or_path: str) -> ModelCard:
+    """A name in conf/model, a .yaml card, or a local HF checkpoint directory (sim.checkpoint_card)."""
+    if Path(name_or_path).expanduser().is_dir():
+        from sim.checkpoint_card import card_from_checkpoint
+
+        return card_from_checkpoint(Path(name_or_path).expanduser())
+    if Path(name_or_path).exists() and Path(name_or_path).suffix not in (".yaml", ".yml"):
+        raise ValueError(f"model {name_or_path!r}: neither a checkpoint directory (with config.json) nor a "
+                         ".yaml model card")
+    if "/" in name_or_path and not Path(name_or_path).exists():
+        raise ValueError(f"model {name_or_path!r}: no such checkpoint directory or .yaml model card")
     path = resolve(name_or_path, MODEL_DIR, "model")
     return build(ModelCard, read_mapping(path), str(path))
 

@@ -6,7 +6,13 @@ this module only turns a card and a profile into its inputs, so the sim and the 
 
 from __future__ import annotations
 
-from freetoken.serve.memory import DEFAULT_KV_FLOOR, MemoryPlan, ModelMemory, plan_memory
+from freetoken.serve.memory import (
+    DEFAULT_KV_FLOOR,
+    MemoryPlan,
+    ModelMemory,
+    cache_rows,
+    plan_memory,
+)
 from sim.hardware import HardwareProfile
 from sim.model_card import ModelCard
 
@@ -14,9 +20,10 @@ UNBOUNDED_CONTEXT = 1 << 24  # cards carry no context limit; the floor is the ca
 
 
 def model_memory(card: ModelCard) -> ModelMemory:
+    """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache."""
     return ModelMemory(dense_bytes=card.dense_bytes() + card.embedding_bytes(),
                        kv_bytes_per_token=card.kv_bytes_per_token, expert_bytes=card.expert_bytes(),
-                       num_experts=card.num_keys, min_slots=card.top_k, max_context=UNBOUNDED_CONTEXT)
+                       num_experts=card.num_keys, min_slots=card.num_experts, max_context=UNBOUNDED_CONTEXT)
 
 
 def plan_for(card: ModelCard, hw: HardwareProfile, min_context: int = DEFAULT_KV_FLOOR) -> MemoryPlan:
@@ -25,4 +32,9 @@ def plan_for(card: ModelCard, hw: HardwareProfile, min_context: int = DEFAULT_KV
                        reserve_bytes=int(hw.reserved_bytes), device=f"{hw.name} ({hw.gpu})")
 
 
-__all__ = ["DEFAULT_KV_FLOOR", "MemoryPlan", "plan_for"]
+def policy_capacity(plan: MemoryPlan, card: ModelCard) -> int:
+    """Slots the placement policy gets: the planned slots less one layer of staging (as the engine splits them)."""
+    return cache_rows(plan, card.num_experts)[0]
+
+
+__all__ = ["DEFAULT_KV_FLOOR", "MemoryPlan", "plan_for", "policy_capacity"]

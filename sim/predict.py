@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from freetoken.quant import describe
 from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
 from sim.cost import call_meta, charge
 from sim.engines import Engine, get_engine
 from sim.hardware import HardwareProfile
 from sim.model_card import ModelCard
-from sim.planner import DEFAULT_KV_FLOOR, plan_for
+from sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
 from sim.prediction import Prediction, summarize
 from sim.run import SimConfig, simulate
 
@@ -97,7 +98,8 @@ def join_after(warm: RoutingTrace, trace: RoutingTrace) -> RoutingTrace:
 def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
             min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
             capacity: int | None = None, on_call=None, warmup: RoutingTrace | None = None) -> Prediction:
-    """capacity: expert slots instead of the memory planner's (must not exceed the model's experts).
+    """capacity: the policy's expert slots instead of the memory planner's (must not exceed the model's experts;
+    the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them).
     warmup: routing replayed first and not reported, so `trace` meets the cache a running server would have."""
     engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
     engine_name = engine_name if isinstance(engine_name, str) else "custom"
@@ -107,7 +109,8 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     if capacity is not None and not 0 <= capacity <= card.num_keys:
         raise ValueError(f"capacity {capacity} must lie in [0, {card.num_keys}]: {card.name} has {card.moe_layers} "
                          f"MoE layers x {card.num_experts} experts")
-    capacity = plan.expert_slots if capacity is None else capacity
+    if capacity is None:
+        capacity = policy_capacity(plan, card) if engine.staging else plan.expert_slots
     if engine.resident and capacity < card.num_keys:
         raise ValueError(f"engine {engine_name}: all {card.num_keys} experts of {card.name} need "
                          f"{card.all_expert_bytes() / 2**30:.1f} GiB; {hw.name} leaves room for {capacity} "
@@ -136,6 +139,7 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
                      engine=engine_name, policy=result.policy, split=result.split, capacity_experts=capacity,
                      total_experts=card.num_keys)
     pred.inputs = {"expert_bytes": card.expert_bytes(), "expert_bits": card.expert_bits,
+                   "expert_format": describe(card.expert_format) if card.expert_format else None,
                    "dense_bits": card.dense_bits, "bp_gb_s": hw.pcie_gb_s, "bh_gb_s": hw.host_gb_s,
                    "dram_gb_s": hw.dram_gb_s, "hbm_gb_s": hw.hbm_gb_s, "host": host,
                    "prefill_chunk": engine.prefill_chunk, "min_context": min_context,

@@ -52,7 +52,7 @@ def test_warm_server_rates_are_the_measured_requests_own_calls():
     from sim.engines import get_engine
     from sim.hardware import load_hardware
     from sim.model_card import load_model_card
-    from sim.planner import plan_for
+    from sim.planner import plan_for, policy_capacity
     from sim.run import SimConfig, simulate
 
     card, hw, engine = load_model_card(anchors.MODEL), load_hardware("rtx5090-ryzen"), get_engine("freetoken-offload")
@@ -61,7 +61,7 @@ def test_warm_server_rates_are_the_measured_requests_own_calls():
     trace = traces.get(2048, "pinned")
     assert (trace.request == 0).sum() == anchors.DECODE_TOKENS and (trace.phase[trace.request == 0] == 1).all()
     q = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
-    config = SimConfig("lru", engine.split_for(q, hw), capacity=plan_for(q, hw).expert_slots,
+    config = SimConfig("lru", engine.split_for(q, hw), capacity=policy_capacity(plan_for(q, hw), q),
                        prefill_chunk=engine.prefill_chunk, expert_bytes=q.expert_bytes())
     log = simulate(trace, config).log
     t = charge(log, call_meta(trace, engine.prefill_chunk), q, hw, engine.cost_options("shared")).seconds

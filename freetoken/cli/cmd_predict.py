@@ -12,11 +12,20 @@ def register(sub) -> None:
     from sim.engines import ENGINES
     from sim.lanes import HOST_MODES
     from sim.planner import DEFAULT_KV_FLOOR
-    from sim.predict import DEFAULT_DECODE, DEFAULT_PROMPT, SYNTH_REUSE, SYNTH_SKEW, SYNTH_WINDOW
+    from sim.predict import (
+        DEFAULT_DECODE,
+        DEFAULT_PROMPT,
+        SYNTH_REUSE,
+        SYNTH_SKEW,
+        SYNTH_WINDOW,
+    )
 
     p = sub.add_parser("predict", help="predict throughput and latency from a model card, a hardware profile "
                                        "and an engine (cost model over a replayed trace)")
-    p.add_argument("--model", help="a name in conf/model (e.g. qwen3.5-122b-a10b) or a .yaml path")
+    p.add_argument("--model", help="a name in conf/model (e.g. qwen3.5-122b-a10b), a .yaml path, or a local HF "
+                                   "checkpoint directory (its config.json: shape, dtype, quantization_config)")
+    p.add_argument("--expert-format", help="size the routed experts as this packed format (gptq-g128, fp8-block, "
+                                           "nvfp4, ... freetoken.quant.FORMAT_SPECS) or bits name (int4, ...)")
     p.add_argument("--hardware", help="a name in conf/hardware (e.g. rtx5090-ryzen) or a .yaml path")
     p.add_argument("--engine", default="freetoken-offload", choices=list(ENGINES))
     p.add_argument("--rule", choices=["balanced", "paper"],
@@ -58,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from sim.predict import check_shape, predict, synthetic_trace, warmup_split
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
+    if args.expert_format:
+        card = card.with_quant(expert=args.expert_format)
     if args.bw_profile:
         from pathlib import Path
 

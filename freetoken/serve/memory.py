@@ -74,6 +74,13 @@ class MemoryPlan:
         ])
 
 
+def cache_rows(plan: MemoryPlan, layer_experts: int) -> tuple[int, int]:
+    """(policy slots, staging rows) of the planned slot pool: one layer's experts of staging (fetched, not kept)
+    beside the policy's cache, none when every expert is resident. The engine and the sim split alike."""
+    staging = 0 if plan.expert_slots >= plan.num_experts else layer_experts
+    return plan.expert_slots - staging, staging
+
+
 def plan_memory(model: ModelMemory, budget_bytes: int, kv_floor: int | None = None, reserve_bytes: int = 0,
                 kv_cap: int | None = None, device: str = "device") -> MemoryPlan:
     """kv_floor: tokens the KV cache gets before any expert slot (default min(max_context, 32768));

@@ -1,0 +1,53 @@
+"""A model card from a local HF checkpoint's config.json: the shape fields the engine's loader reads, parameter
+counts from the tensor shapes it will load, the expert format from quantization_config. Only config.json is read,
+so a directory holding just that file is enough for `ft predict --model DIR`."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from freetoken.quant import describe, load_quant_format
+from sim.model_card import ModelCard
+
+# config.json "dtype" (transformers >= 4.56) or "torch_dtype" -> bits of the dense weights, KV cache and, when not
+# quantized, the experts
+DTYPE_BITS = {"float32": 32.0, "bfloat16": 16.0, "float16": 16.0}
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def card_from_checkpoint(path: str | Path) -> ModelCard:
+    from freetoken.models.checkpoint import read_config
+
+    path = Path(path)
+    family, cfg = read_config(path)
+    config_file = path / "config.json"
+    raw = json.loads(config_file.read_text())
+    dtype = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+    if dtype not in DTYPE_BITS:
+        raise ValueError(f"{config_file}: dtype {dtype!r} is not one of {', '.join(DTYPE_BITS)}")
+    bits = DTYPE_BITS[dtype]
+    fmt = load_quant_format(path)
+    shapes = family.dense_tensors(cfg)  # name -> shape of every non-expert tensor
+    embedding = math.prod(shapes[EMBEDDING])
+    dense = sum(math.prod(s) for s in shapes.values()) - embedding
+    if cfg.tie_word_embeddings:  # the table is also the lm_head: read whole every token
+        dense, embedding = dense + embedding, 0
+    D, I, E = cfg.hidden_size, cfg.expert_intermediate, cfg.num_experts
+    keys = cfg.num_moe_layers * E
+    expert_params = 3 * D * I
+    dense_b, embedding_b = dense / 1e9, embedding / 1e9
+    return ModelCard(
+        name=path.resolve().name, hf_id=str(raw.get("_name_or_path") or path.resolve().name),
+        num_layers=cfg.num_layers, moe_layers=cfg.num_moe_layers, num_experts=E, top_k=cfg.top_k,
+        shared_experts=1 if cfg.shared_expert_intermediate else 0, hidden_size=D, expert_intermediate_size=I,
+        dense_params=dense_b, embedding_params=embedding_b,
+        kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * int(bits) // 8,
+        attention_layers=cfg.num_layers, attention_width=cfg.num_heads * cfg.head_dim,
+        expert_bits=bits, dense_bits=bits,
+        total_params=dense_b + embedding_b + keys * expert_params / 1e9,
+        active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,
+        source=f"{config_file} ({cfg.architecture}, {dtype}"
+               + (f", experts {describe(fmt)})" if fmt else ")"),
+        expert_format=fmt)
