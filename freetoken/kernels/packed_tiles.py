@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 TINY_E8M0 = tl.constexpr(2.0**-127)  # e8m0 code 0: a subnormal fp32 that the bit shift below cannot build
-NAN = tl.constexpr(float("nan"))
+QUIET_NAN_BITS = tl.constexpr(0x7FC00000)  # OR-ed into a code: a NaN (a nan constexpr never equals itself)
 
 
 @triton.jit
@@ -23,14 +23,14 @@ def e4m3_bits_to_fp32(b):
     normal = (((b & 0x80) << 24) | ((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
     subnormal = man.to(tl.float32) * 0.001953125  # man / 8 * 2**-6, exact
     val = tl.where(exp == 0, tl.where((b & 0x80) != 0, -subnormal, subnormal), normal)
-    return tl.where((b & 0x7F) == 0x7F, NAN, val)
+    return tl.where((b & 0x7F) == 0x7F, (b | QUIET_NAN_BITS).to(tl.float32, bitcast=True), val)
 
 
 @triton.jit
 def e8m0_bits_to_fp32(b):
     """e8m0 codes (int32 0..255) -> 2**(b - 127); 0xff NaN."""
     val = tl.where(b == 0, TINY_E8M0, (b << 23).to(tl.float32, bitcast=True))
-    return tl.where(b == 0xFF, NAN, val)
+    return tl.where(b == 0xFF, (b | QUIET_NAN_BITS).to(tl.float32, bitcast=True), val)
 
 
 @triton.jit

@@ -165,3 +165,16 @@ def test_non_contiguous_and_out_of_range_g_idx_are_refused():
     gate.g_idx[0, 0] = 4  # K = 64 / 16 = 4 groups: ids 0..3
     with pytest.raises(ValueError, match=r"gate.g_idx: values must lie in \[0, 4\)"):
         expert_ffn_quant(*_inputs(1, 64, g, torch.float32), gate, up, down)
+
+
+@pytest.mark.parametrize("name, field, code", [("fp8 per channel", "data", 0x7F), ("fp4 mxfp4 e8m0 g32", "scales", 0xFF)])
+def test_nan_codes_decode_to_nan_like_the_reference(name, field, code):
+    """e4m3 0x7f / e8m0 0xff are NaN: the pair whose slot holds one is NaN in both, the other token is finite."""
+    (gate, up, down), g = _packed(name, seed=5)
+    getattr(gate, field)[1, 0, 0] = code
+    x, weights = torch.randn(2, 64, generator=g), torch.rand(2, 1, generator=g)
+    slot_ids = torch.tensor([[1], [2]], dtype=torch.int32)
+    out = expert_ffn_quant(x, slot_ids, weights, gate, up, down)
+    ref = expert_ffn_quant_ref(x, slot_ids, weights, gate, up, down)
+    assert out[0].isnan().all() and ref[0].isnan().all()
+    torch.testing.assert_close(out[1], ref[1], rtol=1e-5, atol=1e-5 * ref[1].abs().amax().item())
