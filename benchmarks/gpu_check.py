@@ -159,6 +159,18 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
             "trace": engine.trace()}
 
 
+def quant_memory_check(device: str, dry_run: bool) -> list:
+    """Slot pools of every expert format (Qwen3-30B-A3B expert, 64 slots): device memory used / the cost model's
+    bytes. Dry run: a 128x128 expert, 4 slots, RSS left untuned (figures printed, not meaningful)."""
+    from freetoken.quant.measure import measure_all
+
+    shape, slots = ((128, 128), 4) if dry_run else ((QWEN3_30B_A3B.hidden, QWEN3_30B_A3B.intermediate), 64)
+    rows = measure_all(*shape, slots, device, pin_malloc=False)
+    print(f"quantized slot pools, {slots} x D {shape[0]} I {shape[1]}, {rows[0].method} / expected: "
+          + ", ".join(f"{r.name} {r.ratio:.3f}" for r in rows), flush=True)
+    return rows
+
+
 def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
               check_kernel_suite: bool = True, distinct_layers: bool = False) -> list[dict]:
     from freetoken.trace.stats import expert_counts
@@ -174,6 +186,7 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
         results = check_kernels(device, dtype, dry_run=dry_run)
         bad = [r.name for r in results if not r.ok]
         print(f"kernels: {len(results) - len(bad)}/{len(results)} ok" + (f"; FAIL: {', '.join(bad)}" if bad else ""))
+    quant_memory_check(device, dry_run)
     t0 = time.perf_counter()
     ckpt = random_checkpoint(TINY if dry_run else QWEN3_30B_A3B, dtype, device, distinct_layers)
     from freetoken.engine.slots import ExpertStore
