@@ -109,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
                               top_k=args.top_k, greedy=args.greedy, seed=args.seed)
     engine = build_engine(args)
+    store = engine.store
+    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
     ids = prompt_ids(args, engine)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     tok = engine.tokenizer
@@ -137,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": args.policy, "split": args.split, "kernels": args.kernels,
-                    "device": str(engine.device), "trace": args.record_trace})
+                    "device": str(engine.device), "experts": store.format, "trace": args.record_trace})
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")
     sys.stderr.write(("\r" if live else "") + _progress(engine, len(out)) + "\n")

@@ -10,9 +10,9 @@ reused and extended (its explicit length and token ids allow prefix reuse), coun
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import torch
 
@@ -60,8 +60,7 @@ class Engine:
         self.device = torch.device(device) if device is not None else default_device()
         self.kernels = kernel_set(kernels)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
-        experts = ckpt.experts if dtype is None else [(g.to(dtype), d.to(dtype)) for g, d in ckpt.experts]
-        self.store = ExpertStore(experts)
+        self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
         self.cache = ExpertCache(self.store, cache or CacheConfig(), self.kernels, self.device, keep_plans, pipeline)
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
@@ -74,7 +73,7 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str | Path, cache: CacheConfig | None = None, *,
-                        dtype: torch.dtype | None = None, **kw) -> "Engine":
+                        dtype: torch.dtype | None = None, **kw) -> Engine:
         ckpt = load_checkpoint(model, dtype=dtype)
         return cls(ckpt, cache, tokenizer=load_tokenizer(ckpt.path), **kw)
 

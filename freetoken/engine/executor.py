@@ -3,7 +3,7 @@
 fetch: host -> slot copies (a side CUDA stream where CUDA exists; the GPU first computes the hits, then waits for
 the copies and computes the fetched experts, so transfers overlap compute; in prefill the fetches go in two
 halves, double-buffered: the first half computes while the second copies); hits and fetched experts run in
-expert_ffn by slot id; `cpu` experts get slot -1 there and run in the CPU lane (torch on the host weights), whose
+expert_ffn by slot id (expert_ffn_quant for a packed pool); `cpu` experts get slot -1 there and run in the CPU lane (torch on the host weights), whose
 result is added. The arithmetic is the same whichever lane computes an expert, so the cache never changes the
 math beyond floating-point summation order.
 """
@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from freetoken.placement.counts import Counts
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.placement import PREFILL, Plan
+from freetoken.placement.counts import Counts
 
 
 class LiveExecutor:
@@ -52,11 +52,11 @@ class LiveExecutor:
             slot_of[e] = s
             fetched.append((e, s))
         slots = slot_of[ids]  # [T, K]
-        ffn = self.kernels.expert_ffn
+        ffn = self.kernels.expert_ffn_quant if pool.packed else self.kernels.expert_ffn
         if not self.pipeline or not fetched:
             ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
             self._wait([ready, *events])
-            y = ffn(x, self._slots(slots), weights, pool.w_gate_up, pool.w_down)
+            y = ffn(x, self._slots(slots), weights, *pool.weights)
         else:  # hits while the copies run; then each fetched group as soon as its copies land
             halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
             cut = -(-len(fetched) // halves)
@@ -67,8 +67,7 @@ class LiveExecutor:
                 if not experts:
                     continue
                 self._wait([event])
-                part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, pool.w_gate_up,
-                           pool.w_down)
+                part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, *pool.weights)
                 y = part if y is None else y + part
         if plan.cpu:
             y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
@@ -118,7 +117,8 @@ class LiveExecutor:
     def _cpu_lane(self, layer: int, experts: list[int], x: torch.Tensor, weights: torch.Tensor,
                   ids: np.ndarray) -> torch.Tensor:
         """sum over this call's cpu experts of w[t, k] * down(silu(gate x) * up x) on the host, in the store's dtype
-        (torch accumulates in fp32, as the GPU kernel does), routing weights and the sum in fp32."""
+        (torch accumulates in fp32, as the GPU kernel does), routing weights and the sum in fp32. Packed experts are
+        dequantized one by one to that dtype first."""
         store = self.store
         I, dt = store.intermediate, store.dtype
         xh = x.to("cpu", dt)  # [T, D]
@@ -127,9 +127,10 @@ class LiveExecutor:
         for e in experts:
             tok, k = np.nonzero(ids == e)
             tok_t = torch.from_numpy(tok)
-            h = xh[tok_t] @ store.gate_up[layer][e].T  # [n, 2I]
+            gate_up, down = store.expert_weights(layer, e)  # [2I, D], [D, I]
+            h = xh[tok_t] @ gate_up.T  # [n, 2I]
             h = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(dt)
-            y = (h @ store.down[layer][e].T).float()  # [n, D]
+            y = (h @ down.T).float()  # [n, D]
             out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
         return out
 

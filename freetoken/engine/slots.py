@@ -3,33 +3,87 @@
 Slot pool rows [0, capacity) are the policy's slots; rows [capacity, capacity + staging) are staging buffers for
 experts fetched but not kept (a Plan's fetch slot -1). Both sets sit in one tensor so one expert_ffn launch reads
 hits and fetched experts alike by slot id.
+
+Quantized checkpoints keep their experts packed in both places: per MoE layer a (gate, up, down) triple of
+PackedWeights (freetoken/quant/packed.py), one slot per expert in the store and one per cache row in the pool, so a
+fetch moves the packed bytes and expert_ffn_quant dequantizes inside the matmul.
 """
 
 from __future__ import annotations
 
 import torch
 
+from freetoken.quant.packed import PackedWeight
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
 
 class ExpertStore:
-    """gate_up[l]: [E, 2I, D] (gate rows, then up rows), down[l]: [E, D, I], per MoE layer, in host memory."""
+    """Dense: gate_up[l] [E, 2I, D] (gate rows, then up rows), down[l] [E, D, I], per MoE layer, in host memory.
+    Packed (layers of (gate, up, down) PackedWeights): gate[l], up[l], down[l]; `dtype` is then the compute dtype
+    the CPU lane dequantizes to."""
 
-    def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor]]):
+    def __init__(self, layers: list[tuple], dtype: torch.dtype | None = None, quant_format: str | None = None):
         if not layers:
             raise ValueError("expert store: no MoE layer")
-        self.gate_up = [gu for gu, _ in layers]
-        self.down = [d for _, d in layers]
-        E, I2, D = self.gate_up[0].shape
-        self.num_experts, self.intermediate, self.hidden = E, I2 // 2, D
-        self.dtype = self.gate_up[0].dtype
+        self.packed = isinstance(layers[0][0], PackedWeight)
+        if self.packed:
+            if dtype is None:
+                raise ValueError("expert store: packed experts need the compute dtype")
+            self.gate, self.up, self.down = ([layer[i] for layer in layers] for i in range(3))
+            (I, D), E = self.gate[0].shape, self.gate[0].num_slots
+            self._check_layers()
+            self.dtype, self.format = dtype, quant_format or self.gate[0].kind
+        else:
+            self.gate_up = [gu for gu, _ in layers]
+            self.down = [d for _, d in layers]
+            E, I2, D = self.gate_up[0].shape
+            I = I2 // 2
+            self.dtype = self.gate_up[0].dtype
+            self.format = DTYPE_NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
+        self.num_experts, self.intermediate, self.hidden = E, I, D
+
+    @classmethod
+    def from_checkpoint(cls, ckpt, dtype: torch.dtype | None = None) -> ExpertStore:
+        """dtype: the compute dtype (None: the checkpoint's); dense experts are cast to it, packed ones stay
+        packed and are labelled by their format ('gptq int4 g128')."""
+        if ckpt.quant is None:
+            experts = ckpt.experts if dtype is None else [(g.to(dtype), d.to(dtype)) for g, d in ckpt.experts]
+            return cls(experts)
+        from freetoken.quant import describe
+
+        return cls(ckpt.experts, dtype or ckpt.dense["model.embed_tokens.weight"].dtype, describe(ckpt.quant))
+
+    def _check_layers(self) -> None:
+        """Every layer must fit the pool built from layer 0: same layout, shapes and dtypes per projection."""
+        for name, ws in (("gate", self.gate), ("up", self.up), ("down", self.down)):
+            want = _layout(ws[0])
+            for l, w in enumerate(ws[1:], 1):
+                if _layout(w) != want:
+                    raise ValueError(f"expert store: layer {l} {name} is laid out as {_layout(w)}, layer 0 as {want}")
 
     @property
     def num_layers(self) -> int:
-        return len(self.gate_up)
+        return len(self.down)
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert (gate, up, down): what one fetch moves over PCIe."""
+        """Bytes of one expert (gate, up, down): what one fetch moves over PCIe (packed: values and scales)."""
+        if self.packed:
+            return sum(w[0].nbytes_per_slot for w in (self.gate, self.up, self.down))
         return 3 * self.intermediate * self.hidden * self.gate_up[0].element_size()
+
+    def expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, D], down [D, I]) of one expert in the store's dtype, on the host (the CPU lane's)."""
+        if not self.packed:
+            return self.gate_up[layer][expert], self.down[layer][expert]
+        gate, up, down = (w[layer].to_float(expert).to(self.dtype) for w in (self.gate, self.up, self.down))
+        return torch.cat([gate, up]), down
+
+
+def _layout(w: PackedWeight) -> tuple:
+    return (w.kind, w.shape, w.group, w.block, w.scale_code, w.global_op,
+            tuple((n, t.dtype, tuple(t.shape[1:])) for n, t in w.tensors().items()))
 
 
 class SlotPool:
@@ -37,11 +91,30 @@ class SlotPool:
         if capacity < 0 or staging < 0 or capacity + staging == 0:
             raise ValueError(f"slot pool needs capacity + staging > 0, got {capacity} + {staging}")
         S, I, D = capacity + staging, store.intermediate, store.hidden
-        self.capacity, self.staging = capacity, staging
-        self.w_gate_up = torch.zeros((S, 2 * I, D), dtype=store.dtype, device=device)  # [S, 2I, D]
-        self.w_down = torch.zeros((S, D, I), dtype=store.dtype, device=device)  # [S, D, I]
+        self.capacity, self.staging, self.packed = capacity, staging, store.packed
+        if self.packed:
+            self.gate, self.up, self.down = (w[0].empty_slots(S, device) for w in (store.gate, store.up, store.down))
+        else:
+            self.w_gate_up = torch.zeros((S, 2 * I, D), dtype=store.dtype, device=device)  # [S, 2I, D]
+            self.w_down = torch.zeros((S, D, I), dtype=store.dtype, device=device)  # [S, D, I]
+
+    @property
+    def weights(self) -> tuple:
+        """What expert_ffn (dense: w_gate_up, w_down) or expert_ffn_quant (packed: gate, up, down) reads."""
+        return (self.gate, self.up, self.down) if self.packed else (self.w_gate_up, self.w_down)
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes the pool holds, every slot and staging row."""
+        tensors = [t for w in self.weights for t in w.tensors().values()] if self.packed else list(self.weights)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def load(self, slot: int, store: ExpertStore, layer: int, expert: int) -> None:
         """Copy one expert host -> slot (asynchronous from pinned memory on the current CUDA stream)."""
+        if self.packed:
+            self.gate.copy_slot(slot, store.gate[layer], expert, non_blocking=True)
+            self.up.copy_slot(slot, store.up[layer], expert, non_blocking=True)
+            self.down.copy_slot(slot, store.down[layer], expert, non_blocking=True)
+            return
         self.w_gate_up[slot].copy_(store.gate_up[layer][expert], non_blocking=True)
         self.w_down[slot].copy_(store.down[layer][expert], non_blocking=True)

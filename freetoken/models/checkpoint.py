@@ -2,7 +2,8 @@
 
 Everything is read and checked before a Checkpoint is returned, so a bad file never leaves a half-loaded model
 in use: a missing shard, an unreadable or truncated file, a missing tensor or one of the wrong shape raises a
-CheckpointError naming the file and the tensor.
+CheckpointError naming the file and the tensor. A checkpoint whose config.json has a `quantization_config` keeps
+its routed experts packed (quantized.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from freetoken.models import read_model_config
 from freetoken.models.config import CheckpointError, ModelConfig
 from freetoken.models.family import Family
+from freetoken.quant import QuantError, QuantFormat, load_quant_format
 
 INDEX = "model.safetensors.index.json"
 
@@ -23,13 +25,15 @@ INDEX = "model.safetensors.index.json"
 @dataclass(slots=True)
 class Checkpoint:
     """dense: every non-expert tensor by its checkpoint name; experts: per MoE layer (gate_up [E, 2I, D]
-    with gate rows then up rows, down [E, D, I]) in host memory."""
+    with gate rows then up rows, down [E, D, I]) in host memory, or, quantized (`quant` set), per MoE layer
+    (gate, up, down) PackedWeights with one slot per expert (gate/up (I, D), down (D, I))."""
 
     path: Path
     family: Family
     config: ModelConfig
     dense: dict[str, torch.Tensor]
-    experts: list[tuple[torch.Tensor, torch.Tensor]]
+    experts: list[tuple]
+    quant: QuantFormat | None = None
 
 
 def resolve_dir(model: str | Path) -> Path:
@@ -97,7 +101,7 @@ class _Reader:
     def __init__(self, path: Path, where: dict[str, Path]):
         self.path, self.where, self.handles = path, where, {}
 
-    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> torch.Tensor:
         file = self.where.get(name)
         if file is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} not found in the checkpoint")
@@ -107,7 +111,7 @@ class _Reader:
         if name not in handle.keys():
             raise CheckpointError(f"{file}: tensor {name!r} not found (the index says it is here)")
         got = tuple(handle.get_slice(name).get_shape())
-        if got != tuple(shape):
+        if shape is not None and got != tuple(shape):
             raise CheckpointError(f"{file}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
         try:
             t = handle.get_tensor(name)
@@ -115,19 +119,44 @@ class _Reader:
             raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e})") from None
         return t if dtype is None else t.to(dtype)
 
+    def raw(self, name: str) -> torch.Tensor:
+        """As stored, any shape (packed tensors: their checks are freetoken.quant's)."""
+        return self.get(name, None, None)
+
     def has(self, name: str) -> bool:
         return name in self.where
 
 
 def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bool | None = None) -> Checkpoint:
-    """dtype: cast every tensor (None: keep the checkpoint's). pin: page-lock the expert store (default: on CUDA)."""
+    """dtype: cast every tensor (None: keep the checkpoint's; packed experts stay packed). pin: page-lock the
+    expert store (default: on CUDA)."""
     path = resolve_dir(model)
     family, cfg = read_config(path)
     reader = _Reader(path, shard_map(path))
-    dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
     pin = torch.cuda.is_available() if pin is None else pin
+    try:
+        fmt = load_quant_format(path)
+    except QuantError as e:
+        raise CheckpointError(str(e)) from None
+    if fmt is not None:
+        return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
+    dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts)
+
+
+def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfig, fmt: QuantFormat,
+                    dtype: torch.dtype | None, pin: bool) -> Checkpoint:
+    from freetoken.models.quantized import TensorView, read_dense, read_experts
+
+    view = TensorView(reader.where, reader.raw)
+    try:
+        dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype)
+        experts = [read_experts(view, family, cfg, layer, fmt, pin) for layer in cfg.moe_layers]
+    except (QuantError, CheckpointError) as e:
+        text = str(e)
+        raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
+    return Checkpoint(path, family, cfg, dense, experts, fmt)
 
 
 def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int, dtype, pin: bool):

@@ -104,9 +104,12 @@ class PackedWeight:
                 raise QuantError(f"{what}.{name}: shape {tuple(getattr(self, name).shape)}, expected {shape}")
 
     def empty_slots(self, num_slots: int, device: torch.device | str = "cpu", pin: bool = False) -> "PackedWeight":
-        """The same layout with `num_slots` zeroed slots (a slot pool)."""
+        """The same layout with `num_slots` zeroed slots (a slot pool); a global scale of 1, so that an empty slot
+        dequantizes to zeros (not 0 / 0) under either global_op."""
         new = {name: torch.zeros((num_slots, *t.shape[1:]), dtype=t.dtype, device=device, pin_memory=pin)
                for name, t in self.tensors().items()}
+        if "global_scale" in new:
+            new["global_scale"].fill_(1.0)
         return replace(self, **new)
 
     def copy_slot(self, slot: int, src: "PackedWeight", index: int, non_blocking: bool = False) -> None:

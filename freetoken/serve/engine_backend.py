@@ -16,8 +16,6 @@ from freetoken.serve.generation import CachedGeneration
 from freetoken.serve.memory import MemoryPlan, ModelMemory
 from freetoken.serve.prefix_cache import PrefixCache
 
-FORMAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-
 
 def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return kv[:, :, start:stop]  # [L, 2, T, Hkv, Dh] along T
@@ -58,13 +56,22 @@ class EngineSequence:
 
 def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
     """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache."""
+    from freetoken.engine.slots import ExpertStore
+
     cfg = ckpt.config
     dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
-    gate_up = ckpt.experts[0][0]  # [E, 2I, D]
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * gate_up.element_size()
-    expert = 3 * cfg.expert_intermediate * cfg.hidden_size * gate_up.element_size()
+    store = ExpertStore.from_checkpoint(ckpt)
+    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
+    expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
                        max_context)
+
+
+def expert_format(ckpt) -> str:
+    """'bf16' / 'fp16' / 'fp32' for dense experts, the packed format ('gptq int4 g128', 'nvfp4') otherwise."""
+    from freetoken.engine.slots import ExpertStore
+
+    return ExpertStore.from_checkpoint(ckpt).format
 
 
 class EngineBackend:
@@ -81,7 +88,7 @@ class EngineBackend:
         self.model_id = model_id
         cfg = self.ckpt.config
         self.max_context = max_context or min(cfg.max_position_embeddings, 32768)
-        self.expert_format = FORMAT_NAMES.get(self.ckpt.experts[0][0].dtype, str(self.ckpt.experts[0][0].dtype))
+        self.expert_format = expert_format(self.ckpt)
         self.engine = None
         self.prefix_cache: PrefixCache | None = None
         self._requests = itertools.count()
@@ -105,7 +112,8 @@ class EngineBackend:
         keys, layer = plan.num_experts, self.ckpt.config.num_experts
         staging = 0 if plan.expert_slots >= keys else layer
         cache = CacheConfig(policy, capacity=plan.expert_slots - staging, split=resolved.split, staging=staging)
-        self.cache_note = f"{policy}, {plan.expert_slots - staging} slots + {staging} staging"
+        self.cache_note = (f"{self.expert_format} experts, {policy}, {plan.expert_slots - staging} slots + "
+                           f"{staging} staging")
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
