@@ -57,7 +57,10 @@ def read_dense(view: TensorView, read_plain: Callable, fmt: QuantFormat, shapes:
         if mark is not None and mark in view:
             quantized[name] = (prefix, mark)
         elif name in view:
-            out[name] = read_plain(name, shape, dtype)
+            t = read_plain(name, shape, None)
+            if t.is_floating_point() and t.element_size() == 1:  # fp8 values whose scale is not there
+                raise CheckpointError(f"tensor {name!r} is {t.dtype} but {mark or 'its scale'!r} is missing")
+            out[name] = t if dtype is None else t.to(dtype)
         else:
             alt = f" and no {mark!r} ({fmt.kind})" if mark else ""
             raise CheckpointError(f"tensor {name!r} not found{alt} in the checkpoint")

@@ -249,3 +249,13 @@ def test_server_memory_plan_counts_packed_bytes(quant_models):
     assert mem.expert_bytes == 2 * expert_bytes(fq, I, D) + expert_bytes(fq, D, I) == 3 * 1156
     assert mem.kv_bytes_per_token == 2 * LAYERS * 2 * 16 * 4  # fp32 compute dtype: K and V, 2 kv heads x 16
     assert expert_format(model.ckpt) == "nvfp4"
+
+
+def test_fp8_weight_without_its_scale_is_named(quant_models, tmp_path):
+    bad = _rewrite(quant_models("fp8_block"), tmp_path, drop="model.layers.1.self_attn.o_proj.weight_scale_inv")
+    with pytest.raises(CheckpointError, match=r"'model\.layers\.1\.self_attn\.o_proj\.weight' is torch\.float8_e4m3fn "
+                                              r"but 'model\.layers\.1\.self_attn\.o_proj\.weight_scale_inv' is missing"):
+        load_checkpoint(bad)
+    expert_scale = "model.layers.0.mlp.experts.1.down_proj.weight_scale_inv"
+    with pytest.raises(CheckpointError, match=f"missing tensor '{expert_scale}'"):
+        load_checkpoint(_rewrite(quant_models("fp8_block"), tmp_path / "2", drop=expert_scale))
