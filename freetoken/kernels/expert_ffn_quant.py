@@ -3,7 +3,8 @@
 gate / up / down are `PackedWeight`s (freetoken/quant/packed.py) of one kind (int4, fp8, fp4) and S slots. The row
 blocks, the SwiGLU epilogue, the routing-weight scaling and the sum over pairs are expert_ffn's (imported, not
 copied); only the weight load differs: `packed_tiles.slot_tile` turns the packed bytes and scales of one
-[BLOCK_K, BLOCK_N] tile of W.T into fp32, which is rounded to x's dtype before the dot like an unquantized weight.
+[BLOCK_K, BLOCK_N] tile of W.T into fp32. A bf16 / fp16 dot takes the tile rounded to x's dtype, like an unquantized
+weight; where the dot runs in fp32 (fp32 x, and the interpreter, whose fp32 -> bf16 cast truncates) it goes in as is.
 No full-precision copy of an expert exists at any time: a slot costs exactly its packed bytes in GPU memory.
 """
 
@@ -61,11 +62,15 @@ def _gate_up_quant_kernel(
         wg = slot_tile(g_data_ptr, g_scales_ptr, g_zeros_ptr, g_g_idx_ptr, g_global_ptr, slot, offs_k, offs_n, I, D,
                        stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
                        KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)  # [BK, BN]
-        acc_g = mma(x, wg.to(x.dtype), acc_g, DOT_FP32)
+        if not DOT_FP32:  # a bf16 / fp16 dot: the tile rounded to x's dtype, as an unquantized weight is stored
+            wg = wg.to(x.dtype)
+        acc_g = mma(x, wg, acc_g, DOT_FP32)
         wu = slot_tile(u_data_ptr, u_scales_ptr, u_zeros_ptr, u_g_idx_ptr, u_global_ptr, slot, offs_k, offs_n, I, D,
                        stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
                        KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)
-        acc_u = mma(x, wu.to(x.dtype), acc_u, DOT_FP32)
+        if not DOT_FP32:
+            wu = wu.to(x.dtype)
+        acc_u = mma(x, wu, acc_u, DOT_FP32)
     h = silu_mul(acc_g, acc_u)
     tl.store(h_ptr + rows[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=rmask[:, None] & (offs_n[None, :] < I))
@@ -100,7 +105,9 @@ def _down_quant_kernel(
         w = slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, offs_k, offs_n, D, I,
                       stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)  # [BK, BN]
-        acc = mma(h, w.to(h.dtype), acc, DOT_FP32)
+        if not DOT_FP32:
+            w = w.to(h.dtype)
+        acc = mma(h, w, acc, DOT_FP32)
     route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
     tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
              mask=rmask[:, None] & (offs_n[None, :] < D))
