@@ -1,8 +1,10 @@
 """Bytes of one quantized expert matrix: as the engine holds it (`expert_bytes`, the PackedWeight layout of
 packed.py: what a slot holds and a fetch moves over PCIe) and as its exporter stored it (`stored_bytes`, on disk).
 
-The two differ only for int4: checkpoints pack 8 zero points into an int32, PackedWeight keeps one uint8 per group
-per row, so the packed layout holds N * G / 2 bytes more per matrix.
+They differ for int4: checkpoints pack 8 zero points into an int32, PackedWeight keeps one uint8 per group per
+row (N * G / 2 bytes more per matrix), and drops an act-order g_idx when one group spans the inputs. (A DeepSeek
+`scale_fmt: ue8m0` FP8 checkpoint stores one byte per block scale, widened to fp32 at repack; QuantFormat does not
+record it, so `stored_bytes` counts fp32 there.)
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ def _int4_groups(fmt: QuantFormat, in_dim: int) -> int:
     return 1 if fmt.group_size == -1 else in_dim // fmt.group_size
 
 
-def _has_g_idx(fmt: QuantFormat) -> bool:
-    return fmt.kind == "gptq" and fmt.desc_act
+def has_g_idx(fmt: QuantFormat, in_dim: int) -> bool:
+    """Act-order GPTQ keeps its int32 g_idx [K], unless one group spans the inputs (every id is then 0, and the
+    repacker drops a g_idx equal to k // group)."""
+    return fmt.kind == "gptq" and fmt.desc_act and _int4_groups(fmt, in_dim) > 1
 
 
 def expert_bytes(fmt: QuantFormat, out_dim: int, in_dim: int) -> int:
@@ -27,7 +31,7 @@ def expert_bytes(fmt: QuantFormat, out_dim: int, in_dim: int) -> int:
     n = out_dim * in_dim
     if fmt.kind in ("gptq", "awq"):  # data [N, K/2] u8, scales [N, G] fp16, zeros [N, G] u8, g_idx [K] i32
         groups = _int4_groups(fmt, in_dim)
-        return n // 2 + out_dim * groups * (INT4_SCALE_BYTES + 1) + (4 * in_dim if _has_g_idx(fmt) else 0)
+        return n // 2 + out_dim * groups * (INT4_SCALE_BYTES + 1) + (4 * in_dim if has_g_idx(fmt, in_dim) else 0)
     if fmt.kind == "fp8_block":  # data [N, K] u8, scales [ceil(N/b0), ceil(K/b1)] fp32
         b0, b1 = fmt.block
         return n + (-(-out_dim // b0)) * (-(-in_dim // b1)) * FP8_SCALE_BYTES
@@ -46,7 +50,7 @@ def stored_bytes(fmt: QuantFormat, out_dim: int, in_dim: int) -> int:
     if fmt.kind in ("gptq", "awq"):  # zeros: int32 [G, N/8] instead of uint8 [N, G]
         groups = _int4_groups(fmt, in_dim)
         return (out_dim * in_dim // 2 + groups * out_dim * INT4_SCALE_BYTES + groups * (out_dim // 8) * 4
-                + (4 * in_dim if _has_g_idx(fmt) else 0))
+                + (4 * in_dim if fmt.kind == "gptq" and fmt.desc_act else 0))
     return expert_bytes(fmt, out_dim, in_dim)  # the other formats repack byte for byte
 
 
@@ -54,7 +58,7 @@ def describe(fmt: QuantFormat) -> str:
     """One short name for tables: 'gptq int4 g128', 'fp8 block 128x128', 'nvfp4'."""
     if fmt.kind in ("gptq", "awq"):
         group = "per-channel" if fmt.group_size == -1 else f"g{fmt.group_size}"
-        return f"{fmt.kind} int4 {group}" + (" act-order" if _has_g_idx(fmt) else "")
+        return f"{fmt.kind} int4 {group}" + (" act-order" if fmt.kind == "gptq" and fmt.desc_act else "")
     if fmt.kind == "fp8_block":
         return f"fp8 block {fmt.block[0]}x{fmt.block[1]}"
     if fmt.kind == "fp8_channel":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.quant.config import QuantFormat
-from freetoken.quant.cost import INT4_SCALE_BYTES
+from freetoken.quant.cost import INT4_SCALE_BYTES, has_g_idx
 from freetoken.quant.packed import PackedWeight
 
 _SCALE_DTYPE = {2: torch.float16, 4: torch.float32}
@@ -27,7 +27,7 @@ def packed_template(fmt: QuantFormat, out_dim: int, in_dim: int, num_slots: int 
     if fmt.kind in ("gptq", "awq"):
         group = K if fmt.group_size == -1 else fmt.group_size
         G = K // group
-        g_idx = z(K, dtype=torch.int32) if fmt.kind == "gptq" and fmt.desc_act else None
+        g_idx = z(K, dtype=torch.int32) if has_g_idx(fmt, K) else None
         return PackedWeight("int4", (N, K), z(N, K // 2), z(N, G, dtype=_SCALE_DTYPE[INT4_SCALE_BYTES]),
                             zeros=z(N, G), g_idx=g_idx, group=group)
     if fmt.kind in ("fp8_block", "fp8_channel"):

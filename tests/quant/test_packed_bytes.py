@@ -25,7 +25,8 @@ def documented(name: str, N: int, K: int) -> PackedWeight:
         group = int(name.split("-g")[1].split("-")[0])
         G = K // group
         g_idx = torch.zeros(S, K, dtype=torch.int32) if name.endswith("-act") else None
-        return PackedWeight("int4", (N, K), torch.zeros(S, N, K // 2, dtype=u8), torch.zeros(S, N, G, dtype=torch.float16),
+        return PackedWeight("int4", (N, K), torch.zeros(S, N, K // 2, dtype=u8),
+                            torch.zeros(S, N, G, dtype=torch.float16),
                             zeros=torch.zeros(S, N, G, dtype=u8), g_idx=g_idx, group=group)
     if name == "fp8-block":
         return PackedWeight("fp8", (N, K), torch.zeros(S, N, K, dtype=u8),
@@ -67,6 +68,9 @@ def test_qwen3_30b_expert_gptq_g128_by_hand():
     # act-order adds int32 g_idx over the inputs: 4 x 2048 for gate/up, 4 x 768 for down
     act = format_spec("gptq-g128-act")
     assert 2 * expert_bytes(act, 768, 2048) + expert_bytes(act, 2048, 768) == 2_469_888 + 8 * 2048 + 4 * 768
+    # ... unless one group spans the inputs: every id is 0, the repacker drops it (repack._int4), and so do we
+    assert expert_bytes(act, 64, 128) == expert_bytes(fmt, 64, 128) == 64 * 64 + 64 * 3
+    assert stored_bytes(act, 64, 128) == stored_bytes(fmt, 64, 128) + 4 * 128  # the checkpoint still stores it
     # nvfp4 down: 786,432 data + 2048 x 48 e4m3 scales + one fp32 global scale
     assert expert_bytes(format_spec("nvfp4"), 2048, 768) == 786_432 + 98_304 + 4
 
