@@ -5,7 +5,8 @@
 
 From another script in benchmarks/: `from gpu_check_kernels import check_kernels; results = check_kernels("cuda")`.
 Each result line: max abs error, error relative to the reference's largest value, kernel and reference times, and
-for the bandwidth-bound cases the bytes streamed per second.
+for the bandwidth-bound cases the bytes streamed per second; the quantized expert FFN cases (int4, fp8, MXFP4, NVFP4
+slots) also their time as a multiple of the unquantized expert_ffn's on the same weights dequantized to --dtype.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Case:
     args: tuple
     bytes_moved: int = 0  # > 0: a bandwidth-bound case, report GB/s
     tolerance: float = 2e-2  # max error relative to the reference's largest magnitude
+    baseline: tuple[Callable, tuple] | None = None  # (kernel, args) the kernel's time is compared with
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class KernelResult:
     reference_ms: float
     gbps: float
     ok: bool
+    baseline_ms: float = 0.0
 
 
 def _chunked(fn: Callable, chunk: int) -> Callable:
@@ -123,7 +126,42 @@ def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
         Case("expert_ffn decode K slots", K.expert_ffn, ffn_ref,
              (x[:1], decode_slots, route_w[:1], w_gate_up, w_down), bytes_moved=s.K * expert_bytes),
         Case("expert_ffn prefill with misses", K.expert_ffn, ffn_ref, (x, slot_ids, route_w, w_gate_up, w_down)),
+        *_quant_ffn_cases(s, device, dtype, g),
     ]
+
+
+def _quant_ffn_cases(s: KernelShapes, device: str, dtype: torch.dtype, g: torch.Generator) -> list[Case]:
+    """expert_ffn_quant per packed kind on S = 16 slots (decode: T = 1, prefill: T = 256 with misses), timed against
+    the unquantized expert_ffn on the same weights dequantized to `dtype`."""
+    from freetoken import kernels as K
+    from freetoken.kernels.expert_ffn_quant import dequantize_experts
+    from freetoken.kernels.packed_random import random_packed
+
+    D, I, S = s.D, s.I // 32 * 32, min(16, s.slots)  # group sizes up to 32 divide I
+    group = 128 if D % 128 == 0 and I % 128 == 0 else 32
+    layouts = {
+        f"int4 g{group}": ("int4", {"group": group}),
+        "fp8 b128": ("fp8", {"block": (128, 128)}),
+        "mxfp4": ("fp4", {"group": 32, "scale_code": "e8m0"}),
+        "nvfp4": ("fp4", {"group": 16, "scale_code": "e4m3", "global_op": "divide"}),
+    }
+    T = min(256, s.prefill_tokens)
+    x = torch.randn(T, D, generator=g, device=device).to(dtype)
+    route_w = torch.rand(T, s.K, generator=g, device=device)
+    decode_slots = torch.randperm(S, generator=g, device=device)[: s.K].to(torch.int32)[None, :]
+    slot_ids = torch.randint(-1, S, (T, s.K), dtype=torch.int32, generator=g, device=device)
+    ref = _chunked(K.expert_ffn_quant_ref, 16)
+    out = []
+    for name, (kind, layout) in layouts.items():
+        gate, up = (random_packed(kind, S, (I, D), g, device, **layout) for _ in range(2))
+        down = random_packed(kind, S, (D, I), g, device, **layout)
+        w_gate_up, w_down = (w.to(dtype) for w in dequantize_experts(gate, up, down))
+        packed_bytes = sum(w.nbytes_per_slot for w in (gate, up, down))
+        for case, args, moved in (("T=1", (x[:1], decode_slots, route_w[:1]), s.K * packed_bytes),
+                                  (f"T={T}", (x, slot_ids, route_w), 0)):
+            out.append(Case(f"expert_ffn_quant {name} {case}", K.expert_ffn_quant, ref, (*args, gate, up, down),
+                            bytes_moved=moved, baseline=(K.expert_ffn, (*args, w_gate_up, w_down))))
+    return out
 
 
 def _time_ms(fn: Callable, args: tuple, device: str, iters: int) -> float:
@@ -156,6 +194,7 @@ def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("device: CUDA is not available here (use --dry-run on a CPU machine)")
     results = []
+    dtype_name = str(dtype).removeprefix("torch.")
     print(f"{'kernel':38s} {'max abs err':>11s} {'rel err':>9s} {'kernel ms':>10s} {'ref ms':>9s} {'GB/s':>7s}")
     with torch.no_grad():
         for case in _cases(shapes, device, dtype):
@@ -166,11 +205,13 @@ def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry
             kernel_ms = _time_ms(case.kernel, case.args, device, iters)
             ref_ms = _time_ms(case.reference, case.args, device, max(1, iters // 4))
             gbps = case.bytes_moved / (kernel_ms * 1e6) if case.bytes_moved else 0.0
-            res = KernelResult(case.name, err, rel, kernel_ms, ref_ms, gbps, rel <= case.tolerance)
+            base_ms = _time_ms(case.baseline[0], case.baseline[1], device, iters) if case.baseline else 0.0
+            res = KernelResult(case.name, err, rel, kernel_ms, ref_ms, gbps, rel <= case.tolerance, base_ms)
             results.append(res)
             bandwidth = f"{gbps:7.0f}" if case.bytes_moved else f"{'-':>7s}"
+            versus = f"  {kernel_ms / base_ms:5.2f}x the {dtype_name} kernel ({base_ms:.4f} ms)" if base_ms else ""
             print(f"{res.name:38s} {err:11.3e} {rel:9.2e} {kernel_ms:10.4f} {ref_ms:9.3f} {bandwidth} "
-                  f"{'ok' if res.ok else 'FAIL'}")
+                  f"{'ok' if res.ok else 'FAIL'}{versus}")
     return results
 
 

@@ -22,7 +22,7 @@ def test_dry_run_checks_every_kernel(capsys):
     results = _module().check_kernels(dry_run=True)
     names = [r.name for r in results]
     for kernel in ("rms_norm", "apply_rope", "attention prefill", "attention decode", "router_topk", "linear",
-                   "expert_ffn decode", "expert_ffn prefill"):
+                   "expert_ffn decode", "expert_ffn prefill", "expert_ffn_quant"):
         assert any(n.startswith(kernel) for n in names), kernel
     bad = [(r.name, r.rel_err) for r in results if not r.ok]
     assert not bad
