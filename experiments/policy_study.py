@@ -22,23 +22,25 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.policy_doc import findings, intro, render_hints, time_table
+from experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
 from freetoken.paths import REPO_ROOT
-from freetoken.placement import Split
 from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
 from sim.calls import trace_calls
-from sim.run import SimConfig, simulate
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
-ONLINE = ("lru", "static_layers", "frequency", "s3fifo", "layer_sweep", "lookahead")
-FITTED = ("layer_sweep", "lookahead")  # take a decay fitted on the profile
+ONLINE = ("lru", "static_layers", "frequency", "s3fifo", "layer_sweep", "lookahead", "hinted_sweep")
+FITTED = ("layer_sweep", "lookahead", "hinted_sweep")  # take a decay fitted on the profile
 DECAYS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
 FIT_REQUESTS = 300  # requests of the profile the decay grid is replayed on (bounds the large traces' cost)
 LOOKAHEAD_ACCURACY = 0.8  # stated assumption for the simulated early router (no hidden states in the traces)
+HINTED_CONFIDENCE = 0.9  # hinted_sweep prefetches a predicted expert only when r >= this
 GOAL_FRACTIONS = (0.25, 0.37, 0.50)
 GOAL_RATIO = 1.25
 COLUMNS = ("trace", "policy", "fraction", "capacity", "misses", "accesses", "miss_rate", "prefetched", "transfers",
-           "belady_misses", "ratio_to_belady", "profile_source", "params", "prefill_chunk", "folds", "real")
+           "belady_misses", "ratio_to_belady", "profile_source", "params", "prefill_chunk", "folds", "real",
+           "ms_per_token", "belady_ms_per_token", "variant")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class Case:
     prefill_chunk: int
     real: bool
     folds: Callable[[Path], list[Fold]]  # traces dir -> folds (loads lazily: --only skips the rest)
+    card: str | None = None  # model card of the traced model: decode time from the cost model
+    hints: bool = False  # also sweep hinted_sweep's hint accuracy and depth
 
 
 # traces
@@ -87,7 +91,7 @@ def _mixtral(name: str, profile: str) -> Case:
         d = "mixtral-8x7b"
         return [Fold(_import(root, f"{d}/{name}.jsonl"), _import(root, f"{d}/{profile}.jsonl"), profile)]
     # token by token: at 2048 a problem is one chunk, 32 calls, and every policy sees only cold misses
-    return Case(f"mixtral-8x7b/{name}", 1, True, folds)
+    return Case(f"mixtral-8x7b/{name}", 1, True, folds, card="mixtral-8x7b", hints=True)
 
 
 def _granite(root: Path) -> list[Fold]:
@@ -121,7 +125,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
     _mixtral("humaneval_1_routing", "gsm8k_2_routing"),
     _mixtral("humaneval_2_routing", "gsm8k_2_routing"),
     _mixtral("routing_raw", "gsm8k_2_routing"),
-    Case("granite-3.0-1b-a400m", 2048, True, _granite),
+    Case("granite-3.0-1b-a400m", 2048, True, _granite, hints=True),
     Case("qwen1.5-moe-a2.7b/layer0", 2048, True, _qwen),
     Case("deepseek-v2-lite", 2048, True, _deepseek),
     Case("synthetic/48x128-top8", 2048, False, _synthetic),
@@ -132,9 +136,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
 def _misses(trace: RoutingTrace, policy: str, fraction: float, chunk: int, options: dict,
             profile: RoutingTrace | None = None) -> tuple[int, int, int, int]:
     """(capacity, misses, prefetched, accesses)."""
-    config = SimConfig(policy, Split("offload"), fraction=fraction, prefill_chunk=chunk, options=options)
-    t = simulate(trace, config, profile=profile).total
-    return config.slots_for(trace), t.misses, t.prefetched, t.accesses
+    return replay(trace, policy, fraction, chunk, options, profile)[:4]
 
 
 def fit_decay(profile: RoutingTrace, fraction: float, chunk: int) -> float:
@@ -151,41 +153,57 @@ def _options(policy: str, decay: float, prior) -> dict:
         return {"decay": decay, "prior": prior}
     if policy == "lookahead":
         return {"decay": decay, "prior": prior, "accuracy": LOOKAHEAD_ACCURACY}
+    if policy == "hinted_sweep":
+        return {"decay": decay, "prior": prior, "accuracy": LOOKAHEAD_ACCURACY, "min_confidence": HINTED_CONFIDENCE}
     return {}
+
+
+def _params(policy: str, decays: list) -> str:
+    decay = f"decay={'/'.join(map(str, decays))}"
+    return {"layer_sweep": decay, "lookahead": f"{decay} accuracy={LOOKAHEAD_ACCURACY}",
+            "hinted_sweep": f"{decay} accuracy={LOOKAHEAD_ACCURACY} depth=1 min_confidence={HINTED_CONFIDENCE}",
+            "s3fifo": "small=0.1"}.get(policy, "")
 
 
 def run_case(case: Case, root: Path, fractions, policies, advance=lambda n=1: None) -> list[dict]:
     folds = case.folds(root)
     rows = []
     for f in fractions:
-        totals = {p: np.zeros(4, np.int64) for p in policies}  # capacity, misses, prefetched, accesses
-        belady = 0
+        totals = {p: np.zeros(5) for p in policies}  # capacity, misses, prefetched, accesses, seconds
+        belady = np.zeros(5)
+        variant_totals: dict[str, np.ndarray] = {}
         decays = []
         for fold in folds:
             decay = fit_decay(fold.profile, f, case.prefill_chunk) if set(FITTED) & set(policies) else None
             decays.append(decay)
             prior = visit_rates(trace_calls(fold.profile, case.prefill_chunk), fold.evaluate.num_layers,
                                 fold.evaluate.num_experts)
-            belady += _misses(fold.evaluate, "belady", f, case.prefill_chunk, {})[1]
+            belady += replay(fold.evaluate, "belady", f, case.prefill_chunk, {}, card=case.card)
             for p in policies:
-                totals[p] += _misses(fold.evaluate, p, f, case.prefill_chunk, _options(p, decay, prior),
-                                     fold.profile if p == "frequency" else None)
+                totals[p] += replay(fold.evaluate, p, f, case.prefill_chunk, _options(p, decay, prior),
+                                    fold.profile if p == "frequency" else None, card=case.card)
                 advance(1 / len(folds))
-        for p in policies:
-            cap, misses, pre, acc = (int(x) for x in totals[p])
-            params = {"layer_sweep": f"decay={'/'.join(map(str, decays))}",
-                      "lookahead": f"decay={'/'.join(map(str, decays))} accuracy={LOOKAHEAD_ACCURACY}",
-                      "s3fifo": "small=0.1"}.get(p, "")
-            rows.append(dict(trace=case.name, policy=p, fraction=f, capacity=cap, misses=misses, accesses=acc,
+            if case.hints and any(np.isclose(f, HINT_FRACTIONS)):
+                for label, t in hint_rows(fold.evaluate, f, case.prefill_chunk, decay, prior, case.card):
+                    variant_totals[label] = variant_totals.get(label, np.zeros(5)) + t
+        tokens = sum(fold.evaluate.num_tokens for fold in folds)
+        common = dict(trace=case.name, fraction=f, belady_misses=int(belady[1]), prefill_chunk=case.prefill_chunk,
+                      folds=len(folds), real=case.real, belady_ms_per_token=1e3 * belady[4] / tokens)
+        source = " | ".join(fold.profile_source for fold in folds)
+        named = [(p, "main", totals[p], _params(p, decays)) for p in policies] + \
+            [("windowed_future" if label.startswith("offline") else "hinted_sweep", label, t,
+              f"decay={'/'.join(map(str, decays))} {label}") for label, t in variant_totals.items()]
+        for p, variant, t, params in named:
+            _, misses, pre, acc = (int(x) for x in t[:4])
+            rows.append(dict(common, policy=p, capacity=int(t[0]) // len(folds), misses=misses, accesses=acc,
                              miss_rate=misses / acc if acc else 0.0, prefetched=pre, transfers=misses + pre,
-                             belady_misses=belady, ratio_to_belady=(misses + pre) / belady if belady else float("nan"),
-                             profile_source=" | ".join(fold.profile_source for fold in folds)
-                             if p in ("frequency",) + FITTED else "", params=params,
-                             prefill_chunk=case.prefill_chunk, folds=len(folds), real=case.real))
-        rows.append(dict(trace=case.name, policy="belady", fraction=f, capacity=rows[-1]["capacity"], misses=belady,
-                         accesses=rows[-1]["accesses"], miss_rate=belady / rows[-1]["accesses"], prefetched=0,
-                         transfers=belady, belady_misses=belady, ratio_to_belady=1.0, profile_source="",
-                         params="bypass=True", prefill_chunk=case.prefill_chunk, folds=len(folds), real=case.real))
+                             ratio_to_belady=(misses + pre) / belady[1] if belady[1] else float("nan"),
+                             profile_source=source if p in ("frequency",) + FITTED else "", params=params,
+                             ms_per_token=1e3 * t[4] / tokens, variant=variant))
+        _, misses, _, acc = (int(x) for x in belady[:4])
+        rows.append(dict(common, policy="belady", capacity=int(belady[0]) // len(folds), misses=misses, accesses=acc, miss_rate=misses / acc,
+                         prefetched=0, transfers=misses, ratio_to_belady=1.0, profile_source="",
+                         params="bypass=True", ms_per_token=1e3 * belady[4] / tokens, variant="main"))
     return rows
 
 
@@ -266,46 +284,10 @@ def _pct(x: float) -> str:
 
 def render(frame) -> str:
     """docs/policy_study.md from the results table alone."""
-    lines = [
-        "# Placement-policy study",
-        "",
-        "Regenerate with `python -m experiments.policy_study` (writes results/policy_study.csv and this file).",
-        "",
-        "Miss rate in % of expert accesses (offload split: every miss is a demand fetch) at each GPU residency",
-        "(expert slots as a fraction of all layer x expert pairs). `lookahead` shows demand misses, then in",
-        "brackets its transfers (demand + prefetch) as a rate; `x Belady` is the best online policy's transfers",
-        "over Belady's (bypass MIN, the offline optimum of copies, cold start). Profiles and fitted decays never",
-        "come from the evaluated requests: see the profile column of the CSV. static_layers and frequency start",
-        "with their pinned set resident, layer_sweep and lookahead with their highest-prior keys (no cold",
-        "misses); lru, s3fifo and Belady start empty.",
-        "",
-        "Policies (freetoken/placement/, each also runs live in the engine):",
-        "",
-        "- `layer_sweep`: evicts the resident expert with the longest expected wait d(l) + L (1/p - 1) in calls,",
-        "  d(l) = calls until the sweep reaches its layer again, p = decayed per-visit use rate (decay fitted on",
-        "  the profile, prior and warm start from the profile's rates); a miss that would wait longer than every",
-        "  resident is not cached (bypass).",
-        "- `s3fifo`: S3-FIFO (small / main / ghost FIFOs), scan resistant, no profile.",
-        "- `lookahead`: layer_sweep plus prefetch of the next layer's experts as named by the router run early;",
-        "  in the simulator a noisy oracle (true next-layer experts, each replaced with probability "
-        f"{1 - LOOKAHEAD_ACCURACY:.1f}",
-        f"  by a random other expert: an assumed {LOOKAHEAD_ACCURACY:.0%} accuracy). Its demand misses fall below "
-        "Belady's,",
-        "  but wrong and early copies are transfers too: compare the bracket.",
-        "",
-        "Prefetch is part of the Plan: a policy overrides `PlacementPolicy.prefetch_for(call) -> keys`; after the",
-        "call's own accesses each key not resident is admitted through the policy's victim() (never evicting the",
-        "call's keys), lands in `Plan.prefetch` and in the replay log's `prefetched` column, and is charged as a",
-        "transfer like a fetch (`Counts.fetched_bytes`). Live, `lookahead` takes `hint=` (an object with",
-        "`upcoming(call) -> keys`) instead of the simulator's oracle.",
-        "",
-        "Caveats: the Mixtral logs are replayed token by token (at the default 2048-token chunk each problem is one",
-        "chunk of 32 calls and only cold misses remain); the Qwen log holds layer 0 only, so there is no sweep and",
-        "layer_sweep is a decayed LFU there; DeepSeek is profiled on the first half of its prompts and evaluated",
-        "on the second half only; the lookahead accuracy is assumed, not measured (the traces hold no hidden",
-        "states); warm-started policies can come out under the cold-start Belady figure by up to one cache fill.",
-        "",
-    ]
+    lines = intro(LOOKAHEAD_ACCURACY, HINTED_CONFIDENCE)
+    hints = frame
+    if "variant" in frame.columns:
+        frame = frame[frame.variant.astype(str) == "main"]
     online = [p for p in ONLINE if p in set(frame.policy)]
     for trace, group in frame.groupby("trace", sort=False):
         g0 = group.iloc[0]
@@ -324,7 +306,9 @@ def render(frame) -> str:
             cells += [best, f"{by[best].ratio_to_belady:.2f}"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        lines += time_table(group, online)
     lines += _goal(frame)
+    lines += findings(hints) + render_hints(hints)
     return "\n".join(lines) + "\n"
 
 
@@ -340,7 +324,7 @@ def _goal(frame) -> list[str]:
            "", "| policy | below lru and frequency | also within the ratio | cells |", "|---|---|---|---|"]
     cells = real.groupby(["trace", "fraction"])
     misses: dict[str, list[str]] = {}
-    for p in ("s3fifo", "layer_sweep", "lookahead"):
+    for p in ("s3fifo", "layer_sweep", "lookahead", "hinted_sweep"):
         below = within = n = 0
         for (trace, f), sub in cells:
             by = {r.policy: r for r in sub.itertuples()}

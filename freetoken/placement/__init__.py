@@ -6,6 +6,7 @@ from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan, make_call
 from freetoken.placement.counts import Counts
 from freetoken.placement.frequency import Frequency
+from freetoken.placement.hinted_sweep import HintedSweep
 from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.lookahead import Lookahead
 from freetoken.placement.lru import LRU
@@ -23,6 +24,7 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
     "layer_sweep": LayerSweep,
     "s3fifo": S3FIFO,
     "lookahead": Lookahead,
+    "hinted_sweep": HintedSweep,
 }
 
 

@@ -1,0 +1,120 @@
+"""The policy study's additions for router hints: decode time from the cost model, hinted_sweep's sensitivity
+to the early router's accuracy and depth, and an offline probe of how far ahead a policy must see to near Belady.
+
+Time: the replay log of a trace whose model has a card (the Mixtral logs), charged by sim.cost on one hardware
+profile, token by token as decode steps (no prefill double buffering): prefetched copies ride the PCIe lane of
+the call that issues them, beside that call's compute, as every other copy does in the cost model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from freetoken.placement import Split
+from freetoken.placement.layer_sweep import LayerSweep
+from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
+from freetoken.trace import RoutingTrace
+from sim.run import SimConfig, simulate
+
+HARDWARE = "rtx5090-ryzen"
+HINT_FRACTIONS = (0.25, 0.50)
+HINT_ACCURACIES = (0.6, 0.8, 0.9, 1.0)  # at distance 1; distance j: accuracy ** j
+HINT_DEPTHS = (1, 2, 4)
+REST_OF_TOKEN = "rest"  # depth = every later layer of the same token (perfect, eviction only)
+WINDOW_TOKENS = (1, 4, 16, 64)  # the offline probe: exact next use known this many sweeps ahead
+
+
+def replay(trace: RoutingTrace, policy: str, fraction: float, chunk: int, options: dict,
+           profile: RoutingTrace | None = None, card: str | None = None) -> tuple[int, int, int, int, float]:
+    """(capacity, misses, prefetched, accesses, seconds of the whole trace on HARDWARE or nan without a card)."""
+    config = SimConfig(policy, Split("offload"), fraction=fraction, prefill_chunk=chunk, options=options)
+    result = simulate(trace, config, profile=profile)
+    t = result.total
+    seconds = math.nan if card is None else decode_seconds(result.log, trace, chunk, card)
+    return config.slots_for(trace), t.misses, t.prefetched, t.accesses, seconds
+
+
+class WindowedFuture(LayerSweep):
+    """Offline probe, not an online policy: Belady within a window of `window` calls (the exact next use of a key
+    needed inside it), layer_sweep's expected wait beyond it (every key outside the window ranks as later than every
+    key inside). window = 0 is layer_sweep; an unbounded window is Belady with layer_sweep's start."""
+
+    name = "windowed_future"
+
+    def __init__(self, capacity: int, num_layers: int, num_experts: int, future: KeyStream, window: int,
+                 decay: float = 0.9, prior=None):
+        super().__init__(capacity, num_layers, num_experts, decay=decay, bypass=True, prior=prior)
+        nxt = next_occurrence(future.keys)
+        call_of = future.call_ids()
+        self._next_call = np.where(nxt == NEVER, NEVER, call_of[np.minimum(nxt, len(call_of) - 1)]).tolist()
+        self._offsets = future.offsets.tolist()
+        first = np.full(num_layers * num_experts, NEVER, np.int64)
+        np.minimum.at(first, future.keys, call_of)  # a warm-started key's first use
+        self._due = first.tolist()  # [L * E] next call that uses each key
+        self.window, self._call = window, -1
+
+    def begin_call(self, keys: list[int]) -> None:
+        super().begin_call(keys)
+        self._call += 1
+        lo = self._offsets[self._call]
+        for i, key in enumerate(keys):
+            self._due[key] = self._next_call[lo + i]
+
+    def _score(self, key: int) -> float:
+        gap = self._due[key] - self._call
+        return gap if gap <= self.window else self.window + self.wait(key)
+
+    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
+        cands = [k for k in self.slot_of if k not in protected]
+        if not cands:
+            return None
+        best = max(cands, key=lambda k: (self._score(k), -k))
+        return None if self._score(key) > self._score(best) else best
+
+
+def probe(trace: RoutingTrace, window: int, fraction: float, chunk: int, decay: float, prior,
+          card: str | None) -> tuple[int, int, int, int, float]:
+    """replay()'s tuple for WindowedFuture (not in POLICIES: it is no policy a server could run)."""
+    from sim.calls import trace_calls, trace_key_stream
+    from sim.replay import replay as run
+
+    capacity = int(round(fraction * trace.num_keys))
+    policy = WindowedFuture(capacity, trace.num_layers, trace.num_experts, trace_key_stream(trace, chunk), window,
+                            decay=decay, prior=prior)
+    result = run(trace_calls(trace, chunk), policy, Split("offload"))
+    t = result.total
+    seconds = math.nan if card is None else decode_seconds(result.log, trace, chunk, card)
+    return capacity, t.misses, t.prefetched, t.accesses, seconds
+
+
+def hint_rows(trace: RoutingTrace, fraction: float, chunk: int, decay: float, prior,
+              card: str | None) -> list[tuple[str, tuple]]:
+    """(label, replay tuple) for every hint variant, then the windowed-future probes."""
+    out = [(label, replay(trace, "hinted_sweep", fraction, chunk, {"decay": decay, "prior": prior, **opts},
+                          card=card)) for label, opts in variants(trace.num_layers)]
+    for w in WINDOW_TOKENS:
+        out.append((f"offline: next use known {w} token(s) ahead",
+                    probe(trace, w * trace.num_layers, fraction, chunk, decay, prior, card)))
+    return out
+
+
+def decode_seconds(log, trace: RoutingTrace, chunk: int, card_name: str) -> float:
+    from sim.cost import CostOptions, call_meta, charge
+    from sim.hardware import load_hardware
+    from sim.model_card import load_model_card
+
+    card, hw = load_model_card(card_name), load_hardware(HARDWARE)
+    times = charge(log, call_meta(trace, chunk), card, hw, CostOptions(host="shared", double_buffer=False))
+    return float(times.seconds.sum())
+
+
+def variants(num_layers: int) -> list[tuple[str, dict]]:
+    """(label, hinted_sweep options) of the sensitivity sweep, the rest-of-token information probe last."""
+    out = [(f"a={a} depth={d}", {"accuracy": a, "depth": d, "min_confidence": 0.9})
+           for a in HINT_ACCURACIES for d in HINT_DEPTHS if d < num_layers]
+    if num_layers > 1:
+        out.append((f"a=1.0 depth={REST_OF_TOKEN} no prefetch",
+                    {"accuracy": 1.0, "depth": num_layers - 1, "min_confidence": math.inf}))
+    return out

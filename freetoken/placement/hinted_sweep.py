@@ -1,0 +1,187 @@
+"""Cost-aware router lookahead: the early router's picks for the next layers refine layer_sweep's expected waits,
+and a predicted expert is prefetched only when it is expected back sooner than the resident it would displace.
+
+layer_sweep's wait is wait = d + (1 - r) L / p with r = p: the chance that the key's next layer visit uses it.
+A hint for layer l (made `j` calls ahead, right with probability a_j) is evidence about that one visit, and
+Bayes' rule replaces r for every key of l:
+
+    predicted:     r = p a / (p a + (1 - p) q)              q = n (1 - a) / (E - 1): chance that one of the
+    not predicted: r = p (1 - a) / (p (1 - a) + (1 - p)(1 - q))  n predictions of l lands on a key not used
+
+(the oracle's noise: each true pick replaced by a uniformly drawn other expert). With a = 1 a predicted key waits
+exactly d and an unpredicted one of a hinted layer d + L / p, a full sweep more than layer_sweep thinks: the
+good victims. p in the prior odds is floored at PRIOR_FLOOR n / E (a never-used key still has some chance; the
+geometric tail L / p keeps layer_sweep's floor).
+
+Prefetch: a predicted key with r >= min_confidence is copied into a free slot, or in place of the victim only
+when the victim's wait is longer than its own (the bypass test of a demand miss), so a wrong prefetch costs at
+most one copy and displaces only a key that is expected back later anyway. min_confidence > 1 never prefetches:
+the hint then only steers eviction, which is where it can save copies (a prefetch only moves one earlier).
+
+The hint is `upcoming(call) -> keys` (live: the router of the next layers run on the hidden state that routed
+this call; simulator: `DistanceOracle`), asked at the start of each call's plan, so it steers this call's own
+evictions and then its prefetches; keys of layers outside (call.layer, call.layer + depth] are ignored.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from freetoken.placement.call import Call
+from freetoken.placement.layer_sweep import _FLOOR, _SLACK, LayerSweep
+from freetoken.placement.stream import KeyStream
+
+PRIOR_FLOOR = 0.25  # share of the uniform rate n / E a key's prior odds never fall under
+
+
+def accuracies(accuracy: float | Sequence[float], depth: int) -> tuple[float, ...]:
+    """Per-distance accuracy: a sequence as given (one per distance 1..depth), a number a as a ** j."""
+    if depth < 1:
+        raise ValueError(f"hinted_sweep depth must be >= 1, got {depth}")
+    acc = tuple(float(accuracy) ** j for j in range(1, depth + 1)) if np.isscalar(accuracy) else \
+        tuple(float(a) for a in accuracy)
+    if len(acc) != depth or not all(0 <= a <= 1 for a in acc):
+        raise ValueError(f"hinted_sweep accuracy must be one number or {depth} numbers in [0, 1], got {accuracy}")
+    return acc
+
+
+class DistanceOracle:
+    """Router hints from a recorded future: the true experts of the next calls of the same sweep, each one at
+    distance j replaced by a uniformly drawn other expert of its layer with probability 1 - acc[j - 1]. Every
+    (call, distance) pair draws its own noise (a later, nearer prediction of the same call is redrawn)."""
+
+    def __init__(self, future: KeyStream, num_experts: int, acc: Sequence[float], seed: int = 0):
+        if num_experts < 2 and min(acc) < 1:
+            raise ValueError("hinted_sweep accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
+        keys, E = future.keys, num_experts
+        rng = np.random.default_rng(seed)
+        expert = keys % E
+        self._predicted = []  # per distance: [N] the key predicted for each access
+        for a in acc:
+            wrong = rng.random(keys.size) >= a
+            other = rng.integers(0, max(E - 1, 1), size=keys.size)
+            other = other + (other >= expert)
+            self._predicted.append(np.where(wrong, keys - expert + other, keys))
+        self._offsets = future.offsets.tolist()
+        self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
+        self._call = 0
+
+    def upcoming(self, call: Call) -> list[int]:
+        c, off, layer = self._call, self._offsets, self._layer
+        if c >= len(layer) or layer[c] != call.layer or len(call.experts) != off[c + 1] - off[c]:
+            raise ValueError(f"hinted_sweep: call {c} (layer {call.layer}) does not match the future it was given")
+        self._call = c + 1
+        out: list[int] = []
+        for j, predicted in enumerate(self._predicted, 1):
+            if c + j >= len(layer) or layer[c + j] != call.layer + j:  # the sweep ends: next token unknown
+                break
+            out.extend(k for k in dict.fromkeys(predicted[off[c + j]:off[c + j + 1]].tolist()) if k not in out)
+        return out
+
+
+class HintedSweep(LayerSweep):
+    name = "hinted_sweep"
+    needs_future = True  # in the simulator: the oracle's source; live, pass hint= instead
+
+    def __init__(self, capacity: int, num_layers: int, num_experts: int, future: KeyStream | None = None,
+                 accuracy: float | Sequence[float] = 0.8, depth: int = 1, min_confidence: float = 0.9,
+                 seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True, prior=None, scan: int = 64):
+        super().__init__(capacity, num_layers, num_experts, decay=decay, bypass=bypass, prior=prior, scan=scan)
+        self.acc = accuracies(accuracy, depth)
+        self.depth = depth
+        self.min_confidence = min_confidence
+        if hint is None:
+            if future is None:
+                raise ValueError("hinted_sweep needs a router hint (live engine) or the future key stream "
+                                 "(simulator) to build a noisy oracle from")
+            hint = DistanceOracle(future, num_experts, self.acc, seed)
+        self.hint = hint
+        self._hinted: dict[int, tuple[float, float, int]] = {}  # hinted layer -> (accuracy a, chance q, n)
+        self._predicted: set[int] = set()  # keys named by the standing hint
+        self._predicted_order: list[int] = []  # the same, nearest first
+
+    # the hint
+    def plan(self, call: Call, split):
+        self._take_hint(call)  # before the call's own misses pick victims: the hint is as old as the routing
+        return super().plan(call, split)
+
+    def _take_hint(self, call: Call) -> None:
+        E, lo, hi = self.num_experts, call.layer + 1, call.layer + self.depth
+        keys = [k for k in self.hint.upcoming(call) if lo <= k // E <= hi]
+        per_layer: dict[int, int] = {}
+        for k in keys:
+            per_layer[k // E] = per_layer.get(k // E, 0) + 1
+        self._hinted = {}
+        for layer, n in per_layer.items():
+            a = self.acc[layer - call.layer - 1]
+            self._hinted[layer] = (a, min(1.0, n * (1 - a) / (E - 1)), n)
+        self._predicted = set(keys)
+        self._predicted_order = keys
+
+    def prefetch_for(self, call: Call) -> list[int]:
+        return [k for k in self._predicted_order if self.confidence(k) >= self.min_confidence]
+
+    def _posterior(self, key: int) -> tuple[float, float]:
+        """(r, p): r the chance that the next visit of the key's layer uses it given the standing hint, p the
+        per-visit rate its geometric tail runs at (floored in a hinted layer)."""
+        layer = key // self.num_experts
+        p = self._rate(key)
+        hinted = self._hinted.get(layer)
+        if hinted is None:
+            return p, max(p, _FLOOR)
+        a, q, n = hinted
+        p = min(max(p, PRIOR_FLOOR * n / self.num_experts), 1.0)
+        if key in self._predicted:
+            num, den = p * a, p * a + (1 - p) * q
+        else:
+            num, den = p * (1 - a), p * (1 - a) + (1 - p) * (1 - q)
+        return (num / den if den > 0 else 0.0), p
+
+    def confidence(self, key: int) -> float:
+        return self._posterior(key)[0]
+
+    def wait(self, key: int) -> float:
+        """Expected calls until `key` is next needed: d + (1 - r) L / p."""
+        if key // self.num_experts not in self._hinted:
+            return super().wait(key)
+        L = self.num_layers
+        d = (key // self.num_experts - self._layer - 1) % L + 1
+        r, p = self._posterior(key)
+        return d + (1.0 - r) * L / p
+
+    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
+        """The unprotected resident with the longest wait (ties: lowest key); None when `key` (a demand miss under
+        bypass, or any prefetch) waits longer still. Walks layer_sweep's heap from the least likely key; a
+        hint adds at most L to a wait, so no key after one of rate p waits longer than L + L / p."""
+        heap, zs, L, E = self._heap, self._z, self.num_layers, self.num_experts
+        shift = self._most_visits * self._log_decay
+        prefetch = key in self._predicted and key // E in self._hinted
+        to_beat = self.wait(key) if (self.bypass or prefetch) else -math.inf
+        seen, best, best_wait = [], None, -math.inf
+        budget = self.scan
+        while heap and budget:
+            z, k = heap[0]
+            if zs.get(k) != z:
+                heapq.heappop(heap)
+                continue
+            log_p = z + shift
+            if log_p > -700.0 and L * (1.0 + math.exp(-log_p)) * _SLACK < max(best_wait, to_beat):
+                break
+            seen.append(heapq.heappop(heap))
+            if k not in protected:
+                budget -= 1
+                w = self.wait(k)
+                if w > best_wait or (w == best_wait and k < best):
+                    best, best_wait = k, w
+        for item in seen:
+            if item[1] != best:
+                heapq.heappush(heap, item)
+        if best is None or to_beat > best_wait:
+            if best is not None:
+                heapq.heappush(heap, (zs[best], best))
+            return None
+        return best
