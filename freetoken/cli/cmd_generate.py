@@ -109,10 +109,10 @@ def run(args: argparse.Namespace) -> int:
     sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
                               top_k=args.top_k, greedy=args.greedy, seed=args.seed)
     engine = build_engine(args)
-    store = engine.store
-    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
     ids = prompt_ids(args, engine)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
+    store = engine.store
+    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
     tok = engine.tokenizer
     out: list[int] = []
     shown = ""
