@@ -11,7 +11,8 @@ from freetoken.quant.packed import PackedWeight
 def random_packed(kind: str, slots: int, shape: tuple[int, int], generator: torch.Generator,
                   device: torch.device | str = "cpu", **layout) -> PackedWeight:
     """kind int4 (layout group, symmetric=False, act_order=False, scale_dtype), fp8 (block) or fp4 (group,
-    scale_code, global_op); values of order 1 / sqrt(K) so FFN outputs stay O(1)."""
+    scale_code, global_op). Scales keep int4 / fp8 / MXFP4 values within a few 1 / sqrt(K); NVFP4's e4m3 scale codes
+    span their whole range (zero, subnormals, 448), so its values reach a few units."""
     N, K = shape
     on = {"generator": generator, "device": device}
 
