@@ -2,6 +2,8 @@
 
 The caller has already written this call's K/V at [start_pos, start_pos + T). Prefill (T > 1) runs a flash-attention
 kernel (attention_prefill.py), decode (T = 1) a split-K kernel plus a merge (attention_decode.py).
+Options (gpt-oss): `sinks` [H], a learned logit per head that joins the softmax denominator with value 0; `window`,
+a sliding window: query p sees keys (p - window, p] only.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ MAX_HEAD_DIM = 256
 
 
 def attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
+    sinks: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, Dh], k_cache / v_cache [S_max, Hkv, Dh] -> [T, H, Dh] in q's dtype, softmax in fp32."""
     # 1. check
@@ -38,19 +41,29 @@ def attention(
         raise ValueError(f"q: {H} heads is not a multiple of k_cache's {Hkv} kv heads")
     if start_pos < 0 or start_pos + T > S_max:
         raise ValueError(f"start_pos: {start_pos} + {T} queries exceeds the cache's {S_max} positions")
+    if sinks is not None:
+        check_tensor(sinks, "sinks", 1, dtypes=(torch.float32,))
+        check_same_device(q=q, sinks=sinks)
+        if sinks.shape[0] != H:
+            raise ValueError(f"sinks: {sinks.shape[0]} logits, expected one per head ({H})")
+    if window is not None and window <= 0:
+        raise ValueError(f"window: {window} must be positive")
     # 2. allocate
     out = torch.empty((T, H, Dh), dtype=q.dtype, device=q.device)
     if T == 0:
         return out
     # 3. launch
     launch = attention_decode if T == 1 else attention_prefill
-    return launch(q, k_cache, v_cache, int(start_pos), float(sm_scale), out, dot_in_fp32(q, k_cache, v_cache))
+    return launch(q, k_cache, v_cache, int(start_pos), float(sm_scale), out, dot_in_fp32(q, k_cache, v_cache),
+                  sinks.contiguous() if sinks is not None else None, None if window is None else int(window))
 
 
 def attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
+    sinks: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
-    """Explicit fp32 scores, causal mask, softmax, weighted sum; kv heads repeated for GQA."""
+    """Explicit fp32 scores, causal (and window) mask, softmax (with the sink column, then dropped), weighted sum;
+    kv heads repeated for GQA."""
     T, H, Dh = q.shape
     Hkv = k_cache.shape[1]
     L = start_pos + T
@@ -58,6 +71,12 @@ def attention_ref(
     v = v_cache[:L].float().repeat_interleave(H // Hkv, dim=1)
     scores = torch.einsum("thd,shd->hts", q.float(), k) * sm_scale  # [H, T, L]
     q_pos = start_pos + torch.arange(T, device=q.device)
-    visible = torch.arange(L, device=q.device)[None, :] <= q_pos[:, None]  # [T, L]
+    k_pos = torch.arange(L, device=q.device)[None, :]
+    visible = k_pos <= q_pos[:, None]  # [T, L]
+    if window is not None:
+        visible &= k_pos > q_pos[:, None] - window
     scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.einsum("hts,shd->thd", torch.softmax(scores, dim=-1), v).to(q.dtype)
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.float()[:, None, None].expand(H, T, 1)], dim=-1)  # [H, T, L + 1]
+    probs = torch.softmax(scores, dim=-1)[..., :L]
+    return torch.einsum("hts,shd->thd", probs, v).to(q.dtype)

@@ -1,4 +1,8 @@
-"""GQA decode attention (one query) over a contiguous KV cache, split-K: partial softmaxes per key split, then a merge."""
+"""GQA decode attention (one query) over a contiguous KV cache, split-K: partial softmaxes per key split, then a merge.
+
+A sliding window is a narrower cache view (the last `window` keys); sinks (a per-head logit in the softmax
+denominator, value 0) join in the merge (SINKS flag).
+"""
 
 from __future__ import annotations
 
@@ -60,24 +64,31 @@ def _attention_decode_split_kernel(
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _attention_decode_merge_kernel(
     # Pointers
-    part_out_ptr, part_lse_ptr, out_ptr,
+    part_out_ptr, part_lse_ptr, out_ptr, sinks_ptr,
     # Dimensions
     NUM_SPLITS, Dh,
     # Strides
     stride_ph, stride_ps, stride_lh, stride_oh,
     # Meta-parameters
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    SINKS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Program per head: out = sum_s 2^(lse_s - max) * out_s / sum_s 2^(lse_s - max)."""
+    """Program per head: out = sum_s 2^(lse_s - max) * out_s / (sum_s 2^(lse_s - max) [+ 2^(sink - max)])."""
     h = tl.program_id(0)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
     smask = offs_s < NUM_SPLITS
     lse = tl.load(part_lse_ptr + h * stride_lh + offs_s, mask=smask, other=-float("inf"))  # [BS]
-    w = tl.exp2(lse - tl.max(lse, axis=0))
+    m = tl.max(lse, axis=0)
+    if SINKS:
+        sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634  # base 2, like the lse
+        m = tl.maximum(m, sink)
+    w = tl.exp2(lse - m)
     part = tl.load(part_out_ptr + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
                    mask=smask[:, None] & (offs_d[None, :] < Dh), other=0.0)  # [BS, BD]
-    out = tl.sum(part * w[:, None], axis=0) / tl.sum(w, axis=0)
+    denom = tl.sum(w, axis=0)
+    if SINKS:
+        denom += tl.exp2(sink - m)
+    out = tl.sum(part * w[:, None], axis=0) / denom
     tl.store(out_ptr + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < Dh)
 
 
@@ -91,9 +102,12 @@ def decode_splits(kv_len: int, num_kv_heads: int, block_n: int) -> tuple[int, in
 
 def attention_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
-    out: torch.Tensor, dot_fp32: bool,
+    out: torch.Tensor, dot_fp32: bool, sinks: torch.Tensor | None = None, window: int | None = None,
 ) -> torch.Tensor:
     """Launch only; `attention` checks the arguments (q [1, H, Dh]) and allocates `out`."""
+    if window is not None and start_pos + 1 > window:  # the last `window` keys: a view starting past the rest
+        lo = start_pos + 1 - window
+        k_cache, v_cache, start_pos = k_cache[lo:], v_cache[lo:], window - 1
     _, H, Dh = q.shape
     Hkv = k_cache.shape[1]
     group = H // Hkv
@@ -112,10 +126,10 @@ def attention_decode(
         num_warps=4, num_stages=2,
     )
     _attention_decode_merge_kernel[(H,)](
-        part_out, part_lse, out,
+        part_out, part_lse, out, part_lse if sinks is None else sinks,
         num_splits, Dh,
         part_out.stride(0), part_out.stride(1), part_lse.stride(0), out.stride(1),
-        BLOCK_S=max(triton.next_power_of_2(num_splits), 2), BLOCK_D=triton.next_power_of_2(Dh),
-        num_warps=4,
+        SINKS=sinks is not None, BLOCK_S=max(triton.next_power_of_2(num_splits), 2),
+        BLOCK_D=triton.next_power_of_2(Dh), num_warps=4,
     )
     return out

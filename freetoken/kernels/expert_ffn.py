@@ -6,6 +6,9 @@ per-pair buffer, a sum over each token's K pairs. Rows come in blocks of BLOCK_M
   elsewhere) are dropped there, and blocks past the padded total carry slot -1;
 - decode (few pairs): block b is pair b with slot slot_ids[b], no grouping glue at all.
 Either way a block whose slot is -1 takes the one early return.
+
+Options (gpt-oss): per-slot biases b_gate_up [S, 2I] (gate then up) and b_down [S, D], added before the activation
+and before the routing weight; `glu` picks the gated activation of GLUS (constexpr in the kernels).
 """
 
 from __future__ import annotations
@@ -19,12 +22,27 @@ from freetoken.kernels.dot import mma
 from freetoken.kernels.moe_align import align_by_slot
 
 MAX_PAIRS_ONE_PER_BLOCK = 16  # up to this many (token, k) pairs, each pair is its own block (decode)
+# silu: SwiGLU silu(g) * u; clamped (gpt-oss): g = min(g, limit), u = clamp(u, -limit, limit), g sigmoid(alpha g) (u + 1)
+GLUS = ("silu", "clamped")
 
 
 @triton.jit
-def silu_mul(gate, up):
-    """silu(gate) * up in fp32 (SwiGLU)."""
-    return gate * tl.sigmoid(gate) * up
+def glu(gate, up, GLU: tl.constexpr, alpha, limit):
+    """The gated activation of gate and up in fp32 (GLUS)."""
+    if GLU == "clamped":
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        return gate * tl.sigmoid(gate * alpha) * (up + 1.0)
+    else:
+        return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def add_bias(acc, b_ptr, slot, stride_bs, offs_n, N, HAS_BIAS: tl.constexpr):
+    """acc [BM, BN] + bias[slot, offs_n] (a no-op without HAS_BIAS)."""
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + slot.to(tl.int64) * stride_bs + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+    return acc
 
 
 @triton.jit
@@ -44,16 +62,16 @@ def _block_rows(b, pairs_ptr, block_slot_ptr, slot_ids_ptr, TK, BLOCK_M: tl.cons
 @triton.jit(do_not_specialize=["TK"])
 def _gate_up_kernel(
     # Pointers
-    x_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, h_ptr,
+    x_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, h_ptr, b_ptr,
     # Dimensions
-    TK, K, D, I,
+    TK, K, D, I, alpha, limit,
     # Strides
-    stride_xt, stride_ws, stride_wn, stride_hp,
+    stride_xt, stride_ws, stride_wn, stride_hp, stride_bs,
     # Meta-parameters
-    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr,
+    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (row block, I tile): h[rows, n] = silu(x[tok] @ Wg[s, n].T) * (x[tok] @ Wu[s, n].T)."""
+    """Program (row block, I tile): h[rows, n] = glu(x[tok] @ Wg[s, n].T (+ bg), x[tok] @ Wu[s, n].T (+ bu))."""
     slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
                                           BLOCK_M, ONE_PAIR)
     if slot < 0:  # not resident, or past the last resident pair
@@ -76,7 +94,9 @@ def _gate_up_kernel(
         x_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
-    h = silu_mul(acc_g, acc_u)
+    acc_g = add_bias(acc_g, b_ptr, slot, stride_bs, offs_n, I, HAS_BIAS)
+    acc_u = add_bias(acc_u, b_ptr + I, slot, stride_bs, offs_n, I, HAS_BIAS)
+    h = glu(acc_g, acc_u, GLU, alpha, limit)
     tl.store(h_ptr + rows[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=rmask[:, None] & nmask[None, :])
 
@@ -84,16 +104,16 @@ def _gate_up_kernel(
 @triton.jit(do_not_specialize=["TK"])
 def _down_kernel(
     # Pointers
-    h_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr,
+    h_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr, b_ptr,
     # Dimensions
     TK, D, I,
     # Strides
-    stride_hp, stride_ws, stride_wn, stride_yp,
+    stride_hp, stride_ws, stride_wn, stride_yp, stride_bs,
     # Meta-parameters
-    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr,
+    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T)."""
+    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T (+ bd[s, n]))."""
     slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
                                           BLOCK_M, ONE_PAIR)
     if slot < 0:
@@ -111,6 +131,7 @@ def _down_kernel(
         acc = mma(h, w, acc, DOT_FP32)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    acc = add_bias(acc, b_ptr, slot, stride_bs, offs_n, D, HAS_BIAS)
     route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
     tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
              mask=rmask[:, None] & nmask[None, :])
@@ -137,10 +158,33 @@ def _sum_pairs_kernel(
     tl.store(out_ptr + t * stride_ot + offs_d, acc.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
+def check_ffn_options(b_gate_up: torch.Tensor | None, b_down: torch.Tensor | None, S: int, I: int, D: int,
+                      glu: str, device: torch.device) -> None:
+    """Biases [S, 2I] / [S, D] on x's device, a known activation (shared by expert_ffn and expert_ffn_quant)."""
+    if glu not in GLUS:
+        raise ValueError(f"glu: unknown {glu!r}; valid: {', '.join(GLUS)}")
+    for name, b, shape in (("b_gate_up", b_gate_up, (S, 2 * I)), ("b_down", b_down, (S, D))):
+        if b is None:
+            continue
+        check_tensor(b, name, 2)
+        if tuple(b.shape) != shape:
+            raise ValueError(f"{name}: shape {tuple(b.shape)} is not {list(shape)}")
+        if b.device != device:
+            raise ValueError(f"{name}: on {b.device}, x on {device}")
+
+
+def bias_args(b: torch.Tensor | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(pointer, slot stride) of an optional bias; without one the stand-in is passed and never read."""
+    return (stand_in, 0) if b is None else (b, b.stride(0))
+
+
 def expert_ffn(
-    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+    b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
+    alpha: float = 1.702, limit: float = 7.0,
 ) -> torch.Tensor:
-    """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, w_gate_up [S, 2I, D], w_down [S, D, I] -> [T, D]."""
+    """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, w_gate_up [S, 2I, D], w_down [S, D, I] -> [T, D].
+    Optional b_gate_up [S, 2I], b_down [S, D]; glu of GLUS (alpha, limit: the clamped one's gain and clamp)."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
@@ -162,6 +206,7 @@ def expert_ffn(
         raise ValueError("w_gate_up / w_down: each slot's matrix must be row-major contiguous")
     if S == 0:
         raise ValueError("w_gate_up: no slots")
+    check_ffn_options(b_gate_up, b_down, S, I, D, glu, x.device)
     if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
         raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
     # 2. allocate
@@ -185,19 +230,21 @@ def expert_ffn(
     dot_fp32 = dot_in_fp32(x, w_gate_up, w_down)
     BLOCK_N, BLOCK_K = 64, 64
     BLOCK_N_GATE_UP = 32 if one_pair else BLOCK_N  # decode: more, narrower programs stream the K experts' weights
+    b_gu, stride_bgu = bias_args(b_gate_up, x)
+    b_d, stride_bd = bias_args(b_down, x)
     _gate_up_kernel[(num_blocks, triton.cdiv(I, BLOCK_N_GATE_UP))](
-        x, w_gate_up, pairs, block_slot, slot_ids, h,
-        T * K, K, D, I,
-        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), h.stride(0),
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K,
-        num_warps=4, num_stages=3,
+        x, w_gate_up, pairs, block_slot, slot_ids, h, b_gu,
+        T * K, K, D, I, float(alpha), float(limit),
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), h.stride(0), stride_bgu,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_gate_up is not None, GLU=glu,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
     )
     _down_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](
-        h, w_down, pairs, block_slot, slot_ids, route_w, y,
+        h, w_down, pairs, block_slot, slot_ids, route_w, y, b_d,
         T * K, D, I,
-        h.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0),
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        num_warps=4, num_stages=3,
+        h.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0), stride_bd,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
     )
     BLOCK_D = min(triton.next_power_of_2(D), 1024)
     _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
@@ -209,12 +256,21 @@ def expert_ffn(
     return out
 
 
-def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def glu_ref(gate: torch.Tensor, up: torch.Tensor, glu: str = "silu", alpha: float = 1.702,
+            limit: float = 7.0) -> torch.Tensor:
+    """The gated activation in torch (GLUS): the references' and the engine's CPU lane's."""
+    if glu == "clamped":
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return gate * torch.sigmoid(gate * alpha) * (up + 1)
+    if glu != "silu":
+        raise ValueError(f"glu: unknown {glu!r}; valid: {', '.join(GLUS)}")
     return torch.nn.functional.silu(gate) * up
 
 
 def expert_ffn_ref(
-    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor
+    x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
+    b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
+    alpha: float = 1.702, limit: float = 7.0,
 ) -> torch.Tensor:
     """gpt-fast style: gather each pair's slot weights, einsum in fp32, zero weight where the slot is -1."""
     # T = tokens, K = picks, D = hidden, I = expert intermediate
@@ -223,7 +279,11 @@ def expert_ffn_ref(
     slots = slot_ids.clamp(min=0).long()
     w_gu = w_gate_up[slots].float()  # [T, K, 2I, D]
     gate_up = torch.einsum("td,tkhd->tkh", x.float(), w_gu)  # [T, K, 2I]
-    h = silu_mul_ref(gate_up[..., :I], gate_up[..., I:])  # [T, K, I]
+    if b_gate_up is not None:
+        gate_up = gate_up + b_gate_up[slots].float()
+    h = glu_ref(gate_up[..., :I], gate_up[..., I:], glu, alpha, limit)  # [T, K, I]
     y = torch.einsum("tki,tkdi->tkd", h, w_down[slots].float())  # [T, K, D]
+    if b_down is not None:
+        y = y + b_down[slots].float()
     scale = torch.where(resident, weights.float(), 0.0)  # [T, K]
     return torch.einsum("tkd,tk->td", y, scale).to(x.dtype)

@@ -6,6 +6,7 @@ copied); only the weight load differs: `packed_tiles.slot_tile` turns the packed
 [BLOCK_K, BLOCK_N] tile of W.T into fp32. A bf16 / fp16 dot takes the tile rounded to x's dtype, like an unquantized
 weight; where the dot runs in fp32 (fp32 x, and the interpreter, whose fp32 -> bf16 cast truncates) it goes in as is.
 No full-precision copy of an expert exists at any time: a slot costs exactly its packed bytes in GPU memory.
+Biases and the activation (gpt-oss) are expert_ffn's options: plain per-slot tensors beside the PackedWeights.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from freetoken.kernels.expert_ffn import (
     MAX_PAIRS_ONE_PER_BLOCK,
     _block_rows,
     _sum_pairs_kernel,
+    add_bias,
+    bias_args,
+    check_ffn_options,
     expert_ffn_ref,
-    silu_mul,
+    glu,
 )
 from freetoken.kernels.moe_align import align_by_slot
 from freetoken.kernels.packed_tiles import slot_tile
@@ -33,20 +37,20 @@ WEIGHT_NAMES = ("gate", "up", "down")
 @triton.jit(do_not_specialize=["TK"])
 def _gate_up_quant_kernel(
     # Pointers
-    x_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, h_ptr,
+    x_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, h_ptr, b_ptr,
     g_data_ptr, g_scales_ptr, g_zeros_ptr, g_g_idx_ptr, g_global_ptr,
     u_data_ptr, u_scales_ptr, u_zeros_ptr, u_g_idx_ptr, u_global_ptr,
     # Dimensions
-    TK, K, D, I,
+    TK, K, D, I, alpha, limit,
     # Strides (gate and up are both contiguous with one shape: one set)
-    stride_xt, stride_hp, stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
+    stride_xt, stride_hp, stride_bs, stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
     # Meta-parameters
-    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr,
+    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr, SCALE_CODE: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (row block, I tile): h[rows, n] = silu(x[tok] @ Wg[s, n].T) * (x[tok] @ Wu[s, n].T)."""
+    """Program (row block, I tile): h[rows, n] = glu(x[tok] @ Wg[s, n].T (+ bg), x[tok] @ Wu[s, n].T (+ bu))."""
     slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
                                           BLOCK_M, ONE_PAIR)
     if slot < 0:  # not resident, or past the last resident pair
@@ -71,7 +75,9 @@ def _gate_up_quant_kernel(
         if not DOT_FP32:
             wu = wu.to(x.dtype)
         acc_u = mma(x, wu, acc_u, DOT_FP32)
-    h = silu_mul(acc_g, acc_u)
+    acc_g = add_bias(acc_g, b_ptr, slot, stride_bs, offs_n, I, HAS_BIAS)
+    acc_u = add_bias(acc_u, b_ptr + I, slot, stride_bs, offs_n, I, HAS_BIAS)
+    h = glu(acc_g, acc_u, GLU, alpha, limit)
     tl.store(h_ptr + rows[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=rmask[:, None] & (offs_n[None, :] < I))
 
@@ -79,19 +85,19 @@ def _gate_up_quant_kernel(
 @triton.jit(do_not_specialize=["TK"])
 def _down_quant_kernel(
     # Pointers
-    h_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr,
+    h_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr, b_ptr,
     data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr,
     # Dimensions
     TK, D, I,
     # Strides
-    stride_hp, stride_yp, stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
+    stride_hp, stride_yp, stride_bs, stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
     # Meta-parameters
-    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr,
+    ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr, SCALE_CODE: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T)."""
+    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T (+ bd[s, n]))."""
     slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
                                           BLOCK_M, ONE_PAIR)
     if slot < 0:
@@ -108,6 +114,7 @@ def _down_quant_kernel(
         if not DOT_FP32:
             w = w.to(h.dtype)
         acc = mma(h, w, acc, DOT_FP32)
+    acc = add_bias(acc, b_ptr, slot, stride_bs, offs_n, D, HAS_BIAS)
     route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
     tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
              mask=rmask[:, None] & (offs_n[None, :] < D))
@@ -166,8 +173,11 @@ def _kernel_args(w: PackedWeight, name: str) -> tuple[list, list, dict]:
 def expert_ffn_quant(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
     gate: PackedWeight, up: PackedWeight, down: PackedWeight,
+    b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
+    alpha: float = 1.702, limit: float = 7.0,
 ) -> torch.Tensor:
-    """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, gate / up [S, I, D], down [S, D, I] packed -> [T, D]."""
+    """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, gate / up [S, I, D], down [S, D, I] packed -> [T, D].
+    Biases and glu / alpha / limit as in expert_ffn."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
@@ -177,6 +187,7 @@ def expert_ffn_quant(
     if slot_ids.shape[0] != T or tuple(weights.shape) != tuple(slot_ids.shape):
         raise ValueError(f"slot_ids {tuple(slot_ids.shape)} / weights {tuple(weights.shape)} must both be [{T}, K]")
     S, I = check_packed_experts(gate, up, down, D)
+    check_ffn_options(b_gate_up, b_down, S, I, D, glu, x.device)
     check_same_device(x=x, slot_ids=slot_ids, weights=weights,
                       **{f"{name}.{field}": t for name, w in zip(WEIGHT_NAMES, (gate, up, down))
                          for field, t in w.tensors().items()})
@@ -206,18 +217,20 @@ def expert_ffn_quant(
     dot_fp32 = dot_in_fp32(x)
     BLOCK_N, BLOCK_K = 64, 64
     BLOCK_N_GATE_UP = 32 if one_pair else BLOCK_N  # decode: more, narrower programs stream the K experts' weights
+    b_gu, stride_bgu = bias_args(b_gate_up, x)
+    b_d, stride_bd = bias_args(b_down, x)
     _gate_up_quant_kernel[(num_blocks, triton.cdiv(I, BLOCK_N_GATE_UP))](
-        x, pairs, block_slot, slot_ids, h, *gate_ptrs, *up_ptrs,
-        T * K, K, D, I,
-        x.stride(0), h.stride(0), *gu_strides,
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, **gu_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K,
+        x, pairs, block_slot, slot_ids, h, b_gu, *gate_ptrs, *up_ptrs,
+        T * K, K, D, I, float(alpha), float(limit),
+        x.stride(0), h.stride(0), stride_bgu, *gu_strides,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_gate_up is not None, GLU=glu, **gu_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K,
         num_warps=4, num_stages=3,
     )
     _down_quant_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](
-        h, pairs, block_slot, slot_ids, route_w, y, *down_ptrs,
+        h, pairs, block_slot, slot_ids, route_w, y, b_d, *down_ptrs,
         T * K, D, I,
-        h.stride(0), y.stride(0), *down_strides,
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, **down_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        h.stride(0), y.stride(0), stride_bd, *down_strides,
+        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None, **down_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         num_warps=4, num_stages=3,
     )
     BLOCK_D = min(triton.next_power_of_2(D), 1024)
@@ -240,8 +253,9 @@ def dequantize_experts(gate: PackedWeight, up: PackedWeight, down: PackedWeight)
 
 def expert_ffn_quant_ref(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
-    gate: PackedWeight, up: PackedWeight, down: PackedWeight,
+    gate: PackedWeight, up: PackedWeight, down: PackedWeight, **options,
 ) -> torch.Tensor:
-    """The torch dequantizer, then the unquantized reference: one definition of the math."""
+    """The torch dequantizer, then the unquantized reference: one definition of the math (options: expert_ffn's
+    biases and activation)."""
     check_packed_experts(gate, up, down, x.shape[1])
-    return expert_ffn_ref(x, slot_ids, weights, *dequantize_experts(gate, up, down))
+    return expert_ffn_ref(x, slot_ids, weights, *dequantize_experts(gate, up, down), **options)

@@ -31,9 +31,9 @@ def _variants():
     slots = dict(pairs_ptr="*i32", block_slot_ptr="*i32", slot_ids_ptr="*i32")
     out = [
         ("rms_norm", _rms_norm_kernel, dict(x_ptr=P, w_ptr=P, out_ptr=P, eps="fp32"), dict(BLOCK_D=2048), 8, 1),
-        ("rope", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P),
+        ("rope", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P, cs_scale="fp32"),
          dict(BLOCK_H=32, BLOCK_HALF=64, BLOCK_PASS=0), 4, 1),
-        ("rope partial", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P),
+        ("rope partial", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P, cs_scale="fp32"),
          dict(BLOCK_H=32, BLOCK_HALF=32, BLOCK_PASS=64), 4, 1),
         ("router_topk", _router_topk_kernel, dict(logits_ptr=P, weights_ptr=F, ids_ptr="*i32"),
          dict(RENORMALIZE=True, BLOCK_E=128, BLOCK_K=8), 1, 1),
@@ -46,23 +46,30 @@ def _variants():
                         dict(HAS_BIAS=False, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=bn_used, BLOCK_K=bk, GROUP_M=8),
                         warps, stages))
     for bm, warps in ((16, 4), (64, 8)):
-        out.append((f"attention prefill BM={bm}", _attention_prefill_kernel,
-                    dict(q_ptr=P, k_ptr=P, v_ptr=P, out_ptr=P, qk_scale="fp32"),
-                    dict(DOT_FP32=False, BLOCK_M=bm, BLOCK_N=64, BLOCK_D=128), warps, 2))
+        for sinks, sliding in ((False, False), (True, True)):  # plain; gpt-oss (sinks, sliding window)
+            out.append((f"attention prefill BM={bm}" + (" sinks sliding" if sinks else ""), _attention_prefill_kernel,
+                        dict(q_ptr=P, k_ptr=P, v_ptr=P, out_ptr=P, sinks_ptr=F, qk_scale="fp32"),
+                        dict(DOT_FP32=False, SINKS=sinks, SLIDING=sliding, BLOCK_M=bm, BLOCK_N=64, BLOCK_D=128),
+                        warps, 2))
     out += [
         ("attention decode split", _attention_decode_split_kernel,
          dict(q_ptr=P, k_ptr=P, v_ptr=P, part_out_ptr=F, part_lse_ptr=F, qk_scale="fp32"),
          dict(DOT_FP32=False, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128), 4, 2),
-        ("attention decode merge", _attention_decode_merge_kernel, dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P),
-         dict(BLOCK_S=64, BLOCK_D=128), 4, 1),
+        ("attention decode merge", _attention_decode_merge_kernel,
+         dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P, sinks_ptr=F), dict(SINKS=False, BLOCK_S=64, BLOCK_D=128), 4, 1),
+        ("attention decode merge sinks", _attention_decode_merge_kernel,
+         dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P, sinks_ptr=F), dict(SINKS=True, BLOCK_S=64, BLOCK_D=128), 4, 1),
         ("expert sum", _sum_pairs_kernel, dict(y_ptr=F, slot_ptr="*i32", out_ptr=P), dict(BLOCK_D=1024), 4, 1),
     ]
     for one_pair, bm in ((True, 16), (False, 64)):
-        meta = dict(ONE_PAIR=one_pair, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64)
-        out.append((f"expert gate_up one_pair={one_pair}", _gate_up_kernel,
-                    dict(x_ptr=P, w_ptr=P, h_ptr=P, **slots), dict(meta, BLOCK_N=32 if one_pair else 64), 4, 3))
-        out.append((f"expert down one_pair={one_pair}", _down_kernel,
-                    dict(h_ptr=P, w_ptr=P, route_w_ptr=F, y_ptr=F, **slots), meta, 4, 3))
+        for bias, glu in ((False, "silu"), (True, "clamped")):  # plain; gpt-oss (biases, clamped activation)
+            meta = dict(ONE_PAIR=one_pair, DOT_FP32=False, HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64)
+            tag = f"one_pair={one_pair}" + (" bias clamped" if bias else "")
+            out.append((f"expert gate_up {tag}", _gate_up_kernel,
+                        dict(x_ptr=P, w_ptr=P, h_ptr=P, b_ptr=P, alpha="fp32", limit="fp32", **slots),
+                        dict(meta, GLU=glu, BLOCK_N=32 if one_pair else 64), 4, 3))
+            out.append((f"expert down {tag}", _down_kernel,
+                        dict(h_ptr=P, w_ptr=P, route_w_ptr=F, y_ptr=F, b_ptr=P, **slots), meta, 4, 3))
     return out
 
 

@@ -22,6 +22,7 @@ VARIANTS = (
     ("fp4", {"GROUP": 32, "SCALE_CODE": "e8m0"}, False, False),
     ("fp4", {"GROUP": 16, "SCALE_CODE": "e4m3", "GLOBAL_OP": "divide"}, True, True),
     ("fp4", {"GROUP": 16, "SCALE_CODE": "e4m3", "GLOBAL_OP": "multiply"}, False, False),
+    ("fp4", {"GROUP": 32, "SCALE_CODE": "e8m0", "HAS_BIAS": True, "GLU": "clamped"}, True, True),  # gpt-oss MXFP4
 )
 NUM_COMPILES = sum(2 if down else 1 for *_, down in VARIANTS)
 
@@ -39,12 +40,13 @@ def compile_variants() -> int:
     failures = 0
     for kind, layout, one_pair, down in VARIANTS:
         meta = {"KIND": kind, "GROUP": 1, "HAS_G_IDX": False, "BLOCK_ROWS": 1, "BLOCK_COLS": 1, "SCALE_CODE": "",
-                "GLOBAL_OP": "", **layout, "ONE_PAIR": one_pair, "DOT_FP32": False,
+                "GLOBAL_OP": "", "HAS_BIAS": False, "GLU": "silu", **layout, "ONE_PAIR": one_pair, "DOT_FP32": False,
                 "BLOCK_M": 16 if one_pair else 64, "BLOCK_N": 64, "BLOCK_K": 64}
         launches = [(_gate_up_quant_kernel, 32 if one_pair else 64)] + ([(_down_quant_kernel, 64)] if down else [])
         for fn, block_n in launches:
-            consts = {**meta, "BLOCK_N": block_n}
-            types = {"x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*fp32", "route_w_ptr": "*fp32"}
+            consts = {k: v for k, v in {**meta, "BLOCK_N": block_n}.items() if k in fn.arg_names}  # down: no GLU
+            types = {"x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*fp32", "route_w_ptr": "*fp32", "b_ptr": "*bf16",
+                     "alpha": "fp32", "limit": "fp32"}
             for a in fn.arg_names:
                 if a.endswith("_ptr") and a not in types:
                     types[a] = ("*i32" if a in ("pairs_ptr", "block_slot_ptr", "slot_ids_ptr") or "g_idx" in a
