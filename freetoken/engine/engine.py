@@ -84,7 +84,7 @@ class Engine:
     def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         cfg, ks = self.config, self.kernels
         lw = self.decoder.layers[cfg.moe_layers[layer]]
-        logits = ks.linear(h, lw.router)  # [T, E]
+        logits = ks.linear(h, lw.router, lw.router_bias)  # [T, E]
         weights, ids = ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob)  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()
         if self.recorder is not None:

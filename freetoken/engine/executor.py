@@ -15,6 +15,7 @@ import torch
 
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
+from freetoken.kernels.expert_ffn import glu_ref
 from freetoken.placement import PREFILL, Plan
 from freetoken.placement.counts import Counts
 
@@ -56,7 +57,7 @@ class LiveExecutor:
         if not self.pipeline or not fetched:
             ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
             self._wait([ready, *events])
-            y = ffn(x, self._slots(slots), weights, *pool.weights)
+            y = ffn(x, self._slots(slots), weights, *pool.weights, **pool.ffn_options)
         else:  # hits while the copies run; then each fetched group as soon as its copies land
             halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
             cut = -(-len(fetched) // halves)
@@ -67,7 +68,8 @@ class LiveExecutor:
                 if not experts:
                     continue
                 self._wait([event])
-                part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, *pool.weights)
+                part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, *pool.weights,
+                           **pool.ffn_options)
                 y = part if y is None else y + part
         if plan.cpu:
             y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
@@ -116,9 +118,9 @@ class LiveExecutor:
 
     def _cpu_lane(self, layer: int, experts: list[int], x: torch.Tensor, weights: torch.Tensor,
                   ids: np.ndarray) -> torch.Tensor:
-        """sum over this call's cpu experts of w[t, k] * down(silu(gate x) * up x) on the host, in the store's dtype
-        (torch accumulates in fp32, as the GPU kernel does), routing weights and the sum in fp32. Packed experts are
-        dequantized one by one to that dtype first."""
+        """sum over this call's cpu experts of w[t, k] * down(glu(gate x, up x)) on the host (biases added where the
+        experts have them), in the store's dtype (torch accumulates in fp32, as the GPU kernel does), routing weights
+        and the sum in fp32. Packed experts are dequantized one by one to that dtype first."""
         store = self.store
         I, dt = store.intermediate, store.dtype
         xh = x.to("cpu", dt)  # [T, D]
@@ -128,9 +130,15 @@ class LiveExecutor:
             tok, k = np.nonzero(ids == e)
             tok_t = torch.from_numpy(tok)
             gate_up, down = store.expert_weights(layer, e)  # [2I, D], [D, I]
+            b_gate_up, b_down = store.expert_biases(layer, e)  # [2I], [D] or None
             h = xh[tok_t] @ gate_up.T  # [n, 2I]
-            h = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(dt)
-            y = (h @ down.T).float()  # [n, D]
+            if b_gate_up is not None:
+                h = h + b_gate_up
+            h = glu_ref(h[:, :I].float(), h[:, I:].float(), **store.glu).to(dt)
+            y = h @ down.T  # [n, D]
+            if b_down is not None:
+                y = y + b_down
+            y = y.float()
             out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
         return out
 

@@ -1,5 +1,6 @@
 """The shared decoder: embedding, per layer (RMSNorm, GQA attention with rope over the KV cache, routed MoE or dense
 MLP), final norm, LM head. Every device op is a call into the kernel set; torch only glues (views, residual adds).
+Per-family options come from the ModelConfig: biases, attention sinks, sliding-window layers, YaRN rope.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
+from freetoken.kernels.rope import yarn_inv_freq
 from freetoken.models.checkpoint import Checkpoint
 from freetoken.models.family import ATTN
 
@@ -30,9 +32,13 @@ class LayerWeights:
     bq: torch.Tensor | None = None
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
+    bo: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None  # [H] fp32: per-head logits joining the softmax denominator (gpt-oss)
+    window: int | None = None  # sliding-window attention: the last `window` keys
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [E, D] on MoE layers
+    router_bias: torch.Tensor | None = None  # [E]
     dense_gate_up: torch.Tensor | None = None  # [1, 2F, D] on dense layers (expert_ffn with one slot)
     dense_down: torch.Tensor | None = None  # [1, D, F]
     shared_gate_up: torch.Tensor | None = None  # [1, 2F, D] the always-on shared expert of a MoE layer
@@ -62,8 +68,11 @@ class Decoder:
             lw = LayerWeights(
                 dev(f"model.layers.{l}.input_layernorm.weight"), dev(f"model.layers.{l}.post_attention_layernorm.weight"),
                 dev(a + "q_proj.weight"), dev(a + "k_proj.weight"), dev(a + "v_proj.weight"), dev(a + "o_proj.weight"),
-                opt(a + "q_proj.bias"), opt(a + "k_proj.bias"), opt(a + "v_proj.bias"),
-                opt(fam.q_norm.format(l=l)), opt(fam.k_norm.format(l=l)))
+                bq=opt(a + "q_proj.bias"), bk=opt(a + "k_proj.bias"), bv=opt(a + "v_proj.bias"),
+                bo=opt(a + "o_proj.bias"), window=cfg.window(l),
+                q_norm=opt(fam.q_norm.format(l=l)), k_norm=opt(fam.k_norm.format(l=l)))
+            if cfg.attention_sinks:
+                lw.sinks = ckpt.dense[fam.sinks.format(l=l)].to(self.device, torch.float32).contiguous()
             def mlp(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
                 """A SwiGLU MLP as one expert_ffn slot: gate_up [1, 2F, D], down [1, D, F]."""
                 gate, up, down = fam.mlp_tensors(prefix)
@@ -72,6 +81,8 @@ class Decoder:
             if cfg.moe_index(l) >= 0:
                 m = fam.moe_prefix.format(l=l)
                 lw.router = dev(m + fam.router)
+                if cfg.router_bias:
+                    lw.router_bias = dev(m + fam.router_bias)
                 if cfg.shared_expert_intermediate:
                     lw.shared_gate_up, lw.shared_down = mlp(m + fam.shared_expert)
                 if cfg.shared_expert_gate:
@@ -80,6 +91,12 @@ class Decoder:
                 lw.dense_gate_up, lw.dense_down = mlp(fam.dense_prefix.format(l=l))
             self.layers.append(lw)
         self.sm_scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.rope = {}  # apply_rope's scaled-rope options: YaRN's frequencies and cos/sin scale
+        if cfg.rope_yarn is not None:
+            y = cfg.rope_yarn
+            inv_freq, scale = yarn_inv_freq(cfg.rope_theta, cfg.head_dim, y.factor, y.original_max_position_embeddings,
+                                            y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
+            self.rope = {"inv_freq": inv_freq.to(self.device), "scale": scale}
 
     def new_kv(self, max_tokens: int) -> KVCache:
         cfg = self.cfg
@@ -139,8 +156,8 @@ class Decoder:
         if cfg.qk_norm == "head":  # Qwen3: per head
             q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps).view(T, H, Dh)
             k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps).view(T, Hkv, Dh)
-        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta)
-        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta)
+        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, **self.rope)
+        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, **self.rope)
         kv.write(l, start_pos, k, v)
-        o = ks.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale)  # [T, H, Dh]
-        return ks.linear(o.reshape(T, H * Dh), lw.wo)
+        o = ks.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)  # [T, H, Dh]
+        return ks.linear(o.reshape(T, H * Dh), lw.wo, lw.bo)

@@ -7,6 +7,9 @@ hits and fetched experts alike by slot id.
 Quantized checkpoints keep their experts packed in both places: per MoE layer a (gate, up, down) triple of
 PackedWeights (freetoken/quant/packed.py), one slot per expert in the store and one per cache row in the pool, so a
 fetch moves the packed bytes and expert_ffn_quant dequantizes inside the matmul.
+
+Expert biases (gpt-oss) are plain per-expert tensors beside the weights, packed or not: b_gate_up[l] [E, 2I] and
+b_down[l] [E, D] in the store, [S, 2I] / [S, D] rows in the pool, copied with the expert and counted in its bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,11 @@ class ExpertStore:
     Packed (layers of (gate, up, down) PackedWeights): gate[l], up[l], down[l]; `dtype` is then the compute dtype
     the CPU lane dequantizes to."""
 
-    def __init__(self, layers: list[tuple], dtype: torch.dtype | None = None, quant_format: str | None = None):
+    def __init__(self, layers: list[tuple], dtype: torch.dtype | None = None, quant_format: str | None = None,
+                 biases: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 glu: tuple[str, float, float] = ("silu", 1.702, 7.0)):
+        """biases: per layer (gate_up [E, 2I], down [E, D]), cast to the compute dtype; glu: (kind, alpha, limit)
+        of the experts' gated activation (kernels.expert_ffn.GLUS)."""
         if not layers:
             raise ValueError("expert store: no MoE layer")
         self.packed = isinstance(layers[0][0], PackedWeight)
@@ -42,17 +49,32 @@ class ExpertStore:
             self.dtype = self.gate_up[0].dtype
             self.format = DTYPE_NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
         self.num_experts, self.intermediate, self.hidden = E, I, D
+        self.b_gate_up = self.b_down = None
+        if biases is not None:
+            if len(biases) != len(layers):
+                raise ValueError(f"expert store: biases for {len(biases)} layers, experts for {len(layers)}")
+            for l, (bgu, bd) in enumerate(biases):
+                if tuple(bgu.shape) != (E, 2 * I) or tuple(bd.shape) != (E, D):
+                    raise ValueError(f"expert store: layer {l} biases {tuple(bgu.shape)} / {tuple(bd.shape)}, "
+                                     f"expected ({E}, {2 * I}) / ({E}, {D})")
+            self.b_gate_up = [bgu.to(self.dtype) for bgu, _ in biases]
+            self.b_down = [bd.to(self.dtype) for _, bd in biases]
+        kind, alpha, limit = glu
+        self.glu = {"glu": kind, "alpha": float(alpha), "limit": float(limit)}  # expert_ffn's activation options
 
     @classmethod
     def from_checkpoint(cls, ckpt, dtype: torch.dtype | None = None) -> ExpertStore:
         """dtype: the compute dtype (None: the checkpoint's); dense experts are cast to it, packed ones stay
         packed and are labelled by their format ('gptq int4 g128')."""
+        cfg = ckpt.config
+        options = dict(biases=ckpt.expert_biases, glu=(cfg.expert_glu, cfg.glu_alpha, cfg.glu_limit))
         if ckpt.quant is None:
             experts = ckpt.experts if dtype is None else [(g.to(dtype), d.to(dtype)) for g, d in ckpt.experts]
-            return cls(experts)
+            return cls(experts, **options)
         from freetoken.quant import describe
 
-        return cls(ckpt.experts, dtype or ckpt.dense["model.embed_tokens.weight"].dtype, describe(ckpt.quant))
+        return cls(ckpt.experts, dtype or ckpt.dense["model.embed_tokens.weight"].dtype, describe(ckpt.quant),
+                   **options)
 
     def _check_layers(self) -> None:
         """Every layer must fit the pool built from layer 0: same layout, shapes and dtypes per projection."""
@@ -68,10 +90,12 @@ class ExpertStore:
 
     @property
     def expert_bytes(self) -> int:
-        """Bytes of one expert (gate, up, down): what one fetch moves over PCIe (packed: values and scales)."""
+        """Bytes of one expert (gate, up, down, and biases): what one fetch moves over PCIe (packed: values and
+        scales)."""
+        bias = 0 if self.b_gate_up is None else (2 * self.intermediate + self.hidden) * self.b_gate_up[0].element_size()
         if self.packed:
-            return sum(w[0].nbytes_per_slot for w in (self.gate, self.up, self.down))
-        return 3 * self.intermediate * self.hidden * self.gate_up[0].element_size()
+            return sum(w[0].nbytes_per_slot for w in (self.gate, self.up, self.down)) + bias
+        return 3 * self.intermediate * self.hidden * self.gate_up[0].element_size() + bias
 
     def expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [2I, D], down [D, I]) of one expert in the store's dtype, on the host (the CPU lane's)."""
@@ -79,6 +103,12 @@ class ExpertStore:
             return self.gate_up[layer][expert], self.down[layer][expert]
         gate, up, down = (w[layer].to_float(expert).to(self.dtype) for w in (self.gate, self.up, self.down))
         return torch.cat([gate, up]), down
+
+    def expert_biases(self, layer: int, expert: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(gate_up [2I], down [D]) biases of one expert on the host, or (None, None)."""
+        if self.b_gate_up is None:
+            return None, None
+        return self.b_gate_up[layer][expert], self.b_down[layer][expert]
 
 
 def _layout(w: PackedWeight) -> tuple:
@@ -97,6 +127,11 @@ class SlotPool:
         else:
             self.w_gate_up = torch.zeros((S, 2 * I, D), dtype=store.dtype, device=device)  # [S, 2I, D]
             self.w_down = torch.zeros((S, D, I), dtype=store.dtype, device=device)  # [S, D, I]
+        self.b_gate_up = self.b_down = None
+        if store.b_gate_up is not None:
+            self.b_gate_up = torch.zeros((S, 2 * I), dtype=store.dtype, device=device)  # [S, 2I]
+            self.b_down = torch.zeros((S, D), dtype=store.dtype, device=device)  # [S, D]
+        self.glu = store.glu
 
     @property
     def weights(self) -> tuple:
@@ -104,13 +139,25 @@ class SlotPool:
         return (self.gate, self.up, self.down) if self.packed else (self.w_gate_up, self.w_down)
 
     @property
+    def ffn_options(self) -> dict:
+        """expert_ffn / expert_ffn_quant keyword arguments: the activation, and the biases where there are any."""
+        if self.b_gate_up is None:
+            return self.glu
+        return {**self.glu, "b_gate_up": self.b_gate_up, "b_down": self.b_down}
+
+    @property
     def nbytes(self) -> int:
         """Device bytes the pool holds, every slot and staging row."""
         tensors = [t for w in self.weights for t in w.tensors().values()] if self.packed else list(self.weights)
+        if self.b_gate_up is not None:
+            tensors += [self.b_gate_up, self.b_down]
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def load(self, slot: int, store: ExpertStore, layer: int, expert: int) -> None:
         """Copy one expert host -> slot (asynchronous from pinned memory on the current CUDA stream)."""
+        if self.b_gate_up is not None:
+            self.b_gate_up[slot].copy_(store.b_gate_up[layer][expert], non_blocking=True)
+            self.b_down[slot].copy_(store.b_down[layer][expert], non_blocking=True)
         if self.packed:
             self.gate.copy_slot(slot, store.gate[layer], expert, non_blocking=True)
             self.up.copy_slot(slot, store.up[layer], expert, non_blocking=True)

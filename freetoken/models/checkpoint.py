@@ -26,7 +26,8 @@ INDEX = "model.safetensors.index.json"
 class Checkpoint:
     """dense: every non-expert tensor by its checkpoint name; experts: per MoE layer (gate_up [E, 2I, D]
     with gate rows then up rows, down [E, D, I]) in host memory, or, quantized (`quant` set), per MoE layer
-    (gate, up, down) PackedWeights with one slot per expert (gate/up (I, D), down (D, I))."""
+    (gate, up, down) PackedWeights with one slot per expert (gate/up (I, D), down (D, I)). expert_biases (models
+    with expert_bias): per MoE layer (gate_up [E, 2I] gate then up, down [E, D]), plain tensors either way."""
 
     path: Path
     family: Family
@@ -34,6 +35,7 @@ class Checkpoint:
     dense: dict[str, torch.Tensor]
     experts: list[tuple]
     quant: QuantFormat | None = None
+    expert_biases: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def resolve_dir(model: str | Path) -> Path:
@@ -142,7 +144,7 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
         return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
     dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
-    return Checkpoint(path, family, cfg, dense, experts)
+    return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin))
 
 
 def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfig, fmt: QuantFormat,
@@ -153,19 +155,33 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
     try:
         dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype)
         experts = [read_experts(view, family, cfg, layer, fmt, pin) for layer in cfg.moe_layers]
+        biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
         text = str(e)
         raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
-    return Checkpoint(path, family, cfg, dense, experts, fmt)
+    return Checkpoint(path, family, cfg, dense, experts, fmt, biases)
+
+
+def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    return t.pin_memory() if pin else t.contiguous()
+
+
+def _deinterleave(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """gpt-oss's gate / up interleaving (gate = even) -> gate, then up, along dim."""
+    idx = torch.arange(t.shape[dim])
+    return t.index_select(dim, torch.cat([idx[0::2], idx[1::2]]))
 
 
 def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int, dtype, pin: bool):
     E, I, D = cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size
     fused_gu, fused_down = family.fused_tensor(layer, 0), family.fused_tensor(layer, 1)
     if reader.has(fused_gu) and not reader.has(family.expert_tensor(layer, 0, 0)):
-        gate_up = reader.get(fused_gu, (E, 2 * I, D), dtype)
-        down = reader.get(fused_down, (E, D, I), dtype)
-        return (gate_up.pin_memory(), down.pin_memory()) if pin else (gate_up.contiguous(), down.contiguous())
+        gu_shape, down_shape = family.fused_shapes(cfg)
+        gate_up = reader.get(fused_gu, gu_shape, dtype)
+        down = reader.get(fused_down, down_shape, dtype)
+        if family.expert_layout == "gpt_oss":  # x @ W with interleaved columns -> our W rows, gate then up
+            gate_up, down = _deinterleave(gate_up.transpose(1, 2), 1), down.transpose(1, 2)
+        return _host(gate_up, pin), _host(down, pin)
     first = reader.get(family.expert_tensor(layer, 0, 0), (I, D), dtype)
     gate_up = torch.empty((E, 2 * I, D), dtype=first.dtype, pin_memory=pin)
     down = torch.empty((E, D, I), dtype=first.dtype, pin_memory=pin)
@@ -174,3 +190,17 @@ def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int
         gate_up[e, I:] = reader.get(family.expert_tensor(layer, e, 1), (I, D), dtype)
         down[e] = reader.get(family.expert_tensor(layer, e, 2), (D, I), dtype)
     return gate_up, down
+
+
+def _expert_biases(reader: _Reader, family: Family, cfg: ModelConfig, dtype, pin: bool):
+    """Per MoE layer (gate_up [E, 2I] gate then up, down [E, D]), or None for a model without expert biases."""
+    if not cfg.expert_bias:
+        return None
+    E, I, D = cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size
+    out = []
+    for layer in cfg.moe_layers:
+        gate_up = reader.get(family.bias_tensor(layer, 0), (E, 2 * I), dtype)
+        if family.expert_layout == "gpt_oss":
+            gate_up = _deinterleave(gate_up, 1)
+        out.append((_host(gate_up, pin), _host(reader.get(family.bias_tensor(layer, 1), (E, D), dtype), pin)))
+    return out

@@ -13,6 +13,24 @@ class CheckpointError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class YarnRope:
+    """YaRN rope scaling (gpt-oss): the fields of config.json's rope_parameters (kernels.rope.yarn_inv_freq)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
+    attention_factor: float | None = None  # None: 0.1 ln(factor) + 1
+
+    def __post_init__(self) -> None:
+        if self.factor <= 0 or self.original_max_position_embeddings <= 0:
+            raise CheckpointError(f"config.json: rope_parameters factor {self.factor} and "
+                                  f"original_max_position_embeddings {self.original_max_position_embeddings} "
+                                  "must be positive")
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     family: str
     architecture: str
@@ -39,6 +57,17 @@ class ModelConfig:
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # gpt-oss
+    o_proj_bias: bool = False  # the attention output projection has a bias too
+    attention_sinks: bool = False  # a learned logit per head joins the softmax denominator
+    sliding_window: int = 0  # the layers in sliding_layers attend to the last sliding_window keys only
+    sliding_layers: tuple[int, ...] = ()
+    rope_yarn: YarnRope | None = None
+    router_bias: bool = False
+    expert_bias: bool = False  # every expert has a gate_up [2I] and a down [D] bias
+    expert_glu: str = "silu"  # the experts' gated activation (kernels.expert_ffn.GLUS), its gain and clamp:
+    glu_alpha: float = 1.702
+    glu_limit: float = 7.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -58,6 +87,15 @@ class ModelConfig:
             raise CheckpointError(f"config.json: MoE layers {self.moe_layers} outside [0, {self.num_layers})")
         if len(self.moe_layers) < self.num_layers and self.dense_intermediate <= 0:
             raise CheckpointError("config.json: dense layers need a positive intermediate_size")
+        if any(not 0 <= l < self.num_layers for l in self.sliding_layers):
+            raise CheckpointError(f"config.json: sliding-window layers {self.sliding_layers} outside "
+                                  f"[0, {self.num_layers})")
+        if self.sliding_layers and self.sliding_window <= 0:
+            raise CheckpointError(f"config.json: sliding_window must be positive, got {self.sliding_window}")
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of a decoder layer, None where it attends to every earlier key."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
     @property
     def num_moe_layers(self) -> int:
@@ -95,11 +133,17 @@ class ConfigReader:
             value = kind(value)
         return value
 
-    def rope_theta(self, default: float = 10000.0) -> float:
+    def rope_params(self) -> tuple[str, dict]:
         params = self.raw.get("rope_parameters") or self.raw.get("rope_scaling") or {}
-        rope_type = params.get("rope_type", params.get("type", "default")) if isinstance(params, dict) else "default"
-        if rope_type not in ("default", None):
-            raise CheckpointError(f"{self.path}: rope type {rope_type!r} is not supported (only the default rope)")
+        if not isinstance(params, dict):
+            return "default", {}
+        return params.get("rope_type", params.get("type", "default")) or "default", params
+
+    def rope_theta(self, default: float = 10000.0, rope_types: tuple[str, ...] = ("default",)) -> float:
+        rope_type, params = self.rope_params()
+        if rope_type not in rope_types:
+            raise CheckpointError(f"{self.path}: rope type {rope_type!r} is not supported (supported here: "
+                                  f"{', '.join(rope_types)})")
         if isinstance(params, dict) and "rope_theta" in params:
             return float(params["rope_theta"])
         return self.get("rope_theta", default=default, kind=float)
@@ -110,7 +154,20 @@ class ConfigReader:
             return ()
         return tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
 
-    def common(self, family: str) -> dict:
+    def yarn(self) -> YarnRope | None:
+        """rope_parameters of rope_type 'yarn' (None for the default rope); a missing field is named."""
+        rope_type, params = self.rope_params()
+        if rope_type != "yarn":
+            return None
+        sub = ConfigReader(params, f"{self.path} rope_parameters")
+        if params.get("mscale") or params.get("mscale_all_dim"):
+            raise CheckpointError(f"{self.path}: yarn mscale / mscale_all_dim are not supported")
+        return YarnRope(sub.get("factor", kind=float),
+                        sub.get("original_max_position_embeddings", kind=int),
+                        sub.get("beta_fast", default=32.0, kind=float), sub.get("beta_slow", default=1.0, kind=float),
+                        bool(sub.get("truncate", default=True)), sub.get("attention_factor", default=None))
+
+    def common(self, family: str, rope_types: tuple[str, ...] = ("default",), rope_theta: float = 10000.0) -> dict:
         """The fields every Llama-like decoder shares."""
         hidden = self.get("hidden_size", kind=int)
         heads = self.get("num_attention_heads", kind=int)
@@ -125,7 +182,7 @@ class ConfigReader:
             num_heads=heads,
             num_kv_heads=self.get("num_key_value_heads", default=heads, kind=int),
             head_dim=int(head_dim) if head_dim is not None else hidden // heads,
-            rope_theta=self.rope_theta(),
+            rope_theta=self.rope_theta(rope_theta, rope_types),
             rms_norm_eps=self.get("rms_norm_eps", default=1e-6, kind=float),
             top_k=self.get("num_experts_per_tok", kind=int),
             tie_word_embeddings=bool(self.get("tie_word_embeddings", default=False)),

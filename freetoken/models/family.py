@@ -3,6 +3,10 @@
 Every family here is a Llama-like decoder (RMSNorm, GQA attention with rope, a routed SwiGLU MoE block); a family
 file says only where its tensors live and which config fields it reads. Tensor names are format strings with {l}
 (decoder layer), {e} (expert) and {p} (one of the expert's three projections).
+
+Fused expert layouts (EXPERT_LAYOUTS): "rows", gate_up [E, 2I, D] (gate rows, then up rows) and down [E, D, I];
+"gpt_oss", gate_up [E, D, 2I] (x @ W, gate and up columns interleaved: gate = even), down [E, I, D], biases
+gate_up [E, 2I] interleaved the same way and down [E, D].
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Callable
 from freetoken.models.config import ConfigReader, ModelConfig
 
 ATTN = "model.layers.{l}.self_attn."
+EXPERT_LAYOUTS = ("rows", "gpt_oss")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,14 +27,22 @@ class Family:
     read_config: Callable[[ConfigReader], ModelConfig]
     moe_prefix: str = "model.layers.{l}.mlp."
     router: str = "gate.weight"  # under moe_prefix
+    router_bias: str = "gate.bias"  # under moe_prefix, where the config has router_bias
     expert: str = "experts.{e}.{p}.weight"  # under moe_prefix, per-expert layout
     expert_proj: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # gate, up, down
-    fused_experts: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")  # [E, 2I, D], [E, D, I]
+    fused_experts: tuple[str, str] = ("experts.gate_up_proj", "experts.down_proj")  # in expert_layout
+    expert_layout: str = "rows"
+    expert_biases: tuple[str, str] = ("experts.gate_up_proj_bias", "experts.down_proj_bias")  # with expert_bias
     dense_prefix: str = "model.layers.{l}.mlp."  # dense MLP of non-MoE layers: gate_proj / up_proj / down_proj
     shared_expert: str = "shared_expert."  # under moe_prefix: gate_proj / up_proj / down_proj
     shared_expert_gate: str = "shared_expert_gate.weight"  # under moe_prefix: [1, D]
     q_norm: str = ATTN + "q_norm.weight"
     k_norm: str = ATTN + "k_norm.weight"
+    sinks: str = ATTN + "sinks"
+
+    def __post_init__(self) -> None:
+        if self.expert_layout not in EXPERT_LAYOUTS:
+            raise ValueError(f"family {self.name}: expert_layout {self.expert_layout!r} not in {EXPERT_LAYOUTS}")
 
     def dense_tensors(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every non-expert tensor the model needs -> its shape (the device-resident part)."""
@@ -47,6 +60,10 @@ class Family:
                 if cfg.attention_bias:
                     out[a + proj + ".bias"] = (rows,)
             out[a + "o_proj.weight"] = (D, H * Dh)
+            if cfg.o_proj_bias:
+                out[a + "o_proj.bias"] = (D,)
+            if cfg.attention_sinks:
+                out[self.sinks.format(l=l)] = (H,)
             if cfg.qk_norm == "head":
                 out[self.q_norm.format(l=l)] = (Dh,)
                 out[self.k_norm.format(l=l)] = (Dh,)
@@ -56,6 +73,8 @@ class Family:
             if cfg.moe_index(l) >= 0:
                 m = self.moe_prefix.format(l=l)
                 out[m + self.router] = (cfg.num_experts, D)
+                if cfg.router_bias:
+                    out[m + self.router_bias] = (cfg.num_experts,)
                 if cfg.shared_expert_intermediate:
                     out.update(_mlp(m + self.shared_expert, cfg.shared_expert_intermediate, D))
                 if cfg.shared_expert_gate:
@@ -72,8 +91,16 @@ class Family:
         return self.moe_prefix.format(l=layer) + self.expert.format(e=expert, p=self.expert_proj[which])
 
     def fused_tensor(self, layer: int, which: int) -> str:
-        """which: 0 gate_up [E, 2I, D], 1 down [E, D, I]."""
+        """which: 0 gate_up, 1 down (shapes by expert_layout)."""
         return self.moe_prefix.format(l=layer) + self.fused_experts[which]
+
+    def fused_shapes(self, cfg: ModelConfig) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        E, I, D = cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size
+        return ((E, D, 2 * I), (E, I, D)) if self.expert_layout == "gpt_oss" else ((E, 2 * I, D), (E, D, I))
+
+    def bias_tensor(self, layer: int, which: int) -> str:
+        """which: 0 gate_up [E, 2I], 1 down [E, D]."""
+        return self.moe_prefix.format(l=layer) + self.expert_biases[which]
 
 
 def _mlp(prefix: str, F: int, D: int) -> dict[str, tuple[int, int]]:

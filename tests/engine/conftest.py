@@ -19,6 +19,7 @@ FAMILY_KW = {
     "olmoe": dict(num_experts=8, norm_topk_prob=False),
     "qwen2_moe": dict(num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=40,
                       norm_topk_prob=False),
+    "gpt_oss": dict(num_local_experts=8, head_dim=16, sliding_window=4),  # layer 0 slides; sinks, biases, YaRN
 }
 FAMILIES = tuple(FAMILY_KW)
 PROMPT = [3, 17, 5, 99, 42, 7, 1, 2, 8, 100]

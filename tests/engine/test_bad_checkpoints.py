@@ -89,8 +89,8 @@ def test_unknown_architecture(ckpt_dir):
     cfg["architectures"] = ["LlamaForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture LlamaForCausalLM; supported: "
-                                              r"MixtralForCausalLM, OlmoeForCausalLM, Qwen2MoeForCausalLM, "
-                                              r"Qwen3MoeForCausalLM"):
+                                              r"GptOssForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, "
+                                              r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM"):
         load_checkpoint(ckpt_dir)
 
 
