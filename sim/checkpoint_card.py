@@ -50,4 +50,4 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,
         source=f"{config_file} ({cfg.architecture}, {dtype}"
                + (f", experts {describe(fmt)})" if fmt else ")"),
-        expert_format=fmt)
+        expert_format=fmt, expert_bias_params=2 * I + D if cfg.expert_bias else 0)

@@ -63,17 +63,19 @@ class ModelCard:
     estimated: dict[str, str] = field(default_factory=dict)
     notes: str = ""
     expert_format: QuantFormat | None = None  # exact packed format of the routed experts; sets expert_bits
+    expert_bias_params: int = 0  # per expert, stored beside its weights at dense_bits (gpt-oss: gate_up 2I + down D)
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_format, str):  # a YAML card names a format
             object.__setattr__(self, "expert_format", format_spec(self.expert_format))
         if self.expert_format is not None:
-            object.__setattr__(self, "expert_bits", 8 * self.expert_bytes() / self.expert_params)
+            object.__setattr__(self, "expert_bits", 8 * (self.expert_bytes() - self.bias_bytes()) / self.expert_params)
         require_positive(self, ("num_layers", "moe_layers", "num_experts", "top_k", "hidden_size",
                                 "expert_intermediate_size", "dense_params", "kv_bytes_per_token",
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
                                 "expert_matrices"))
-        require_positive(self, ("shared_experts", "embedding_params", "attention_layers"), allow_zero=True)
+        require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params"),
+                         allow_zero=True)
         if self.top_k > self.num_experts:
             raise ValueError(f"field 'top_k' ({self.top_k}) exceeds field 'num_experts' ({self.num_experts})")
         if self.moe_layers > self.num_layers:
@@ -131,13 +133,18 @@ class ModelCard:
             return replace(card, expert_bits=QUANT_BITS[expert], expert_format=None)
         return card
 
+    def bias_bytes(self) -> int:
+        return int(round(self.expert_bias_params * self.dense_bits / 8))
+
     def expert_bytes(self) -> int:
+        """What one fetch moves: the expert's weights (packed when expert_format is set) and its biases."""
+        bias = self.bias_bytes()
         if self.expert_format is None:
-            return int(round(self.expert_params * self.expert_bits / 8))
+            return int(round(self.expert_params * self.expert_bits / 8)) + bias
         D, I, fmt = self.hidden_size, self.expert_intermediate_size, self.expert_format
         where = f"model {self.name}: expert_format"
         try:  # gate and up [I, D], down [D, I]
-            return (self.expert_matrices - 1) * matrix_bytes(fmt, I, D) + matrix_bytes(fmt, D, I)
+            return (self.expert_matrices - 1) * matrix_bytes(fmt, I, D) + matrix_bytes(fmt, D, I) + bias
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 

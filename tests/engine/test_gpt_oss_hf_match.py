@@ -232,3 +232,17 @@ def test_a_published_style_config_reads():
     assert cfg.sliding_layers == tuple(range(0, 24, 2)) and cfg.sliding_window == 128 and cfg.eos_token_ids == (200002,)
     assert "model.layers.3.self_attn.sinks" in family.dense_tensors(cfg)
     assert family.dense_tensors(cfg)["model.layers.3.mlp.router.bias"] == (32,)
+
+
+@pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
+def test_card_from_config_counts_the_expert_biases(fmt, models):
+    """ft predict's card (config.json alone) sizes an expert as the engine's store does: weights plus biases."""
+    from freetoken.serve.engine_backend import checkpoint_memory
+    from sim.checkpoint_card import card_from_checkpoint
+    from sim.planner import model_memory
+
+    model = models[fmt]
+    card = card_from_checkpoint(model.path)
+    assert card.expert_bias_params == 2 * I + D
+    assert card.expert_bytes() == _engine(model, 3, "offload").store.expert_bytes
+    assert model_memory(card).expert_bytes == checkpoint_memory(model.ckpt, 64).expert_bytes
