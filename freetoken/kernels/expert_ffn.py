@@ -13,6 +13,8 @@ and before the routing weight; `glu` picks the gated activation of GLUS (constex
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -173,6 +175,53 @@ def check_ffn_options(b_gate_up: torch.Tensor | None, b_down: torch.Tensor | Non
             raise ValueError(f"{name}: on {b.device}, x on {device}")
 
 
+@dataclass(slots=True)
+class PairBlocks:
+    """How both expert FFNs (dense and packed) walk a call's (token, k) pairs, and the buffers they fill."""
+
+    one_pair: bool  # decode: block b is pair b
+    block_m: int
+    pairs: torch.Tensor  # [rows] pair ids grouped by slot (prefill), else slot_ids (unused)
+    block_slot: torch.Tensor  # [blocks] slot of each row block (prefill), else slot_ids (unused)
+    num_blocks: int
+    h: torch.Tensor  # [rows, I] gated activation per row
+    y: torch.Tensor  # [T * K, D] fp32 weighted expert output per pair
+    route_w: torch.Tensor  # [T * K] routing weight per pair
+
+
+def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, S: int, I: int) -> PairBlocks:
+    """Check slot ids (CPU only), then lay out the row blocks and allocate h / y."""
+    if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
+        raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
+    T, K = slot_ids.shape
+    one_pair = T * K <= MAX_PAIRS_ONE_PER_BLOCK
+    block_m = 16 if T <= 32 else 64
+    if one_pair:
+        pairs = block_slot = slot_ids  # unused by the kernels in this mode
+        num_blocks = num_rows = T * K
+    else:
+        blocks = align_by_slot(slot_ids, S, block_m)
+        pairs, block_slot = blocks.pairs, blocks.block_slot
+        num_blocks, num_rows = block_slot.shape[0], pairs.shape[0]
+    h = torch.empty((num_rows, I), dtype=x.dtype, device=x.device)
+    y = torch.empty((T * K, x.shape[1]), dtype=torch.float32, device=x.device)
+    return PairBlocks(one_pair, block_m, pairs, block_slot, num_blocks, h, y, weights.contiguous().reshape(-1))
+
+
+def sum_pairs(y: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [T, D] = each token's sum of its resident pairs' rows of y (the third launch of both FFNs)."""
+    T, K = slot_ids.shape
+    D = out.shape[1]
+    BLOCK_D = min(triton.next_power_of_2(D), 1024)
+    _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
+        y, slot_ids, out,
+        K, D,
+        y.stride(0), slot_ids.stride(0), out.stride(0),
+        BLOCK_D=BLOCK_D, num_warps=4,
+    )
+    return out
+
+
 def bias_args(b: torch.Tensor | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(pointer, slot stride) of an optional bias; without one the stand-in is passed and never read."""
     return (stand_in, 0) if b is None else (b, b.stride(0))
@@ -207,25 +256,14 @@ def expert_ffn(
     if S == 0:
         raise ValueError("w_gate_up: no slots")
     check_ffn_options(b_gate_up, b_down, S, I, D, glu, x.device)
-    if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
-        raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
     # 2. allocate
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
     if T == 0 or K == 0:
         return out.zero_()
     slot_ids = slot_ids.contiguous()
-    one_pair = T * K <= MAX_PAIRS_ONE_PER_BLOCK
-    BLOCK_M = 16 if T <= 32 else 64
-    if one_pair:
-        pairs = block_slot = slot_ids  # unused by the kernels in this mode
-        num_blocks = num_rows = T * K
-    else:
-        blocks = align_by_slot(slot_ids, S, BLOCK_M)
-        pairs, block_slot = blocks.pairs, blocks.block_slot
-        num_blocks, num_rows = block_slot.shape[0], pairs.shape[0]
-    h = torch.empty((num_rows, I), dtype=x.dtype, device=x.device)  # SwiGLU output per row
-    y = torch.empty((T * K, D), dtype=torch.float32, device=x.device)  # weighted expert output by pair t*K + k
-    route_w = weights.contiguous().reshape(-1)
+    blocks = pair_blocks(x, slot_ids, weights, S, I)
+    one_pair, BLOCK_M, pairs, block_slot = blocks.one_pair, blocks.block_m, blocks.pairs, blocks.block_slot
+    num_blocks, h, y, route_w = blocks.num_blocks, blocks.h, blocks.y, blocks.route_w
     # 3. launch
     dot_fp32 = dot_in_fp32(x, w_gate_up, w_down)
     BLOCK_N, BLOCK_K = 64, 64
@@ -246,14 +284,7 @@ def expert_ffn(
         ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
     )
-    BLOCK_D = min(triton.next_power_of_2(D), 1024)
-    _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
-        y, slot_ids, out,
-        K, D,
-        y.stride(0), slot_ids.stride(0), out.stride(0),
-        BLOCK_D=BLOCK_D, num_warps=4,
-    )
-    return out
+    return sum_pairs(y, slot_ids, out)
 
 
 def glu_ref(gate: torch.Tensor, up: torch.Tensor, glu: str = "silu", alpha: float = 1.702,

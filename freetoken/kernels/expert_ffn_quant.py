@@ -18,16 +18,15 @@ import triton.language as tl
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
 from freetoken.kernels.expert_ffn import (
-    MAX_PAIRS_ONE_PER_BLOCK,
     _block_rows,
-    _sum_pairs_kernel,
     add_bias,
     bias_args,
     check_ffn_options,
     expert_ffn_ref,
     glu,
+    pair_blocks,
+    sum_pairs,
 )
-from freetoken.kernels.moe_align import align_by_slot
 from freetoken.kernels.packed_tiles import slot_tile
 from freetoken.quant.packed import PackedWeight
 
@@ -194,25 +193,14 @@ def expert_ffn_quant(
     gate_ptrs, gu_strides, gu_meta = _kernel_args(gate, "gate")
     up_ptrs, _, _ = _kernel_args(up, "up")  # contiguous with gate's shapes: gate's strides
     down_ptrs, down_strides, down_meta = _kernel_args(down, "down")
-    if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
-        raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
     # 2. allocate
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
     if T == 0 or K == 0:
         return out.zero_()
     slot_ids = slot_ids.contiguous()
-    one_pair = T * K <= MAX_PAIRS_ONE_PER_BLOCK
-    BLOCK_M = 16 if T <= 32 else 64
-    if one_pair:
-        pairs = block_slot = slot_ids  # unused by the kernels in this mode
-        num_blocks = num_rows = T * K
-    else:
-        blocks = align_by_slot(slot_ids, S, BLOCK_M)
-        pairs, block_slot = blocks.pairs, blocks.block_slot
-        num_blocks, num_rows = block_slot.shape[0], pairs.shape[0]
-    h = torch.empty((num_rows, I), dtype=x.dtype, device=x.device)  # SwiGLU output per row
-    y = torch.empty((T * K, D), dtype=torch.float32, device=x.device)  # weighted expert output by pair t*K + k
-    route_w = weights.contiguous().reshape(-1)
+    blocks = pair_blocks(x, slot_ids, weights, S, I)
+    one_pair, BLOCK_M, pairs, block_slot = blocks.one_pair, blocks.block_m, blocks.pairs, blocks.block_slot
+    num_blocks, h, y, route_w = blocks.num_blocks, blocks.h, blocks.y, blocks.route_w
     # 3. launch
     dot_fp32 = dot_in_fp32(x)
     BLOCK_N, BLOCK_K = 64, 64
@@ -233,14 +221,7 @@ def expert_ffn_quant(
         ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None, **down_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         num_warps=4, num_stages=3,
     )
-    BLOCK_D = min(triton.next_power_of_2(D), 1024)
-    _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
-        y, slot_ids, out,
-        K, D,
-        y.stride(0), slot_ids.stride(0), out.stride(0),
-        BLOCK_D=BLOCK_D, num_warps=4,
-    )
-    return out
+    return sum_pairs(y, slot_ids, out)
 
 
 def dequantize_experts(gate: PackedWeight, up: PackedWeight, down: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:
