@@ -85,7 +85,8 @@ class Engine:
         cfg, ks = self.config, self.kernels
         lw = self.decoder.layers[cfg.moe_layers[layer]]
         logits = ks.linear(h, lw.router, lw.router_bias)  # [T, E]
-        weights, ids = ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob)  # [T, K] fp32, int32
+        weights, ids = ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias,
+                                      **cfg.routing.options())  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()
         if self.recorder is not None:
             self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())

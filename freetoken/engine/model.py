@@ -1,6 +1,7 @@
 """The shared decoder: embedding, per layer (RMSNorm, GQA attention with rope over the KV cache, routed MoE or dense
 MLP), final norm, LM head. Every device op is a call into the kernel set; torch only glues (views, residual adds).
-Per-family options come from the ModelConfig: biases, attention sinks, sliding-window layers, YaRN rope.
+Per-family options come from the ModelConfig: biases, attention sinks, sliding-window layers, YaRN rope, DeepSeek's
+multi-head latent attention (mla.py) in place of q/k/v/o.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
+from freetoken.engine.mla import MLAWeights, load_mla, mla_attention
 from freetoken.kernels.rope import yarn_inv_freq
 from freetoken.models.checkpoint import Checkpoint
 from freetoken.models.family import ATTN
@@ -25,10 +27,11 @@ MoEFn = Callable[[int, torch.Tensor], torch.Tensor]
 class LayerWeights:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    wq: torch.Tensor
-    wk: torch.Tensor
-    wv: torch.Tensor
-    wo: torch.Tensor
+    wq: torch.Tensor | None = None  # q/k/v/o: None with MLA
+    wk: torch.Tensor | None = None
+    wv: torch.Tensor | None = None
+    wo: torch.Tensor | None = None
+    mla: MLAWeights | None = None
     bq: torch.Tensor | None = None
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
@@ -39,6 +42,7 @@ class LayerWeights:
     k_norm: torch.Tensor | None = None
     router: torch.Tensor | None = None  # [E, D] on MoE layers
     router_bias: torch.Tensor | None = None  # [E]
+    correction_bias: torch.Tensor | None = None  # [E] fp32: added to the router scores for the choice (DeepSeek-V3)
     dense_gate_up: torch.Tensor | None = None  # [1, 2F, D] on dense layers (expert_ffn with one slot)
     dense_down: torch.Tensor | None = None  # [1, D, F]
     shared_gate_up: torch.Tensor | None = None  # [1, 2F, D] the always-on shared expert of a MoE layer
@@ -66,11 +70,14 @@ class Decoder:
         for l in range(cfg.num_layers):
             a = ATTN.format(l=l)
             lw = LayerWeights(
-                dev(f"model.layers.{l}.input_layernorm.weight"), dev(f"model.layers.{l}.post_attention_layernorm.weight"),
-                dev(a + "q_proj.weight"), dev(a + "k_proj.weight"), dev(a + "v_proj.weight"), dev(a + "o_proj.weight"),
-                bq=opt(a + "q_proj.bias"), bk=opt(a + "k_proj.bias"), bv=opt(a + "v_proj.bias"),
-                bo=opt(a + "o_proj.bias"), window=cfg.window(l),
-                q_norm=opt(fam.q_norm.format(l=l)), k_norm=opt(fam.k_norm.format(l=l)))
+                dev(f"model.layers.{l}.input_layernorm.weight"), dev(f"model.layers.{l}.post_attention_layernorm.weight"))
+            if cfg.mla is not None:
+                lw.mla = load_mla(cfg, l, dev, opt)
+            else:
+                lw.wq, lw.wk, lw.wv, lw.wo = (dev(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                lw.bq, lw.bk, lw.bv, lw.bo = (opt(a + p + ".bias") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                lw.window = cfg.window(l)
+                lw.q_norm, lw.k_norm = opt(fam.q_norm.format(l=l)), opt(fam.k_norm.format(l=l))
             if cfg.attention_sinks:
                 lw.sinks = ckpt.dense[fam.sinks.format(l=l)].to(self.device, torch.float32).contiguous()
             def mlp(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,6 +90,8 @@ class Decoder:
                 lw.router = dev(m + fam.router)
                 if cfg.router_bias:
                     lw.router_bias = dev(m + fam.router_bias)
+                if cfg.routing.correction_bias:
+                    lw.correction_bias = ckpt.dense[m + fam.correction_bias].to(self.device, torch.float32).contiguous()
                 if cfg.shared_expert_intermediate:
                     lw.shared_gate_up, lw.shared_down = mlp(m + fam.shared_expert)
                 if cfg.shared_expert_gate:
@@ -91,10 +100,14 @@ class Decoder:
                 lw.dense_gate_up, lw.dense_down = mlp(fam.dense_prefix.format(l=l))
             self.layers.append(lw)
         self.sm_scale = 1.0 / math.sqrt(cfg.head_dim)
+        rotary_dim = cfg.head_dim
+        if cfg.mla is not None:  # the unpadded q . k width, and rope on the rope dims only
+            self.sm_scale = cfg.mla.qk_head_dim ** -0.5 * cfg.mla.softmax_mscale
+            rotary_dim = cfg.mla.qk_rope_head_dim
         self.rope = {}  # apply_rope's scaled-rope options: YaRN's frequencies and cos/sin scale
         if cfg.rope_yarn is not None:
             y = cfg.rope_yarn
-            inv_freq, scale = yarn_inv_freq(cfg.rope_theta, cfg.head_dim, y.factor, y.original_max_position_embeddings,
+            inv_freq, scale = yarn_inv_freq(cfg.rope_theta, rotary_dim, y.factor, y.original_max_position_embeddings,
                                             y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
             self.rope = {"inv_freq": inv_freq.to(self.device), "scale": scale}
 
@@ -115,7 +128,10 @@ class Decoder:
         positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
         for l, lw in enumerate(self.layers):
             h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-            x = x + self._attention(l, lw, h, kv, start_pos, positions)
+            if lw.mla is not None:
+                x = x + mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
+            else:
+                x = x + self._attention(l, lw, h, kv, start_pos, positions)
             h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
             if lw.router is not None:
                 x = x + moe(cfg.moe_index(l), h)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,53 @@ class YarnRope:
             raise CheckpointError(f"config.json: rope_parameters factor {self.factor} and "
                                   f"original_max_position_embeddings {self.original_max_position_embeddings} "
                                   "must be positive")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude scale 0.1 mscale ln(factor) + 1 (1 for factor <= 1), as HF and DeepSeek compute it."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class MLA:
+    """DeepSeek's multi-head latent attention (models/deepseek.py, engine/mla.py): q through an optional low-rank
+    pair, k/v decompressed per head from a shared latent of kv_lora_rank, rope on qk_rope_head_dim dims only."""
+
+    q_lora_rank: int  # 0: a plain q_proj
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True  # rope pairs are adjacent dims (2i, 2i + 1) in the checkpoint's rows
+    softmax_mscale: float = 1.0  # the softmax scale is qk_head_dim^-0.5 times this (YaRN mscale_all_dim squared)
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if self.q_lora_rank < 0 or self.qk_rope_head_dim % 2:
+            raise CheckpointError(f"config.json: q_lora_rank {self.q_lora_rank} must be >= 0 and qk_rope_head_dim "
+                                  f"{self.qk_rope_head_dim} even")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True, slots=True)
+class Routing:
+    """How router logits become picks beyond softmax top-k (kernels.router's options; DeepSeek V2 / V3)."""
+
+    score: str = "softmax"  # or "sigmoid"
+    n_group: int = 1  # group-limited top-k: the topk_group best of n_group expert groups are eligible
+    topk_group: int = 1
+    group_score: str = "max"  # a group's score: its best expert, or "top2" its best two summed
+    scale: float = 1.0  # routed_scaling_factor on the weights
+    correction_bias: bool = False  # a per-expert bias added to the scores for the choice only
+
+    def options(self) -> dict:
+        return dict(score=self.score, n_group=self.n_group, topk_group=self.topk_group,
+                    group_score=self.group_score, scale=self.scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +116,9 @@ class ModelConfig:
     expert_glu: str = "silu"  # the experts' gated activation (kernels.expert_ffn.GLUS), its gain and clamp:
     glu_alpha: float = 1.702
     glu_limit: float = 7.0
+    # DeepSeek V2 / V3
+    mla: MLA | None = None  # multi-head latent attention instead of q/k/v/o (head_dim: the padded cache head dim)
+    routing: Routing = Routing()
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -160,12 +211,14 @@ class ConfigReader:
         if rope_type != "yarn":
             return None
         sub = ConfigReader(params, f"{self.path} rope_parameters")
-        if params.get("mscale") or params.get("mscale_all_dim"):
-            raise CheckpointError(f"{self.path}: yarn mscale / mscale_all_dim are not supported")
-        return YarnRope(sub.get("factor", kind=float),
-                        sub.get("original_max_position_embeddings", kind=int),
+        factor = sub.get("factor", kind=float)
+        attention = sub.get("attention_factor", default=None)
+        mscale, mscale_all = params.get("mscale"), params.get("mscale_all_dim")
+        if attention is None and mscale and mscale_all:  # DeepSeek: HF's ratio of the two magnitude scales
+            attention = yarn_mscale(factor, float(mscale)) / yarn_mscale(factor, float(mscale_all))
+        return YarnRope(factor, sub.get("original_max_position_embeddings", kind=int),
                         sub.get("beta_fast", default=32.0, kind=float), sub.get("beta_slow", default=1.0, kind=float),
-                        bool(sub.get("truncate", default=True)), sub.get("attention_factor", default=None))
+                        bool(sub.get("truncate", default=True)), attention)
 
     def common(self, family: str, rope_types: tuple[str, ...] = ("default",), rope_theta: float = 10000.0) -> dict:
         """The fields every Llama-like decoder shares."""

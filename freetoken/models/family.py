@@ -39,6 +39,9 @@ class Family:
     q_norm: str = ATTN + "q_norm.weight"
     k_norm: str = ATTN + "k_norm.weight"
     sinks: str = ATTN + "sinks"
+    correction_bias: str = "gate.e_score_correction_bias"  # under moe_prefix, with routing.correction_bias
+    attention: Callable[[ModelConfig, int], dict[str, tuple[int, ...]]] | None = None  # a layer's attention tensors
+    # where they are not q/k/v/o (DeepSeek's MLA)
 
     def __post_init__(self) -> None:
         if self.expert_layout not in EXPERT_LAYOUTS:
@@ -55,11 +58,14 @@ class Family:
             a = ATTN.format(l=l)
             out[f"model.layers.{l}.input_layernorm.weight"] = (D,)
             out[f"model.layers.{l}.post_attention_layernorm.weight"] = (D,)
-            for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
-                out[a + proj + ".weight"] = (rows, D)
-                if cfg.attention_bias:
-                    out[a + proj + ".bias"] = (rows,)
-            out[a + "o_proj.weight"] = (D, H * Dh)
+            if self.attention is not None:
+                out.update(self.attention(cfg, l))
+            else:
+                for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
+                    out[a + proj + ".weight"] = (rows, D)
+                    if cfg.attention_bias:
+                        out[a + proj + ".bias"] = (rows,)
+                out[a + "o_proj.weight"] = (D, H * Dh)
             if cfg.o_proj_bias:
                 out[a + "o_proj.bias"] = (D,)
             if cfg.attention_sinks:
@@ -75,6 +81,8 @@ class Family:
                 out[m + self.router] = (cfg.num_experts, D)
                 if cfg.router_bias:
                     out[m + self.router_bias] = (cfg.num_experts,)
+                if cfg.routing.correction_bias:
+                    out[m + self.correction_bias] = (cfg.num_experts,)
                 if cfg.shared_expert_intermediate:
                     out.update(_mlp(m + self.shared_expert, cfg.shared_expert_intermediate, D))
                 if cfg.shared_expert_gate:

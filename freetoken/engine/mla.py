@@ -1,0 +1,83 @@
+"""DeepSeek's multi-head latent attention (MLA), the non-absorbed form: the shared latent is decompressed into
+per-head k / v every call and the KV cache stores those (head dim max(qk_head_dim, v_head_dim), the shorter one
+zero-padded), so the shared attention kernels and KV cache serve it unchanged. Zero dims add nothing to q . k, and
+the padded v columns are dropped from the output.
+
+Rope layout: at load, each head's q rows and the shared k_pe rows are reordered to (rope dims, then nope dims), the
+rope dims de-interleaved (2i, 2i + 1 -> i, i + R/2) where the checkpoint pairs adjacent dims. q . k is unchanged by
+a permutation applied to both, and the de-interleaved pairs are exactly the neox rotate_half pairs apply_rope
+rotates over its first rotary_dim dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from freetoken.engine.kernelset import KernelSet
+from freetoken.engine.kv import KVCache
+from freetoken.models.config import ModelConfig
+from freetoken.models.family import ATTN
+
+
+@dataclass(slots=True)
+class MLAWeights:
+    wq: torch.Tensor  # q_proj [H (R + N), D] or q_b_proj [H (R + N), Rq]; per head rope rows first
+    wkv_a: torch.Tensor  # [R + C, D]: the shared k_pe rows first, then the latent's
+    kv_a_norm: torch.Tensor  # [C]
+    wkv_b: torch.Tensor  # [H (N + V), C]: per head k_nope rows, then v rows
+    wo: torch.Tensor  # [D, H V]
+    wq_a: torch.Tensor | None = None  # [Rq, D] with q LoRA
+    q_a_norm: torch.Tensor | None = None  # [Rq]
+    bq_a: torch.Tensor | None = None
+    bkv_a: torch.Tensor | None = None
+    bo: torch.Tensor | None = None
+
+
+def _rope_first(nope: int, rope: int, interleave: bool) -> torch.Tensor:
+    """Row order of one (nope, rope) block -> (rope de-interleaved, nope)."""
+    r = torch.arange(rope)
+    r = torch.cat([r[0::2], r[1::2]]) if interleave else r
+    return torch.cat([nope + r, torch.arange(nope)])
+
+
+def load_mla(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tensor],
+             opt: Callable[[str], torch.Tensor | None]) -> MLAWeights:
+    m, H, a = cfg.mla, cfg.num_heads, ATTN.format(l=layer)
+    R, N, C = m.qk_rope_head_dim, m.qk_nope_head_dim, m.kv_lora_rank
+    head = _rope_first(N, R, m.rope_interleave)
+    q_rows = (torch.arange(H)[:, None] * (N + R) + head[None, :]).reshape(-1)
+    kv_rows = torch.cat([C + _rope_first(0, R, m.rope_interleave), torch.arange(C)])
+    bkv_a = opt(a + "kv_a_proj_with_mqa.bias")
+    w = MLAWeights(
+        wq=dev(a + ("q_b_proj.weight" if m.q_lora_rank else "q_proj.weight"))[q_rows].contiguous(),
+        wkv_a=dev(a + "kv_a_proj_with_mqa.weight")[kv_rows].contiguous(),
+        kv_a_norm=dev(a + "kv_a_layernorm.weight"), wkv_b=dev(a + "kv_b_proj.weight"), wo=dev(a + "o_proj.weight"),
+        bkv_a=None if bkv_a is None else bkv_a[kv_rows].contiguous(), bo=opt(a + "o_proj.bias"))
+    if m.q_lora_rank:
+        w.wq_a, w.q_a_norm, w.bq_a = dev(a + "q_a_proj.weight"), dev(a + "q_a_layernorm.weight"), opt(a + "q_a_proj.bias")
+    return w
+
+
+def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h: torch.Tensor, kv: KVCache,
+                  start_pos: int, positions: torch.Tensor, sm_scale: float, rope: dict) -> torch.Tensor:
+    """h [T, D] -> the attention output [T, D]; writes this call's per-head k / v into kv at start_pos."""
+    m, eps = cfg.mla, cfg.rms_norm_eps
+    T, H, Dc = h.shape[0], cfg.num_heads, cfg.head_dim
+    R, N, V = m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
+    q_in = h if w.wq_a is None else ks.rms_norm(ks.linear(h, w.wq_a, w.bq_a), w.q_a_norm, eps)
+    q = ks.linear(q_in, w.wq).view(T, H, R + N)
+    q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, R, **rope)
+    compressed = ks.linear(h, w.wkv_a, w.bkv_a)  # [T, R + C]
+    k_pe = ks.apply_rope(compressed[:, :R].contiguous().view(T, 1, R), positions, cfg.rope_theta, **rope)
+    latent = ks.rms_norm(compressed[:, R:].contiguous(), w.kv_a_norm, eps)  # [T, C]
+    kv_b = ks.linear(latent, w.wkv_b).view(T, H, N + V)
+    k = torch.cat([k_pe.expand(T, H, R), kv_b[..., :N]], dim=-1)  # [T, H, R + N]
+    pad = Dc - (R + N)
+    q, k = torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
+    v = torch.nn.functional.pad(kv_b[..., N:], (0, Dc - V))  # [T, H, Dc]
+    kv.write(layer, start_pos, k, v)
+    o = ks.attention(q.contiguous(), kv.k[layer], kv.v[layer], start_pos, sm_scale)  # [T, H, Dc]
+    return ks.linear(o[..., :V].reshape(T, H * V).contiguous(), w.wo, w.bo)
