@@ -1,6 +1,10 @@
 """Checkpoint tensors -> `PackedWeight`: every exporter's layout repacked once, at load, into the one layout of the
-host store and the slot pool (packed.py). Values are not requantized: `to_float` of the result equals
-freetoken.quant.dequantize of the checkpoint tensors bit for bit.
+host store and the slot pool (packed.py). Values are not requantized, and there is no second decoder:
+freetoken.quant.dequantize is `repack(...).to_float(...)`, so what the tests check against each exporter's own
+writer is exactly what the kernels compute from.
+
+Int4 (GPTQ / AutoRound, AWQ) stores w[n, k] = scale[g, n] * (q[k, n] - zero[g, n]) with 8 nibbles per int32, low
+nibble first; GPTQ packs the input axis, AWQ the output axis in an interleaved nibble order.
 
     w = repack(fmt, tensors, "model.layers.0.mlp.experts.3.down_proj")     # S = 1
     w = repack(fmt, tensors, "model.layers.0.mlp.experts.down_proj")       # mxfp4: S = E, every expert
@@ -15,13 +19,36 @@ from dataclasses import replace
 import torch
 
 from freetoken.quant.config import QuantFormat
+from freetoken.quant.bits import decode_e8m0
 from freetoken.quant.errors import QuantError, as_bytes, check_shape, require
-from freetoken.quant.fp8 import _scale as fp8_scale
-from freetoken.quant.int4 import AWQ_ORDER, unpack_cols, unpack_rows
 from freetoken.quant.packed import PackedWeight, layout_fields
 
 Tensors = Mapping[str, torch.Tensor]
 SCALE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # nibble i of an AWQ int32 holds column 8*c + AWQ_ORDER[i]
+_SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # [8]
+
+
+def unpack_rows(packed: torch.Tensor) -> torch.Tensor:
+    """[R, C] int32 -> [8R, C]: nibble i of packed[r] is row 8r + i (GPTQ qweight)."""
+    nib = (packed.unsqueeze(1) >> _SHIFTS.to(packed.device).view(1, 8, 1)) & 0xF  # [R, 8, C]
+    return nib.reshape(-1, packed.shape[1])
+
+
+def unpack_cols(packed: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """[R, C] int32 -> [R, 8C]: nibble i of packed[:, c] is column 8c + order[i] (GPTQ qzeros, AWQ)."""
+    nib = (packed.unsqueeze(2) >> _SHIFTS.to(packed.device).view(1, 1, 8)) & 0xF  # [R, C, 8] in nibble order
+    inverse = [order.index(j) for j in range(8)]  # column j sits in nibble inverse[j]
+    return nib[:, :, inverse].reshape(packed.shape[0], -1)
+
+
+def fp8_scale(tensors: Tensors, name: str) -> torch.Tensor:
+    """An FP8 weight's dequant scale as fp32 (DeepSeek's `weight_scale_inv` is already the dequant scale); ue8m0
+    `scale_fmt` checkpoints store power-of-two exponents, decoded exactly."""
+    s = require(tensors, name)
+    if s.element_size() == 1:
+        return decode_e8m0(as_bytes(name, s))
+    return s.to(torch.float32)
 
 
 def pack_nibbles(q: torch.Tensor) -> torch.Tensor:
@@ -128,7 +155,11 @@ def repack_mxfp4(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeigh
 
 
 def repack_nvfp4(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight:
-    """`.<packed>` [N, K/2] uint8, `.weight_scale` e4m3 [N, K/16] (kept as bits), `.<global>` one fp32."""
+    """`.<packed>` [N, K/2] uint8, `.weight_scale` e4m3 [N, K/16] (kept as bits), `.<global>` one fp32.
+
+    The per-tensor scale has two conventions, told apart by the tensor name (fixed in parse_quant_config):
+    compressed-tensors `weight_global_scale` = 448 * 6 / amax was multiplied into the block scales, so divide;
+    NVIDIA ModelOpt `weight_scale_2` = amax / (448 * 6): multiply. The wrong direction is off by (448*6/amax)**2."""
     p_name, s_name, g_name = (f"{prefix}.{fmt.name(r)}" for r in ("packed", "scale", "global"))
     packed = as_bytes(p_name, require(tensors, p_name))
     if packed.dim() != 2:

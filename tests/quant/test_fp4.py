@@ -15,8 +15,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from freetoken.quant import (
     QuantError,
-    dequantize_mxfp4,
-    dequantize_nvfp4,
+    dequantize,
     parse_quant_config,
 )
 
@@ -59,7 +58,7 @@ def test_mxfp4_gpt_oss_layout_matches_compressed_tensors_and_transformers():
     # transformers' gpt-oss reader returns [E, in, out]
     hf = convert_moe_packed_tensors(tensors[f"{name}_blocks"], tensors[f"{name}_scales"], dtype=torch.float32)
     for e in range(experts):
-        ours = dequantize_mxfp4(tensors, name, fmt, expert=e)
+        ours = dequantize(fmt, tensors, name, expert=e)
         assert torch.equal(ours, refs[e].to(torch.float32))
         assert torch.equal(ours, hf[e].t())
         assert ((ours - w[e]).abs() <= w[e].abs().reshape(out_dim, -1, 32).amax(-1).repeat_interleave(32, 1) / 2).all()
@@ -75,11 +74,11 @@ def test_nvfp4_compressed_tensors_matches_and_global_scale_divides():
     w, tensors, ref = _nvfp4_ct()
     fmt = parse_quant_config(NVFP4_CT)
     assert fmt.global_scale == "divide"
-    ours = dequantize_nvfp4(tensors, P, fmt)
+    ours = dequantize(fmt, tensors, P)
     assert ref.dtype == torch.bfloat16 and torch.equal(ours.to(torch.bfloat16), ref)  # exact after ref's rounding
     assert (ours - w).abs().max() < 0.3 * w.abs().max()
     # the wrong direction: multiply by 448*6/amax instead of dividing
-    wrong = dequantize_nvfp4(tensors, P, dataclasses.replace(fmt, global_scale="multiply"))
+    wrong = dequantize(dataclasses.replace(fmt, global_scale="multiply"), tensors, P)
     gs = tensors[f"{P}.weight_global_scale"].item()
     assert gs == pytest.approx(448 * 6 / w.abs().max().item(), rel=1e-6)  # stored as the reciprocal of amax/2688
     assert torch.allclose(wrong, ours * gs * gs, rtol=1e-5)
@@ -94,14 +93,14 @@ def test_nvfp4_modelopt_names_multiply():
                f"{P}.weight_scale_2": (1.0 / gs).reshape(())}
     fmt = parse_quant_config({"quantization_config": NVFP4_MODELOPT})
     assert fmt.global_scale == "multiply"
-    assert torch.equal(dequantize_nvfp4(tensors, P, fmt, dtype=torch.bfloat16), ref)
+    assert torch.equal(dequantize(fmt, tensors, P, dtype=torch.bfloat16), ref)
 
 
 def test_nvfp4_missing_global_scale_names_the_tensor():
     _, tensors, _ = _nvfp4_ct()
     del tensors[f"{P}.weight_global_scale"]
     with pytest.raises(QuantError, match=f"missing tensor '{P}.weight_global_scale'"):
-        dequantize_nvfp4(tensors, P, parse_quant_config(NVFP4_CT))
+        dequantize(parse_quant_config(NVFP4_CT), tensors, P)
 
 
 def test_mxfp4_wrong_scale_shape_names_the_tensor():
@@ -109,4 +108,4 @@ def test_mxfp4_wrong_scale_shape_names_the_tensor():
     tensors = {f"{name}_blocks": torch.zeros(2, 4, 3, 16, dtype=torch.uint8),
                f"{name}_scales": torch.zeros(2, 4, 2, dtype=torch.uint8)}
     with pytest.raises(QuantError, match=f"{name}_scales"):
-        dequantize_mxfp4(tensors, name, parse_quant_config({"quant_method": "mxfp4"}), expert=0)
+        dequantize(parse_quant_config({"quant_method": "mxfp4"}), tensors, name, expert=0)

@@ -8,8 +8,7 @@ from transformers.integrations.finegrained_fp8 import Fp8Dequantize, Fp8Quantize
 
 from freetoken.quant import (
     QuantError,
-    dequantize_fp8_block,
-    dequantize_fp8_channel,
+    dequantize,
     parse_quant_config,
 )
 
@@ -31,7 +30,7 @@ def test_block_fp8_matches_transformers(scale_fmt):
     ref = Fp8Dequantize(None)._dequantize_one(packed[f"{P}.weight"], packed[f"{P}.weight_scale_inv"],
                                               output_dtype=torch.float32)
     fmt = parse_quant_config({"quantization_config": {**BLOCK_CFG, "scale_fmt": scale_fmt}})
-    ours = dequantize_fp8_block(packed, P, fmt)
+    ours = dequantize(fmt, packed, P)
     assert torch.equal(ours, ref)
     assert (ours - w).abs().max() < 0.07 * w.abs().max()  # and it is a quantization of w (e4m3: 3 mantissa bits)
 
@@ -49,7 +48,7 @@ def test_block_fp8_partial_edge_blocks():
             q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128] = blk / scale[i, j]
     q8 = q.to(torch.float8_e4m3fn)
     ref = q8.float() * scale.repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)[:, :130]
-    ours = dequantize_fp8_block({f"{P}.weight": q8, f"{P}.weight_scale_inv": scale}, P, parse_quant_config(BLOCK_CFG))
+    ours = dequantize(parse_quant_config(BLOCK_CFG), {f"{P}.weight": q8, f"{P}.weight_scale_inv": scale}, P)
     assert torch.equal(ours, ref)
 
 
@@ -71,7 +70,7 @@ def test_channel_fp8_matches_compressed_tensors():
            "config_groups": {"group_0": {"targets": ["Linear"], "weights": scheme.weights.model_dump(mode="json")}}}
     fmt = parse_quant_config(cfg)
     assert fmt.kind == "fp8_channel"
-    ours = dequantize_fp8_channel({f"{P}.{k}": v for k, v in sd.items()}, P, fmt)
+    ours = dequantize(fmt, {f"{P}.{k}": v for k, v in sd.items()}, P)
     assert torch.equal(ours.to(ref.dtype), ref)  # exact after the reference's own output rounding
     assert (ours - w).abs().max() < 0.07 * w.abs().max()
 
@@ -79,10 +78,10 @@ def test_channel_fp8_matches_compressed_tensors():
 def test_missing_scale_names_the_tensor():
     w = torch.zeros(128, 128, dtype=torch.float8_e4m3fn)
     with pytest.raises(QuantError, match=f"{P}.weight_scale_inv"):
-        dequantize_fp8_block({f"{P}.weight": w}, P, parse_quant_config(BLOCK_CFG))
+        dequantize(parse_quant_config(BLOCK_CFG), {f"{P}.weight": w}, P)
 
 
 def test_wrong_scale_grid_names_the_tensor():
     tensors = {f"{P}.weight": torch.zeros(256, 128, dtype=torch.float8_e4m3fn), f"{P}.weight_scale_inv": torch.ones(1, 1)}
     with pytest.raises(QuantError, match=r"weight_scale_inv.*\(1, 1\).*\(2, 1\)"):
-        dequantize_fp8_block(tensors, P, parse_quant_config(BLOCK_CFG))
+        dequantize(parse_quant_config(BLOCK_CFG), tensors, P)

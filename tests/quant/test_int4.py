@@ -13,8 +13,7 @@ import torch
 
 from freetoken.quant import (
     QuantError,
-    dequantize_awq,
-    dequantize_gptq,
+    dequantize,
     parse_quant_config,
     stored_bytes,
 )
@@ -87,7 +86,7 @@ def test_gptq_matches_hand_packed(group_size, sym, act_order):
     if act_order:
         tensors[f"{P}.g_idx"] = g_idx
     cfg = {"quant_method": "gptq", "bits": 4, "group_size": group_size, "sym": sym, "desc_act": act_order}
-    ours = dequantize_gptq(tensors, P, parse_quant_config(cfg))
+    ours = dequantize(parse_quant_config(cfg), tensors, P)
     assert torch.equal(ours, reference(q, zeros, scales, g_idx))
     assert (ours - w).abs().max() < 0.15 * w.abs().max()
     packed_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -106,7 +105,7 @@ def test_gptq_v2_and_auto_round_zero_conventions():
         qweight, qzeros = pack_gptq(q, zeros, zero_offset=offset)
         tensors = {f"{P}.qweight": qweight, f"{P}.qzeros": qzeros, f"{P}.scales": scales}
         fmt = parse_quant_config({**cfg, "bits": 4, "group_size": 32, "sym": False})
-        assert torch.equal(dequantize_gptq(tensors, P, fmt), ref), cfg
+        assert torch.equal(dequantize(fmt, tensors, P), ref), cfg
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
@@ -119,28 +118,28 @@ def test_awq_matches_hand_packed(group_size):
     tensors = {f"{P}.qweight": pack_awq_cols(q), f"{P}.qzeros": pack_awq_cols(zeros), f"{P}.scales": scales}
     fmt = parse_quant_config({"quantization_config": {"quant_method": "awq", "bits": 4, "group_size": group_size,
                                                       "zero_point": True, "version": "gemm"}})
-    ours = dequantize_awq(tensors, P, fmt)
+    ours = dequantize(fmt, tensors, P)
     assert torch.equal(ours, reference(q, zeros, scales, g_idx))
     # reading AWQ's interleaved nibbles in plain order must scramble columns: the order matters
     plain = {**tensors, f"{P}.qweight": pack_awq_cols(q, order_map=range(8))}
-    assert not torch.equal(dequantize_awq(plain, P, fmt), ours)
+    assert not torch.equal(dequantize(fmt, plain, P), ours)
 
 
 def test_group_size_not_dividing_the_dim_names_the_tensor():
     fmt = parse_quant_config({"quant_method": "gptq", "bits": 4, "group_size": 128})
     tensors = {f"{P}.qweight": torch.zeros(192 // 8, 16, dtype=torch.int32)}
     with pytest.raises(QuantError, match=f"{P}.qweight.*group_size 128 does not divide the input dim 192"):
-        dequantize_gptq(tensors, P, fmt)
+        dequantize(fmt, tensors, P)
 
 
 def test_missing_tensors_are_named():
     fmt = parse_quant_config({"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": True})
     tensors = {f"{P}.qweight": torch.zeros(8, 16, dtype=torch.int32)}
     with pytest.raises(QuantError, match=f"missing tensor '{P}.qzeros'"):
-        dequantize_gptq(tensors, P, fmt)
+        dequantize(fmt, tensors, P)
     tensors |= {f"{P}.qzeros": torch.zeros(2, 2, dtype=torch.int32), f"{P}.scales": torch.ones(2, 16).half()}
     with pytest.raises(QuantError, match=f"'{P}.g_idx'.*desc_act"):
-        dequantize_gptq(tensors, P, fmt)
+        dequantize(fmt, tensors, P)
     tensors[f"{P}.scales"] = torch.ones(3, 16).half()
     with pytest.raises(QuantError, match=rf"{P}.scales.*\(3, 16\), expected \(2, 16\)"):
-        dequantize_gptq(tensors, P, parse_quant_config({"quant_method": "gptq", "group_size": 32}))
+        dequantize(parse_quant_config({"quant_method": "gptq", "group_size": 32}), tensors, P)

@@ -7,8 +7,7 @@ import pytest
 import torch
 
 from freetoken.quant import (
-    dequantize_awq,
-    dequantize_gptq,
+    dequantize,
     parse_quant_config,
     stored_bytes,
 )
@@ -45,13 +44,13 @@ def test_auto_round_gptq_packing(packing, group_size, sym):
     tensors = {f"{P}.qweight": layer.qweight, f"{P}.qzeros": layer.qzeros, f"{P}.scales": layer.scales}
     fmt = parse_quant_config({"quantization_config": {"quant_method": "auto-round", "bits": 4, "sym": sym,
                                                       "group_size": group_size, "packing_format": packing}})
-    assert torch.equal(dequantize_gptq(tensors, P, fmt), w)
+    assert torch.equal(dequantize(fmt, tensors, P), w)
     assert stored_bytes(fmt, out_dim, in_dim) == sum(t.numel() * t.element_size() for t in tensors.values())
     # the other zero convention is off by one step on every weight
     other = parse_quant_config({"quant_method": "gptq", "group_size": group_size,
                                 "checkpoint_format": "gptq_v2" if packing.endswith("auto_gptq") else "gptq"})
     step = scales.float().repeat_interleave(in_dim if group_size == -1 else group_size, 1)
-    assert torch.allclose((dequantize_gptq(tensors, P, other) - w).abs(), step)
+    assert torch.allclose((dequantize(other, tensors, P) - w).abs(), step)
 
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
@@ -65,5 +64,5 @@ def test_auto_round_awq_packing(group_size):
     tensors = {f"{P}.qweight": layer.qweight, f"{P}.qzeros": layer.qzeros, f"{P}.scales": layer.scales}
     assert tensors[f"{P}.qweight"].shape == (in_dim, out_dim // 8)
     fmt = parse_quant_config({"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True})
-    assert torch.equal(dequantize_awq(tensors, P, fmt), w)
+    assert torch.equal(dequantize(fmt, tensors, P), w)
     assert stored_bytes(fmt, out_dim, in_dim) == sum(t.numel() * t.element_size() for t in tensors.values())

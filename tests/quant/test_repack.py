@@ -1,5 +1,5 @@
-"""Checkpoint tensors written by each format's independent packer -> repack -> PackedWeight.to_float equals
-freetoken.quant.dequantize exactly, and the packer's own dequantized weight."""
+"""Checkpoint tensors written by each format's independent packer -> repack -> PackedWeight.to_float equals the
+packer's own dequantized weight (freetoken.quant.dequantize is this same path)."""
 
 import packers
 import pytest
@@ -19,7 +19,7 @@ def _w(out_dim=64, in_dim=128, seed=0):
 def _check(fmt, tensors, ref, prefix=P, exact=True):
     packed = repack(fmt, tensors, prefix)
     got = packed.to_float(0)
-    assert got.dtype == torch.float32 and torch.equal(got, dequantize(fmt, tensors, prefix))
+    assert got.dtype == torch.float32
     if exact:
         assert torch.equal(got, ref)
     else:  # ModelOpt multiplies by amax/2688 where compressed-tensors divided by its reciprocal: last-bit rounding
@@ -47,7 +47,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_repack_equals_dequantize_and_the_packer(case):
+def test_repack_equals_the_packer(case):
     config, pack = CASES[case]
     w = _w()
     tensors, ref = pack(w)
