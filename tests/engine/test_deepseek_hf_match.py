@@ -247,3 +247,76 @@ def test_published_configs_read():
     assert cfg.family == "deepseek_v3" and cfg.moe_layers[0] == 3 and cfg.mla.q_lora_rank == 1536
     assert cfg.routing == cfg.routing.__class__("sigmoid", 8, 4, "top2", 2.5, True) and cfg.norm_topk_prob
     assert family.dense_tensors(cfg)["model.layers.3.mlp.gate.e_score_correction_bias"] == (256,)
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_rope_first_layout_keeps_hf_scores(version):
+    """mla.py's load-time row order (rope dims first, pairs de-interleaved) + apply_rope_ref on the first R dims
+    gives HF's q . k: V2's complex-pair rotation (apply_rotary_emb) and V3's apply_rotary_pos_emb_interleave."""
+    from transformers.models.deepseek_v2.modeling_deepseek_v2 import apply_rotary_emb
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+
+    from freetoken.engine.mla import _rope_first
+    from freetoken.kernels import apply_rope_ref
+
+    T, H, N, R, theta = 6, 3, 4, 8, 10000.0
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(T, H, N + R, generator=g), torch.randn(T, 1, N + R, generator=g)  # HF order: nope, rope
+    pos = torch.arange(3, 3 + T)
+    inv_freq = 1.0 / theta ** (torch.arange(0, R, 2).float() / R)
+    angle = pos.float()[:, None] * inv_freq  # [T, R / 2]
+    if version == "v2":
+        cis = torch.polar(torch.ones_like(angle), angle)[None]  # [1, T, R / 2]
+        q_rot, k_rot = apply_rotary_emb(q[None, ..., N:].transpose(1, 2), k[None, ..., N:].transpose(1, 2), cis)
+    else:
+        cos, sin = torch.cat([angle, angle], -1).cos()[None], torch.cat([angle, angle], -1).sin()[None]
+        q_rot, k_rot = apply_rotary_pos_emb_interleave(q[None, ..., N:].transpose(1, 2),
+                                                       k[None, ..., N:].transpose(1, 2), cos, sin)
+    hf_q = torch.cat([q[..., :N], q_rot[0].transpose(0, 1)], -1)  # [T, H, N + R]
+    hf_k = torch.cat([k[..., :N], k_rot[0].transpose(0, 1)], -1)
+    order = _rope_first(N, R, interleave=True)
+    ours_q = apply_rope_ref(q[..., order], pos, theta, R)
+    ours_k = apply_rope_ref(k[..., order], pos, theta, R)
+    want = torch.einsum("thd,sd->hts", hf_q, hf_k[:, 0])
+    got = torch.einsum("thd,sd->hts", ours_q, ours_k[:, 0])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = torch.einsum("thd,sd->hts", apply_rope_ref(q[..., _rope_first(N, R, False)], pos, theta, R),
+                         apply_rope_ref(k[..., _rope_first(N, R, False)], pos, theta, R)[:, 0])
+    assert (plain - want).abs().max() > 1e-2  # without the de-interleave the scores are wrong
+
+
+def test_sim_replay_makes_the_live_plans(models):
+    """Sim = live on DeepSeek-V3's recorded routing, every policy (test_sim_equals_live.py's harness)."""
+    from freetoken.placement import POLICIES
+    from sim.calls import trace_calls
+    from sim.replay import replay
+
+    from .conftest import policy_options
+    from .test_sim_equals_live import CHUNK as SIM_CHUNK
+    from .test_sim_equals_live import SPLITS as SIM_SPLITS
+    from .test_sim_equals_live import _sim_policy, live_run
+
+    ckpt = models["v3"].ckpt
+    probe = live_run(ckpt, CacheConfig("lru", capacity=0)).trace()
+    for policy in sorted(POLICIES):
+        opts = policy_options(policy, probe, SIM_CHUNK)
+        for capacity in (3, 7):
+            for name, split in SIM_SPLITS.items():
+                engine = live_run(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts))
+                trace = engine.trace()
+                sim = replay(trace_calls(trace, SIM_CHUNK), _sim_policy(policy, capacity, trace, opts), split,
+                             keep_plans=True)
+                assert sim.plans and sim.plans == engine.cache.plans, f"{policy} capacity={capacity} {name}"
+
+
+def test_card_from_config_sizes_what_the_engine_holds(models):
+    """ft predict's card (config.json alone): expert bytes as the store holds them, and the KV bytes per token of
+    the decompressed per-head cache."""
+    from sim.checkpoint_card import card_from_checkpoint
+
+    model = models["v3"]
+    card = card_from_checkpoint(model.path)
+    engine = _engine(model, 3, "offload")
+    kv = engine.new_kv(8)
+    assert card.expert_bytes() == engine.store.expert_bytes
+    assert card.kv_bytes_per_token == sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v)) // 8
