@@ -13,7 +13,7 @@ import torch
 
 from freetoken.serve.chat import ChatTokenizer, Params, Prompt
 from freetoken.serve.generation import CachedGeneration
-from freetoken.serve.memory import MemoryPlan, ModelMemory
+from freetoken.serve.memory import MemoryPlan, ModelMemory, cache_rows
 from freetoken.serve.prefix_cache import PrefixCache
 
 
@@ -108,12 +108,9 @@ class EngineBackend:
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
         kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
-        # the planned slot rows: the policy's slots plus one layer of staging, unless every expert is resident
-        keys, layer = plan.num_experts, self.ckpt.config.num_experts
-        staging = 0 if plan.expert_slots >= keys else layer
-        cache = CacheConfig(policy, capacity=plan.expert_slots - staging, split=resolved.split, staging=staging)
-        self.cache_note = (f"{self.expert_format} experts, {policy}, {plan.expert_slots - staging} slots + "
-                           f"{staging} staging")
+        slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
+        cache = CacheConfig(policy, capacity=slots, split=resolved.split, staging=staging)
+        self.cache_note = f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging"
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
