@@ -28,7 +28,7 @@ from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 
 from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, run_steps
+from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
 import packers
@@ -158,16 +158,8 @@ def test_the_checkpoints_are_what_they_claim(models):
 def test_logits_match_hf_every_capacity_every_split(name, models):
     model = models[name]
     L = len(model.ckpt.config.moe_layers)
-    for capacity in (0, L * E // 2, L * E):
-        for split in SPLITS:
-            engine = _engine(model, capacity, split)
-            logits = run_steps(engine, model.tokens[:-1])
-            assert_close(logits, model.logits[:-1], f"deepseek {name} capacity={capacity} split={split}")
-            c = engine.counters
-            if split == "offload":
-                assert c.cpu == 0 and c.fetched + c.hits == c.accesses
-            if split == "cpu":
-                assert c.fetched == 0 and c.cpu > 0
+    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
+                (0, L * E // 2, L * E), f"deepseek {name}")
 
 
 @pytest.mark.parametrize("name", ["v2", "v3_fp8"])

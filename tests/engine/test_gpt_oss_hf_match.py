@@ -28,7 +28,7 @@ from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.quant import expert_bytes
 
 from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, run_steps
+from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
 import packers
@@ -121,16 +121,8 @@ def test_the_checkpoints_are_what_they_claim(models):
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_logits_match_hf_every_capacity_every_split(fmt, models):
     model = models[fmt]
-    for capacity in (0, LAYERS * E // 2, LAYERS * E):
-        for split in SPLITS:
-            engine = _engine(model, capacity, split)
-            logits = run_steps(engine, model.tokens[:-1])
-            assert_close(logits, model.logits[:-1], f"gpt_oss {fmt} capacity={capacity} split={split}")
-            c = engine.counters
-            if split == "offload":
-                assert c.cpu == 0 and c.fetched + c.hits == c.accesses
-            if split == "cpu":
-                assert c.fetched == 0 and c.cpu > 0
+    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
+                (0, LAYERS * E // 2, LAYERS * E), f"gpt_oss {fmt}")
 
 
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])

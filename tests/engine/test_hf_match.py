@@ -34,6 +34,22 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert err <= REL_TOL * scale, f"{what}: max error {err:.3e} vs logit scale {scale:.3e}"
 
 
+def assert_grid(make_engine, tokens: list[int], want: torch.Tensor, capacities, what: str, extra=None) -> None:
+    """Every capacity x split: logits equal `want`; offload never computes on the CPU, cpu never fetches.
+    make_engine(capacity, split name) -> Engine; extra(capacity, split name, engine) adds a caller's checks."""
+    for capacity in capacities:
+        for split in SPLITS:
+            engine = make_engine(capacity, split)
+            assert_close(run_steps(engine, tokens), want, f"{what} capacity={capacity} split={split}")
+            c = engine.counters
+            if split == "offload":
+                assert c.cpu == 0 and c.fetched + c.hits == c.accesses
+            if split == "cpu":
+                assert c.fetched == 0 and c.cpu > 0
+            if extra is not None:
+                extra(capacity, split, engine)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_lru_every_capacity_every_split(family, hf_models, checkpoints):
     ref, ckpt = hf_models[family], checkpoints[family]

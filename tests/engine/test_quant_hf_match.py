@@ -26,7 +26,7 @@ from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.quant import expert_bytes
 
 from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, run_steps
+from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
 import packers
@@ -142,18 +142,13 @@ def test_logits_match_hf_every_capacity_every_split(fmt, quant_models):
     gate, up, down = model.ckpt.experts[0]
     assert gate.kind == up.kind == down.kind == KIND[fmt] and gate.num_slots == E
     assert gate.shape == up.shape == (I, D) and down.shape == (D, I)
-    for capacity in (0, LAYERS * E // 2, LAYERS * E):
-        for split in SPLITS:
-            engine = _engine(model, capacity, split)
-            logits = run_steps(engine, model.tokens[:-1])
-            assert_close(logits, model.logits[:-1], f"{fmt} capacity={capacity} split={split}")
-            c = engine.counters
-            if split == "offload":
-                assert c.cpu == 0 and c.fetched + c.hits == c.accesses
-            if split == "cpu":
-                assert c.fetched == 0 and c.cpu > 0
-            if capacity == 0 and split == "offload":  # every expert through the staging rows
-                assert c.fetched_bytes == c.fetched * engine.store.expert_bytes and c.fetched > 0
+    def staged_bytes(capacity, split, engine):
+        c = engine.counters
+        if capacity == 0 and split == "offload":  # every expert through the staging rows
+            assert c.fetched_bytes == c.fetched * engine.store.expert_bytes and c.fetched > 0
+
+    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
+                (0, LAYERS * E // 2, LAYERS * E), fmt, staged_bytes)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
