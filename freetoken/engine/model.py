@@ -100,7 +100,7 @@ class Decoder:
                 lw.dense_gate_up, lw.dense_down = mlp(fam.dense_prefix.format(l=l))
             self.layers.append(lw)
         self.sm_scale = 1.0 / math.sqrt(cfg.head_dim)
-        rotary_dim = cfg.head_dim
+        rotary_dim = cfg.rotary_dim or cfg.head_dim
         if cfg.mla is not None:  # the unpadded q . k width, and rope on the rope dims only
             self.sm_scale = cfg.mla.qk_head_dim ** -0.5 * cfg.mla.softmax_mscale
             rotary_dim = cfg.mla.qk_rope_head_dim
@@ -110,6 +110,7 @@ class Decoder:
             inv_freq, scale = yarn_inv_freq(cfg.rope_theta, rotary_dim, y.factor, y.original_max_position_embeddings,
                                             y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
             self.rope = {"inv_freq": inv_freq.to(self.device), "scale": scale}
+        self.rotary_dim = rotary_dim
 
     def new_kv(self, max_tokens: int) -> KVCache:
         cfg = self.cfg
@@ -172,8 +173,8 @@ class Decoder:
         if cfg.qk_norm == "head":  # Qwen3: per head
             q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps).view(T, H, Dh)
             k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps).view(T, Hkv, Dh)
-        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, **self.rope)
-        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, **self.rope)
+        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
+        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
         kv.write(l, start_pos, k, v)
         o = ks.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)  # [T, H, Dh]
         return ks.linear(o.reshape(T, H * Dh), lw.wo, lw.bo)

@@ -119,6 +119,7 @@ class ModelConfig:
     # DeepSeek V2 / V3
     mla: MLA | None = None  # multi-head latent attention instead of q/k/v/o (head_dim: the padded cache head dim)
     routing: Routing = Routing()
+    rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim); GLM-4 MoE, MiniMax-M2
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -143,6 +144,9 @@ class ModelConfig:
                                   f"[0, {self.num_layers})")
         if self.sliding_layers and self.sliding_window <= 0:
             raise CheckpointError(f"config.json: sliding_window must be positive, got {self.sliding_window}")
+        if self.rotary_dim < 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+            raise CheckpointError(f"config.json: rotary dims {self.rotary_dim} must be even and within head_dim "
+                                  f"{self.head_dim}")
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a decoder layer, None where it attends to every earlier key."""
@@ -198,6 +202,21 @@ class ConfigReader:
         if isinstance(params, dict) and "rope_theta" in params:
             return float(params["rope_theta"])
         return self.get("rope_theta", default=default, kind=float)
+
+    def rotary_dim(self, head_dim: int, default_factor: float = 1.0) -> int:
+        """Partial rotary: int(head_dim x partial_rotary_factor) as HF's rope init computes it, the factor from
+        rope_parameters / rope_scaling or the top level, else a `rotary_dim` field (MiniMax-M2), else the default."""
+        _, params = self.rope_params()
+        factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        if factor is None:
+            factor = self.raw.get("partial_rotary_factor")
+        if factor is None and self.raw.get("rotary_dim") is not None:
+            factor = self.get("rotary_dim", kind=int) / head_dim
+        factor = default_factor if factor is None else factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise CheckpointError(f"{self.path}: partial_rotary_factor / rotary_dim must give a fraction in (0, 1] "
+                                  f"of head_dim {head_dim}, got {factor!r}")
+        return int(head_dim * factor)
 
     def eos_ids(self) -> tuple[int, ...]:
         eos = self.raw.get("eos_token_id")
