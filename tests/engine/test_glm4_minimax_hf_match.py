@@ -11,6 +11,7 @@ renormalised, Mixtral's w1 / w3 / w2 expert names. Tolerance as in test_hf_match
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -164,36 +165,57 @@ def test_every_feature_is_exercised(name, feature, models):
     assert (logits - model.logits[:-1]).abs().max() > 100 * 1e-4 * model.logits.abs().max()
 
 
-def test_published_configs_read():
-    """GLM-4.5 / 4.7's and MiniMax-M2's config.json fields -> the ModelConfig HF would use."""
-    from freetoken.models import read_model_config
-
-    glm = {"architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "first_k_dense_replace": 3,
-           "head_dim": 128, "hidden_size": 5120, "intermediate_size": 12288, "max_position_embeddings": 131072,
+# Published config.json fields (GLM-4.5 / 4.6 / 4.7 share the shape; MiniMax-M2 / M2.5 likewise): conf/model's
+# glm-4.7 and minimax-m2.5 cards are what sim.checkpoint_card reads from them
+GLM_4_7 = {"architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "first_k_dense_replace": 3,
+           "head_dim": 128, "hidden_size": 5120, "intermediate_size": 12288, "max_position_embeddings": 202752,
            "model_type": "glm4_moe", "moe_intermediate_size": 1536, "n_group": 1, "n_routed_experts": 160,
            "n_shared_experts": 1, "norm_topk_prob": True, "num_attention_heads": 96, "num_experts_per_tok": 8,
            "num_hidden_layers": 92, "num_key_value_heads": 8, "num_nextn_predict_layers": 1,
            "partial_rotary_factor": 0.5, "rms_norm_eps": 1e-05, "rope_theta": 1000000, "routed_scaling_factor": 2.5,
-           "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": True, "vocab_size": 151552}
-    family, cfg = read_model_config(glm, "config.json")
+           "tie_word_embeddings": False, "topk_group": 1, "use_qk_norm": True, "vocab_size": 151552,
+           "torch_dtype": "bfloat16"}
+MINIMAX_M2_5 = {"architectures": ["MiniMaxM2ForCausalLM"], "head_dim": 128, "hidden_size": 3072,
+                "intermediate_size": 1536, "max_position_embeddings": 196608, "model_type": "minimax_m2",
+                "num_attention_heads": 48, "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8,
+                "num_local_experts": 256, "qk_norm_type": "per_layer", "rms_norm_eps": 1e-06, "rope_theta": 5000000,
+                "rotary_dim": 64, "scoring_func": "sigmoid", "use_qk_norm": True, "use_routing_bias": True,
+                "vocab_size": 200064, "torch_dtype": "bfloat16"}
+
+
+def test_published_configs_read():
+    """GLM-4.7's and MiniMax-M2.5's config.json fields -> the ModelConfig HF would use."""
+    from freetoken.models import read_model_config
+
+    family, cfg = read_model_config(GLM_4_7, "config.json")
     assert family.name == "glm4_moe" and cfg.moe_layers == tuple(range(3, 92)) and cfg.rotary_dim == 64
     assert cfg.rope_theta == 1e6 and cfg.shared_expert_intermediate == 1536 and cfg.qk_norm == "head"
     assert family.dense_tensors(cfg)["model.layers.3.mlp.gate.e_score_correction_bias"] == (160,)
     assert "model.layers.92.self_attn.q_proj.weight" not in family.dense_tensors(cfg)  # the MTP layer: not read
-    mm = {"architectures": ["MiniMaxM2ForCausalLM"], "head_dim": 128, "hidden_size": 3072, "intermediate_size": 1536,
-          "max_position_embeddings": 196608, "model_type": "minimax_m2", "num_attention_heads": 48,
-          "num_experts_per_tok": 8, "num_hidden_layers": 62, "num_key_value_heads": 8, "num_local_experts": 256,
-          "qk_norm_type": "per_layer", "rms_norm_eps": 1e-06, "rope_theta": 5000000, "rotary_dim": 64,
-          "scoring_func": "sigmoid", "use_qk_norm": True, "use_routing_bias": True, "vocab_size": 200064}
-    family, cfg = read_model_config(mm, "config.json")
+    family, cfg = read_model_config(MINIMAX_M2_5, "config.json")
     assert family.name == "minimax_m2" and cfg.num_moe_layers == 62 and cfg.rotary_dim == 64 and cfg.top_k == 8
     shapes = family.dense_tensors(cfg)
     assert shapes["model.layers.0.self_attn.q_norm.weight"] == (48 * 128,)
     assert shapes["model.layers.0.block_sparse_moe.e_score_correction_bias"] == (256,)
     with pytest.raises(CheckpointError, match="scoring_func"):
-        read_model_config(dict(mm, scoring_func="softmax"), "config.json")
+        read_model_config(dict(MINIMAX_M2_5, scoring_func="softmax"), "config.json")
     with pytest.raises(CheckpointError, match="partial_rotary_factor"):
-        read_model_config(dict(glm, partial_rotary_factor=1.5), "config.json")
+        read_model_config(dict(GLM_4_7, partial_rotary_factor=1.5), "config.json")
+
+
+@pytest.mark.parametrize("card_name,config", [("glm-4.7", GLM_4_7), ("minimax-m2.5", MINIMAX_M2_5)])
+def test_shipped_card_is_what_ft_predict_reads_from_the_config(card_name, config, tmp_path):
+    """conf/model's card and `ft predict --model DIR` on the published config.json size the same model."""
+    from sim.model_card import load_model_card
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    from_config, shipped = load_model_card(str(tmp_path)), load_model_card(card_name)
+    for field in ("num_layers", "moe_layers", "num_experts", "top_k", "shared_experts", "hidden_size",
+                  "expert_intermediate_size", "kv_bytes_per_token", "attention_layers", "attention_width"):
+        assert getattr(from_config, field) == getattr(shipped, field), field
+    assert abs(from_config.dense_params - shipped.dense_params) < 0.01
+    assert abs(from_config.embedding_params - shipped.embedding_params) < 0.001
+    assert from_config.expert_params == shipped.expert_params
 
 
 def test_sim_replay_makes_the_live_plans(models):
