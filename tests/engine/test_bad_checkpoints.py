@@ -89,8 +89,9 @@ def test_unknown_architecture(ckpt_dir):
     cfg["architectures"] = ["LlamaForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture LlamaForCausalLM; supported: "
-                                              r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                                              r"GptOssForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, "
+                                              r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, "
+                                              r"GptOssForCausalLM, MiniMaxM2ForCausalLM, MixtralForCausalLM, "
+                                              r"OlmoeForCausalLM, "
                                               r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM"):
         load_checkpoint(ckpt_dir)
 
