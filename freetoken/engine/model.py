@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from freetoken.engine.dsa import DSAKVCache
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
 from freetoken.engine.mla import MLAWeights, load_mla, mla_attention
@@ -114,6 +115,8 @@ class Decoder:
 
     def new_kv(self, max_tokens: int) -> KVCache:
         cfg = self.cfg
+        if cfg.dsa is not None:
+            return DSAKVCache(cfg, max_tokens, self.dtype, self.device)
         return KVCache(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
 
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, moe: MoEFn,

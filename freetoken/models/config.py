@@ -63,6 +63,25 @@ class MLA:
 
 
 @dataclass(frozen=True, slots=True)
+class DSA:
+    """DeepSeek sparse attention's lightning indexer (GLM-5, engine/dsa.py): each query attends to the index_topk
+    earlier keys its indexer scores highest; layers not in indexer_layers reuse the previous indexer layer's picks."""
+
+    index_topk: int
+    index_heads: int
+    index_head_dim: int
+    indexer_layers: tuple[int, ...]  # layers that run their own indexer ("full"); the others share ("shared")
+
+    def __post_init__(self) -> None:
+        for name in ("index_topk", "index_heads", "index_head_dim"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if 0 not in self.indexer_layers:
+            raise CheckpointError("config.json: indexer_types must start with a 'full' layer (a shared layer reuses "
+                                  "the picks of an earlier one)")
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     """How router logits become picks beyond softmax top-k (kernels.router's options; DeepSeek V2 / V3)."""
 
@@ -120,6 +139,7 @@ class ModelConfig:
     mla: MLA | None = None  # multi-head latent attention instead of q/k/v/o (head_dim: the padded cache head dim)
     routing: Routing = Routing()
     rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim); GLM-4 MoE, MiniMax-M2
+    dsa: DSA | None = None  # sparse attention over MLA (GLM-5)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -147,6 +167,10 @@ class ModelConfig:
         if self.rotary_dim < 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
             raise CheckpointError(f"config.json: rotary dims {self.rotary_dim} must be even and within head_dim "
                                   f"{self.head_dim}")
+
+    def index_key_values(self) -> int:
+        """DSA: the indexer keys one token adds to the cache beside its KV (every indexer layer's index_head_dim)."""
+        return 0 if self.dsa is None else len(self.dsa.indexer_layers) * self.dsa.index_head_dim
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a decoder layer, None where it attends to every earlier key."""

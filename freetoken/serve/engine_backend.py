@@ -62,6 +62,7 @@ def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
     dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
     kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
+    kv_per_token += cfg.index_key_values() * store.dtype.itemsize  # DSA's indexer keys live beside the KV
     expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
                        max_context)

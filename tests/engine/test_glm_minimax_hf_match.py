@@ -1,12 +1,14 @@
-"""GLM-4 MoE and MiniMax-M2 in the live engine: logits equal HF transformers' Glm4MoeForCausalLM /
-MiniMaxM2ForCausalLM at every capacity, in every split.
+"""GLM-4 MoE, GLM-5 (DSA) and MiniMax-M2 in the live engine: logits equal HF transformers' Glm4MoeForCausalLM /
+GlmMoeDsaForCausalLM / MiniMaxM2ForCausalLM at every capacity, in every split.
 
 The tiny random models carry what sets each family apart. GLM-4 MoE: a dense first layer (first_k_dense_replace 1),
 a shared expert, q/k/v biases, per-head q/k RMSNorm, rope on half of each head (partial_rotary_factor 0.5), sigmoid
 routing with a random e_score_correction_bias, top-2 group scores over 4 groups of which 2 are eligible, renormalised
 weights times routed_scaling_factor 2.5. MiniMax-M2: q/k RMSNorm over the whole projection, rope on rotary_dim 8 of
 16 head dims, sigmoid routing with a random correction bias stored beside the gate (block_sparse_moe.), always
-renormalised, Mixtral's w1 / w3 / w2 expert names. Tolerance as in test_hf_match.py: 1e-4 x max |logit|.
+renormalised, Mixtral's w1 / w3 / w2 expert names. GLM-5: MLA with q LoRA and interleaved rope pairs, GLM-4's
+routing, and DeepSeek sparse attention with index_topk 4 < the 10-token prompt (so prefill chunks past the first
+and every decode step attend to 4 picked keys), the middle layer sharing the first one's picks. Tolerance as in test_hf_match.py: 1e-4 x max |logit|.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ CONFIGS = {
                      n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
                      attention_bias=True),  # partial_rotary_factor: HF's default 0.5
     "minimax_m2": dict(COMMON, num_local_experts=E, rotary_dim=8),
+    "glm_moe_dsa": dict(COMMON, num_key_value_heads=4, n_routed_experts=E, moe_intermediate_size=32,
+                        n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
+                        routed_scaling_factor=2.5, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+                        qk_rope_head_dim=8, v_head_dim=24, index_topk=4, index_head_dim=16, index_n_heads=8,
+                        indexer_types=["full", "shared", "full"]),
 }
 
 
@@ -97,6 +104,9 @@ def test_the_checkpoints_are_what_they_claim(models):
     assert mm.family == "minimax_m2" and mm.moe_layers == (0, 1, 2) and mm.shared_expert_intermediate == 0
     assert mm.qk_norm == "full" and mm.rotary_dim == 8 and mm.norm_topk_prob and mm.expert_intermediate == 48
     assert mm.routing.correction_bias and mm.routing.n_group == 1 and mm.routing.scale == 1.0
+    dsa = models["glm_moe_dsa"].ckpt.config
+    assert dsa.family == "glm_moe_dsa" and dsa.moe_layers == (1, 2) and dsa.mla.q_lora_rank == 32
+    assert dsa.dsa.index_topk == 4 < len(PROMPT) and dsa.dsa.indexer_layers == (0, 2) and dsa.head_dim == 24
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -142,7 +152,8 @@ def test_recorded_routing_is_hf_router_topk(name, models):
 FEATURES = [("glm4_moe", "partial_rotary"), ("glm4_moe", "qk_norm"), ("glm4_moe", "groups"), ("glm4_moe", "scale"),
             ("glm4_moe", "correction_bias"), ("glm4_moe", "shared_expert"),
             ("minimax_m2", "partial_rotary"), ("minimax_m2", "qk_norm"), ("minimax_m2", "correction_bias"),
-            ("minimax_m2", "sigmoid"), ("minimax_m2", "renormalise")]
+            ("minimax_m2", "sigmoid"), ("minimax_m2", "renormalise"), ("glm_moe_dsa", "sparse"),
+            ("glm_moe_dsa", "correction_bias")]
 
 
 @pytest.mark.parametrize("name,feature", FEATURES)
@@ -154,7 +165,8 @@ def test_every_feature_is_exercised(name, feature, models):
                "groups": dict(routing=replace(cfg.routing, n_group=1, topk_group=1)),
                "scale": dict(routing=replace(cfg.routing, scale=1.0)),
                "sigmoid": dict(routing=replace(cfg.routing, score="softmax")),
-               "renormalise": dict(norm_topk_prob=False)}.get(feature, {})
+               "renormalise": dict(norm_topk_prob=False),
+               "sparse": dict(dsa=cfg.dsa and replace(cfg.dsa, index_topk=64))}.get(feature, {})
     engine = _engine(model, 0, "offload", ckpt=replace(model.ckpt, config=replace(cfg, **changed)))
     for lw in engine.decoder.layers:
         if feature == "correction_bias":
@@ -241,7 +253,8 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
         assert getattr(sim_memory, field) == getattr(engine_memory, field), field
     assert card.expert_bytes() == engine.store.expert_bytes == 3 * D * model.ckpt.config.expert_intermediate * 4
     kv = engine.new_kv(8)
-    assert card.kv_bytes_per_token == sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v)) // 8
+    cached = (*kv.k, *kv.v, *getattr(kv, "index_k", {}).values())  # DSA: the indexer keys beside the KV
+    assert card.kv_bytes_per_token == sum(t.numel() * t.element_size() for t in cached) // 8
 
 
 @pytest.mark.parametrize("name,tensor,change", [
@@ -249,6 +262,7 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
     ("glm4_moe", "model.layers.0.self_attn.q_norm.weight", (Dh * 4,)),
     ("minimax_m2", "model.layers.2.block_sparse_moe.e_score_correction_bias", None),
     ("minimax_m2", "model.layers.0.self_attn.k_norm.weight", (Dh,)),  # per head instead of the whole projection
+    ("glm_moe_dsa", "model.layers.2.self_attn.indexer.wk.weight", None),
 ])
 def test_bad_checkpoint_names_file_and_tensor(name, tensor, change, models, tmp_path):
     tensors = load_file(models[name].path / "model.safetensors")
@@ -261,3 +275,56 @@ def test_bad_checkpoint_names_file_and_tensor(name, tensor, change, models, tmp_
     with pytest.raises(CheckpointError, match=tensor.replace(".", r"\.")) as err:
         load_checkpoint(tmp_path)
     assert str(tmp_path) in str(err.value)
+
+
+def test_dsa_picks_are_hf_indexer_picks(models, monkeypatch):
+    """Every query's sparse key set (indexer layers 0 and 2, prefill chunks past index_topk and decode steps) is the
+    set HF's GlmMoeDsaIndexer selects over the same tokens (its picks past a query's own position are masked)."""
+    from transformers import AutoModelForCausalLM
+
+    import freetoken.engine.mla as mla
+
+    model = models["glm_moe_dsa"]
+    tokens = model.tokens[:-1]
+    hf = AutoModelForCausalLM.from_pretrained(model.path).eval()
+    hf_picks = {}
+    for l in (0, 2):
+        hf.model.layers[l].self_attn.indexer.register_forward_hook(
+            lambda mod, args, out, l=l: hf_picks.__setitem__(l, out[0]))
+    with torch.no_grad():
+        hf(torch.tensor([tokens]))
+    ours, real = [], mla.index_picks
+
+    def spy(ks, cfg, w, layer, h, q_resid, kv, start_pos, *rest):
+        picks = real(ks, cfg, w, layer, h, q_resid, kv, start_pos, *rest)
+        ours.append((layer, start_pos, picks))
+        return picks
+
+    monkeypatch.setattr(mla, "index_picks", spy)
+    run_steps(_engine(model, 0, "offload"), tokens)
+    checked = 0
+    for layer, start, picks in ours:
+        if picks is None:  # every query sees at most index_topk keys: all of them, as HF's picks
+            continue
+        for t, row in enumerate(picks.tolist()):
+            pos = start + t
+            want = {p for p in hf_picks[layer][pos].tolist() if p <= pos}
+            assert {p for p in row if p <= pos} == want, f"layer {layer} position {pos}"
+            checked += 1
+    assert checked == 2 * (len(tokens) - 4)  # both indexer layers, every query past the first chunk
+
+
+def test_published_glm5_config_reads():
+    """GLM-5's configuration (transformers' GlmMoeDsaConfig defaults are its published values)."""
+    from transformers import GlmMoeDsaConfig
+
+    from freetoken.models import read_model_config
+
+    raw = GlmMoeDsaConfig().to_dict() | {"architectures": ["GlmMoeDsaForCausalLM"]}
+    family, cfg = read_model_config(raw, "config.json")
+    assert family.name == "glm_moe_dsa" and cfg.moe_layers == tuple(range(3, 78)) and cfg.num_experts == 256
+    assert cfg.mla.q_lora_rank == 2048 and cfg.mla.qk_head_dim == 256 and cfg.head_dim == 256
+    assert cfg.dsa.index_topk == 2048 and cfg.dsa.index_heads == 32 and len(cfg.dsa.indexer_layers) == 78
+    assert cfg.routing.scale == 2.5 and cfg.routing.correction_bias
+    with pytest.raises(CheckpointError, match="indexer_types"):
+        read_model_config(raw | {"indexer_types": ["full"] * 77 + ["sparse"]}, "config.json")
