@@ -52,7 +52,8 @@ def load_indexer(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tensor
     q_rows = (torch.arange(d.index_heads)[:, None] * d.index_head_dim + order[None, :]).reshape(-1)
     return IndexerWeights(wq=dev(i + "wq_b.weight")[q_rows].contiguous(), wk=dev(i + "wk.weight")[order].contiguous(),
                           k_norm=dev(i + "k_norm.weight")[order].contiguous(),
-                          k_norm_bias=dev(i + "k_norm.bias")[order].contiguous(), w_heads=dev(i + "weights_proj.weight"))
+                          k_norm_bias=dev(i + "k_norm.bias")[order].contiguous(),
+                          w_heads=dev(i + "weights_proj.weight"))
 
 
 def index_picks(ks: KernelSet, cfg: ModelConfig, w: IndexerWeights, layer: int, h: torch.Tensor, q_resid: torch.Tensor,
@@ -77,8 +78,8 @@ def index_picks(ks: KernelSet, cfg: ModelConfig, w: IndexerWeights, layer: int, 
     return index.masked_fill(future, float("-inf")).topk(d.index_topk, dim=-1).indices  # [T, topk]
 
 
-def sparse_attention(ks: KernelSet, q: torch.Tensor, kv: KVCache, layer: int, start_pos: int, picks: torch.Tensor | None,
-                     sm_scale: float) -> torch.Tensor:
+def sparse_attention(ks: KernelSet, q: torch.Tensor, kv: KVCache, layer: int, start_pos: int,
+                     picks: torch.Tensor | None, sm_scale: float) -> torch.Tensor:
     """q [T, H, Dc] -> [T, H, Dc]: each query over its picked keys (picks None: every earlier key)."""
     if picks is None:
         return ks.attention(q, kv.k[layer], kv.v[layer], start_pos, sm_scale)

@@ -65,7 +65,8 @@ def attention_tensors(cfg: ModelConfig, layer: int) -> dict[str, tuple[int, ...]
     if layer in d.indexer_layers:
         out.update({i + "wq_b.weight": (d.index_heads * d.index_head_dim, cfg.mla.q_lora_rank),
                     i + "wk.weight": (d.index_head_dim, cfg.hidden_size), i + "k_norm.weight": (d.index_head_dim,),
-                    i + "k_norm.bias": (d.index_head_dim,), i + "weights_proj.weight": (d.index_heads, cfg.hidden_size)})
+                    i + "k_norm.bias": (d.index_head_dim,),
+                    i + "weights_proj.weight": (d.index_heads, cfg.hidden_size)})
     return out
 
 

@@ -90,8 +90,8 @@ def test_unknown_architecture(ckpt_dir):
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture LlamaForCausalLM; supported: "
                                               r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, "
-                                              r"GptOssForCausalLM, MiniMaxM2ForCausalLM, MixtralForCausalLM, "
-                                              r"OlmoeForCausalLM, "
+                                              r"GlmMoeDsaForCausalLM, GptOssForCausalLM, MiniMaxM2ForCausalLM, "
+                                              r"MixtralForCausalLM, OlmoeForCausalLM, "
                                               r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM"):
         load_checkpoint(ckpt_dir)
 

@@ -8,7 +8,8 @@ weights times routed_scaling_factor 2.5. MiniMax-M2: q/k RMSNorm over the whole 
 16 head dims, sigmoid routing with a random correction bias stored beside the gate (block_sparse_moe.), always
 renormalised, Mixtral's w1 / w3 / w2 expert names. GLM-5: MLA with q LoRA and interleaved rope pairs, GLM-4's
 routing, and DeepSeek sparse attention with index_topk 4 < the 10-token prompt (so prefill chunks past the first
-and every decode step attend to 4 picked keys), the middle layer sharing the first one's picks. Tolerance as in test_hf_match.py: 1e-4 x max |logit|.
+and every decode step attend to 4 picked keys), the middle layer sharing the first one's picks.
+Tolerance as in test_hf_match.py: 1e-4 x max |logit|.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class Model:
 
 def _correction_bias(mlp) -> torch.Tensor:
     """GLM keeps it in the gate, MiniMax-M2 beside it."""
-    return mlp.gate.e_score_correction_bias if hasattr(mlp.gate, "e_score_correction_bias") else mlp.e_score_correction_bias
+    gate = mlp.gate
+    return gate.e_score_correction_bias if hasattr(gate, "e_score_correction_bias") else mlp.e_score_correction_bias
 
 
 def build(name: str, out: Path) -> Model:
@@ -90,9 +92,10 @@ def models(tmp_path_factory) -> dict[str, Model]:
     return {name: build(name, tmp_path_factory.mktemp(name)) for name in CONFIGS}
 
 
-def _engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None):
+def _engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None,
+            chunk: int = CHUNK):
     return Engine(ckpt or model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,
-                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=CHUNK)
+                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=chunk)
 
 
 def test_the_checkpoints_are_what_they_claim(models):
@@ -119,9 +122,10 @@ def test_logits_match_hf_every_capacity_every_split(name, models):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_triton_kernels(name, models):
-    """The Triton path (interpreted on CPU) over the prompt and one decode step: hits, fetches, the CPU lane."""
+    """The Triton path (interpreted on CPU) over the prompt (one chunk) and one decode step: hits, fetches, the CPU
+    lane."""
     model = models[name]
-    engine = _engine(model, E, "hybrid", kernels="triton")
+    engine = _engine(model, E, "hybrid", kernels="triton", chunk=len(PROMPT))
     T = len(PROMPT) + 1
     assert_close(run_steps(engine, model.tokens[:T]), model.logits[:T], f"{name} triton")
     c = engine.counters
@@ -231,11 +235,12 @@ def test_shipped_card_is_what_ft_predict_reads_from_the_config(card_name, config
 
 
 def test_sim_replay_makes_the_live_plans(models):
-    """Sim = live on each family's recorded routing, every policy (test_sim_equals_live.py's harness)."""
+    """Sim = live on each family's recorded routing, every policy, one split each (test_sim_equals_live.py's
+    harness; together the three splits)."""
     from .test_sim_equals_live import assert_sim_replays_live
 
-    for name in CONFIGS:
-        assert_sim_replays_live(models[name].ckpt, (5,))
+    for name, split in zip(CONFIGS, ("hybrid", "offload", "cpu")):
+        assert_sim_replays_live(models[name].ckpt, (5,), (split,))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -49,14 +49,15 @@ def _sim_policy(name, capacity, trace, options):
     return make_policy(name, capacity, trace.num_layers, trace.num_experts, **options)
 
 
-def assert_sim_replays_live(ckpt, capacities) -> None:
-    """Every policy x capacity x split on one checkpoint: the sim's replay of the recorded routing makes the live
-    Plans (for families with their own HF-match files)."""
+def assert_sim_replays_live(ckpt, capacities, splits=tuple(SPLITS)) -> None:
+    """Every policy x capacity x split (names in SPLITS) on one checkpoint: the sim's replay of the recorded routing
+    makes the live Plans (for families with their own HF-match files)."""
     probe = live_run(ckpt, CacheConfig("lru", capacity=0)).trace()
     for policy in sorted(POLICIES):
         opts = policy_options(policy, probe, CHUNK)
         for capacity in capacities:
-            for name, split in SPLITS.items():
+            for name in splits:
+                split = SPLITS[name]
                 engine = live_run(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts))
                 trace = engine.trace()
                 sim = replay(trace_calls(trace, CHUNK), _sim_policy(policy, capacity, trace, opts), split,
