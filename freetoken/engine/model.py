@@ -89,6 +89,8 @@ class Decoder:
             if cfg.moe_index(l) >= 0:
                 m = fam.moe_prefix.format(l=l)
                 lw.router = dev(m + fam.router)
+                if cfg.routing.fp32:  # HF keeps this gate in fp32 whatever the model's dtype
+                    lw.router = lw.router.float()
                 if cfg.router_bias:
                     lw.router_bias = dev(m + fam.router_bias)
                 if cfg.routing.correction_bias:

@@ -91,6 +91,7 @@ class Routing:
     group_score: str = "max"  # a group's score: its best expert, or "top2" its best two summed
     scale: float = 1.0  # routed_scaling_factor on the weights
     correction_bias: bool = False  # a per-expert bias added to the scores for the choice only
+    fp32: bool = False  # the gate weight is kept in fp32 and the router runs on h in fp32 (HF's GLM, DeepSeek-V3)
 
     def options(self) -> dict:
         return dict(score=self.score, n_group=self.n_group, topk_group=self.topk_group,

@@ -32,7 +32,7 @@ def read_config(c: ConfigReader) -> ModelConfig:
         attention_bias=bool(c.get("attention_bias", default=False)),
         routing=Routing(score="sigmoid", n_group=n_group, topk_group=max(c.get("topk_group", default=1, kind=int), 1),
                         group_score="top2", scale=c.get("routed_scaling_factor", default=1.0, kind=float),
-                        correction_bias=True),
+                        correction_bias=True, fp32=True),
         rotary_dim=c.rotary_dim(common["head_dim"], default_factor=0.5),  # HF's Glm4MoeConfig default
     )
 

@@ -333,3 +333,37 @@ def test_published_glm5_config_reads():
     assert cfg.routing.scale == 2.5 and cfg.routing.correction_bias
     with pytest.raises(CheckpointError, match="indexer_types"):
         read_model_config(raw | {"indexer_types": ["full"] * 77 + ["sparse"]}, "config.json")
+
+
+@pytest.mark.parametrize("name", ["glm4_moe", "minimax_m2"])
+def test_bf16_checkpoint_routes_as_hf(name, models, tmp_path):
+    """A bf16 checkpoint: GLM's gate stays fp32 and routes h.float() (HF's _keep_in_fp32_modules_strict), MiniMax's
+    runs in the weight's bf16; Engine.route gives HF's gate logits and picks on the same bf16 hidden states."""
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(models[name].path).to(torch.bfloat16).save_pretrained(tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
+    engine = Engine(load_checkpoint(tmp_path), CacheConfig("lru", capacity=0), kernels="reference", device="cpu")
+    layer = engine.config.moe_layers[-1]
+    mlp = hf.model.layers[layer].mlp
+    h = torch.randn(64, D, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)  # [T, D]
+    want_dtype = torch.float32 if name == "glm4_moe" else torch.bfloat16
+    assert mlp.gate.weight.dtype == engine.decoder.layers[layer].router.dtype == want_dtype
+    with torch.no_grad():
+        if name == "glm4_moe":
+            logits, weights, ids = mlp.gate(h)
+        else:
+            logits, weights, ids = mlp.gate(h, mlp.e_score_correction_bias)
+    got_w, got_ids = engine.route(len(engine.config.moe_layers) - 1, h)
+    np.testing.assert_array_equal(got_ids.sort(-1).values.numpy(), ids.sort(-1).values.numpy())
+    order = lambda i: i.argsort(-1)  # noqa: E731  compare weights expert by expert
+    torch.testing.assert_close(got_w.gather(1, order(got_ids.long())), weights.float().gather(1, order(ids)),
+                               rtol=1e-5, atol=1e-6)
+    if name == "glm4_moe":  # the same router in bf16 weighs the experts differently: the fp32 gate matters
+        lw, cfg = engine.decoder.layers[layer], engine.config
+        bf16 = engine.kernels.linear(h, lw.router.bfloat16()).float()
+        bf16_w, bf16_ids = engine.kernels.router_topk(bf16, K, cfg.norm_topk_prob, bias=lw.correction_bias,
+                                                      **cfg.routing.options())
+        same = (bf16_ids.sort(-1).values == got_ids.sort(-1).values).all(-1)  # tokens with the same picks
+        drift = (bf16_w.gather(1, order(bf16_ids.long())) - got_w.gather(1, order(got_ids.long())))[same]
+        assert drift.abs().max() > 20 * 1e-5  # 20x the tolerance the fp32 gate meets above
