@@ -144,7 +144,7 @@ class Engine:
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         kv = kv if kv is not None else self.new_kv()
-        start = min(kv.common_prefix(token_ids), len(token_ids) - 1) if reuse_prefix else 0
+        start = kv.reusable(min(kv.common_prefix(token_ids), len(token_ids) - 1)) if reuse_prefix else 0
         kv.truncate(start)
         kv.check_room(start, len(token_ids) - start + max_tokens - 1)
         stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)

@@ -86,7 +86,7 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
     _check(x, weight, state)
     C, KW = weight.shape
     full = torch.cat([state.to(weight.dtype), x.t().to(weight.dtype)], dim=1)[None]  # [1, C, K - 1 + T]
-    out = torch.nn.functional.conv1d(full, weight[:, None, :], groups=C)[0].t()  # [T, C]
+    out = torch.nn.functional.conv1d(full, weight[:, None, :], groups=C)[0].t().contiguous()  # [T, C]
     if silu:
         out = torch.nn.functional.silu(out)
     _shift_state(state, x)
