@@ -205,6 +205,13 @@ class ModelConfig:
         """Decoder layers that keep KV (all but the linear-attention ones)."""
         return tuple(l for l in range(self.num_layers) if not self.is_linear(l))
 
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32."""
+        if self.linear_attention is None:
+            return 0
+        conv, recurrent = self.linear_attention.state_values()
+        return len(self.linear_attention.layers) * (conv * dtype_bytes + recurrent * 4)
+
     def window(self, layer: int) -> int | None:
         """The sliding window of a decoder layer, None where it attends to every earlier key."""
         return self.sliding_window if layer in self.sliding_layers else None

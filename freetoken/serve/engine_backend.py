@@ -61,10 +61,10 @@ def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
     cfg = ckpt.config
     dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
+    kv_per_token = 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
     expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
-                       max_context)
+                       max_context, cfg.state_bytes(store.dtype.itemsize))
 
 
 def expert_format(ckpt) -> str:
