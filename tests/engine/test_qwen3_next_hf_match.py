@@ -289,3 +289,30 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
     engine_memory, sim_memory = checkpoint_memory(model.ckpt, 64), model_memory(card)
     for field in ("dense_bytes", "kv_bytes_per_token", "expert_bytes", "num_experts", "min_slots", "state_bytes"):
         assert getattr(sim_memory, field) == getattr(engine_memory, field), field
+
+
+PUBLISHED_QWEN3_6 = {  # Qwen3.6-35B-A3B's published shape (conf/model/qwen3.6-35b-a3b.yaml's sources)
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "tie_word_embeddings": False, "dtype": "bfloat16",
+    "text_config": {"vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                    "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+                    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+                    "num_experts": 256, "num_experts_per_tok": 8, "moe_intermediate_size": 512,
+                    "shared_expert_intermediate_size": 512, "full_attention_interval": 4,
+                    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25}}}
+
+
+def test_qwen3_6_card_is_what_its_config_gives(tmp_path):
+    """conf/model/qwen3.6-35b-a3b.yaml = the card ft predict derives from the published config values; the hand
+    count of the per-sequence state: 30 DeltaNet layers x (8192 conv channels x 3 x 2 B + 32 x 128 x 128 x 4 B)."""
+    from sim.checkpoint_card import card_from_checkpoint
+    from sim.model_card import load_model_card
+
+    (tmp_path / "config.json").write_text(json.dumps(PUBLISHED_QWEN3_6))
+    derived, conf = card_from_checkpoint(tmp_path), load_model_card("qwen3.6-35b-a3b")
+    for field in ("num_layers", "moe_layers", "num_experts", "top_k", "shared_experts", "hidden_size",
+                  "expert_intermediate_size", "kv_bytes_per_token", "attention_layers", "attention_width",
+                  "state_bytes_per_sequence", "expert_bits", "dense_bits"):
+        assert getattr(conf, field) == getattr(derived, field), field
+    assert abs(conf.dense_params - derived.dense_params) < 1e-4 and abs(conf.embedding_params - derived.embedding_params) < 1e-5
+    assert conf.state_bytes_per_sequence == 30 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
+    assert conf.expert_bytes() == 3 * 2048 * 512 * 2 and conf.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2
