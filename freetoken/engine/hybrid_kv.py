@@ -51,6 +51,18 @@ class HybridKV(KVCache):
         self.snapshots[self.length] = ({l: t.clone() for l, t in self.conv.items()},
                                        {l: t.clone() for l, t in self.state.items()})
 
+    def states_at(self, length: int) -> tuple[dict, dict] | None:
+        """Copies of (conv, recurrent) states after `length` tokens: now, or a snapshot; None if neither."""
+        if length == self.length:
+            return ({l: t.clone() for l, t in self.conv.items()}, {l: t.clone() for l, t in self.state.items()})
+        return self.snapshots.get(length)
+
+    def load_states(self, conv: dict, state: dict) -> None:
+        """Set the states to ones taken at the current length (a prefix cache's copy)."""
+        for l in self.conv:
+            self.conv[l].copy_(conv[l])
+            self.state[l].copy_(state[l])
+
     def state_bytes(self) -> int:
         """Conv + recurrent state bytes of one sequence (what a snapshot costs)."""
         return sum(t.numel() * t.element_size() for t in (*self.conv.values(), *self.state.values()))

@@ -37,6 +37,9 @@ class EngineSequence:
     def length(self) -> int:
         return 0 if self._kv is None else self._kv.length
 
+    def mark(self, anchors: list[int]) -> None:
+        """KV can be cut anywhere: nothing to remember."""
+
     def load(self, pieces: list, tokens: list[int]) -> None:
         kv = torch.cat(pieces, dim=2)  # [L, 2, T, Hkv, Dh]
         for layer in range(kv.shape[0]):
@@ -114,7 +117,14 @@ class EngineBackend:
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
-        self.prefix_cache = PrefixCache(tokens, _slice_positions) if tokens else None
+        if not tokens:
+            self.prefix_cache = None
+        elif self.ckpt.config.linear_attention is not None:  # pieces carry recurrent state at anchors
+            from freetoken.serve.hybrid_sequence import resumable, slice_piece
+
+            self.prefix_cache = PrefixCache(tokens, slice_piece, resumable)
+        else:
+            self.prefix_cache = PrefixCache(tokens, _slice_positions)
 
     @property
     def stop_token_ids(self) -> set[int]:
@@ -124,9 +134,13 @@ class EngineBackend:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
     def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
-        seq = EngineSequence(self.engine, next(self._requests), len(prompt.tokens) + max_new)
+        from freetoken.serve.hybrid_sequence import HybridSequence
+
+        kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
+        seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
         return CachedGeneration(seq, self.prefix_cache, prompt, params, max_new, self.stop_token_ids)
 
     def stats(self) -> dict:
         return {"backend": "engine", "split": self.split_reason, "expert_cache": self.engine.counters.to_dict(),
                 "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}
+

@@ -26,6 +26,9 @@ class HFSequence:
         self.cache = DynamicCache()
         self.length = 0
 
+    def mark(self, anchors: list[int]) -> None:
+        """KV can be cut anywhere: nothing to remember."""
+
     def load(self, pieces: list, tokens: list[int]) -> None:
         kv = torch.cat(pieces, dim=3)  # [L, 2, H, T, Dh]
         for layer in range(kv.shape[0]):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 SliceKV = Callable[[Any, int, int], Any]
+Resumable = Callable[[Any], bool]  # can a sequence restart right after this payload? (hybrid models: a state)
 ReadKV = Callable[[int, int], Any]  # (start, stop) -> KV payload of those absolute positions
 
 
@@ -48,19 +49,23 @@ class PrefixStats:
     computed_tokens: int = 0  # prompt tokens that had to be prefilled
     inserted_tokens: int = 0
     evicted_tokens: int = 0
+    anchor_hits: int = 0  # lookups that resumed from a snapshot of recurrent state (hybrid models)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
 class PrefixCache:
-    """budget_tokens: most token positions of KV kept (the KV budget); 0 disables caching."""
+    """budget_tokens: most token positions of KV kept (the KV budget); 0 disables caching.
+    resumable: for models whose state cannot be cut at any token (recurrent layers), says which payloads end where
+    a sequence can restart (a state snapshot at an anchor); a match then stops after the deepest such payload."""
 
-    def __init__(self, budget_tokens: int, slice_kv: SliceKV = _slice_first_axis):
+    def __init__(self, budget_tokens: int, slice_kv: SliceKV = _slice_first_axis, resumable: Resumable | None = None):
         if budget_tokens < 0:
             raise ValueError(f"prefix cache budget_tokens must be >= 0, got {budget_tokens}")
         self.budget_tokens = budget_tokens
         self.slice_kv = slice_kv
+        self.resumable = resumable
         self.root = _Node((), None, None, 0)
         self.cached_tokens = 0
         self.stats = PrefixStats()
@@ -73,6 +78,7 @@ class PrefixCache:
         limit = len(tokens) - 1 if max_length is None else min(max_length, len(tokens))
         self._clock += 1
         node, pieces, length, anchor = self.root, [], 0, 0
+        resume = (0, 0)  # (length, pieces) of the deepest restart point, with `resumable`
         while length < limit:
             child = node.children.get(tokens[length])
             if child is None:
@@ -85,7 +91,13 @@ class PrefixCache:
                 break
             pieces.append(child.kv)
             anchor = child.depth if child.anchored else anchor
+            if self.resumable is not None and self.resumable(child.kv):
+                resume = (length, len(pieces))
             node = child
+        if self.resumable is not None:
+            length, pieces = resume[0], pieces[:resume[1]]
+            anchor = min(anchor, length)
+            self.stats.anchor_hits += length > 0
         self.stats.lookups += 1
         self.stats.hit_lookups += length > 0
         self.stats.reused_tokens += length
