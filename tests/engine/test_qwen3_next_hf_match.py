@@ -316,3 +316,18 @@ def test_qwen3_6_card_is_what_its_config_gives(tmp_path):
     assert abs(conf.dense_params - derived.dense_params) < 1e-4 and abs(conf.embedding_params - derived.embedding_params) < 1e-5
     assert conf.state_bytes_per_sequence == 30 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
     assert conf.expert_bytes() == 3 * 2048 * 512 * 2 and conf.kv_bytes_per_token == 10 * 2 * 2 * 256 * 2
+
+
+def test_ft_generate_says_what_the_multimodal_load_left_out(models, capsys):
+    """`ft generate` on the Qwen3_5MoeForConditionalGeneration checkpoint: one stderr line names the skipped vision
+    tower; the greedy tokens are HF's."""
+    from freetoken.cli import main
+
+    model = models["multimodal"]
+    ids = ",".join(map(str, PROMPT))
+    assert main(["generate", "--model", str(model.path), "--token-ids", ids, "--greedy", "--max-tokens", "3",
+                 "--stop-token-ids", "", "--kernels", "reference", "--device", "cpu", "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["token_ids"] == model.tokens[len(PROMPT):len(PROMPT) + 3]
+    notes = [line for line in out.err.splitlines() if "model.visual." in line]
+    assert len(notes) == 1 and "not loaded" in notes[0] and str(model.path) in notes[0]
