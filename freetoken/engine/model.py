@@ -126,6 +126,7 @@ class Decoder:
                                             y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
             self.rope = {"inv_freq": inv_freq.to(self.device), "scale": scale}
         self.rotary_dim = rotary_dim
+        self.norm_kw = {"round_normed": False} if cfg.norm_unit_offset else {}  # HF's (1 + w) norm rounds once
 
     def new_kv(self, max_tokens: int) -> KVCache:
         cfg = self.cfg
@@ -145,14 +146,14 @@ class Decoder:
         x = self.embed[ids.to(self.device)]  # [T, D]
         positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
         for l, lw in enumerate(self.layers):
-            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
             if lw.deltanet is not None:
                 x = x + deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
             elif lw.mla is not None:
                 x = x + mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
             else:
                 x = x + self._attention(l, lw, h, kv, start_pos, positions)
-            h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps, **self.norm_kw)
             if lw.router is not None:
                 x = x + moe(cfg.moe_index(l), h)
                 if lw.shared_gate_up is not None:
@@ -161,7 +162,7 @@ class Decoder:
                 x = x + self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
         kv.commit(start_pos, token_ids)
         x = x if all_logits else x[-1:]
-        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)
+        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
 
     def _one_mlp(self, h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                  scale: torch.Tensor | None) -> torch.Tensor:
@@ -190,8 +191,8 @@ class Decoder:
             q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         q, k, v = q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh)
         if cfg.qk_norm == "head":  # Qwen3: per head
-            q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps).view(T, H, Dh)
-            k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps).view(T, Hkv, Dh)
+            q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps, **self.norm_kw).view(T, H, Dh)
+            k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps, **self.norm_kw).view(T, Hkv, Dh)
         q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
         k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
         kv.write(l, start_pos, k, v)
