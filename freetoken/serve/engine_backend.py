@@ -120,9 +120,11 @@ class EngineBackend:
         if not tokens:
             self.prefix_cache = None
         elif self.ckpt.config.linear_attention is not None:  # pieces carry recurrent state at anchors
-            from freetoken.serve.hybrid_sequence import resumable, slice_piece
+            from freetoken.serve.hybrid_sequence import slice_piece, snapshots
 
-            self.prefix_cache = PrefixCache(tokens, slice_piece, resumable)
+            memory = self.model_memory()
+            self.prefix_cache = PrefixCache(tokens, slice_piece,
+                                            snapshots(memory.state_bytes, memory.kv_bytes_per_token))
         else:
             self.prefix_cache = PrefixCache(tokens, _slice_positions)
 

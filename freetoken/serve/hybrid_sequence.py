@@ -4,7 +4,8 @@ The KV of the full-attention layers can be cut at any token, the Gated DeltaNet 
 cannot: they exist only where the sequence stood when it passed. So the sequence snapshots its states at the
 prompt's anchors (message ends) as its prefill passes them, and a prefix-cache piece carries the states at its end
 (HybridPiece.states) when one was taken there. A later request resumes from the deepest cached piece that has states
-(PrefixCache's `resumable`): a turn that appends, or edits after an anchor, prefills only from that anchor.
+(PrefixCache's `snapshots`): a turn that appends, or edits after an anchor, prefills only from that anchor. Each
+snapshot is charged its bytes in KV-token units against the prefix cache's budget.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from freetoken.serve.engine_backend import EngineSequence
+from freetoken.serve.prefix_cache import Snapshots
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +33,10 @@ def slice_piece(piece: HybridPiece, start: int, stop: int) -> HybridPiece:
     return HybridPiece(piece.kv[:, :, start:stop], piece.states if stop == piece.tokens else None)
 
 
-def resumable(piece: HybridPiece) -> bool:
-    return piece.states is not None
+def snapshots(state_bytes: int, kv_bytes_per_token: int) -> Snapshots:
+    """How the prefix cache treats HybridPieces: a state is a restart point costing ceil(state / KV per token)."""
+    return Snapshots(has_state=lambda p: p.states is not None, drop_state=lambda p: HybridPiece(p.kv, None),
+                     cost_tokens=-(-state_bytes // kv_bytes_per_token))
 
 
 class HybridSequence(EngineSequence):
