@@ -83,3 +83,20 @@ def test_an_edit_resumes_from_the_anchor_before_it(client, hybrid_served, hybrid
     assert after["reused_tokens"] - before["reused_tokens"] == system_end
     assert after["computed_tokens"] - before["computed_tokens"] == len(ids) - system_end
     assert r.choices[0].message.content == text
+
+
+def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hybrid_engine):
+    """transformers' cache of a hybrid model cannot be cut into KV pieces: the HF backend runs it uncached, and its
+    greedy answer is the engine's."""
+    from freetoken.serve.chat import Params, Prompt
+    from freetoken.serve.hf_backend import HFBackend
+    from freetoken.serve.memory import ModelMemory, plan_memory
+
+    backend = HFBackend(hybrid_dir, "tiny-hybrid")
+    backend.use_plan(plan_memory(ModelMemory(0, 1, 1, 1, 0, 64), 10**6, kv_floor=64))
+    assert backend.prefix_cache is None
+    ids, _, out = cold(hybrid_engine, [{"role": "user", "content": "hi there"}], 4)
+    gen = backend.generate(Prompt(ids, []), Params(max_tokens=4, temperature=0.0), 4)
+    got = [t for _, t in zip(range(4), gen)]
+    gen.close()
+    assert got == out[:len(got)]
