@@ -137,7 +137,8 @@ class Engine:
         """Yield sampled token ids one by one (the stop token included, then stop).
 
         kv: a cache to continue in; with reuse_prefix its longest common prefix with token_ids is kept and only
-        the rest is prefilled (at least one token is always recomputed, for the logits)."""
+        the rest is prefilled (at least one token is always recomputed, for the logits). A hybrid model's cache
+        keeps only what its recurrent state allows (kv.reusable: its current length or a snapshot, else nothing)."""
         token_ids = [int(t) for t in token_ids]
         if not token_ids:
             raise ValueError("generate needs at least one prompt token")

@@ -205,8 +205,9 @@ def test_recurrent_state_is_reused_only_where_it_exists(models):
                                                            stop_token_ids=[]))
 
 
-def test_sim_replay_makes_the_live_plans(models):
-    """Sim = live on Qwen3.5's recorded routing, every policy (test_sim_equals_live.py's harness)."""
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
+def test_sim_replay_makes_the_live_plans(name, models):
+    """Sim = live on each family's recorded routing, every policy (test_sim_equals_live.py's harness)."""
     from freetoken.placement import POLICIES
     from sim.calls import trace_calls
     from sim.replay import replay
@@ -216,7 +217,7 @@ def test_sim_replay_makes_the_live_plans(models):
     from .test_sim_equals_live import SPLITS as SIM_SPLITS
     from .test_sim_equals_live import _sim_policy, live_run
 
-    ckpt = models["qwen3_5_moe"].ckpt
+    ckpt = models[name].ckpt
     probe = live_run(ckpt, CacheConfig("lru", capacity=0)).trace()
     for policy in sorted(POLICIES):
         opts = policy_options(policy, probe, SIM_CHUNK)
