@@ -63,3 +63,13 @@ def test_bad_state_shape_is_named():
     x, w = _inputs(2, 0)
     with pytest.raises(ValueError, match="conv_state"):
         causal_conv1d(x, w, torch.zeros(C, KW))
+
+
+def test_channels_over_several_blocks():
+    """300 channels: three channel blocks of 128 in prefill, two of 256 in the update (the last ones partial)."""
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(20, 300, generator=g), torch.randn(300, KW, generator=g) * 0.5
+    ours, ref = torch.zeros(300, KW - 1), torch.zeros(300, KW - 1)
+    assert_close(causal_conv1d(x[:19], w, ours), causal_conv1d_ref(x[:19], w, ref))
+    assert_close(causal_conv1d_update(x[19:].contiguous(), w, ours), causal_conv1d_update_ref(x[19:], w, ref))
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)

@@ -77,3 +77,21 @@ def test_bad_state_is_named():
     q, k, v, gate, beta = _inputs(2, 0)
     with pytest.raises(ValueError, match="state"):
         gated_delta_step(q, k, v, gate, beta, torch.zeros(HV, DK, DV + 1))
+
+
+def test_value_columns_over_several_blocks_and_odd_key_dim():
+    """Dv = 80: two value-column programs per head (64 + 16); Dk = 20 pads to 32 (masked). Chunk and step kernels
+    against the references from one non-zero state."""
+    g = torch.Generator().manual_seed(7)
+    T, Dk, Dv = 18, 20, 80
+    q, k = torch.randn(T, 1, Dk, generator=g), torch.randn(T, 1, Dk, generator=g)
+    v = torch.randn(T, 2, Dv, generator=g)
+    gate = -torch.nn.functional.softplus(torch.randn(T, 2, generator=g))
+    beta = torch.sigmoid(torch.randn(T, 2, generator=g))
+    start = torch.randn(2, Dk, Dv, generator=g) * 0.3
+    for kernel, ref, sl in ((gated_delta_chunk, gated_delta_chunk_ref, slice(0, T)),
+                            (gated_delta_step, gated_delta_step_ref, slice(0, 2))):
+        ours, theirs = start.clone(), start.clone()
+        args = (q[sl], k[sl], v[sl], gate[sl], beta[sl])
+        _close(kernel(*args, ours), ref(*args, theirs))
+        _close(ours, theirs)
