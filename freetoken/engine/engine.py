@@ -141,14 +141,15 @@ class Engine:
         """Yield sampled token ids one by one (the stop token included, then stop).
 
         kv: a cache to continue in; with reuse_prefix its longest common prefix with token_ids is kept and only
-        the rest is prefilled (at least one token is always recomputed, for the logits)."""
+        the rest is prefilled (at least one token is always recomputed, for the logits). A hybrid model's cache
+        keeps only what its recurrent state allows (kv.reusable: its current length or a snapshot, else nothing)."""
         token_ids = [int(t) for t in token_ids]
         if not token_ids:
             raise ValueError("generate needs at least one prompt token")
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         kv = kv if kv is not None else self.new_kv()
-        start = min(kv.common_prefix(token_ids), len(token_ids) - 1) if reuse_prefix else 0
+        start = kv.reusable(min(kv.common_prefix(token_ids), len(token_ids) - 1)) if reuse_prefix else 0
         kv.truncate(start)
         kv.check_room(start, len(token_ids) - start + max_tokens - 1)
         stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)

@@ -99,6 +99,46 @@ class Routing:
 
 
 @dataclass(frozen=True, slots=True)
+class LinearAttention:
+    """Gated DeltaNet token mixing (Qwen3-Next, Qwen3.5-MoE; engine/gated_deltanet.py) on `layers`; the other decoder
+    layers keep full attention. Per sequence each such layer keeps a conv state [conv_dim, conv_kernel - 1] and a
+    recurrent state [num_v_heads, k_head_dim, v_head_dim] (fp32) instead of KV."""
+
+    layers: tuple[int, ...]
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    fused_projections: bool = False  # Qwen3-Next's in_proj_qkvz / in_proj_ba, grouped by key head
+
+    def __post_init__(self) -> None:
+        for name in ("num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim", "conv_kernel"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: linear-attention {name} must be positive, got {getattr(self, name)}")
+        if self.num_v_heads % self.num_k_heads:
+            raise CheckpointError(f"config.json: linear_num_value_heads {self.num_v_heads} is not a multiple of "
+                                  f"linear_num_key_heads {self.num_k_heads}")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution: q, k and v concatenated."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_values(self) -> tuple[int, int]:
+        """(conv state values, recurrent state values) of one layer for one sequence."""
+        return self.conv_dim * (self.conv_kernel - 1), self.num_v_heads * self.k_head_dim * self.v_head_dim
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     family: str
     architecture: str
@@ -139,7 +179,11 @@ class ModelConfig:
     # DeepSeek V2 / V3
     mla: MLA | None = None  # multi-head latent attention instead of q/k/v/o (head_dim: the padded cache head dim)
     routing: Routing = Routing()
-    rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim); GLM-4 MoE, MiniMax-M2
+    # Qwen3-Next / Qwen3.5-MoE
+    linear_attention: LinearAttention | None = None  # Gated DeltaNet layers (no KV)
+    attention_output_gate: bool = False  # q_proj also yields a per-head gate: o *= sigmoid(gate) before o_proj
+    norm_unit_offset: bool = False  # every RMSNorm weight is stored as w - 1 (the norm multiplies by 1 + w)
+    rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim)
     dsa: DSA | None = None  # sparse attention over MLA (GLM-5)
 
     def __post_init__(self) -> None:
@@ -168,10 +212,29 @@ class ModelConfig:
         if self.rotary_dim < 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
             raise CheckpointError(f"config.json: rotary dims {self.rotary_dim} must be even and within head_dim "
                                   f"{self.head_dim}")
+        if self.linear_attention is not None and any(not 0 <= l < self.num_layers for l in self.linear_attention.layers):
+            raise CheckpointError(f"config.json: linear-attention layers {self.linear_attention.layers} outside "
+                                  f"[0, {self.num_layers})")
 
     def index_key_values(self) -> int:
         """DSA: the indexer keys one token adds to the cache beside its KV (every indexer layer's index_head_dim)."""
         return 0 if self.dsa is None else len(self.dsa.indexer_layers) * self.dsa.index_head_dim
+
+    def is_linear(self, layer: int) -> bool:
+        """Does the decoder layer mix tokens with Gated DeltaNet (no KV) rather than attention?"""
+        return self.linear_attention is not None and layer in self.linear_attention.layers
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Decoder layers that keep KV (all but the linear-attention ones)."""
+        return tuple(l for l in range(self.num_layers) if not self.is_linear(l))
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32."""
+        if self.linear_attention is None:
+            return 0
+        conv, recurrent = self.linear_attention.state_values()
+        return len(self.linear_attention.layers) * (conv * dtype_bytes + recurrent * 4)
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a decoder layer, None where it attends to every earlier key."""

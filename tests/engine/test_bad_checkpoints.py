@@ -92,7 +92,8 @@ def test_unknown_architecture(ckpt_dir):
                                               r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, "
                                               r"GlmMoeDsaForCausalLM, GptOssForCausalLM, MiniMaxM2ForCausalLM, "
                                               r"MixtralForCausalLM, OlmoeForCausalLM, "
-                                              r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM"):
+                                              r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, "
+                                              r"Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration$"):
         load_checkpoint(ckpt_dir)
 
 
