@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from freetoken.placement import Split
+from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split
 from sim.cost import CostOptions
 from sim.hardware import HardwareProfile
 from sim.model_card import ModelCard
@@ -23,7 +23,7 @@ class Engine:
     split: str  # offload | cpu | hybrid
     rule: str = "balanced"  # hybrid: balanced | paper
     policy_options: dict = field(default_factory=dict)  # n_cpu_layers: "all" | int | absent (from capacity)
-    prefill_chunk: int = 2048  # tokens per prefill call (llama.cpp: its ubatch)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # tokens per prefill call (llama.cpp: its ubatch)
     overlap: bool = True
     double_buffer: bool = True
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts

@@ -13,7 +13,7 @@ import torch
 
 from freetoken.serve.chat import ChatTokenizer, Params, Prompt
 from freetoken.serve.generation import CachedGeneration
-from freetoken.serve.memory import MemoryPlan, ModelMemory, cache_rows
+from freetoken.placement.memory import MemoryPlan, ModelMemory, cache_rows
 from freetoken.serve.prefix_cache import PrefixCache
 
 

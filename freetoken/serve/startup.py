@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from freetoken.serve.config import DEMO_MODEL_ID, ServeConfig
-from freetoken.serve.memory import GiB, MemoryPlan, ModelMemory, plan_memory
+from freetoken.placement.memory import GiB, MemoryPlan, ModelMemory, plan_memory
 
 
 def device_budget(cfg: ServeConfig) -> tuple[int, str]:
