@@ -16,7 +16,8 @@ import freetoken
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ft", description="freetoken: MoE expert offloading, simulated and live")
+    parser = argparse.ArgumentParser(prog="ft", description="freetoken: MoE expert offloading, simulated and live",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"freetoken {freetoken.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -28,7 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(f"{__name__}.{info.name}").register(sub)
         elif info.name.startswith("bench_"):
             importlib.import_module(f"{__name__}.{info.name}").register(bench_sub)
+    no_abbreviations(parser)
     return parser
+
+
+def no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command takes flags only as spelled: `--profile` must not pass for `--profile-trace`."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                no_abbreviations(child)
 
 
 def main(argv: list[str] | None = None) -> int:

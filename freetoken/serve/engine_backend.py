@@ -99,17 +99,30 @@ class EngineBackend:
         return checkpoint_memory(self.ckpt, self.max_context)
 
     def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
-                 split_mode: str = "auto", kernels: str | None = None) -> None:
-        """Builds the engine with the planned expert slots and the resolved miss split."""
+                 split_mode: str = "auto", kernels: str | None = None, options: dict | None = None,
+                 profile: str | None = None, capacity: int | None = None, fraction: float | None = None) -> None:
+        """Builds the engine with the planned expert slots (or fewer, when capacity / fraction ask) and the
+        resolved miss split; policy, options and profile as the one cache config takes them."""
         from freetoken.calibrate.mode import resolve_split
-        from freetoken.engine import CacheConfig, Engine
+        from freetoken.engine import Engine
+        from freetoken.placement import cache_config
+        from freetoken.serve.config import SERVE_NAMES
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
         kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
-        cache = CacheConfig(policy, capacity=slots, split=resolved.split, staging=staging)
+        if capacity is not None or fraction is not None:
+            cfg = self.ckpt.config
+            asked = cache_config(SERVE_NAMES, capacity=capacity, fraction=fraction).slots_for(cfg.num_moe_layers,
+                                                                                              cfg.num_experts)
+            if asked > slots:
+                raise ValueError(f"--capacity / --fraction ask for {asked} expert slots; the memory plan leaves "
+                                 f"{slots} beside {staging} staging rows (raise --device-budget or lower --kv-floor)")
+            slots = asked
+        cache = cache_config(SERVE_NAMES, policy=policy, options=options or {}, profile=profile, capacity=slots,
+                             split=resolved.split, staging=staging)
         self.cache_note = f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging"
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)
