@@ -14,7 +14,8 @@ from freetoken.placement.config import SOURCE_OPTIONS, ConfigError
 # How the conf groups spell the one cache config's fields (errors name the key to override).
 HYDRA_NAMES = {"policy": "policy.name", "options": "policy.options", "profile": "policy.profile",
                "capacity": "cache.capacity", "fraction": "cache.fraction", "split": "split",
-               "prefill_chunk": "sim.prefill_chunk", "expert_bytes": "sim.expert_bytes"}
+               "prefill_chunk": "sim.prefill_chunk", "expert_bytes": "sim.expert_bytes",
+               **{f: f"split.{f}" for f in ("mode", "rule", "bp", "bh", "max_fetch")}}
 
 
 @dataclass(frozen=True, slots=True)

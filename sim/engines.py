@@ -36,8 +36,9 @@ class Engine:
     about: str = ""
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
-        return Split(self.split, self.rule, hw.pcie_gb_s, hw.host_gb_s,
-                     fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
+        hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
+        return Split(self.split, self.rule if hybrid else "balanced", hw.pcie_gb_s if hybrid else 0.0,
+                     hw.host_gb_s if hybrid else 0.0, fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
 
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer)

@@ -81,12 +81,13 @@ def run(args: argparse.Namespace) -> int:
 
         hw = with_bench_profile(hw, load_profile(Path(args.bw_profile)), args.bw_profile)
     engine = get_engine(args.engine)
-    capacity = args.capacity
-    if args.fraction is not None:  # the one cache config's rule, on the card's experts
+    capacity = None
+    if args.capacity is not None or args.fraction is not None:  # the one cache config's rule, on the card's experts
         from freetoken.cli.common import CLI_NAMES
         from freetoken.placement import cache_config
 
-        capacity = cache_config(CLI_NAMES, fraction=args.fraction).slots_for(card.moe_layers, card.num_experts)
+        size = cache_config(CLI_NAMES, capacity=args.capacity, fraction=args.fraction)
+        capacity = size.slots_for(card.moe_layers, card.num_experts)
     n_cpu = card.moe_layers if args.cpu_moe else args.n_cpu_moe
     if args.rule:
         if engine.split != "hybrid":

@@ -56,16 +56,10 @@ def split_from_args(args, default_mode: str = "offload"):
     """A hybrid-only flag given with another split, or --max-fetch without --rule max_fetch, is an error."""
     from freetoken.placement import Split
 
-    mode = args.split or default_mode
-    given = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k) is not None}
-    if mode != "hybrid" and given:
-        raise ValueError(f"{SPLIT_FLAGS[next(iter(given))]} does nothing for --split {mode} (hybrid only)")
-    rule = given.get("rule", SPLIT_DEFAULTS["rule"])
-    if "max_fetch" in given and rule != "max_fetch":
-        raise ValueError(f"--max-fetch does nothing for --rule {rule} (only --rule max_fetch reads it)")
-    values = {**SPLIT_DEFAULTS, **given}
-    return Split(mode, values["rule"], values["bp"], values["bh"], values["max_fetch"], args.fetch_order,
-                 admit_prefill=not args.stream_prefill)
+    values = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k) is not None}
+    split = Split(args.split or default_mode, **{**SPLIT_DEFAULTS, **values}, fetch_order=args.fetch_order,
+                  admit_prefill=not args.stream_prefill)
+    return split  # CacheConfig refuses a flag this split does not read (split.check_used)
 
 
 # the expert cache: one flag vocabulary for ft sim / generate / serve (predict: the size and --n-cpu-moe), close to
@@ -73,7 +67,8 @@ def split_from_args(args, default_mode: str = "offload"):
 DEFAULT_FRACTION = 0.5  # sim / generate without --capacity or --fraction: half the experts hold a GPU slot
 CLI_NAMES = {"policy": "--policy", "capacity": "--capacity", "fraction": "--fraction", "split": "--split",
              "prefill_chunk": "--prefill-chunk", "options": "--policy-option", "profile": "--profile-trace",
-             "future": "--future-trace", "expert_bytes": "--expert-bytes"}
+             "future": "--future-trace", "expert_bytes": "--expert-bytes", "mode": "--split", "rule": "--rule",
+             "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}
 SPLIT_FLAGS = {"rule": "--rule", "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}  # hybrid only
 SPLIT_DEFAULTS = {"rule": "balanced", "bp": 0.0, "bh": 0.0, "max_fetch": 0}
 
@@ -103,9 +98,9 @@ def add_policy_args(p, *, policies=None, future: bool = True) -> None:
 
 
 def add_size_args(p, default: str) -> None:
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--capacity", type=int, metavar="SLOTS", help=f"GPU expert slots (default: {default})")
-    size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
+    """--capacity | --fraction: both given is the cache config's error (the same line as everywhere), not argparse's."""
+    p.add_argument("--capacity", type=int, metavar="SLOTS", help=f"GPU expert slots (default: {default})")
+    p.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
 
 
 def add_cache_args(p, *, future: bool = True) -> None:

@@ -78,6 +78,7 @@ class CacheConfig:
         cls = policy_class(self.policy)
         if not isinstance(self.split, Split):
             raise ConfigError("{split}: expected a Split, got {got}", got=type(self.split).__name__)
+        self.split.check_used()
         if (self.capacity is None) == (self.fraction is None):
             raise ConfigError("give exactly one of {fraction} or {capacity}")
         if self.capacity is not None and not (_whole(self.capacity) and self.capacity >= 0):

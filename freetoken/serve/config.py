@@ -79,4 +79,4 @@ class ServeConfig:
 
 
 SERVE_NAMES = {"policy": "--policy", "options": "--policy-option", "profile": "--profile-trace",
-               "capacity": "--capacity", "fraction": "--fraction", "split": "--split"}
+               "capacity": "--capacity", "fraction": "--fraction", "split": "--split", "mode": "--split"}
