@@ -54,5 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         if os.environ.get("FT_DEBUG"):
             raise
-        print(f"ft {args.command}: error: {e}", file=sys.stderr)
+        from freetoken.cli.common import CLI_NAMES
+        from freetoken.placement.config import ConfigError
+
+        message = e.render(CLI_NAMES) if isinstance(e, ConfigError) else e  # a cache field, spelled as its flag
+        print(f"ft {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -49,13 +49,12 @@ def build_engine(args: argparse.Namespace):
 
     from dataclasses import replace
 
-    from freetoken.cli.common import CLI_NAMES
     from freetoken.engine import Engine
     from freetoken.placement.config import policy_options
     from sim.run import future_stream
 
     cache = cache_config_from_args(args)  # belady & co.: the future is the recorded trace's calls at this chunk
-    options = policy_options(cache, future=future_stream(cache), names=CLI_NAMES)  # sources named by flag
+    options = policy_options(cache, future=future_stream(cache))
     cache = replace(cache, options=options, profile=None, future=None)
     if args.threads is not None:
         if args.threads <= 0:

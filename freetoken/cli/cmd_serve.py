@@ -41,14 +41,18 @@ def online_policies() -> list[str]:
     return sorted(k for k, v in POLICIES.items() if not v.needs_future)
 
 
-def run(args: argparse.Namespace) -> int:
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
     from freetoken.cli.common import policy_from_args
 
     policy, options = policy_from_args(args)
     split = args.split or ("cpu" if args.cpu_moe or args.n_cpu_moe is not None else "auto")
     given = {f: getattr(args, f) for f in ServeConfig.__dataclass_fields__ if hasattr(args, f)}  # flags = fields
-    cfg = ServeConfig(**{**given, "policy": policy, "policy_options": options, "profile": args.profile_trace,
-                         "split": split})
+    return ServeConfig(**{**given, "policy": policy, "policy_options": options, "profile": args.profile_trace,
+                          "split": split})
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
     from freetoken.serve.app import build_app
     from freetoken.serve.server import Server
     from freetoken.serve.service import Service

@@ -125,23 +125,21 @@ def cache_config(names: Mapping[str, str] | None = None, /, config_class: type =
         raise ValueError(e.render(names)) from None
 
 
-def build_policy(config: CacheConfig, num_layers: int, num_experts: int, *, profile=None, future=None,
-                 names: Mapping[str, str] | None = None) -> PlacementPolicy:
-    """The policy of `config` for num_layers x num_experts MoE layers x experts, sources filled in (policy_options)."""
-    options = policy_options(config, profile=profile, future=future, names=names)
+def build_policy(config: CacheConfig, num_layers: int, num_experts: int, *, profile=None,
+                 future=None) -> PlacementPolicy:
+    """The policy of `config` for num_layers x num_experts MoE layers x experts, sources filled in (policy_options).
+    Errors are ConfigErrors: the entry point words them (`ft` with its flags, the experiments with their keys)."""
+    options = policy_options(config, profile=profile, future=future)
     if options.get("n_cpu_layers") == "all":  # llama.cpp --cpu-moe: every MoE layer's experts on the CPU
         options["n_cpu_layers"] = num_layers
-    try:
-        capacity = config.slots_for(num_layers, num_experts)
-    except ConfigError as e:
-        raise ValueError(e.render(names)) from None
+    capacity = config.slots_for(num_layers, num_experts)
     return policy_class(config.policy)(capacity, num_layers, num_experts, **options)
 
 
-def policy_options(config: CacheConfig, *, profile=None, future=None, names: Mapping[str, str] | None = None) -> dict:
+def policy_options(config: CacheConfig, *, profile=None, future=None) -> dict:
     """The constructor options with the policy's sources, taken in this order: options already built > the config's
     trace files > the fallbacks given here (profile: a RoutingTrace whose counts pin; future: a KeyStream; in a
-    simulator both the replayed trace). A source still missing is a one-line error worded with `names`."""
+    simulator both the replayed trace). A source still missing is a ConfigError naming the field."""
     from freetoken.trace import load
     from freetoken.trace.stats import expert_counts
 
@@ -150,13 +148,13 @@ def policy_options(config: CacheConfig, *, profile=None, future=None, names: Map
     if "profile" in policy_option_names(config.policy) and "profile" not in options:
         trace = load(config.profile) if config.profile is not None else profile
         if trace is None:
-            raise ValueError(ConfigError("{policy} {name} needs {profile} (a trace whose counts pick the pinned "
-                                         "experts)", name=config.policy).render(names))
+            raise ConfigError("{policy} {name} needs {profile} (a trace whose counts pick the pinned experts)",
+                              name=config.policy)
         options["profile"] = expert_counts(trace)
     if cls.needs_future and "future" not in options and "hint" not in options:
         if future is None:
-            raise ValueError(ConfigError("{policy} {name} needs {future} (a trace recorded on the same input)",
-                                         name=config.policy).render(names))
+            raise ConfigError("{policy} {name} needs {future} (a trace recorded on the same input)",
+                              name=config.policy)
         options["future"] = future
     return options
 

@@ -117,9 +117,11 @@ class EngineBackend:
             cfg = self.ckpt.config
             asked = cache_config(SERVE_NAMES, capacity=capacity, fraction=fraction).slots_for(cfg.num_moe_layers,
                                                                                               cfg.num_experts)
-            if asked > slots:
-                raise ValueError(f"--capacity / --fraction ask for {asked} expert slots; the memory plan leaves "
-                                 f"{slots} beside {staging} staging rows (raise --device-budget or lower --kv-floor)")
+            staging = 0 if asked >= plan.num_experts else cfg.num_experts  # one layer, as cache_rows splits
+            if asked + staging > plan.expert_slots:
+                raise ValueError(f"--capacity / --fraction ask for {asked} expert slots and {staging} staging rows; "
+                                 f"the memory plan leaves {plan.expert_slots} (raise --device-budget or lower "
+                                 f"--kv-floor)")
             slots = asked
         cache = cache_config(SERVE_NAMES, policy=policy, options=options or {}, profile=profile, capacity=slots,
                              split=resolved.split, staging=staging)
