@@ -29,7 +29,7 @@ def test_cpu_moe_flags_are_static_layers_on_the_cpu_lane(capsys):
     trace = ["sim", "--trace", str(DEFAULT_TRACE), "--json"]  # 32 MoE layers x 8 experts
     every = _json(capsys, *trace, "--cpu-moe")
     assert every == _json(capsys, *trace, "--policy", "static_layers", "--n-cpu-moe", "32", "--split", "cpu",
-                          "--fraction", "1")
+                          "--capacity", "0")
     assert every["policy"] == "static_layers" and every["split"] == "cpu" and every["hits"] == 0
     assert every["cpu"] == every["misses"] > 0 and every["fetched"] == 0
     half = _json(capsys, *trace, "--n-cpu-moe", "16")

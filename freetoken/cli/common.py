@@ -108,7 +108,7 @@ def add_cache_args(p, *, future: bool = True) -> None:
     from freetoken.placement import DEFAULT_PREFILL_CHUNK
 
     add_policy_args(p, future=future)
-    add_size_args(p, f"a fraction of {DEFAULT_FRACTION}; with --cpu-moe / --n-cpu-moe, every GPU layer's experts")
+    add_size_args(p, f"a fraction of {DEFAULT_FRACTION}; --cpu-moe: 0; --n-cpu-moe: every GPU layer's experts")
     add_split_args(p)
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="tokens per prefill call")
 
@@ -160,8 +160,8 @@ def cache_config_from_args(args, config_class=None, **extra):
     policy, options = policy_from_args(args)
     cpu_moe = args.cpu_moe or args.n_cpu_moe is not None
     capacity, fraction = args.capacity, args.fraction
-    if capacity is None and fraction is None:
-        fraction = 1.0 if cpu_moe else DEFAULT_FRACTION
+    if capacity is None and fraction is None:  # --cpu-moe keeps no expert on the GPU; --n-cpu-moe N the other layers
+        capacity, fraction = (0, None) if args.cpu_moe else (None, 1.0 if cpu_moe else DEFAULT_FRACTION)
     split = split_from_args(args, default_mode="cpu" if cpu_moe else "offload")
     return cache_config(CLI_NAMES, config_class or CacheConfig, policy=policy, options=options, capacity=capacity, fraction=fraction, split=split,
                         prefill_chunk=args.prefill_chunk, profile=args.profile_trace,
