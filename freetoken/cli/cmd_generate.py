@@ -29,6 +29,8 @@ def register(sub) -> None:
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
     add_cache_args(p)
     p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
+    p.add_argument("--max-context", type=int, help="context length the KV cache holds (default: the model's, at "
+                                                   "most 4096)")
     p.add_argument("--kernels", choices=["triton", "reference"], default="triton")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
@@ -61,7 +63,10 @@ def build_engine(args: argparse.Namespace):
             raise ValueError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device)
+    if args.max_context is not None and args.max_context <= 0:
+        raise ValueError(f"--max-context must be positive, got {args.max_context}")
+    return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
+                                  max_context=args.max_context)
 
 
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
