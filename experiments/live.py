@@ -33,11 +33,12 @@ def engine_available() -> bool:
 def validate(cfg: DictConfig) -> None:
     if not engine_available():
         raise ValueError(NO_ENGINE)
-    for key in GROUPS:
-        build(cfg, key)
+    from experiments.specs import sim_config
     from freetoken.placement import POLICIES
 
-    name = build(cfg, "policy").name
+    policy, split, cache, sim, _ = (build(cfg, key) for key in GROUPS)
+    sim_config(policy, split, cache, sim)  # the groups together: the one cache config
+    name = policy.name
     if POLICIES[name].needs_future:
         raise ValueError(f"policy.name: {name} needs the future key stream, which a live run does not have")
 
@@ -74,30 +75,31 @@ def tiny_checkpoint(results_dir: str, seed: int) -> Path:
 def compute(cfg: DictConfig) -> RunOutput:
     import numpy as np
 
+    from dataclasses import replace
+
+    from experiments.specs import sim_config
     from freetoken.engine import CacheConfig, Engine
     from freetoken.trace import save
     from freetoken.trace.stats import expert_counts
-    from sim.run import SimConfig, simulate
+    from sim.run import simulate
 
     policy, split, cache, sim, live = (build(cfg, key) for key in GROUPS)
+    config = sim_config(policy, split, cache, sim)
     checkpoint = live.checkpoint or tiny_checkpoint(cfg.results.dir, live.seed)
-    options = policy.constructor_options()
-    engine = Engine.from_pretrained(checkpoint, kernels=live.kernels, prefill_chunk=sim.prefill_chunk,
-                                    cache=CacheConfig("lru"))  # probe: vocabulary and, for frequency, a profile
+    engine = Engine.from_pretrained(checkpoint, kernels=live.kernels, prefill_chunk=config.prefill_chunk,
+                                    cache=CacheConfig(fraction=1.0))  # probe: vocabulary, for frequency a profile
     rng = np.random.default_rng(live.seed)
     prompts = [rng.integers(0, engine.config.vocab_size, live.prompt_tokens).tolist() for _ in range(live.requests)]
     if policy.name == "frequency":  # out-of-sample is impossible before the run: profile = an all-resident pass
         _serve(engine, prompts, live)
-        options["profile"] = expert_counts(engine.trace())
-    engine = Engine(engine.checkpoint, CacheConfig(policy.name, cache.capacity, cache.fraction, split, options),
-                    kernels=live.kernels, prefill_chunk=sim.prefill_chunk, tokenizer=engine.tokenizer)
+        config = replace(config, options={**config.options, "profile": expert_counts(engine.trace())})
+    engine = Engine(engine.checkpoint, config, kernels=live.kernels, tokenizer=engine.tokenizer)
     _serve(engine, prompts, live)
     trace = engine.trace("live")
     key = config_hash(TABLE, config_columns(cfg, GROUPS))
     trace_path = save(trace, Path(cfg.results.dir) / "traces" / f"live-{key}.safetensors")
     counters = engine.counters.to_dict()
-    replayed = simulate(trace, SimConfig(policy.name, split, cache.capacity, cache.fraction, sim.prefill_chunk,
-                                         options=options)).total.to_dict()
+    replayed = simulate(trace, config).total.to_dict()
     metrics = {f"live_{k}": counters[k] for k in COUNTS if k in counters}
     metrics.update({f"sim_{k}": replayed[k] for k in COUNTS})
     metrics["live_miss_rate"] = counters["misses"] / counters["accesses"] if counters["accesses"] else 0.0

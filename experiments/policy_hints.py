@@ -33,7 +33,7 @@ def replay(trace: RoutingTrace, policy: str, fraction: float, chunk: int, option
     result = simulate(trace, config, profile=profile)
     t = result.total
     seconds = math.nan if card is None else decode_seconds(result.log, trace, chunk, card)
-    return config.slots_for(trace), t.misses, t.prefetched, t.accesses, seconds
+    return config.slots_for(trace.num_layers, trace.num_experts), t.misses, t.prefetched, t.accesses, seconds
 
 
 class WindowedFuture(LayerSweep):

@@ -96,8 +96,9 @@ def compute(cfg: DictConfig) -> RunOutput:
     trace = workload(cfg, card, spec)
     try:
         from sim.calls import num_calls
+        from sim.engines import get_engine
 
-        with progress(num_calls(trace, 2048), f"predict {card.name} {hw.name} {engine.name}",
+        with progress(num_calls(trace, get_engine(engine.name).prefill_chunk), f"predict {card.name} {hw.name} {engine.name}",
                       enabled=show_progress(cfg)) as advance:
             pred = predict(card, hw, engine.name, trace, on_call=advance, **kwargs)
     except ValueError as e:  # the configuration does not fit this machine: a row that says why

@@ -18,20 +18,22 @@ GROUPS = ("trace", "policy", "split", "cache", "sim")
 
 
 def validate(cfg: DictConfig) -> None:
-    for key in GROUPS:
-        build(cfg, key)
+    from experiments.specs import sim_config
+
+    trace, policy, split, cache, sim = (build(cfg, key) for key in GROUPS)
+    sim_config(policy, split, cache, sim)  # the groups together: the one cache config
 
 
 def compute(cfg: DictConfig) -> RunOutput:
     from sim.calls import num_calls
-    from sim.run import SimConfig, simulate
+    from experiments.specs import sim_config
+    from sim.run import simulate
 
     trace_spec, policy, split, cache, sim = (build(cfg, key) for key in GROUPS)
     trace = trace_spec.load()
     profile = policy.profile.load() if policy.profile is not None else None
-    config = SimConfig(policy.name, split, cache.capacity, cache.fraction, sim.prefill_chunk, sim.expert_bytes,
-                       policy.constructor_options())
-    with progress(num_calls(trace, sim.prefill_chunk), f"replay {trace_spec.name} {policy.name}",
+    config = sim_config(policy, split, cache, sim)
+    with progress(num_calls(trace, config.prefill_chunk), f"replay {trace_spec.name} {policy.name}",
                   enabled=show_progress(cfg)) as advance:
         result = simulate(trace, config, profile, on_call=advance)
     metrics = result.to_dict(breakdown=False)

@@ -40,7 +40,7 @@ def build(cfg: DictConfig, key: str):
         cause = e.__cause__
         if isinstance(cause, ValueError):
             msg = str(cause)
-            raise ValueError(msg if msg.startswith(key) else f"{key}: {msg}") from None
+            raise ValueError(msg if msg.startswith(key) or f"{key}." in msg else f"{key}: {msg}") from None
         raise ValueError(f"{key}: {cause if cause is not None else e}") from None
 
 
@@ -112,7 +112,11 @@ def guarded(prog: str) -> Callable:
             try:
                 return fn(cfg)
             except (ValueError, OSError) as e:
-                print(f"{prog}: error: {e}", file=sys.stderr)
+                from experiments.specs import HYDRA_NAMES
+                from freetoken.placement.config import ConfigError
+
+                message = e.render(HYDRA_NAMES) if isinstance(e, ConfigError) else e  # spelled as its config key
+                print(f"{prog}: error: {message}", file=sys.stderr)
                 sys.exit(2)
 
         return task

@@ -5,14 +5,17 @@ Every check names the config key at fault (`cache.fraction`, `policy.options`), 
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from freetoken.placement import POLICIES
+from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split, cache_config
+from freetoken.placement.config import SOURCE_OPTIONS, ConfigError
 
-# Options the simulator or engine builds itself: a profile from a trace, the future key stream, a live hint.
-_INJECTED = {"profile", "future", "hint"}  # hint: the live router (lookahead)
+# How the conf groups spell the one cache config's fields (errors name the key to override).
+HYDRA_NAMES = {"policy": "policy.name", "options": "policy.options", "profile": "policy.profile",
+               "capacity": "cache.capacity", "fraction": "cache.fraction", "split": "split",
+               "prefill_chunk": "sim.prefill_chunk", "expert_bytes": "sim.expert_bytes",
+               **{f: f"split.{f}" for f in ("mode", "rule", "bp", "bh", "max_fetch")}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +23,7 @@ class PolicySpec:
     """name: a key of freetoken.placement.POLICIES; options: its constructor's keyword arguments.
 
     profile: trace spec whose expert counts pin experts for `frequency` (None: the replayed trace, in-sample).
+    Checked by the one cache config (freetoken.placement.CacheConfig), as every entry point's policy is.
     """
 
     name: str
@@ -27,14 +31,11 @@ class PolicySpec:
     profile: "TraceSpec | None" = None
 
     def __post_init__(self) -> None:
-        if self.name not in POLICIES:
-            raise ValueError(f"policy.name: unknown {self.name!r}; valid: {', '.join(sorted(POLICIES))}")
-        params = set(inspect.signature(POLICIES[self.name].__init__).parameters)
-        accepted = params - {"self", "capacity", "num_layers", "num_experts"} - _INJECTED
-        unknown = set(self.options) - accepted
-        if unknown:
-            raise ValueError(f"policy.options: {self.name} takes no option {', '.join(sorted(unknown))}; "
-                             f"it takes: {', '.join(sorted(accepted)) or 'none'}")
+        injected = sorted(set(self.options) & set(SOURCE_OPTIONS))
+        if injected:
+            raise ValueError(f"policy.options: {', '.join(injected)} is built from data, not set in a config "
+                             f"(frequency: policy.profile, a trace spec)")
+        cache_config(HYDRA_NAMES, policy=self.name, options=self.options, fraction=1.0)
         if self.profile is not None and self.name != "frequency":
             raise ValueError(f"policy.profile: only frequency reads a profile trace, not {self.name}")
 
@@ -45,30 +46,40 @@ class PolicySpec:
 
 @dataclass(frozen=True, slots=True)
 class CacheSpec:
-    """GPU expert slots: an absolute capacity or a fraction of all (layer, expert) pairs; exactly one."""
+    """GPU expert slots: an absolute capacity or a fraction of all (layer, expert) pairs; exactly one (the one
+    cache config's rule: fraction in (0, 1], capacity >= 0)."""
 
     fraction: float | None = None
     capacity: int | None = None
 
     def __post_init__(self) -> None:
-        if (self.fraction is None) == (self.capacity is None):
-            raise ValueError("cache: give exactly one of cache.fraction or cache.capacity (set the other to null)")
-        if self.fraction is not None and not (isinstance(self.fraction, (int, float)) and 0 < self.fraction <= 1):
-            raise ValueError(f"cache.fraction must lie in (0, 1], got {self.fraction}")
-        if self.capacity is not None and not (isinstance(self.capacity, int) and self.capacity >= 0):
-            raise ValueError(f"cache.capacity must be a whole number of expert slots >= 0, got {self.capacity}")
+        cache_config(HYDRA_NAMES, fraction=self.fraction, capacity=self.capacity)
 
 
 @dataclass(frozen=True, slots=True)
 class SimSpec:
-    prefill_chunk: int = 2048
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     expert_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.prefill_chunk, int) and self.prefill_chunk > 0):
-            raise ValueError(f"sim.prefill_chunk must be a positive number of tokens, got {self.prefill_chunk}")
-        if not (isinstance(self.expert_bytes, int) and self.expert_bytes >= 0):
-            raise ValueError(f"sim.expert_bytes must be >= 0, got {self.expert_bytes}")
+        from sim.run import SimConfig
+
+        try:
+            SimConfig(fraction=1.0, prefill_chunk=self.prefill_chunk, expert_bytes=self.expert_bytes)
+        except ConfigError as e:
+            raise ValueError(e.render(HYDRA_NAMES)) from None
+
+
+def sim_config(policy: PolicySpec, split: Split, cache: CacheSpec, sim: SimSpec):
+    """The one cache config of a replay or live run, built by field name from the conf groups."""
+    from sim.run import SimConfig
+
+    try:
+        return SimConfig(policy=policy.name, options=policy.constructor_options(), split=split,
+                         capacity=cache.capacity, fraction=cache.fraction, prefill_chunk=sim.prefill_chunk,
+                         expert_bytes=sim.expert_bytes)
+    except ConfigError as e:
+        raise ValueError(e.render(HYDRA_NAMES)) from None
 
 
 @dataclass(frozen=True, slots=True)

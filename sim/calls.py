@@ -7,10 +7,9 @@ from typing import Iterator
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL, Call
+from freetoken.placement.config import DEFAULT_PREFILL_CHUNK
 from freetoken.placement.stream import KeyStream, key_stream
 from freetoken.trace import RoutingTrace
-
-DEFAULT_PREFILL_CHUNK = 2048
 
 
 def segments(trace: RoutingTrace) -> list[tuple[int, int]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from freetoken.placement import Split
+from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split
 from sim.cost import CostOptions
 from sim.hardware import HardwareProfile
 from sim.model_card import ModelCard
@@ -23,7 +23,7 @@ class Engine:
     split: str  # offload | cpu | hybrid
     rule: str = "balanced"  # hybrid: balanced | paper
     policy_options: dict = field(default_factory=dict)  # n_cpu_layers: "all" | int | absent (from capacity)
-    prefill_chunk: int = 2048  # tokens per prefill call (llama.cpp: its ubatch)
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # tokens per prefill call (llama.cpp: its ubatch)
     overlap: bool = True
     double_buffer: bool = True
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
@@ -36,8 +36,9 @@ class Engine:
     about: str = ""
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
-        return Split(self.split, self.rule, hw.pcie_gb_s, hw.host_gb_s,
-                     fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
+        hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
+        return Split(self.split, self.rule if hybrid else "balanced", hw.pcie_gb_s if hybrid else 0.0,
+                     hw.host_gb_s if hybrid else 0.0, fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
 
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer)

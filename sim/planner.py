@@ -1,12 +1,12 @@
 """The sim's memory plan: a model card on a hardware profile, through the engine's own start-up planner.
 
-freetoken.serve.memory.plan_memory decides the order of claims (reserve, dense weights, KV floor, expert slots);
+freetoken.placement.memory.plan_memory decides the order of claims (reserve, dense weights, KV floor, expert slots);
 this module only turns a card and a profile into its inputs, so the sim and the engine size the cache alike.
 """
 
 from __future__ import annotations
 
-from freetoken.serve.memory import (
+from freetoken.placement.memory import (
     DEFAULT_KV_FLOOR,
     MemoryPlan,
     ModelMemory,

@@ -1,59 +1,43 @@
-"""One simulation run from names: trace + policy + split + capacity -> ReplayResult."""
+"""One simulation run from names: trace + cache config (policy, split, size, prefill chunk) -> ReplayResult."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from freetoken.placement import POLICIES, Split, make_policy
-from freetoken.trace import RoutingTrace
-from freetoken.trace.stats import expert_counts
-from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls, trace_key_stream
+from freetoken.placement import POLICIES, CacheConfig, build_policy
+from freetoken.placement.config import ConfigError
+from freetoken.trace import RoutingTrace, load
+from sim.calls import trace_calls, trace_key_stream
 from sim.replay import ReplayResult, replay
 
 
 @dataclass(frozen=True, slots=True)
-class SimConfig:
-    policy: str = "lru"
-    split: Split = field(default_factory=Split)
-    capacity: int | None = None
-    fraction: float | None = None  # of all (layer, expert) keys, when capacity is not given
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+class SimConfig(CacheConfig):
+    """The one cache config (freetoken.placement.CacheConfig) plus what only a replay reports: bytes per expert,
+    for fetched_bytes (the engine counts its store's own)."""
+
     expert_bytes: int = 0
-    options: dict = field(default_factory=dict)  # policy constructor options
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy: unknown {self.policy!r}; valid: {', '.join(sorted(POLICIES))}")
-        if (self.capacity is None) == (self.fraction is None):
-            raise ValueError("give exactly one of capacity (expert slots) or fraction (of all experts)")
-        if self.capacity is not None and self.capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {self.capacity}")
-        if self.fraction is not None and not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction must lie in (0, 1], got {self.fraction}")
-        if self.prefill_chunk <= 0:
-            raise ValueError(f"prefill_chunk must be positive, got {self.prefill_chunk}")
-        if self.expert_bytes < 0:
-            raise ValueError(f"expert_bytes must be >= 0, got {self.expert_bytes}")
-
-    def slots_for(self, trace: RoutingTrace) -> int:
-        if self.capacity is not None:
-            if self.capacity > trace.num_keys:
-                raise ValueError(f"capacity {self.capacity} exceeds the trace's {trace.num_keys} experts "
-                                 f"({trace.num_layers} layers x {trace.num_experts})")
-            return self.capacity
-        return int(round(self.fraction * trace.num_keys))
+        CacheConfig.__post_init__(self)
+        if not (isinstance(self.expert_bytes, int) and self.expert_bytes >= 0):
+            raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
 
 
-def simulate(trace: RoutingTrace, config: SimConfig, profile: RoutingTrace | None = None,
+def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None):
+    """The future a needs_future policy reads: its `future` trace file, else the replayed trace (in the simulator),
+    as the key stream of the calls at the config's prefill chunk. None when the policy reads none."""
+    if not POLICIES[config.policy].needs_future or "future" in config.options or "hint" in config.options:
+        return None
+    source = load(config.future) if config.future is not None else replayed
+    return None if source is None else trace_key_stream(source, config.prefill_chunk)
+
+
+def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None,
              keep_plans: bool = False, on_call=None) -> ReplayResult:
-    """profile: trace whose counts pin experts for `frequency` (default: the replayed trace itself, in-sample)."""
-    capacity = config.slots_for(trace)
-    options = dict(config.options)
-    cls = POLICIES[config.policy]
-    if config.policy == "frequency" and "profile" not in options:
-        options["profile"] = expert_counts(profile if profile is not None else trace)
-    if cls.needs_future and "future" not in options:
-        options["future"] = trace_key_stream(trace, config.prefill_chunk)
-    policy = make_policy(config.policy, capacity, trace.num_layers, trace.num_experts, **options)
+    """profile: trace whose counts pin experts for `frequency` (default: the config's profile file, else the
+    replayed trace itself, in-sample); the future of offline policies likewise defaults to the replayed trace."""
+    policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile if profile is not None else trace,
+                          future=future_stream(config, trace))
     return replay(trace_calls(trace, config.prefill_chunk), policy, config.split,
-                  expert_bytes=config.expert_bytes, keep_plans=keep_plans, on_call=on_call)
+                  expert_bytes=getattr(config, "expert_bytes", 0), keep_plans=keep_plans, on_call=on_call)

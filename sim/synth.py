@@ -159,7 +159,8 @@ def fit_spec(trace: RoutingTrace, seed: int = 0, on_candidate=None) -> SynthSpec
     match the trace's: skew by inverting a simulated Gini curve, reuse and window by a small grid search, then
     one correction of the skew for the sampling noise that reuse adds (short traces only). on_candidate() is
     called after each of the FIT_CANDIDATES grid points (for a progress bar)."""
-    from freetoken.trace.stats import expert_counts, gini, reuse_stats
+    from freetoken.trace.stats import expert_counts, gini
+    from sim.reuse import reuse_stats
 
     T = trace.num_tokens
     R = len(np.unique(trace.request))

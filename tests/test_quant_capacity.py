@@ -21,7 +21,7 @@ sys.path[:0] = [str(HERE / "quant"), str(HERE / "serve")]  # the packers and the
 import packers
 from tinymodel import CHARS, SPECIALS, write_tiny_model
 
-from freetoken.serve.memory import GiB, cache_rows, plan_memory
+from freetoken.placement.memory import GiB, cache_rows, plan_memory
 
 E, I, D, LAYERS = 8, 32, 64, 2
 FLOOR = 256  # KV tokens

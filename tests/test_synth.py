@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from freetoken.trace.importers import import_trace
-from freetoken.trace.stats import expert_counts, gini, popularity_skew, reuse_stats
+from freetoken.trace.stats import expert_counts, gini, popularity_skew
+from sim.reuse import reuse_stats
 from sim.synth import SynthSpec, fit_spec, synthesize
 
 

@@ -8,7 +8,8 @@ import pytest
 from freetoken.cli import main
 from freetoken.paths import DEFAULT_TRACE, SHIPPED_TRACES
 from freetoken.trace import load
-from freetoken.trace.stats import popularity_skew, reuse_stats
+from freetoken.trace.stats import popularity_skew
+from sim.reuse import reuse_stats
 from sim.synth import SynthSpec, synthesize
 
 

@@ -4,8 +4,8 @@ import numpy as np
 
 from freetoken.placement.stream import key_stream
 from freetoken.trace import RoutingTrace
-from freetoken.trace.stats import (access_keys, expert_counts, gini, normalized_entropy, reuse_distances,
-                                   reuse_stats, token_reuse_distances, top_share)
+from freetoken.trace.stats import expert_counts, gini, normalized_entropy, top_share
+from sim.reuse import access_keys, reuse_distances, reuse_stats, token_reuse_distances
 from sim.calls import trace_calls
 
 

@@ -16,7 +16,8 @@ import freetoken
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ft", description="freetoken: MoE expert offloading, simulated and live")
+    parser = argparse.ArgumentParser(prog="ft", description="freetoken: MoE expert offloading, simulated and live",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"freetoken {freetoken.__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -28,7 +29,17 @@ def build_parser() -> argparse.ArgumentParser:
             importlib.import_module(f"{__name__}.{info.name}").register(sub)
         elif info.name.startswith("bench_"):
             importlib.import_module(f"{__name__}.{info.name}").register(bench_sub)
+    no_abbreviations(parser)
     return parser
+
+
+def no_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Every (sub)command takes flags only as spelled: `--profile` must not pass for `--profile-trace`."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                no_abbreviations(child)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,5 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         if os.environ.get("FT_DEBUG"):
             raise
-        print(f"ft {args.command}: error: {e}", file=sys.stderr)
+        from freetoken.cli.common import CLI_NAMES
+        from freetoken.placement.config import ConfigError
+
+        message = e.render(CLI_NAMES) if isinstance(e, ConfigError) else e  # a cache field, spelled as its flag
+        print(f"ft {args.command}: error: {message}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ import numpy as np
 
 from freetoken.cli.common import print_json, progress
 from freetoken.paths import DEFAULT_TRACE
+from freetoken.placement.config import DEFAULT_PREFILL_CHUNK
 
 ORACLE_GENERAL = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
                            ("next_access_vtime", "<i8")])  # libCacheSim's oracleGeneral record, 24 bytes
@@ -98,7 +99,7 @@ def _speed(misses: int, wall: float, cpu: float, n: int) -> dict:
             "accesses_per_cpu_s": n / cpu if cpu else float("inf")}
 
 
-def run_bench(trace, capacities: int = 20, prefill_chunk: int = 2048, fraction: float = 0.25,
+def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, fraction: float = 0.25,
               per_request: bool = True, repeat: int = 3, log=lambda s: None) -> dict:
     from freetoken.placement import LRU, Split, key_stream
     from sim.calls import trace_calls
@@ -157,7 +158,7 @@ def register(sub) -> None:
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help="a .safetensors trace, or any log `ft trace import` reads (format detected from content)")
     p.add_argument("--capacities", type=int, default=20, help="capacities replayed against the one-pass curve")
-    p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens per prefill call")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="tokens per prefill call")
     p.add_argument("--fraction", type=float, default=0.25, help="cache size for the speed race, of all experts")
     p.add_argument("--no-per-request", action="store_true", help="skip libCacheSim's per-request path")
     p.add_argument("--repeat", type=int, default=3, help="runs of each speed measurement (the best counts)")

@@ -7,8 +7,7 @@ import sys
 import time
 
 from freetoken.paths import DEMO_MODEL
-from freetoken.cli.common import add_split_args, split_from_args
-from freetoken.placement import POLICIES
+from freetoken.cli.common import add_cache_args, cache_config_from_args
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -28,15 +27,10 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
-    p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--capacity", type=int, help="GPU expert slots")
-    size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts "
-                                                     "(default: 0.5)")
-    add_split_args(p)
-    p.add_argument("--profile-trace", help="frequency: trace whose expert counts choose the pinned experts")
-    p.add_argument("--future-trace", help="belady: a trace recorded on the same input (the future it needs)")
-    p.add_argument("--prefill-chunk", type=int, default=2048)
+    add_cache_args(p)
+    p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
+    p.add_argument("--max-context", type=int, help="context length the KV cache holds (default: the model's, at "
+                                                   "most 4096)")
     p.add_argument("--kernels", choices=["triton", "reference"], default="triton")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
@@ -55,26 +49,24 @@ def _ids(text: str, what: str) -> list[int]:
 def build_engine(args: argparse.Namespace):
     import torch
 
-    from freetoken.engine import CacheConfig, Engine
-    from freetoken.trace.stats import expert_counts
-    from sim.calls import trace_key_stream
-    from freetoken.trace import load
+    from dataclasses import replace
 
-    split = split_from_args(args)
-    options = {}
-    if args.policy == "frequency":
-        if not args.profile_trace:
-            raise ValueError("--policy frequency needs --profile-trace (a trace whose counts pick the pinned experts)")
-        options["profile"] = expert_counts(load(args.profile_trace))
-    if args.policy == "belady":
-        if not args.future_trace:
-            raise ValueError("--policy belady needs --future-trace (a trace recorded on the same input)")
-        options["future"] = trace_key_stream(load(args.future_trace), args.prefill_chunk)
-    fraction = 0.5 if args.capacity is None and args.fraction is None else args.fraction
-    cache = CacheConfig(args.policy, capacity=args.capacity, fraction=fraction, split=split, options=options)
+    from freetoken.engine import Engine
+    from freetoken.placement.config import policy_options
+    from sim.run import future_stream
+
+    cache = cache_config_from_args(args)  # belady & co.: the future is the recorded trace's calls at this chunk
+    options = policy_options(cache, future=future_stream(cache))
+    cache = replace(cache, options=options, profile=None, future=None)
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise ValueError(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    if args.max_context is not None and args.max_context <= 0:
+        raise ValueError(f"--max-context must be positive, got {args.max_context}")
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
-                                  prefill_chunk=args.prefill_chunk)
+                                  max_context=args.max_context)
 
 
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
@@ -140,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
                     "fetched": c.fetched, "cpu": c.cpu, "evictions": c.evictions, "hit_rate": c.hit_rate,
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
-                    "policy": args.policy, "split": args.split, "kernels": args.kernels,
+                    "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
                     "device": str(engine.device), "experts": store.format, "trace": args.record_trace})
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")

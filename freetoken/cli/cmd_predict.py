@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from freetoken.cli.common import print_json, progress
+from freetoken.cli.common import add_size_args, print_json, progress
 
 
 def register(sub) -> None:
@@ -41,11 +41,15 @@ def register(sub) -> None:
     p.add_argument("--window", type=int, default=SYNTH_WINDOW, help="synthetic: tokens back a reuse looks")
     p.add_argument("--bw-profile", help="an `ft bench bw` profile (JSON) whose measured PCIe, CPU-lane and host "
                                         "bandwidths replace the hardware profile's")
-    p.add_argument("--min-context", type=int, default=DEFAULT_KV_FLOOR, help="KV-cache floor in tokens")
+    p.add_argument("--kv-floor", "--min-context", dest="kv_floor", type=int, default=DEFAULT_KV_FLOOR,
+                   help="KV tokens reserved before any expert slot")
     p.add_argument("--host", default="shared", choices=HOST_MODES,
                    help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently")
-    p.add_argument("--capacity", type=int, help="expert slots (default: what VRAM holds after dense weights and KV)")
-    p.add_argument("--n-cpu-moe", type=int, help="llamacpp-ncmoe: MoE layers on the CPU (default: from VRAM)")
+    add_size_args(p, "what VRAM holds after dense weights and the KV floor")
+    cpu = p.add_mutually_exclusive_group()
+    cpu.add_argument("--cpu-moe", action="store_true", help="llamacpp engines: every MoE layer's experts on the CPU")
+    cpu.add_argument("--n-cpu-moe", "--n-cpu-layers", dest="n_cpu_moe", type=int, metavar="N",
+                     help="llamacpp engines: the first N MoE layers' experts on the CPU (default: from VRAM)")
     p.add_argument("--anchors", action="store_true",
                    help="regenerate docs/anchors.md: predictions beside every published anchor cell")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -77,6 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
         hw = with_bench_profile(hw, load_profile(Path(args.bw_profile)), args.bw_profile)
     engine = get_engine(args.engine)
+    capacity = None
+    if args.capacity is not None or args.fraction is not None:  # the one cache config's rule, on the card's experts
+        from freetoken.cli.common import CLI_NAMES
+        from freetoken.placement import cache_config
+
+        size = cache_config(CLI_NAMES, capacity=args.capacity, fraction=args.fraction)
+        capacity = size.slots_for(card.moe_layers, card.num_experts)
+    n_cpu = card.moe_layers if args.cpu_moe else args.n_cpu_moe
     if args.rule:
         if engine.split != "hybrid":
             raise ValueError(f"--rule applies to hybrid engines, not {args.engine} (split {engine.split})")
@@ -94,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
         trace, warmup = warmup_split(trace, args.warmup_decode)
     n = num_calls(trace, engine.prefill_chunk) + (num_calls(warmup, engine.prefill_chunk) if warmup else 0)
     with progress(n, f"replaying {card.name} on {hw.name}", enabled=not args.json) as advance:
-        pred = predict(card, hw, engine, trace, min_context=args.min_context, host=args.host,
-                       n_cpu_layers=args.n_cpu_moe, capacity=args.capacity, on_call=None if args.json else advance,
+        pred = predict(card, hw, engine, trace, min_context=args.kv_floor, host=args.host,
+                       n_cpu_layers=n_cpu, capacity=capacity, on_call=None if args.json else advance,
                        warmup=warmup)
     pred.engine = args.engine + (f" (rule {args.rule})" if args.rule else "")
     if args.json:

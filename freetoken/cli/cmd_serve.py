@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from freetoken.calibrate.mode import SPLIT_MODES
+from freetoken.cli.common import add_policy_args, add_size_args
 from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_PORT, ServeConfig
 
 
@@ -24,14 +26,33 @@ def register(sub) -> None:
                    help="GiB of device memory to plan against (default: the GPU's; on CPU, half the free RAM)")
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (default: the plan's KV)")
     p.add_argument("--max-context", type=int, help="context length (default: the model's)")
-    p.add_argument("--policy", default="lru", help="expert placement policy of the engine's cache (default lru)")
-    p.add_argument("--split", default="auto", help="miss split: auto (offload; hybrid only when `ft bench bw` "
-                                                   "recommended it on this machine), offload, hybrid, cpu")
+    add_policy_args(p, policies=online_policies(), future=False)
+    add_size_args(p, "what the memory plan leaves after dense weights and the KV floor")
+    p.add_argument("--split", choices=SPLIT_MODES,
+                   help="miss split: auto (the default: offload; hybrid only when `ft bench bw` recommended it on "
+                        "this machine), offload, hybrid, cpu (the default with --cpu-moe / --n-cpu-moe)")
+    p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
     p.set_defaults(run=run)
 
 
+def online_policies() -> list[str]:
+    from freetoken.placement import POLICIES
+
+    return sorted(k for k, v in POLICIES.items() if not v.needs_future)
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    from freetoken.cli.common import policy_from_args
+
+    policy, options = policy_from_args(args)
+    split = args.split or ("cpu" if args.cpu_moe or args.n_cpu_moe is not None else "auto")
+    given = {f: getattr(args, f) for f in ServeConfig.__dataclass_fields__ if hasattr(args, f)}  # flags = fields
+    return ServeConfig(**{**given, "policy": policy, "policy_options": options, "profile": args.profile_trace,
+                          "split": split})
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg = ServeConfig(**{f: getattr(args, f) for f in ServeConfig.__dataclass_fields__})  # flags named as fields
+    cfg = config_from_args(args)
     from freetoken.serve.app import build_app
     from freetoken.serve.server import Server
     from freetoken.serve.service import Service

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from freetoken.cli.common import add_split_args, print_json, progress, split_from_args
+from freetoken.cli.common import add_cache_args, cache_config_from_args, print_json, progress
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.placement import POLICIES
 from freetoken.trace import load
 
 
@@ -14,17 +13,7 @@ def register(sub) -> None:
     p = sub.add_parser("sim", help="replay a routing trace through a policy, a split and a cache capacity")
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help="trace file (.safetensors, see `ft trace import`); default: the shipped synthetic trace")
-    p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
-    size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--capacity", type=int, help="GPU expert slots")
-    size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
-    add_split_args(p)
-    p.add_argument("--prefill-chunk", type=int, default=2048, help="tokens per prefill call")
-    p.add_argument("--profile", help="frequency: trace whose expert counts choose the pinned set "
-                                     "(default: the replayed trace, i.e. in-sample)")
-    p.add_argument("--n-cpu-layers", type=int, help="static_layers: MoE layers kept on the CPU "
-                                                      "(default: derived from the capacity)")
-    p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
+    add_cache_args(p)
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
@@ -34,19 +23,11 @@ def run(args: argparse.Namespace) -> int:
     from sim.calls import num_calls
     from sim.run import SimConfig, simulate
 
+    config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes)  # flags checked before any loading
     trace = load(args.trace)
-    profile = load(args.profile) if args.profile else None
-    options = {}
-    if args.n_cpu_layers is not None:
-        options["n_cpu_layers"] = args.n_cpu_layers
-    if args.scope is not None:
-        options["scope"] = args.scope
-    split = split_from_args(args)
-    config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
-                       options)
-    n_calls = num_calls(trace, args.prefill_chunk)
+    n_calls = num_calls(trace, config.prefill_chunk)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
-        result = simulate(trace, config, profile, on_call=None if args.json else advance)
+        result = simulate(trace, config, on_call=None if args.json else advance)
     out = result.to_dict()
     out["trace"] = args.trace
     if args.json:

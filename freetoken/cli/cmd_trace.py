@@ -7,9 +7,8 @@ import math
 from pathlib import Path
 
 from freetoken.cli.common import print_json, progress
+from freetoken.placement.config import DEFAULT_PREFILL_CHUNK
 from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
-
-DEFAULT_PREFILL_CHUNK = 2048
 
 
 def register(sub) -> None:
@@ -81,7 +80,8 @@ def run_import(args: argparse.Namespace) -> int:
 def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> dict:
     import numpy as np
 
-    from freetoken.trace.stats import popularity_skew, reuse_stats
+    from freetoken.trace.stats import popularity_skew
+    from sim.reuse import reuse_stats
 
     if prefill_chunk <= 0:
         raise ValueError(f"--prefill-chunk must be positive, got {prefill_chunk}")

@@ -40,19 +40,129 @@ def add_split_args(p) -> None:
     """The miss-split flags, one definition for `ft sim` and `ft generate` so the two cannot drift."""
     from freetoken.placement import FETCH_ORDERS
 
-    p.add_argument("--split", default="offload", choices=["offload", "hybrid", "cpu"])
-    p.add_argument("--rule", default="balanced", choices=["balanced", "paper", "max_fetch"],
-                   help="hybrid: how many misses to fetch")
-    p.add_argument("--bp", type=float, default=0.0, help="hybrid: pinned PCIe bandwidth, GB/s")
-    p.add_argument("--bh", type=float, default=0.0, help="hybrid: host expert-processing bandwidth, GB/s")
-    p.add_argument("--max-fetch", type=int, default=0, help="hybrid --rule max_fetch: fetch at most this many")
+    p.add_argument("--split", choices=["offload", "hybrid", "cpu"],
+                   help="misses: fetch over PCIe (offload, the default), compute on the CPU (cpu), or both (hybrid)")
+    p.add_argument("--rule", choices=["balanced", "paper", "max_fetch"],
+                   help="hybrid: how many misses to fetch (default balanced)")
+    p.add_argument("--bp", type=float, help="hybrid: pinned PCIe bandwidth, GB/s")
+    p.add_argument("--bh", type=float, help="hybrid: host expert-processing bandwidth, GB/s")
+    p.add_argument("--max-fetch", type=int, help="hybrid --rule max_fetch: fetch at most this many")
     p.add_argument("--fetch-order", default="most_tokens", choices=sorted(FETCH_ORDERS))
     p.add_argument("--stream-prefill", action="store_true",
                    help="prefill fetches stream through staging and leave the cache as decode left it")
 
 
-def split_from_args(args):
+def split_from_args(args, default_mode: str = "offload"):
+    """A hybrid-only flag given with another split, or --max-fetch without --rule max_fetch, is an error."""
     from freetoken.placement import Split
 
-    return Split(args.split, args.rule, args.bp, args.bh, args.max_fetch, args.fetch_order,
-                 admit_prefill=not args.stream_prefill)
+    values = {k: getattr(args, k) for k in SPLIT_FLAGS if getattr(args, k) is not None}
+    split = Split(args.split or default_mode, **{**SPLIT_DEFAULTS, **values}, fetch_order=args.fetch_order,
+                  admit_prefill=not args.stream_prefill)
+    return split  # CacheConfig refuses a flag this split does not read (split.check_used)
+
+
+# the expert cache: one flag vocabulary for ft sim / generate / serve (predict: the size and --n-cpu-moe), close to
+# llama.cpp's (--cpu-moe, --n-cpu-moe N); the flags become one freetoken.placement.CacheConfig
+DEFAULT_FRACTION = 0.5  # sim / generate without --capacity or --fraction: half the experts hold a GPU slot
+CLI_NAMES = {"policy": "--policy", "capacity": "--capacity", "fraction": "--fraction", "split": "--split",
+             "prefill_chunk": "--prefill-chunk", "options": "--policy-option", "profile": "--profile-trace",
+             "future": "--future-trace", "expert_bytes": "--expert-bytes", "mode": "--split", "rule": "--rule",
+             "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}
+SPLIT_FLAGS = {"rule": "--rule", "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}  # hybrid only
+SPLIT_DEFAULTS = {"rule": "balanced", "bp": 0.0, "bh": 0.0, "max_fetch": 0}
+
+
+def add_policy_args(p, *, policies=None, future: bool = True) -> None:
+    """--policy and its options; `policies`: the names this command runs (default: every policy)."""
+    from freetoken.placement import POLICIES
+
+    p.add_argument("--policy", choices=sorted(policies or POLICIES),
+                   help="expert placement policy (default lru; static_layers with --cpu-moe / --n-cpu-moe)")
+    cpu = p.add_mutually_exclusive_group()
+    cpu.add_argument("--cpu-moe", action="store_true",
+                     help="as llama.cpp: every routed expert on the CPU (static_layers, --split cpu unless given)")
+    cpu.add_argument("--n-cpu-moe", "--n-cpu-layers", dest="n_cpu_moe", type=int, metavar="N",
+                     help="as llama.cpp: the first N MoE layers' experts on the CPU, the rest resident "
+                          "(static_layers, --split cpu unless given)")
+    p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
+    p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other option of the policy (e.g. decay=0.8, bypass=false, small=0.2); repeatable")
+    p.add_argument("--profile-trace", "--profile", dest="profile_trace", metavar="TRACE",
+                   help="frequency: trace whose expert counts choose the pinned experts"
+                        + (" (sim default: the replayed trace, in-sample)" if future else ""))
+    if future:
+        p.add_argument("--future-trace", metavar="TRACE",
+                       help="belady, lookahead, hinted_sweep: a trace recorded on the same input (the future they "
+                            "read; sim default: the replayed trace)")
+
+
+def add_size_args(p, default: str) -> None:
+    """--capacity | --fraction: both given is the cache config's error (the same line as everywhere), not argparse's."""
+    p.add_argument("--capacity", type=int, metavar="SLOTS", help=f"GPU expert slots (default: {default})")
+    p.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
+
+
+def add_cache_args(p, *, future: bool = True) -> None:
+    """Everything of the one cache config: policy + options, size, split, prefill chunk (ft sim, ft generate)."""
+    from freetoken.placement import DEFAULT_PREFILL_CHUNK
+
+    add_policy_args(p, future=future)
+    add_size_args(p, f"a fraction of {DEFAULT_FRACTION}; --cpu-moe: 0; --n-cpu-moe: every GPU layer's experts")
+    add_split_args(p)
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK, help="tokens per prefill call")
+
+
+def policy_from_args(args) -> tuple[str, dict]:
+    """(policy, options) from the policy flags; a flag the chosen policy does not read is an error naming it."""
+    from freetoken.placement.config import policy_option_names
+
+    cpu_flag = "--cpu-moe" if args.cpu_moe else "--n-cpu-moe" if args.n_cpu_moe is not None else None
+    policy = args.policy or ("static_layers" if cpu_flag else "lru")
+    options = parse_options(args.policy_option)
+    given = {"n_cpu_layers": cpu_flag, "scope": "--scope" if args.scope is not None else None}
+    values = {"n_cpu_layers": "all" if args.cpu_moe else args.n_cpu_moe, "scope": args.scope}
+    for option, flag in given.items():
+        if flag is None:
+            continue
+        if option not in policy_option_names(policy):
+            raise ValueError(f"{flag} does nothing for --policy {policy}")
+        if option in options:
+            raise ValueError(f"{flag} and --policy-option {option}=... say the same thing; give one")
+        options[option] = values[option]
+    return policy, options
+
+
+def parse_options(items: list[str]) -> dict:
+    """["decay=0.8", "bypass=false"] -> {"decay": 0.8, "bypass": False} (ints, floats, booleans, else strings)."""
+    import ast
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--policy-option {item!r}: expected KEY=VALUE")
+        words = {"true": True, "false": False, "none": None, "null": None}
+        if text.lower() in words:
+            out[key] = words[text.lower()]
+            continue
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
+
+
+def cache_config_from_args(args, config_class=None, **extra):
+    """The one CacheConfig of ft sim / ft generate, its errors worded with the flags (--fraction, --policy, ...)."""
+    from freetoken.placement import CacheConfig, cache_config
+
+    policy, options = policy_from_args(args)
+    cpu_moe = args.cpu_moe or args.n_cpu_moe is not None
+    capacity, fraction = args.capacity, args.fraction
+    if capacity is None and fraction is None:  # --cpu-moe keeps no expert on the GPU; --n-cpu-moe N the other layers
+        capacity, fraction = (0, None) if args.cpu_moe else (None, 1.0 if cpu_moe else DEFAULT_FRACTION)
+    split = split_from_args(args, default_mode="cpu" if cpu_moe else "offload")
+    return cache_config(CLI_NAMES, config_class or CacheConfig, policy=policy, options=options, capacity=capacity, fraction=fraction, split=split,
+                        prefill_chunk=args.prefill_chunk, profile=args.profile_trace,
+                        future=getattr(args, "future_trace", None), **extra)

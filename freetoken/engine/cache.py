@@ -1,8 +1,9 @@
-"""The expert cache of a live run: a placement policy (the simulator's own classes), a miss split, the slot pool."""
+"""The expert cache of a live run: a placement policy (the simulator's own classes), a miss split, the slot pool.
+
+CacheConfig (freetoken.placement.config) is the one cache configuration of engine, simulator, CLIs and experiments.
+"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -10,44 +11,7 @@ import torch
 from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
-from freetoken.placement import POLICIES, PlacementPolicy, Split, make_call, make_policy
-
-
-@dataclass(frozen=True, slots=True)
-class CacheConfig:
-    """capacity in expert slots, or fraction of all (layer, expert) pairs; neither: every expert resident.
-    options go to the policy (profile= for frequency, future= a KeyStream for belady, n_cpu_layers=, ...)."""
-
-    policy: str = "lru"
-    capacity: int | None = None
-    fraction: float | None = None
-    split: Split = field(default_factory=Split)
-    options: dict = field(default_factory=dict)
-    staging: int | None = None  # staging buffers for unkept fetches (default: one layer's experts)
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"policy: unknown {self.policy!r}; valid: {', '.join(sorted(POLICIES))}")
-        if self.capacity is not None and self.fraction is not None:
-            raise ValueError("give at most one of capacity (expert slots) or fraction (of all experts)")
-        if self.capacity is not None and self.capacity < 0:
-            raise ValueError(f"capacity must be >= 0, got {self.capacity}")
-        if self.fraction is not None and not 0 <= self.fraction <= 1:
-            raise ValueError(f"fraction must lie in [0, 1], got {self.fraction}")
-        if self.staging is not None and self.staging < 0:
-            raise ValueError(f"staging must be >= 0, got {self.staging}")
-        if POLICIES[self.policy].needs_future and "future" not in self.options:
-            raise ValueError(f"policy {self.policy!r} needs the future: pass options={{'future': KeyStream}} "
-                             f"built from a recorded trace (sim.calls.trace_key_stream)")
-
-    def slots_for(self, num_keys: int) -> int:
-        if self.capacity is not None:
-            if self.capacity > num_keys:
-                raise ValueError(f"capacity {self.capacity} exceeds the model's {num_keys} routed experts")
-            return self.capacity
-        if self.fraction is not None:
-            return int(round(self.fraction * num_keys))
-        return num_keys
+from freetoken.placement import CacheConfig, PlacementPolicy, build_policy, make_call
 
 
 class ExpertCache:
@@ -55,15 +19,15 @@ class ExpertCache:
                  keep_plans: bool = False, pipeline: bool | None = None):
         self.store, self.config = store, config
         L, E = store.num_layers, store.num_experts
-        self.capacity = config.slots_for(L * E)
+        self.capacity = config.slots_for(L, E)
         staging = E if config.staging is None else config.staging
         self.pool = SlotPool(self.capacity, staging, store, device)
         self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline)
         self.policy = self._new_policy()
 
     def _new_policy(self) -> PlacementPolicy:
-        L, E = self.store.num_layers, self.store.num_experts
-        policy = make_policy(self.config.policy, self.capacity, L, E, **self.config.options)
+        E = self.store.num_experts
+        policy = build_policy(self.config, self.store.num_layers, E)
         for key, slot in policy.slot_of.items():  # pinned warm start: resident before the first call
             self.pool.load(slot, self.store, *divmod(key, E))
         return policy

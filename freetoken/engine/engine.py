@@ -1,6 +1,6 @@
 """The live engine: a loaded model, its expert cache, generation over a reusable KV cache, routing recorded.
 
-    engine = Engine.from_pretrained(DIR, cache=CacheConfig("lru", fraction=0.5))
+    engine = Engine.from_pretrained(DIR, cache=CacheConfig("lru", fraction=0.5))  # freetoken.placement.CacheConfig
     for token in engine.generate(ids, SamplingParams(greedy=True), max_tokens=32): ...
 
 A server drives the same object: generate() is an iterator (stream tokens as they come), a KVCache passed in is
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +26,6 @@ from freetoken.engine.slots import ExpertStore
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
-from sim.calls import DEFAULT_PREFILL_CHUNK
 
 
 @dataclass(slots=True)
@@ -52,17 +51,19 @@ def default_device() -> torch.device:
 class Engine:
     def __init__(self, ckpt: Checkpoint, cache: CacheConfig | None = None, *, kernels: str = "triton",
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_context: int | None = None,
+                 prefill_chunk: int | None = None, max_context: int | None = None,
                  keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None):
-        if prefill_chunk <= 0:
-            raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+        """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both)."""
+        cache = cache or CacheConfig(fraction=1.0)
+        if prefill_chunk is not None and prefill_chunk != cache.prefill_chunk:
+            cache = replace(cache, prefill_chunk=prefill_chunk)  # validated again, the field named
         self.config, self.checkpoint = ckpt.config, ckpt
         self.device = torch.device(device) if device is not None else default_device()
         self.kernels = kernel_set(kernels)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
-        self.cache = ExpertCache(self.store, cache or CacheConfig(), self.kernels, self.device, keep_plans, pipeline)
-        self.prefill_chunk = prefill_chunk
+        self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline)
+        self.prefill_chunk = cache.prefill_chunk
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
         self.tokenizer = tokenizer
         cfg = self.config

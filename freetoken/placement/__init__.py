@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan, make_call
+from freetoken.placement.config import DEFAULT_PREFILL_CHUNK, CacheConfig, build_policy, cache_config
 from freetoken.placement.counts import Counts
 from freetoken.placement.frequency import Frequency
 from freetoken.placement.hinted_sweep import HintedSweep
@@ -45,7 +46,8 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, **o
 
 
 __all__ = [
-    "Belady", "Call", "Counts", "DECODE", "FETCH_ORDERS", "Frequency", "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES",
-    "PREFILL", "PlacementPolicy", "Plan", "Split", "StaticLayers", "balanced_fetch_count", "key_stream",
-    "make_call", "make_policy", "paper_fetch_count",
+    "Belady", "CacheConfig", "Call", "Counts", "DECODE", "DEFAULT_PREFILL_CHUNK", "FETCH_ORDERS", "Frequency",
+    "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES", "PREFILL", "PlacementPolicy", "Plan", "Split", "StaticLayers",
+    "balanced_fetch_count", "build_policy", "cache_config", "key_stream", "make_call", "make_policy",
+    "paper_fetch_count",
 ]

@@ -89,6 +89,19 @@ class Split:
             if self.rule != "max_fetch" and not (self.bp > 0 and self.bh > 0):
                 raise ValueError(f"hybrid split needs bp > 0 and bh > 0 (GB/s), got bp={self.bp}, bh={self.bh}")
 
+    def check_used(self) -> None:
+        """A field set away from its default that this mode / rule never reads is an error (CacheConfig calls this;
+        the error words the field as the entry point spells it: --bp, split.bp)."""
+        from freetoken.placement.config import ConfigError
+
+        hybrid_only = {"rule": "balanced", "bp": 0.0, "bh": 0.0, "max_fetch": 0}
+        if self.mode != "hybrid":
+            for f, default in hybrid_only.items():
+                if getattr(self, f) != default:
+                    raise ConfigError("{%s} does nothing for {mode} {m} (hybrid only)" % f, m=self.mode)
+        elif self.rule != "max_fetch" and self.max_fetch != 0:
+            raise ConfigError("{max_fetch} does nothing for {rule} {r} (max_fetch only)", r=self.rule)
+
     def fetch_count(self, m: int) -> int:
         if self.mode == "offload":
             return m

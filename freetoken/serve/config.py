@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 1919
 DEMO_MODEL_ID = "freetoken-demo"
 BACKENDS = ("engine", "hf")  # freetoken's own engine | HF transformers (the reference path)
+CACHE_FLAGS = {"policy_options": "--policy-option / --n-cpu-moe / --cpu-moe / --scope", "profile": "--profile-trace",
+               "capacity": "--capacity", "fraction": "--fraction"}  # engine backend only
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,12 @@ class ServeConfig:
     prefix_cache_tokens: int | None = None  # None: the planned KV tokens
     max_context: int | None = None  # None: the model's own
     policy: str = "lru"  # expert placement policy of the engine's cache
+    policy_options: dict = field(default_factory=dict)  # its constructor options (n_cpu_layers, scope, decay, ...)
+    profile: str | None = None  # frequency: trace file whose counts pick the pinned experts
+    capacity: int | None = None  # policy slots instead of the plan's (at most what the plan leaves)
+    fraction: float | None = None  # the same as a fraction of all experts
     split: str = "auto"  # miss split: auto (offload unless this machine's bandwidth profile says hybrid) | ...
+    threads: int | None = None  # CPU threads (torch, the CPU lane); None: torch's default
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -44,12 +51,32 @@ class ServeConfig:
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(f"--prefix-cache-tokens must be >= 0, got {self.prefix_cache_tokens}")
         from freetoken.calibrate.mode import SPLIT_MODES
-        from freetoken.placement import POLICIES
+        from freetoken.placement import POLICIES, cache_config
 
         if self.policy not in POLICIES or POLICIES[self.policy].needs_future:
             valid = sorted(k for k, v in POLICIES.items() if not v.needs_future)
             raise ValueError(f"--policy {self.policy!r} is not one of {', '.join(valid)} (online policies)")
+        if self.threads is not None and self.threads <= 0:
+            raise ValueError(f"--threads must be positive, got {self.threads}")
+        if self.backend != "engine":
+            if self.policy != "lru" or self.split != "auto":
+                raise ValueError(f"--policy / --split do nothing for --backend {self.backend} (no expert cache)")
+            for name, flag in CACHE_FLAGS.items():
+                if getattr(self, name) not in (None, {}):
+                    raise ValueError(f"{flag} does nothing for --backend {self.backend} (no expert cache)")
+        size = {"capacity": self.capacity, "fraction": self.fraction}
+        if self.capacity is None and self.fraction is None:
+            size = {"fraction": 1.0}  # the plan's slots: checked when the plan is known
+        cache_config(SERVE_NAMES, policy=self.policy, options=self.policy_options, profile=self.profile, **size)
+        if self.policy == "frequency" and self.profile is None and "profile" not in self.policy_options:
+            raise ValueError("--policy frequency needs --profile-trace (a trace whose counts pick the pinned experts)")
         if self.split not in SPLIT_MODES:
             raise ValueError(f"--split {self.split!r} is not one of {', '.join(SPLIT_MODES)}")
+        if self.profile is not None and not Path(self.profile).is_file():
+            raise ValueError(f"--profile-trace {self.profile}: no such trace file")
         if self.model is not None and not self.model.is_dir():
             raise ValueError(f"--model {self.model}: not a directory")
+
+
+SERVE_NAMES = {"policy": "--policy", "options": "--policy-option", "profile": "--profile-trace",
+               "capacity": "--capacity", "fraction": "--fraction", "split": "--split", "mode": "--split"}

@@ -13,7 +13,7 @@ import torch
 
 from freetoken.serve.chat import ChatTokenizer, Params, Prompt
 from freetoken.serve.generation import CachedGeneration
-from freetoken.serve.memory import MemoryPlan, ModelMemory, cache_rows
+from freetoken.placement.memory import MemoryPlan, ModelMemory, cache_rows
 from freetoken.serve.prefix_cache import PrefixCache
 
 
@@ -103,17 +103,32 @@ class EngineBackend:
         return checkpoint_memory(self.ckpt, self.max_context)
 
     def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
-                 split_mode: str = "auto", kernels: str | None = None) -> None:
-        """Builds the engine with the planned expert slots and the resolved miss split."""
+                 split_mode: str = "auto", kernels: str | None = None, options: dict | None = None,
+                 profile: str | None = None, capacity: int | None = None, fraction: float | None = None) -> None:
+        """Builds the engine with the planned expert slots (or fewer, when capacity / fraction ask) and the
+        resolved miss split; policy, options and profile as the one cache config takes them."""
         from freetoken.calibrate.mode import resolve_split
-        from freetoken.engine import CacheConfig, Engine
+        from freetoken.engine import Engine
+        from freetoken.placement import cache_config
+        from freetoken.serve.config import SERVE_NAMES
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
         kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
-        cache = CacheConfig(policy, capacity=slots, split=resolved.split, staging=staging)
+        if capacity is not None or fraction is not None:
+            cfg = self.ckpt.config
+            asked = cache_config(SERVE_NAMES, capacity=capacity, fraction=fraction).slots_for(cfg.num_moe_layers,
+                                                                                              cfg.num_experts)
+            staging = 0 if asked >= plan.num_experts else cfg.num_experts  # one layer, as cache_rows splits
+            if asked + staging > plan.expert_slots:
+                raise ValueError(f"--capacity / --fraction ask for {asked} expert slots and {staging} staging rows; "
+                                 f"the memory plan leaves {plan.expert_slots} (raise --device-budget or lower "
+                                 f"--kv-floor)")
+            slots = asked
+        cache = cache_config(SERVE_NAMES, policy=policy, options=options or {}, profile=profile, capacity=slots,
+                             split=resolved.split, staging=staging)
         self.cache_note = f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging"
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)

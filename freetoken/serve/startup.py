@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from freetoken.serve.config import DEMO_MODEL_ID, ServeConfig
-from freetoken.serve.memory import GiB, MemoryPlan, ModelMemory, plan_memory
+from freetoken.placement.memory import GiB, MemoryPlan, ModelMemory, plan_memory
 
 
 def device_budget(cfg: ServeConfig) -> tuple[int, str]:
@@ -39,6 +39,8 @@ def hf_model_memory(model, max_context: int) -> ModelMemory:
 
 def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     """-> (backend, memory plan)."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     model_dir, model_id = resolve_model(cfg)
     if cfg.backend == "hf":
         from freetoken.serve.hf_backend import HFBackend
@@ -55,7 +57,12 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     budget, device = device_budget(cfg)
     plan = plan_memory(memory, budget, kv_floor=cfg.kv_floor, reserve_bytes=min(GiB, budget // 10), device=device)
     log(plan.table())
-    backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split)
+    if cfg.backend == "hf":
+        backend.use_plan(plan, cfg.prefix_cache_tokens)
+    else:
+        backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split,
+                         options=cfg.policy_options, profile=cfg.profile, capacity=cfg.capacity,
+                         fraction=cfg.fraction)
     log(f"model {model_id!r} from {model_dir} ({cfg.backend} backend), context {backend.max_context} tokens, "
         f"prefix cache {backend.prefix_cache_budget()} tokens")
     if getattr(backend, "cache_note", ""):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from freetoken.serve.memory import GiB, ModelMemory, plan_memory
+from freetoken.placement.memory import GiB, ModelMemory, plan_memory
 
 MiB = 1 << 20
 # a toy model: 2 GiB dense, 96 KiB of KV per token, 9 MiB experts, 48 layers x 128 experts, top-8

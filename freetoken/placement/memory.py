@@ -1,4 +1,5 @@
-"""Start-up memory plan: the device budget split between dense weights, the KV cache and expert slots.
+"""Start-up memory plan: the device budget split between dense weights, the KV cache and expert slots (engine, server
+and simulator alike: it sits below all three).
 
 Order of claims: a reserve (activations, workspace), the dense weights, the KV floor, then expert slots, then any
 memory left (all experts resident) goes back to the KV cache. The expert cache never grows into the KV floor;

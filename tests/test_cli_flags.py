@@ -1,0 +1,77 @@
+"""The one flag vocabulary of ft sim / generate / serve / predict: llama.cpp spellings mean the same policy, a flag
+the chosen policy or split does not read is an error naming it, no abbreviations."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from freetoken.cli import main
+from freetoken.paths import DEFAULT_TRACE
+
+
+def _json(capsys, *argv) -> dict:
+    assert main(list(argv)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _error(capsys, *argv) -> str:
+    assert main(list(argv)) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_cpu_moe_flags_are_static_layers_on_the_cpu_lane(capsys):
+    """--cpu-moe = static_layers with every MoE layer on the CPU, split cpu; --n-cpu-moe N = N layers; the old
+    --n-cpu-layers spelling is the same flag. Reference: the long-hand policy / split flags."""
+    trace = ["sim", "--trace", str(DEFAULT_TRACE), "--json"]  # 32 MoE layers x 8 experts
+    every = _json(capsys, *trace, "--cpu-moe")
+    assert every == _json(capsys, *trace, "--policy", "static_layers", "--n-cpu-moe", "32", "--split", "cpu",
+                          "--capacity", "0")
+    assert every["policy"] == "static_layers" and every["split"] == "cpu" and every["hits"] == 0
+    assert every["cpu"] == every["misses"] > 0 and every["fetched"] == 0
+    half = _json(capsys, *trace, "--n-cpu-moe", "16")
+    assert half == _json(capsys, *trace, "--policy", "static_layers", "--n-cpu-layers", "16", "--split", "cpu",
+                         "--capacity", "256")
+    assert 0 < half["hits"] and half["misses"] < every["misses"]
+
+
+def test_policy_option_reaches_the_policy(capsys):
+    trace = ["sim", "--trace", str(DEFAULT_TRACE), "--json", "--fraction", "0.25", "--policy", "layer_sweep"]
+    default = _json(capsys, *trace)
+    assert _json(capsys, *trace, "--policy-option", "decay=0.9") == default  # its default, spelled out
+    assert _json(capsys, *trace, "--policy-option", "bypass=false") != default
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sim", "--policy", "lru", "--n-cpu-moe", "2"], "--n-cpu-moe does nothing for --policy lru"),
+    (["sim", "--cpu-moe", "--policy", "frequency"], "--cpu-moe does nothing for --policy frequency"),
+    (["sim", "--scope", "global"], "--scope does nothing for --policy lru"),
+    (["sim", "--bh", "5", "--split", "cpu"], "--bh does nothing for --split cpu (hybrid only)"),
+    (["sim", "--rule", "paper"], "--rule does nothing for --split offload (hybrid only)"),
+    (["sim", "--profile-trace", str(DEFAULT_TRACE)], "--profile-trace: only a policy with a profile (frequency)"),
+    (["sim", "--future-trace", str(DEFAULT_TRACE)], "--future-trace: lru does not read the future"),
+    (["sim", "--policy-option", "decay"], "--policy-option 'decay': expected KEY=VALUE"),
+    (["sim", "--policy-option", "small=0.2"], "--policy-option: lru takes no option small; it takes: none"),
+    (["generate", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
+    (["generate", "--threads", "0"], "--threads must be positive"),
+    (["generate", "--max-context", "0"], "--max-context must be positive"),
+    (["serve", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
+    (["serve", "--backend", "hf", "--capacity", "4"], "--capacity does nothing for --backend hf"),
+    (["serve", "--n-cpu-moe", "1", "--policy", "lru"], "--n-cpu-moe does nothing for --policy lru"),
+    (["predict", "--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--fraction", "0"],
+     "--fraction must lie in (0, 1], got 0.0 (no cache at all: --capacity 0)"),
+])
+def test_a_flag_that_does_nothing_is_an_error_naming_it(capsys, argv, message):
+    line = _error(capsys, *argv)
+    assert line.startswith(f"ft {argv[0]}: error: ") and message in line
+
+
+@pytest.mark.parametrize("argv", [["sim", "--prof", str(DEFAULT_TRACE)], ["serve", "--max-run", "2"],
+                                  ["predict", "--n-cpu", "2"], ["generate", "--capa", "2"]])
+def test_no_abbreviations(capsys, argv):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
