@@ -90,7 +90,7 @@ def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hyb
     greedy answer is the engine's."""
     from freetoken.serve.chat import Params, Prompt
     from freetoken.serve.hf_backend import HFBackend
-    from freetoken.serve.memory import ModelMemory, plan_memory
+    from freetoken.placement.memory import ModelMemory, plan_memory
 
     backend = HFBackend(hybrid_dir, "tiny-hybrid")
     backend.use_plan(plan_memory(ModelMemory(0, 1, 1, 1, 0, 64), 10**6, kv_floor=64))
