@@ -50,7 +50,8 @@ def _miss(log: ReplayLog, mask) -> float:
 
 def _take(columns, mask: np.ndarray):
     """The same per-call record with only the calls where mask is true."""
-    return type(columns)(**{f.name: getattr(columns, f.name)[mask] for f in fields(columns)})
+    return type(columns)(**{f.name: None if getattr(columns, f.name) is None else getattr(columns, f.name)[mask]
+                            for f in fields(columns)})
 
 
 def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: int,
