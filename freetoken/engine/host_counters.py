@@ -12,11 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from freetoken.engine.kernelset import KernelSet
-
-# Triton kernels per kernel-set call: expert_ffn = gate_up, down, sum_pairs; attention = a decode split + merge
-# (one query token) or one flash-attention kernel (prefill)
-KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1, "expert_ffn": 3,
-                   "expert_ffn_quant": 3, "attention_decode": 2, "attention_prefill": 1}
+from sim.overhead import KERNEL_LAUNCHES  # one table: the engine counts by it, the cost model charges it
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from freetoken.engine import CacheConfig, Engine, SamplingParams
-from freetoken.engine.host_counters import KERNEL_LAUNCHES
+from sim.overhead import KERNEL_LAUNCHES
 from freetoken.placement import Split
 from sim.overhead import LayerShape, freetoken_work
 from sim.run import SimConfig, simulate
