@@ -124,9 +124,11 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     per_launch = (hw.launch_us + options.dispatch_us) * 1e-6
     if host_work is None:
         pre = post = stall = np.zeros(N)
-    else:
+    else:  # host launch time bounds each part from below; each device kernel adds its floor to the GPU's time
         pre, post = host_work.pre_launches * per_launch, host_work.post_launches * per_launch
         stall = host_work.charged_syncs * hw.sync_us * 1e-6
+        floor = hw.kernel_floor_us * 1e-6
+        t_dense, t_hit = t_dense + host_work.pre_kernels * floor, t_hit + host_work.post_kernels * floor
     seconds, gpu_busy = np.empty(N), t_dense + t_hit + t_fcomp
     pcie_busy, cpu_busy = np.empty(N), np.empty(N)
     end = prev_start = pcie_free = 0.0

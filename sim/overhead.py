@@ -37,6 +37,14 @@ KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1
 # mul_mat, residual add, ffn rms_norm + mul (2), router mul_mat, softmax, argsort, view + get_rows, weight sum + div
 # (2), residual add; the expert ops (3 mul_mat_id, glu, weighting) run on the CPU backend under -cmoe.
 LLAMACPP_GPU_OPS = 25
+# vLLM / KTransformers decode (captured graphs): device kernels per MoE layer, vLLM's fused path (fused add +
+# rms_norm x2, qkv, q/k norm + rope, KV cache write, attention, o, router, topk_softmax, moe_align, fused_moe w13
+# and w2, silu_and_mul, moe_sum, shared expert gate_up / act / down / gate / mul); an estimate, not counted live
+GRAPH_KERNELS_PER_LAYER = 20
+# torch glue between freetoken's kernels (freetoken/engine/model.py): before the router the attention residual add
+# and the two KV writes; after it the MoE residual add, one add per extra expert_ffn group or CPU lane result, and
+# a shared expert's slot / scale tensors and residual add. Counted by hand (not by the engine's counters).
+GLUE_PRE, GLUE_POST, GLUE_SHARED, GLUE_DENSE_LAYER, GLUE_STEP = 3, 1, 3, 6, 2
 FLAVOURS = ("freetoken", "llamacpp", "graph")
 
 
@@ -54,18 +62,19 @@ class LayerShape:
 
 @dataclass(slots=True)
 class HostWork:
-    """Per call [N]: launches before the router's result is needed (attention, router) and after it (experts),
-    syncs that stall the host, small copies, and the subset of syncs the cost model charges (not the CPU lane's)."""
+    """Per call [N]: host launches before the router's result is needed (attention, router) and after it (experts),
+    the device kernels the GPU runs in each part (= launches without CUDA graphs, glue included), syncs that stall
+    the host, small copies, the subset of syncs the cost model charges (not the CPU lane's), and `launches`: the
+    kernel-set launches the engine's counters see (glue excluded)."""
 
     pre_launches: np.ndarray
     post_launches: np.ndarray
+    pre_kernels: np.ndarray
+    post_kernels: np.ndarray
     syncs: np.ndarray
     copies: np.ndarray
     charged_syncs: np.ndarray
-
-    @property
-    def launches(self) -> np.ndarray:
-        return self.pre_launches + self.post_launches
+    launches: np.ndarray
 
     def totals(self) -> dict[str, int]:
         return {"launches": int(self.launches.sum()), "syncs": int(self.syncs.sum()),
@@ -110,15 +119,22 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
     post = calls * ffn + shared + step
     cpu = (log.cpu > 0).astype(np.int64)
+    launches = pre + post
+    glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
+        dense_layers * GLUE_DENSE_LAYER + GLUE_STEP)
+    pre, post = pre + GLUE_PRE, post + glue_post
+    pre_kernels, post_kernels = pre, post
     experts = shape.tensors_per_expert * (log.fetched + log.prefetched)
     syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations
     copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
     charged = np.full(N, 1 + record)
     if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
         pre, post = np.where(decode, 0, pre), np.where(decode, first, post)
+        launches = np.where(decode, first, launches)
         syncs, charged = np.where(decode, cpu, syncs), np.where(decode, 0, charged)
         copies = np.where(decode, experts + 2 * cpu, copies)
-    return HostWork(_i(pre), _i(post), _i(syncs), _i(copies), _i(charged))
+    return HostWork(_i(pre), _i(post), _i(pre_kernels), _i(post_kernels), _i(syncs), _i(copies), _i(charged),
+                    _i(launches))
 
 
 def llamacpp_work(log, *, cuda_graphs: bool) -> HostWork:
@@ -127,8 +143,8 @@ def llamacpp_work(log, *, cuda_graphs: bool) -> HostWork:
     decode = log.phase != PREFILL
     cpu = (log.cpu > 0).astype(np.int64)
     ops = np.where(decode & cuda_graphs, 1, LLAMACPP_GPU_OPS)
-    first = (log.layer == 0).astype(np.int64)
-    return HostWork(_i(ops), _i(np.zeros(len(log))), _i(2 * cpu), _i(2 * cpu), _i(np.zeros(len(log))))
+    zero, kernels = np.zeros(len(log)), np.full(len(log), LLAMACPP_GPU_OPS)
+    return HostWork(_i(ops), _i(zero), _i(kernels), _i(zero), _i(2 * cpu), _i(2 * cpu), _i(zero), _i(ops))
 
 
 def graph_work(log) -> HostWork:
@@ -137,8 +153,10 @@ def graph_work(log) -> HostWork:
     are not counted: at 2048+ tokens per chunk they are microseconds against milliseconds."""
     first = (log.layer == 0).astype(np.int64)
     cpu = (log.cpu > 0).astype(np.int64)
-    zero = np.zeros(len(log))
-    return HostWork(_i(first), _i(zero), _i(cpu), _i(2 * cpu), _i(zero))
+    decode = log.phase != PREFILL
+    zero, kernels = np.zeros(len(log)), np.where(decode, GRAPH_KERNELS_PER_LAYER, 0)
+    return HostWork(_i(first * decode), _i(zero), _i(kernels), _i(zero), _i(cpu), _i(2 * cpu), _i(zero),
+                    _i(first * decode))
 
 
 def host_work(flavour: str, log, num_layers: int, shape: LayerShape, *, cuda_graphs: bool,
