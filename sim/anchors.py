@@ -137,17 +137,7 @@ def shorter_prompt(trace, prompt: int):
     return trace.select(np.concatenate([np.arange(prompt), keep]))
 
 
-# Routing-locality proxies at Qwen3.5's shape (256 experts, top-8): the per-layer Gini of a real trace matched by the
-# Zipf exponent at this shape (sim.synth.skew_curve(256, 8, 20000), _invert), reuse and window from sim.synth.fit_spec
-# on the same trace. The pinned prediction uses the synthetic default (sim.predict: DeepSeek-V2-Lite's fit, which at
-# this shape matches Gini with exponent 0.224, about its own 0.25). tests/test_anchors.py re-derives Granite's row.
-ROUTINGS: dict[str, dict] = {
-    "pinned": {},  # DeepSeek-V2-Lite (prefill order of 1,999 prompts): skew 0.25, reuse 0.8, window 16
-    "granite decode": dict(skew=0.55, reuse=0.8, window=16),  # Granite-3.0-1B-A400M decode steps: Gini 0.334
-    "mixtral": dict(skew=0.26, reuse=0.5, window=6),  # Mixtral-8x7B humaneval_2 (vLLM): Gini 0.147
-    "uniform": dict(skew=0.0, reuse=0.0),  # no skew, no reuse: the locality floor
-}
-PROXIES = ("granite decode", "mixtral", "uniform")
+from sim.band import PROXIES, ROUTINGS  # noqa: E402  the locality proxies the band and the doc use
 
 
 class _Traces:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -96,15 +97,24 @@ def join_after(warm: RoutingTrace, trace: RoutingTrace) -> RoutingTrace:
                         token=np.concatenate([warm.token, trace.token]))
 
 
-def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
-            min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
-            capacity: int | None = None, on_call=None, warmup: RoutingTrace | None = None) -> Prediction:
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What a prediction replays and charges with: the card in the engine's formats, the hardware under the
+    engine's CPU settings, the engine, and the replay's policy / split / capacity."""
+
+    card: ModelCard
+    hw: HardwareProfile
+    engine: Engine
+    engine_name: str
+    config: SimConfig
+
+
+def prepare(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, *, min_context: int = DEFAULT_KV_FLOOR,
+            n_cpu_layers: int | None = None, capacity: int | None = None) -> Setup:
     """capacity: the policy's expert slots instead of the memory planner's (must not exceed the model's experts;
-    the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them).
-    warmup: routing replayed first and not reported, so `trace` meets the cache a running server would have."""
+    the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them)."""
     engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
     engine_name = engine_name if isinstance(engine_name, str) else "custom"
-    check_shape(trace, card)
     card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
     hw = engine.hardware_for(hw)
     plan = plan_for(card, hw, min_context)
@@ -127,9 +137,19 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
         if engine.policy != "static_layers":
             raise ValueError(f"--n-cpu-moe applies to static-layer engines (llamacpp-*), not {engine_name}")
         options["n_cpu_layers"] = n_cpu_layers
-    split = engine.split_for(card, hw)
-    config = SimConfig(policy, split, capacity=capacity, prefill_chunk=engine.prefill_chunk,
+    config = SimConfig(policy, engine.split_for(card, hw), capacity=capacity, prefill_chunk=engine.prefill_chunk,
                        expert_bytes=card.expert_bytes(), options=options)
+    return Setup(card, hw, engine, engine_name, config)
+
+
+def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
+            min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
+            capacity: int | None = None, on_call=None, warmup: RoutingTrace | None = None) -> Prediction:
+    """warmup: routing replayed first and not reported, so `trace` meets the cache a running server would have."""
+    check_shape(trace, card)
+    setup = prepare(card, hw, engine_name, min_context=min_context, n_cpu_layers=n_cpu_layers, capacity=capacity)
+    card, hw, engine, engine_name, config = setup.card, setup.hw, setup.engine, setup.engine_name, setup.config
+    capacity, options = config.capacity, config.options
     run = trace if warmup is None else join_after(warmup, trace)
     if warmup is not None:
         check_shape(warmup, card, "warm-up trace")
