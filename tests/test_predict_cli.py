@@ -156,3 +156,29 @@ def test_warmup_is_replayed_but_not_reported(capsys):
                    "freetoken-offload", "--prompt-tokens", "64", "--decode-tokens", "24", "--warmup-decode", "16",
                    "--capacity", "2000")
     assert out["decode_tok_s"] == pytest.approx(hot.decode_tok_s)
+
+
+def test_gpu_probe_sets_the_per_kernel_costs_and_efficiencies():
+    # ft bench bw's GPU probe (CUDA only) measured on a 5090: efficiencies are measured / datasheet, by hand
+    from sim.hardware import with_bench_profile
+
+    profile = {"host": {"gb_s": 70.0}, "cpu_lane": {"gb_s": 40.0},
+               "gpu_probe": {"launch_us": 3.1, "dispatch_us": 5.0, "sync_us": 9.5, "kernel_floor_us": 1.4,
+                             "gemm_tflops": 150.84, "gemv_gb_s": 1612.8}}
+    hw = with_bench_profile(load_hardware("rtx5090-ryzen"), profile, "probe.json")
+    assert (hw.launch_us, hw.sync_us, hw.kernel_floor_us) == (3.1, 9.5, 1.4)
+    assert hw.gemm_efficiency == pytest.approx(150.84 / 209.5)
+    assert hw.gemv_efficiency == pytest.approx(1612.8 / 1792.0)
+    assert hw.sources["gemm_efficiency"] == "ft bench bw (probe.json): gpu_probe.gemm_tflops"
+
+
+def test_demo_model_is_overhead_bound(capsys):
+    # the 2-layer demo model: bytes and FLOPs are nothing, so a decode token costs its host work. Per MoE layer
+    # (eager, all resident, one expert_ffn): 17 kernel-set launches + 4 glue ops; layer 0 also the final norm and
+    # lm_head (2) and 2 glue ops; each launch 4 us (driver) + 4.2 us (Triton dispatch); one routing sync of 8 us a
+    # layer. Before each router: 14 + 3 launches (139.4 us) + 8 us; after: 4 (+ 4 on layer 0) = 32.8 / 65.6 us,
+    # above the GPU's kernel floors. Token: 2 x 147.4 + 65.6 + 32.8 = 393.2 us.
+    out = run_json(capsys, "--model", "freetoken/demo/model", "--hardware", "rtx5090-ryzen", "--prompt-tokens",
+                   "64", "--decode-tokens", "16", "--no-band")
+    assert out["inputs"]["host_work_per_decode_token"] == {"launches": 36.0, "syncs": 2.0, "copies": 4.0}
+    assert 1 / out["decode_tok_s"] == pytest.approx(393.2e-6, rel=1e-3)
