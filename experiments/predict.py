@@ -99,13 +99,13 @@ def compute(cfg: DictConfig) -> RunOutput:
 
         with progress(num_calls(trace, 2048), f"predict {card.name} {hw.name} {engine.name}",
                       enabled=show_progress(cfg)) as advance:
-            pred = predict(card, hw, engine.name, trace, on_call=advance, **kwargs)
+            pred = predict(card, hw, engine.engine(), trace, on_call=advance, **kwargs)
     except ValueError as e:  # the configuration does not fit this machine: a row that says why
         return RunOutput({"fits": False, "reason": str(e)})
     tables = {}
     if spec.per_turn:
         tables["turns"] = per_turn(card, hw, engine.name, spec,
-                                   lambda tr: predict(card, hw, engine.name, tr, **kwargs))
+                                   lambda tr: predict(card, hw, engine.engine(), tr, **kwargs))
     return RunOutput({"fits": True, "reason": "", **metrics_of(pred)}, tables)
 
 
