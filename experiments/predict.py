@@ -55,9 +55,13 @@ def workload(cfg: DictConfig, card, spec):
 
 def metrics_of(pred) -> dict:
     out = {k: v for k, v in pred.to_dict().items()
-           if k not in ("model", "hardware", "engine", "lane_busy_s", "inputs")}
+           if k not in ("model", "hardware", "engine", "lane_busy_s", "inputs", "band")}
     out.update({f"{lane}_busy_s": s for lane, s in pred.lane_busy_s.items()})
-    out.update({f"input_{k}": v for k, v in pred.inputs.items() if k != "trace"})
+    for k, v in pred.inputs.items():  # nested inputs (engine settings, host work per token) as flat columns
+        if isinstance(v, dict):
+            out.update({f"input_{k}_{sub}": str(x) if k == "engine_settings" else x for sub, x in v.items()})
+        elif k != "trace":
+            out[f"input_{k}"] = v
     return out
 
 
