@@ -55,7 +55,7 @@ def workload(cfg: DictConfig, card, spec):
 
 def metrics_of(pred) -> dict:
     out = {k: v for k, v in pred.to_dict().items()
-           if k not in ("model", "hardware", "engine", "lane_busy_s", "inputs", "band")}
+           if k not in ("model", "hardware", "engine", "lane_busy_s", "inputs", "band", "variants")}
     out.update({f"{lane}_busy_s": s for lane, s in pred.lane_busy_s.items()})
     for k, v in pred.inputs.items():  # nested inputs (engine settings, host work per token) as flat columns
         if isinstance(v, dict):

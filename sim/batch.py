@@ -172,3 +172,26 @@ def speculative_decode(setup, trace: RoutingTrace, spec: Speculation, plain_laye
     steps = int((keep & (log.layer == 0)).sum())
     draft = steps * spec.depth * plain_layer_s
     return DecodeResult(steps, steps * spec.tokens_per_step, float(seconds[keep].sum()) + draft)
+
+
+def predict_speculative(card, hw, engine, trace: RoutingTrace, spec: Speculation, plain_decode_tok_s: float,
+                        warmup: RoutingTrace | None = None, host: str = "shared", **setup_kw) -> DecodeResult:
+    """The request's decode as draft + verify steps after the warm-up; the draft's layer pass is one layer of the
+    plain prediction's decode step (plain_decode_tok_s)."""
+    from sim.predict import join_after, prepare
+
+    setup = prepare(card, hw, engine, **setup_kw)
+    run = trace if warmup is None else join_after(warmup, trace)
+    plain_layer_s = 1 / plain_decode_tok_s / setup.card.moe_layers
+    return speculative_decode(setup, run, spec, plain_layer_s, host, measured_from=0 if warmup is None else 1)
+
+
+def predict_batched(card, hw, engine, traces: list[RoutingTrace], host: str = "shared", **setup_kw) -> DecodeResult:
+    """One request per trace (each its prompt then its decode), decoded together in lockstep."""
+    from sim.predict import prepare
+
+    joined = RoutingTrace(np.concatenate([t.experts for t in traces]), traces[0].num_experts, model=traces[0].model,
+                          source=traces[0].source,
+                          request=np.concatenate([np.full(t.num_tokens, i, np.int32) for i, t in enumerate(traces)]),
+                          phase=np.concatenate([t.phase for t in traces]))
+    return batched_decode(prepare(card, hw, engine, **setup_kw), joined, host)

@@ -40,6 +40,7 @@ class Prediction:
     inputs: dict = field(default_factory=dict)
     band: dict = field(default_factory=dict)  # sim.band: {metric: [low, high]} under other routing localities
     decode_tok_s_turn_mean: float = 0.0  # per-request metric: the mean over turns of each turn's decode tok/s
+    variants: dict = field(default_factory=dict)  # sim.batch: speculative / batched decode of the same setup
 
     def to_dict(self) -> dict:
         return asdict(self)

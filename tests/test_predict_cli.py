@@ -182,3 +182,21 @@ def test_demo_model_is_overhead_bound(capsys):
                    "64", "--decode-tokens", "16", "--no-band")
     assert out["inputs"]["host_work_per_decode_token"] == {"launches": 36.0, "syncs": 2.0, "copies": 4.0}
     assert 1 / out["decode_tok_s"] == pytest.approx(393.2e-6, rel=1e-3)
+
+
+def test_speculative_and_batched_decode_flags_match_the_library(capsys):
+    from sim.batch import Speculation, predict_batched, predict_speculative
+    from sim.engines import get_engine
+
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--engine", "llamacpp-cmoe",
+            "--prompt-tokens", "64", "--decode-tokens", "16", "--no-band"]
+    out = run_json(capsys, *args, "--draft-depth", "2", "--acceptance", "0.7", "--batch", "2")
+    card, hw, engine = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen"), get_engine("llamacpp-cmoe")
+    trace = synthetic_trace(card, 64, 16)
+    spec = predict_speculative(card, hw, engine, trace, Speculation(2, 0.7), out["decode_tok_s"])
+    assert out["variants"]["speculative"]["tok_s"] == pytest.approx(spec.tok_s)
+    assert out["variants"]["speculative"]["tokens_per_step"] == pytest.approx(1 + 0.7 + 0.49)
+    both = predict_batched(card, hw, engine, [trace, synthetic_trace(card, 64, 16, seed=1)])
+    assert out["variants"]["batched"]["tok_s"] == pytest.approx(both.tok_s)
+    assert main(["predict", *args, "--draft-depth", "2"]) == 2
+    assert "give both --draft-depth and --acceptance" in capsys.readouterr().err

@@ -58,6 +58,9 @@ def register(sub) -> None:
                                                                 "engine's: llama.cpp, ktransformers, resident on)")
     p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
     p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
+    p.add_argument("--draft-depth", type=int, help="speculative decoding / MTP: tokens drafted per step (sim.batch)")
+    p.add_argument("--acceptance", type=float, help="speculative decoding: acceptance rate of a drafted token")
+    p.add_argument("--batch", type=int, help="also decode this many synthetic sequences in lockstep (sim.batch)")
     p.add_argument("--no-band", action="store_true",
                    help="skip the band (the prediction again under three other routing localities)")
     p.add_argument("--anchors", action="store_true",
@@ -78,6 +81,32 @@ def engine_from_args(args: argparse.Namespace):
     return with_settings(engine, prefill_chunk=args.prefill_chunk if args.ubatch is None else args.ubatch,
                          gguf_type=args.gguf_type, expert_format=args.expert_format, cuda_graphs=graphs,
                          cpu_threads=args.cpu_threads, amx=True if args.amx else None)
+
+
+def decode_variants(args, card, hw, engine, trace, warmup, pred) -> None:
+    """--draft-depth / --acceptance and --batch: the same model, machine and engine decoding otherwise."""
+    from sim.batch import Speculation, predict_batched, predict_speculative
+    from sim.predict import synthetic_trace
+
+    kw = dict(min_context=args.min_context, n_cpu_layers=args.n_cpu_moe, capacity=args.capacity)
+    if (args.draft_depth is None) != (args.acceptance is None):
+        raise ValueError("give both --draft-depth and --acceptance (speculative decoding)")
+    if args.draft_depth is not None:
+        spec = Speculation(args.draft_depth, args.acceptance)
+        r = predict_speculative(card, hw, engine, trace, spec, pred.decode_tok_s, warmup, args.host, **kw)
+        pred.variants["speculative"] = {"tok_s": r.tok_s, "steps": r.steps, "tokens_per_step": spec.tokens_per_step,
+                                        "about": f"depth {spec.depth}, acceptance {spec.acceptance}: "
+                                                 f"{spec.tokens_per_step:.2f} tokens per verify step"}
+    if args.batch is not None:
+        if args.batch < 1 or args.trace:
+            raise ValueError("--batch needs a positive count and a synthetic workload (no --trace)")
+        traces = [synthetic_trace(card, args.prompt_tokens, args.decode_tokens, skew=args.skew, reuse=args.reuse,
+                                  window=args.window, seed=s) for s in range(args.batch)]
+        r = predict_batched(card, hw, engine, traces, args.host, **kw)
+        pred.variants["batched"] = {"tok_s": r.tok_s, "per_sequence_tok_s": r.per_sequence_tok_s,
+                                    "seconds_per_token": r.seconds_per_token,
+                                    "about": f"{args.batch} sequences in lockstep, {r.per_sequence_tok_s:.1f} tok/s "
+                                             f"each, cold cache"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
                        n_cpu_layers=args.n_cpu_moe, capacity=args.capacity, on_call=None if args.json else advance,
                        warmup=warmup)
     pred.engine = args.engine + (f" (rule {args.rule})" if args.rule else "")
+    decode_variants(args, card, hw, engine, trace, warmup, pred)
     if not args.no_band:
         from sim.band import locality_band
 
@@ -166,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"  per decode token: {work['launches']:.0f} kernel launches, {work['syncs']:.0f} host syncs, "
               f"{work['copies']:.0f} copies (launch {hw.launch_us:g} us + dispatch {engine.dispatch_us:g} us, "
               f"sync {hw.sync_us:g} us)")
+    for name, v in pred.variants.items():
+        print(f"  {name} decode: {v['tok_s']:.1f} tok/s ({v['about']})")
     busy = pred.lane_busy_s
     print(f"  lanes busy: gpu {busy['gpu']:.2f} s, pcie {busy['pcie']:.2f} s, cpu {busy['cpu']:.2f} s "
           f"(fetched {pred.fetched_gb:.1f} GB, cpu read {pred.cpu_gb:.1f} GB)")
