@@ -32,7 +32,9 @@ PREFILL = 0
 KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1, "expert_ffn": 3,
                    "expert_ffn_quant": 3, "attention_decode": 2, "attention_prefill": 1}
 
-# llama.cpp: ggml ops per transformer layer on the GPU backend, qwen3moe graph (llm_build_qwen3moe + build_moe_ffn):
+# llama.cpp: ggml ops per transformer layer on the GPU backend, counted from src/models/qwen3moe.cpp
+# (llm_build_qwen3moe) and build_moe_ffn (views and reshapes launch nothing); Qwen3.5's linear-attention layers
+# (qwen3next graph) launch more, which this count leaves out:
 # attn rms_norm + mul (2), q/k/v mul_mat (3), q/k rms_norm + mul (4), rope x2, KV set_rows x2, flash_attn_ext, wo
 # mul_mat, residual add, ffn rms_norm + mul (2), router mul_mat, softmax, argsort, view + get_rows, weight sum + div
 # (2), residual add; the expert ops (3 mul_mat_id, glu, weighting) run on the CPU backend under -cmoe.
