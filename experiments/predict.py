@@ -55,9 +55,13 @@ def workload(cfg: DictConfig, card, spec):
 
 def metrics_of(pred) -> dict:
     out = {k: v for k, v in pred.to_dict().items()
-           if k not in ("model", "hardware", "engine", "lane_busy_s", "inputs")}
+           if k not in ("model", "hardware", "engine", "lane_busy_s", "inputs", "band", "variants")}
     out.update({f"{lane}_busy_s": s for lane, s in pred.lane_busy_s.items()})
-    out.update({f"input_{k}": v for k, v in pred.inputs.items() if k != "trace"})
+    for k, v in pred.inputs.items():  # nested inputs (engine settings, host work per token) as flat columns
+        if isinstance(v, dict):
+            out.update({f"input_{k}_{sub}": str(x) if k == "engine_settings" else x for sub, x in v.items()})
+        elif k != "trace":
+            out[f"input_{k}"] = v
     return out
 
 
@@ -100,13 +104,13 @@ def compute(cfg: DictConfig) -> RunOutput:
 
         with progress(num_calls(trace, get_engine(engine.name).prefill_chunk), f"predict {card.name} {hw.name} {engine.name}",
                       enabled=show_progress(cfg)) as advance:
-            pred = predict(card, hw, engine.name, trace, on_call=advance, **kwargs)
+            pred = predict(card, hw, engine.engine(), trace, on_call=advance, **kwargs)
     except ValueError as e:  # the configuration does not fit this machine: a row that says why
         return RunOutput({"fits": False, "reason": str(e)})
     tables = {}
     if spec.per_turn:
         tables["turns"] = per_turn(card, hw, engine.name, spec,
-                                   lambda tr: predict(card, hw, engine.name, tr, **kwargs))
+                                   lambda tr: predict(card, hw, engine.engine(), tr, **kwargs))
     return RunOutput({"fits": True, "reason": "", **metrics_of(pred)}, tables)
 
 

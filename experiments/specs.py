@@ -168,15 +168,34 @@ WORKLOADS = ("synthetic", "conversation", "trace")
 
 @dataclass(frozen=True, slots=True)
 class EngineSpec:
-    """An engine configuration by name: a key of sim.engines.ENGINES (policy + split + overlap, no code of its own)."""
+    """An engine configuration by name: a key of sim.engines.ENGINES (policy + split + overlap, no code of its own),
+    with the settings of the run (None: the engine's default; sim.engines.with_settings checks them)."""
 
     name: str
+    prefill_chunk: int | None = None  # tokens per prefill call (llama.cpp: its ubatch)
+    gguf_type: str | None = None  # llama.cpp: the GGUF file type (bits per weight, GEMM path)
+    expert_format: str | None = None  # the routed experts' format (freetoken.quant FORMAT_SPECS or a bits name)
+    cuda_graphs: bool | None = None
+    cpu_threads: int | None = None  # CPU-lane threads (KTransformers' cpu_infer)
+    amx: bool | None = None  # KTransformers' AMX backend
 
     def __post_init__(self) -> None:
         from sim.engines import ENGINES
 
         if self.name not in ENGINES:
             raise ValueError(f"engine.name: unknown {self.name!r}; valid: {', '.join(ENGINES)}")
+        try:
+            self.engine()
+        except ValueError as e:
+            raise ValueError(f"engine: {e}") from None
+
+    def engine(self):
+        """The sim.engines.Engine these settings describe."""
+        from sim.engines import get_engine, with_settings
+
+        return with_settings(get_engine(self.name), prefill_chunk=self.prefill_chunk, gguf_type=self.gguf_type,
+                             expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,
+                             cpu_threads=self.cpu_threads, amx=self.amx)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,10 @@
 
 Writes docs/anchors.md. Every prediction comes from the model card, the hardware profile and the engine's
 configuration, measured on a warm server (a warm-up request first); nothing here is fitted to a cell. Where a cell
-misses, NOTES names the uncertain input and, where one exists, a variant of that input (recomputed live, never used
-for the pinned prediction) showing its weight. TOLERANCE, what tests/test_anchors.py pins, is the cell's error
-rounded up to 5 points plus 5, not 15% by decree.
+misses the 25% goal (TARGET, tests/test_anchor_accuracy.py), NOTES names the uncertain input and, where one exists,
+a variant of that input (recomputed live, never used for the prediction) showing its weight. PINS, what
+tests/test_anchors.py holds each cell to, are regression pins (the error rounded up to 5 points plus 5), kept apart
+from the accuracy goal.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import io
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -23,66 +24,113 @@ from freetoken.paths import REPO_ROOT
 
 MODEL = "qwen3.5-122b-a10b"
 DECODE_TOKENS = 128
-TARGET = 0.15
+TARGET = 0.25  # the accuracy goal, asserted against the published values by tests/test_anchor_accuracy.py
 
-# (machine, engine column, mode column) of the seed table -> (hardware profile, engine, prompt tokens)
-CELLS: dict[tuple[str, str, str], tuple[str, str, int]] = {
-    ("ultra7", "vLLM", "fully resident (AutoRound int4)"): ("rtxpro6000-ultra7", "resident", 32768),
-    ("ryzen", "FreeToken", "hybrid"): ("rtx5090-ryzen", "freetoken-hybrid", 36864),
-    ("ryzen", "FreeToken", "offload"): ("rtx5090-ryzen", "freetoken-offload", 36864),
-    ("ryzen", "llama.cpp", "-cmoe (all experts computed on CPU)"): ("rtx5090-ryzen", "llamacpp-cmoe", 36864),
-    ("xeon", "llama.cpp", "cpu-moe + MTP"): ("xeon-2xp5000", "llamacpp-cmoe", 36864),
-    ("xeon", "llama.cpp", "cpu-moe"): ("xeon-2xp5000", "llamacpp-cmoe", 36864),
+# llama.cpp's MTP on Qwen3.5: one MTP block drafting one token; acceptance as DeepSeek-V3's technical report gives
+# for its (one-token) MTP draft: 85-90% (low end taken). The review does not publish the run's acceptance.
+MTP_SPEC = dict(depth=1, acceptance=0.85)
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """How a seed row is predicted: machine, engine, the review's prompt, the engine settings the row assumes
+    (sim.engines.with_settings), said in words, and speculative decoding where the row used it."""
+
+    hardware: str
+    engine: str
+    prompt: int
+    settings: dict
+    about: str
+    speculation: dict | None = None
+
+
+_LLAMA = "GGUF Q4_K_M (assumed: the run's type is not published), ubatch 512 (llama-server's default)"
+# (machine, engine column, mode column) of the seed table -> Row
+CELLS: dict[tuple[str, str, str], Row] = {
+    ("ultra7", "vLLM", "fully resident (AutoRound int4)"): Row(
+        "rtxpro6000-ultra7", "resident", 32768, {},
+        "vLLM: every expert in VRAM at int4 (4.25 bpw), dense 16 bit, decode as full CUDA graphs, 2048-token "
+        "prefill chunks"),
+    ("ryzen", "FreeToken", "hybrid"): Row(
+        "rtx5090-ryzen", "freetoken-hybrid", 36864, {},
+        "FreeToken: 2048-token chunks (this engine's default; the run's is not published), paper split rule, "
+        "global LRU, eager Triton launches"),
+    ("ryzen", "FreeToken", "offload"): Row(
+        "rtx5090-ryzen", "freetoken-offload", 36864, {},
+        "FreeToken: 2048-token chunks (this engine's default), global LRU, eager Triton launches"),
+    ("ryzen", "llama.cpp", "-cmoe (all experts computed on CPU)"): Row(
+        "rtx5090-ryzen", "llamacpp-cmoe", 36864, {"gguf_type": "q4_k_m", "prefill_chunk": 512, "cuda_graphs": True},
+        f"llama.cpp -cmoe: {_LLAMA}, CUDA graphs per split (ggml PR #18934)"),
+    ("xeon", "llama.cpp", "cpu-moe + MTP"): Row(
+        "xeon-2xp5000", "llamacpp-cmoe", 36864, {"gguf_type": "q4_k_m", "prefill_chunk": 512, "cuda_graphs": False},
+        f"llama.cpp --cpu-moe: {_LLAMA}, no CUDA graphs (Pascal: ggml enables them from Volta), MTP depth "
+        f"{MTP_SPEC['depth']}, acceptance {MTP_SPEC['acceptance']}", MTP_SPEC),
+    ("xeon", "llama.cpp", "cpu-moe"): Row(
+        "xeon-2xp5000", "llamacpp-cmoe", 36864, {"gguf_type": "q4_k_m", "prefill_chunk": 512, "cuda_graphs": False},
+        f"llama.cpp --cpu-moe: {_LLAMA}, no CUDA graphs (Pascal)"),
 }
 
 _FT_DECODE = ("routing locality of Qwen3.5 in decode is unknown and decides the cell: the pinned prediction routes "
-              "with DeepSeek-V2-Lite's fitted locality (81% decode hits); the proxy columns span the published value "
-              "(Mixtral's locality above it, none below). Per-layer synchronisation (copies start after the layer's "
-              "router) and the fetch lane's per-call latency are charged. A recorded Qwen3.5 decode trace is the "
-              "missing input.", None)
-_FT_HYBRID_PREFILL = ("the paper rule q* = m BP / BH sends 12% of a chunk's misses to the CPU lane, which finishes well "
-                      "inside the copies, so hybrid is 1.12x offload; published hybrid is 1.29x offload, i.e. the "
-                      "CPU took about a fifth of the misses. FreeToken's prefill split and chunk are not published "
-                      "(the chunk halves the copies per token when doubled: variant).",
-                      ("4096-token chunks", {"prefill_chunk": 4096}))
-_XEON_PREFILL = ("copy-bound over PCIe 3.0 x16 (12.5 GB/s pinned, a published typical figure, not measured on "
-                 "this box); the GGUF quantization of the run is not published (Q4_K_M, 4.85 bpw, assumed). Not "
-                 "modelled: llama.cpp's pipeline parallelism over the two GPUs (several ubatches in flight when "
-                 "n_batch > n_ubatch) could keep both GPUs' x16 links copying at once; the model uses one at a time.",
-                 ("4.25-bpw experts", {"expert_quant": "int4"}))
-# (row label, metric) -> (why, optional (variant name, Engine field overrides))
+              "with DeepSeek-V2-Lite's fitted locality (81% decode hits); the band spans the published value (no "
+              "locality, uniform routing, comes out below it). Launches, syncs and kernel floors are charged from "
+              "this engine's code path, not FreeToken 0.1.2's. A recorded Qwen3.5 decode trace is the missing input.",
+              None)
+# (row label, metric) -> (why it misses the target, optional (variant name, with_settings overrides))
 NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): (
-        "compute-bound at the datasheet peak (504 dense bf16 TFLOPS); the model applies no kernel efficiency, and "
-        "vLLM's int4 MoE GEMMs plus linear-attention kernels reach about a third of peak. A measured GEMM rate for "
-        "this GPU is the missing input.", None),
+        "compute-bound at 80% of the datasheet tensor rate (the GEMM efficiency measured for large bf16 GEMMs on "
+        "an H200, the class default); vLLM's W4A16 MoE GEMMs over ~2048 x 8 / 256 = 64 tokens per expert and the "
+        "linear-attention kernels reach far less (the published figure implies ~30% of peak). A measured "
+        "grouped int4 MoE GEMM rate for this GPU is the missing input.", ("8192-token chunks", {"prefill_chunk": 8192})),
     ("ryzen / FreeToken hybrid", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken offload", "decode_tok_s"): _FT_DECODE,
-    ("ryzen / FreeToken hybrid", "prefill_tok_s"): _FT_HYBRID_PREFILL,
+    ("ryzen / FreeToken hybrid", "prefill_tok_s"): (
+        "the chunk is not published: copy-bound prefill streams every non-resident expert once per chunk, so the "
+        "cell scales with it (variant).", ("8192-token chunks", {"prefill_chunk": 8192})),
+    ("ryzen / FreeToken offload", "prefill_tok_s"): (
+        "the chunk is not published (variant).", ("8192-token chunks", {"prefill_chunk": 8192})),
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): (
         "BH = 63.6 GB/s is FreeToken's CPU lane (ft bench bw); llama.cpp's Q4_K CPU kernels were not measured on "
-        "this box and the GGUF quantization is assumed (Q4_K_M).", ("4.25-bpw experts", {"expert_quant": "int4"})),
+        "this box and the GGUF type is assumed.", ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"): (
         "llama.cpp's ubatch was not published: at its default 512 every ubatch copies all 70 GB of Q4_K_M experts "
-        "over PCIe, which caps prefill near 400 tok/s at 56 GB/s.", ("-ub 1024", {"prefill_chunk": 1024})),
+        "over PCIe, which caps prefill near 400 tok/s at 56 GB/s; -ub 1024 halves the copies per token.",
+        ("-ub 1024", {"prefill_chunk": 1024})),
     ("xeon / llama.cpp cpu-moe + MTP", "decode_tok_s"): (
-        "multi-token prediction (speculative decoding) is not modelled; its acceptance rate is not published. "
-        "The prediction is plain cpu-moe decode.", None),
-    ("xeon / llama.cpp cpu-moe + MTP", "prefill_tok_s"): _XEON_PREFILL,
-    ("xeon / llama.cpp cpu-moe", "prefill_tok_s"): _XEON_PREFILL,
+        "the MTP acceptance of the run is not published (0.85 assumed from DeepSeek-V3's report).",
+        ("acceptance 0.95", {"acceptance": 0.95})),
+    ("xeon / llama.cpp cpu-moe + MTP", "prefill_tok_s"): (
+        "copy-bound over PCIe 3.0 x16 (12.5 GB/s, a published typical figure, not measured on this box); the GGUF "
+        "type is assumed; llama.cpp's pipeline parallelism over the two GPUs is not modelled.",
+        ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
+    ("xeon / llama.cpp cpu-moe", "prefill_tok_s"): (
+        "as the MTP row's prefill.", ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
 }
 
-# |prediction / published - 1| tests/test_anchors.py accepts: the error rounded up to 5 points, plus 5.
-TOLERANCE: dict[tuple[str, str], float] = {
-    ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 1.90,
-    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.80,
-    ("ryzen / FreeToken offload", "decode_tok_s"): 0.85,
+# Regression pins (tests/test_anchors.py): |prediction / published - 1| as this version predicts it, rounded up to
+# 5 points, plus 5. Not an accuracy claim: TARGET is (tests/test_anchor_accuracy.py).
+PINS: dict[tuple[str, str], float] = {
+    ("ultra7 / vLLM fully resident (AutoRound int4)", "decode_tok_s"): 0.30,
+    ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 1.40,
+    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.55,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.30,
-    ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): 0.25,
+    ("ryzen / FreeToken offload", "decode_tok_s"): 0.55,
+    ("ryzen / FreeToken offload", "prefill_tok_s"): 0.15,
+    ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): 0.20,
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"): 0.60,
-    ("xeon / llama.cpp cpu-moe + MTP", "decode_tok_s"): 0.30,
+    ("xeon / llama.cpp cpu-moe + MTP", "decode_tok_s"): 0.20,
     ("xeon / llama.cpp cpu-moe + MTP", "prefill_tok_s"): 0.30,
+    ("xeon / llama.cpp cpu-moe", "decode_tok_s"): 0.10,
     ("xeon / llama.cpp cpu-moe", "prefill_tok_s"): 0.30,
+}
+PINS_LABELS = tuple(dict.fromkeys(label for label, _ in PINS))  # the seed rows, in table order
+# The cells that miss TARGET (tests/test_anchor_accuracy.py expects them to fail, strictly: one that starts to
+# meet the target fails the test until it is taken off this list). Each has its reason in NOTES.
+MISSES = {
+    ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"),
+    ("ryzen / FreeToken hybrid", "decode_tok_s"),
+    ("ryzen / FreeToken offload", "decode_tok_s"),
+    ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"),
 }
 
 
@@ -95,6 +143,7 @@ class Cell:
     metric: str  # decode_tok_s | prefill_tok_s
     published: float
     predicted: float
+    settings: str = ""  # the engine settings the row assumes (Row.about)
     proxies: dict[str, float] = field(default_factory=dict)  # the same prediction under ROUTINGS' other localities
     variant: float | None = None  # the prediction with NOTES' variant of the uncertain input
 
@@ -103,8 +152,21 @@ class Cell:
         return self.predicted / self.published - 1
 
     @property
-    def tolerance(self) -> float:
-        return TOLERANCE.get((self.label, self.metric), TARGET)
+    def within_target(self) -> bool:
+        return abs(self.error) <= TARGET
+
+    @property
+    def pin(self) -> float:
+        """The regression pin: PINS, else the target."""
+        return PINS.get((self.label, self.metric), TARGET)
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """(low, high) of the prediction over the pinned and proxy localities, when computed."""
+        if not self.proxies:
+            return None
+        values = [self.predicted, *self.proxies.values()]
+        return min(values), max(values)
 
 
 def anchors_dir() -> Path:
@@ -137,17 +199,7 @@ def shorter_prompt(trace, prompt: int):
     return trace.select(np.concatenate([np.arange(prompt), keep]))
 
 
-# Routing-locality proxies at Qwen3.5's shape (256 experts, top-8): the per-layer Gini of a real trace matched by the
-# Zipf exponent at this shape (sim.synth.skew_curve(256, 8, 20000), _invert), reuse and window from sim.synth.fit_spec
-# on the same trace. The pinned prediction uses the synthetic default (sim.predict: DeepSeek-V2-Lite's fit, which at
-# this shape matches Gini with exponent 0.224, about its own 0.25). tests/test_anchors.py re-derives Granite's row.
-ROUTINGS: dict[str, dict] = {
-    "pinned": {},  # DeepSeek-V2-Lite (prefill order of 1,999 prompts): skew 0.25, reuse 0.8, window 16
-    "granite decode": dict(skew=0.55, reuse=0.8, window=16),  # Granite-3.0-1B-A400M decode steps: Gini 0.334
-    "mixtral": dict(skew=0.26, reuse=0.5, window=6),  # Mixtral-8x7B humaneval_2 (vLLM): Gini 0.147
-    "uniform": dict(skew=0.0, reuse=0.0),  # no skew, no reuse: the locality floor
-}
-PROXIES = ("granite decode", "mixtral", "uniform")
+from sim.band import PROXIES, ROUTINGS  # noqa: E402  the locality proxies the band and the doc use
 
 
 class _Traces:
@@ -185,17 +237,28 @@ class _Traces:
         return join_after(self.warmup(routing), self.measured(prompt, routing))
 
 
-def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str) -> dict[str, float]:
-    """decode and prefill tok/s of the measured request alone, after the warm-up (sim.predict's warmup=)."""
-    from sim.predict import predict
+def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str,
+                   speculation: dict | None = None) -> dict[str, float]:
+    """decode and prefill tok/s of the measured request alone, after the warm-up (sim.predict's warmup=).
+    speculation (sim.batch.Speculation's fields): decode as draft + verify steps (sim.batch.speculative_decode),
+    the draft's layer pass charged as one layer of the plain decode step."""
+    from sim.predict import predict, prepare
 
     pred = predict(card, hw, engine, traces.measured(prompt, routing), warmup=traces.warmup(routing))
-    return {"decode_tok_s": pred.decode_tok_s, "prefill_tok_s": pred.prefill_tok_s}
+    out = {"decode_tok_s": pred.decode_tok_s, "prefill_tok_s": pred.prefill_tok_s}
+    if speculation:
+        from sim.batch import Speculation, speculative_decode
+
+        plain_layer_s = 1 / pred.decode_tok_s / card.moe_layers
+        spec = speculative_decode(prepare(card, hw, engine), traces.get(prompt, routing), Speculation(**speculation),
+                                  plain_layer_s, measured_from=1)
+        out["decode_tok_s"] = spec.tok_s
+    return out
 
 
 def predict_cells(rows: list[dict] | None = None, extra: bool = False) -> list[Cell]:
-    """extra: also the locality proxies and NOTES' variants (for the doc; the test pins the plain prediction)."""
-    from sim.engines import get_engine
+    """extra: also the locality proxies and NOTES' variants (for the doc; the tests check the plain prediction)."""
+    from sim.engines import get_engine, with_settings
     from sim.hardware import load_hardware
     from sim.model_card import load_model_card
 
@@ -204,20 +267,24 @@ def predict_cells(rows: list[dict] | None = None, extra: bool = False) -> list[C
     for row in rows:
         if (row["machine"], row["engine"], row["mode"]) not in CELLS:
             raise ValueError(f"seed table row {label(row)!r} has no mapping in sim.anchors.CELLS")
-    traces = _Traces(card, max(CELLS[(r["machine"], r["engine"], r["mode"])][2] for r in rows))
+    traces = _Traces(card, max(CELLS[(r["machine"], r["engine"], r["mode"])].prompt for r in rows))
     cells = []
     for row in rows:
-        hw_name, engine, prompt = CELLS[(row["machine"], row["engine"], row["mode"])]
-        hw = load_hardware(hw_name)
-        pred = measured_rates(card, hw, engine, traces, prompt, "pinned")
-        proxies = {r: measured_rates(card, hw, engine, traces, prompt, r) for r in PROXIES} if extra else {}
+        spec = CELLS[(row["machine"], row["engine"], row["mode"])]
+        hw, engine = load_hardware(spec.hardware), with_settings(get_engine(spec.engine), **spec.settings)
+        rates = lambda r, e=engine, sp=spec.speculation: measured_rates(card, hw, e, traces, spec.prompt, r, sp)  # noqa
+        pred = rates("pinned")
+        proxies = {r: rates(r) for r in PROXIES} if extra else {}
         for metric in ("decode_tok_s", "prefill_tok_s"):
-            cell = Cell(label(row), hw_name, engine, prompt, metric, float(row[metric]), pred[metric],
-                        {r: p[metric] for r, p in proxies.items()})
+            cell = Cell(label(row), spec.hardware, spec.engine, spec.prompt, metric, float(row[metric]), pred[metric],
+                        spec.about, {r: p[metric] for r, p in proxies.items()})
             variant = NOTES.get((cell.label, metric), ("", None))[1]
             if extra and variant is not None:
-                alt = replace(get_engine(engine), **variant[1])
-                cell.variant = measured_rates(card, hw, alt, traces, prompt, "pinned")[metric]
+                over = dict(variant[1])
+                sp = {**spec.speculation, "acceptance": over.pop("acceptance")} if "acceptance" in over else \
+                    spec.speculation
+                alt = with_settings(engine, **over)
+                cell.variant = measured_rates(card, hw, alt, traces, spec.prompt, "pinned", sp)[metric]
             cells.append(cell)
     return cells
 
@@ -233,28 +300,34 @@ def render(cells: list[Cell]) -> str:
         f"Regenerate with `python -m sim.anchors` (or `ft predict --anchors`). Model card `{MODEL}` (conf/model), a",
         f"synthetic trace of its shape (the review's prompt length, {DECODE_TOKENS} decode tokens) measured on a warm",
         f"server (a warm-up request of {DECODE_TOKENS} decode steps first), host DRAM shared by PCIe and the CPU lane.",
-        "Inputs are physical (conf/model, conf/hardware, sim/engines.py); nothing is fitted per cell or per engine.",
-        f"Target: within {TARGET:.0%}. `tolerance` is what tests/test_anchors.py pins (the error rounded up to 5",
-        "points, plus 5). `predicted` routes with DeepSeek-V2-Lite's fitted locality (the synthetic default); the",
-        "next three columns repeat the prediction with the locality of other real traces, matched at this model's",
-        "shape (sim/anchors.py ROUTINGS): Granite-3.0-1B decode steps, Mixtral-8x7B (vLLM), and none (uniform",
-        "routing). Their spread is how much the unknown routing locality of Qwen3.5 decides a cell; they are shown,",
-        "never pinned. `variant` recomputes a missing cell with another value of its uncertain input (named in the",
-        "last column).",
+        "Inputs are physical (conf/model, conf/hardware, sim/engines.py, per-layer launches / syncs / kernel floors",
+        "from sim/overhead.py, achieved GPU rates); nothing is fitted per cell or per engine. Each row names the engine",
+        "settings it assumes (`settings`, sim/anchors.py CELLS).",
         "",
-        "| cell | hardware | engine | metric | published | predicted | error | tolerance | "
+        f"Accuracy goal: within {TARGET:.0%} of the published value (tests/test_anchor_accuracy.py asserts it; the cells",
+        "that miss are listed there as expected failures, with the reason below). `pin` is a regression pin, not an",
+        "accuracy claim: tests/test_anchors.py holds each cell to its current error rounded up to 5 points, plus 5.",
+        "`band` is the prediction's range over routing localities: `predicted` routes with DeepSeek-V2-Lite's fitted",
+        "locality (the synthetic default); the locality columns repeat it with the locality of other real traces,",
+        "matched at this model's shape (sim/band.py ROUTINGS): Granite-3.0-1B decode steps, Mixtral-8x7B (vLLM), and",
+        "none (uniform routing). `variant` recomputes a missing cell with another value of its uncertain input.",
+        "",
+        "| cell | engine | settings | metric | published | predicted | error | within 25% | pin | band | "
         + " | ".join(f"{r} locality" for r in PROXIES) + " | variant | why it misses |",
-        "|---|---|---|---|---:|---:|---:|---:|" + "---:|" * len(PROXIES) + "---:|---|",
+        "|---|---|---|---|---:|---:|---:|---|---:|---|" + "---:|" * len(PROXIES) + "---:|---|",
     ]
     for c in cells:
-        why, variant = NOTES.get((c.label, c.metric), ("", None)) if abs(c.error) > TARGET else ("", None)
+        why, variant = NOTES.get((c.label, c.metric), ("", None)) if not c.within_target else ("", None)
         proxies = " | ".join(_pct(c.proxies[r], c.published) if r in c.proxies else "" for r in PROXIES)
         alt = f"{variant[0]}: {_pct(c.variant, c.published)}" if variant and c.variant is not None else ""
-        out.append(f"| {c.label} | {c.hardware} | {c.engine} | {c.metric.replace('_tok_s', '')} tok/s | "
-                   f"{c.published:g} | {c.predicted:.1f} | {c.error:+.0%} | {c.tolerance:.0%} | {proxies} | {alt} | "
-                   f"{why} |")
-    inside = sum(abs(c.error) <= TARGET for c in cells)
-    out += ["", f"{inside} of {len(cells)} cells within {TARGET:.0%}.", ""]
+        band = f"{c.band[0]:.1f} .. {c.band[1]:.1f}" if c.band else ""
+        out.append(f"| {c.label} | {c.engine} ({c.hardware}) | {c.settings} | {c.metric.replace('_tok_s', '')} "
+                   f"tok/s | {c.published:g} | {c.predicted:.1f} | {c.error:+.0%} | "
+                   f"{'yes' if c.within_target else 'no'} | {c.pin:.0%} | {band} | {proxies} | {alt} | {why} |")
+    inside = sum(c.within_target for c in cells)
+    spanned = sum(c.band is not None and c.band[0] <= c.published <= c.band[1] for c in cells)
+    out += ["", f"{inside} of {len(cells)} cells within {TARGET:.0%}; the band holds the published value in "
+            f"{spanned} of {len(cells)}.", ""]
     return "\n".join(out)
 
 

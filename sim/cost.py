@@ -11,6 +11,9 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
 flows through sim.lanes.share (DRAM bandwidth split between them), `host="independent"` lets each run at its cap.
+GPU rates are achieved ones: datasheet x the hardware's gemm_efficiency (FLOPs) and gemv_efficiency (bytes).
+Host work (sim.overhead.HostWork, optional): the launches before the router bound the dense part from below, the
+host syncs it charges follow it (the routing ids reach the host), the launches after bound the GPU lanes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from sim.hardware import HardwareProfile
 from sim.lanes import HOST_MODES, roofline, share
 from sim.model_card import ModelCard
+from sim.overhead import HostWork
 from sim.replay import ReplayLog
 
 PREFILL = 0
@@ -33,6 +37,7 @@ class CostOptions:
     host: str = "shared"  # independent | shared (PCIe DMA and the CPU lane draw from one DRAM)
     overlap: bool = True  # copies run on a second stream beside compute; False: copy, then compute
     double_buffer: bool = True  # prefill: the next call's experts load while this call computes
+    dispatch_us: float = 0.0  # the engine's host work per launch on top of the hardware's launch_us
 
     def __post_init__(self) -> None:
         if self.host not in HOST_MODES:
@@ -43,11 +48,14 @@ class CostOptions:
 
 @dataclass(slots=True)
 class CallMeta:
-    """Per call, from the trace: tokens in the call, context tokens before it in its request, its turn."""
+    """Per call, from the trace: tokens in the call, context tokens before it in its request, its turn.
+    A batched call (sim.batch) carries `sequences` [N] sequences of tokens / sequences tokens each, context then
+    being their mean context (None: one sequence per call)."""
 
     tokens: np.ndarray  # [N] tokens (not (token, expert) pairs)
     context: np.ndarray  # [N]
     turn: np.ndarray  # [N]
+    sequences: np.ndarray | None = None  # [N]
 
 
 @dataclass(slots=True)
@@ -87,22 +95,24 @@ def call_meta(trace, prefill_chunk: int) -> CallMeta:
 
 
 def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
-           options: CostOptions = CostOptions()) -> CallTimes:
+           options: CostOptions = CostOptions(), host_work: HostWork | None = None) -> CallTimes:
     N = len(log)
     if len(meta.tokens) != N:
         raise ValueError(f"call metadata has {len(meta.tokens)} calls, the replay log {N}")
     S, P, Lm = card.expert_bytes(), card.expert_params, card.moe_layers
-    hbm, bp, bh = hw.hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
-    rate, cpu_rate = hw.gpu_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
+    hbm, bp, bh = hw.achieved_hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
+    rate, cpu_rate = hw.achieved_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
     dram = hw.dram_gb_s * 1e9 if options.host == "shared" else math.inf
     latency = hw.cpu_lane_latency_us * 1e-6
     pcie_latency = hw.pcie_call_latency_us * 1e-6
     n, ctx = meta.tokens.astype(np.float64), meta.context.astype(np.float64)
+    seqs = np.ones(N) if meta.sequences is None else meta.sequences.astype(np.float64)
+    m = n / seqs  # tokens per sequence
 
-    # dense: weights of one layer's share, KV of the context read once per call, attention FLOPs
+    # dense: weights of one layer's share, KV of each sequence's context read once per call, attention FLOPs
     attn_share = card.attention_layers / Lm
-    kv_bytes = card.kv_bytes_per_token / Lm * (ctx + n)
-    dense_flops = 2 * card.dense_params * 1e9 / Lm * n + 4 * card.attention_width * n * (ctx + (n + 1) / 2) * attn_share
+    kv_bytes = card.kv_bytes_per_token / Lm * seqs * (ctx + m)
+    dense_flops = 2 * card.dense_params * 1e9 / Lm * n + 4 * card.attention_width * n * (ctx + (m + 1) / 2) * attn_share
     t_dense = roofline(card.dense_bytes() / Lm + kv_bytes, dense_flops, hbm, rate)  # [N]
     t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, rate)
     t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, rate)
@@ -111,13 +121,21 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)
     cpu_cap = np.divide(cpu_bytes, t_cpu_alone, out=np.full(N, bh), where=t_cpu_alone > 0)
 
+    per_launch = (hw.launch_us + options.dispatch_us) * 1e-6
+    if host_work is None:
+        pre = post = stall = np.zeros(N)
+    else:  # host launch time bounds each part from below; each device kernel adds its floor to the GPU's time
+        pre, post = host_work.pre_launches * per_launch, host_work.post_launches * per_launch
+        stall = host_work.charged_syncs * hw.sync_us * 1e-6
+        floor = hw.kernel_floor_us * 1e-6
+        t_dense, t_hit = t_dense + host_work.pre_kernels * floor, t_hit + host_work.post_kernels * floor
     seconds, gpu_busy = np.empty(N), t_dense + t_hit + t_fcomp
     pcie_busy, cpu_busy = np.empty(N), np.empty(N)
     end = prev_start = pcie_free = 0.0
     phase = log.phase.tolist()
     for i in range(N):
         start = end
-        routed = start + t_dense[i]
+        routed = start + max(t_dense[i], pre[i]) + stall[i]  # launched, computed, and its routing on the host
         d_p, d_c = share(pcie_bytes[i], bp, cpu_bytes[i], cpu_cap[i], dram)
         d_c += latency if cpu_bytes[i] else 0.0
         d_p += pcie_latency if pcie_bytes[i] else 0.0
@@ -128,6 +146,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
         else:  # one stream: the copy waits for the resident experts' compute, the fetched ones wait for the copy
             pcie_end = max(pcie_free, routed + t_hit[i]) + d_p
             gpu_end = pcie_end + t_fcomp[i]
+        gpu_end = max(gpu_end, routed + post[i])  # the experts' kernels are launched after the routing
         end = max(gpu_end, routed + d_c if cpu_bytes[i] else routed)
         seconds[i] = end - start
         pcie_busy[i], cpu_busy[i] = d_p, d_c if cpu_bytes[i] else 0.0

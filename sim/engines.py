@@ -9,7 +9,7 @@ engine: FreeToken's double-buffered layer prefetch and llama.cpp's per-ubatch co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split
 from sim.cost import CostOptions
@@ -33,7 +33,28 @@ class Engine:
     compute_dtype: str | None = None  # GEMM rate the engine's kernels run at, None = the card's
     resident: bool = False  # every expert in VRAM; an error when they do not fit
     staging: bool = False  # one layer of the planned slots is staging, not cache (freetoken's slot pool)
+    host_work: str = "freetoken"  # whose launch / sync counts (sim.overhead.FLAVOURS)
+    cuda_graphs: bool = False  # decode steps replayed as captured CUDA graphs
+    dispatch_us: float = 0.0  # the engine's own host work per launch, beyond the driver's (hardware launch_us)
+    cpu_threads: int = 0  # CPU-lane threads; 0 = every core of the hardware profile
+    amx: bool = False  # CPU-lane GEMMs on AMX tiles (KTransformers' AMX backend): hardware cpu_amx_tflops
     about: str = ""
+
+    def __post_init__(self) -> None:
+        from sim.overhead import FLAVOURS
+
+        if self.prefill_chunk <= 0:
+            raise ValueError(f"engine prefill_chunk must be positive, got {self.prefill_chunk}")
+        if self.host_work not in FLAVOURS:
+            raise ValueError(f"engine host_work {self.host_work!r} is not one of {', '.join(FLAVOURS)}")
+        if self.cpu_threads < 0 or self.dispatch_us < 0:
+            raise ValueError("engine cpu_threads and dispatch_us must be >= 0")
+
+    def settings(self) -> dict:
+        """What a prediction assumed of this engine (anchor rows and `ft predict --json` state it)."""
+        return {"prefill_chunk": self.prefill_chunk, "expert_format": self.expert_quant or "card",
+                "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
+                "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
@@ -41,27 +62,80 @@ class Engine:
                      hw.host_gb_s if hybrid else 0.0, fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
 
     def cost_options(self, host: str) -> CostOptions:
-        return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer)
+        return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer,
+                           dispatch_us=self.dispatch_us)
+
+    def hardware_for(self, hw: HardwareProfile) -> HardwareProfile:
+        """The CPU lane's FLOP rate under this engine's threads and AMX setting (BH stays: ft bench bw measures it
+        with every thread, and a bandwidth-bound lane saturates DRAM before it runs out of cores)."""
+        rate = hw.cpu_tflops
+        if self.amx:
+            if hw.cpu_amx_tflops <= 0:
+                raise ValueError(f"hardware {hw.name}: no AMX (cpu_amx_tflops is 0), the engine asks for it")
+            rate = hw.cpu_amx_tflops
+        if self.cpu_threads:
+            if not hw.cpu_cores:
+                raise ValueError(f"hardware {hw.name}: cpu_cores is not given, so a thread count cannot apply")
+            rate *= min(1.0, self.cpu_threads / hw.cpu_cores)
+        return hw if rate == hw.cpu_tflops else replace(hw, cpu_tflops=rate)
 
 
+# freetoken: Triton kernels launched from Python. vLLM PR #34838 (GB200): Triton's JIT dispatch 8.68 us per call,
+# 4.51 us through a cached launcher; the difference is Python work per launch on top of the driver's issue time.
+FREETOKEN_DISPATCH_US = 4.2
 _LLAMACPP = dict(split="cpu", prefill_chunk=512, overlap=False, double_buffer=False, prefill_fetch_min_tokens=32,
-                 expert_quant="q4_k_m", dense_quant="q4_k_m",
-                 compute_dtype="int8")  # GGUF Q4_K_M; MMQ kernels: int8 dot products
+                 expert_quant="q4_k_m", dense_quant="q4_k_m", host_work="llamacpp", cuda_graphs=True,
+                 compute_dtype="int8")  # GGUF Q4_K_M; MMQ kernels: int8 dot products; CUDA graphs per split (#18934)
 
 ENGINES: dict[str, Engine] = {
-    "freetoken-offload": Engine("lru", "offload", staging=True,
+    "freetoken-offload": Engine("lru", "offload", staging=True, dispatch_us=FREETOKEN_DISPATCH_US,
                                 about="global LRU expert cache, every miss fetched over PCIe"),
-    "freetoken-hybrid": Engine("lru", "hybrid", rule="paper", staging=True,
+    "freetoken-hybrid": Engine("lru", "hybrid", rule="paper", staging=True, dispatch_us=FREETOKEN_DISPATCH_US,
                                about="global LRU, misses split q* = m BP / BH fetched, the rest on the CPU"),
     "llamacpp-cmoe": Engine("static_layers", policy_options={"n_cpu_layers": "all"}, **_LLAMACPP,
                             about="-cmoe: all routed experts on the CPU; batches >= 32 tokens copy them to the GPU"),
     "llamacpp-ncmoe": Engine("static_layers", **_LLAMACPP,
                              about="--n-cpu-moe N: the first N MoE layers on the CPU (N from VRAM unless given)"),
-    "ktransformers": Engine("frequency", "cpu", double_buffer=False,
+    "ktransformers": Engine("frequency", "cpu", double_buffer=False, host_work="graph", cuda_graphs=True,
                             about="most-used experts pinned on the GPU (profile = the trace), misses on the CPU"),
     "resident": Engine("static_layers", "offload", policy_options={"n_cpu_layers": 0}, resident=True,
+                       host_work="graph", cuda_graphs=True,
                        about="every expert pinned in VRAM (vLLM-style)"),
 }
+
+
+# GGUF types llama.cpp can load experts as: bits per weight (sim.model_card.QUANT_BITS) and the GEMM rate they run at
+GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8", "q4_k_m": "int8", "q5_k_m": "int8",
+              "q6_k": "int8", "q8_0": "int8", "bf16": "bf16"}
+
+
+def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type: str | None = None,
+                  expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
+                  amx: bool | None = None) -> Engine:
+    """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
+    the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
+    new: dict = {}
+    if prefill_chunk is not None:
+        if prefill_chunk <= 0:
+            raise ValueError(f"prefill chunk / ubatch must be positive, got {prefill_chunk}")
+        new["prefill_chunk"] = prefill_chunk
+    if gguf_type is not None:
+        if engine.host_work != "llamacpp":
+            raise ValueError("a GGUF type applies to llama.cpp engines (llamacpp-*)")
+        if gguf_type not in GGUF_TYPES:
+            raise ValueError(f"unknown GGUF type {gguf_type!r}; valid: {', '.join(GGUF_TYPES)}")
+        new.update(expert_quant=gguf_type, dense_quant=gguf_type, compute_dtype=GGUF_TYPES[gguf_type])
+    if expert_format is not None:
+        new["expert_quant"] = expert_format
+    if cuda_graphs is not None:
+        new["cuda_graphs"] = cuda_graphs
+    if cpu_threads is not None:
+        if cpu_threads <= 0:
+            raise ValueError(f"cpu threads must be positive, got {cpu_threads}")
+        new["cpu_threads"] = cpu_threads
+    if amx is not None:
+        new["amx"] = amx
+    return replace(engine, **new)
 
 
 def get_engine(name: str) -> Engine:

@@ -15,6 +15,7 @@ from sim.config_file import build, read_mapping, require_positive, resolve
 
 HARDWARE_DIR = CONF_DIR / "hardware"
 GIB = 1 << 30
+CHARGE_FREE = ("launch_us", "sync_us", "kernel_floor_us", "gemm_efficiency", "gemv_efficiency", "cpu_cores", "cpu_amx_tflops")  # at their defaults: no source needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,14 @@ class HardwareProfile:
     sources: dict[str, str]
     num_gpus: int = 1  # layers split across GPUs (pipeline): VRAM adds up, one token sees one GPU at a time
     notes: str = ""
+    # per-layer fixed costs (sim/overhead.py) and achieved rates; the defaults charge nothing and need no source
+    launch_us: float = 0.0  # host issue time of one kernel launch (driver + launcher), back to back
+    sync_us: float = 0.0  # a host sync: the stream drains, then a small device-to-host copy returns
+    kernel_floor_us: float = 0.0  # GPU time of a kernel beyond its bytes / FLOPs (start, ramp-up, tail)
+    gemm_efficiency: float = 1.0  # achieved / datasheet tensor rate of a large GEMM (compute-bound prefill)
+    gemv_efficiency: float = 1.0  # achieved / datasheet memory bandwidth of a weight-streaming kernel (decode)
+    cpu_cores: int = 0  # cores cpu_tflops is quoted for (0 = not given: a thread count cannot be applied)
+    cpu_amx_tflops: float = 0.0  # CPU expert-GEMM rate on AMX tiles (0 = no AMX)
 
     def __post_init__(self) -> None:
         require_positive(self, ("vram_gib", "hbm_gb_s", "gpu_bf16_tflops", "pcie_gb_s", "host_gb_s", "dram_gb_s",
@@ -45,7 +54,12 @@ class HardwareProfile:
         require_positive(self, ("gpu_fp8_tflops", "gpu_int4_tflops", "gpu_int8_tflops", "cpu_lane_latency_us",
                                 "pcie_call_latency_us", "gpu_reserved_gib"),
                          allow_zero=True)
-        numeric = [f.name for f in fields(self) if f.type in ("float", "int") and f.name != "num_gpus"]
+        require_positive(self, ("launch_us", "sync_us", "kernel_floor_us", "cpu_cores", "cpu_amx_tflops"), allow_zero=True)
+        for name in ("gemm_efficiency", "gemv_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"field '{name}' must lie in (0, 1], got {getattr(self, name)}")
+        numeric = [f.name for f in fields(self) if f.type in ("float", "int") and f.name != "num_gpus"
+                   and not (f.name in CHARGE_FREE and getattr(self, f.name) == f.default)]
         missing = [n for n in numeric if n not in self.sources]
         if missing:
             raise ValueError(f"field 'sources' gives no source for {', '.join(missing)}")
@@ -69,6 +83,14 @@ class HardwareProfile:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def achieved_tflops(self, dtype: str) -> float:
+        """The tensor rate a large GEMM reaches: the datasheet rate x gemm_efficiency."""
+        return self.gpu_tflops(dtype) * self.gemm_efficiency
+
+    @property
+    def achieved_hbm_gb_s(self) -> float:
+        return self.hbm_gb_s * self.gemv_efficiency
 
 
 def load_hardware(name_or_path: str) -> HardwareProfile:
@@ -100,6 +122,16 @@ def with_bench_profile(hw: HardwareProfile, profile: dict, where: str) -> Hardwa
     else:
         new["dram_gb_s"] = float(profile["host"]["gb_s"])
         sources["dram_gb_s"] = f"ft bench bw ({where}): host.gb_s (sustained read)"
+    gpu = profile.get("gpu_probe")
+    if gpu:  # measured on this GPU by ft bench bw's launch / sync / GEMM / GEMV probe
+        new["launch_us"], new["sync_us"] = float(gpu["launch_us"]), float(gpu["sync_us"])
+        new["kernel_floor_us"] = float(gpu["kernel_floor_us"])
+        new["gemm_efficiency"] = min(1.0, float(gpu["gemm_tflops"]) / hw.gpu_bf16_tflops)
+        new["gemv_efficiency"] = min(1.0, float(gpu["gemv_gb_s"]) / hw.hbm_gb_s)
+        for name, key in (("launch_us", "launch_us"), ("sync_us", "sync_us"), ("kernel_floor_us", "kernel_floor_us"),
+                          ("gemm_efficiency", "gemm_tflops"),
+                          ("gemv_efficiency", "gemv_gb_s")):
+            sources[name] = f"ft bench bw ({where}): gpu_probe.{key}"
     try:
         return replace(hw, **new, sources=sources)
     except ValueError as e:

@@ -28,6 +28,8 @@ QUANT_BITS: dict[str, float] = {
     "mxfp4": 4.25,  # 4-bit + one e8m0 scale per 32 (OCP MX spec; gpt-oss experts)
     "nvfp4": 4.5,  # 4-bit + one fp8 scale per 16 (NVIDIA NVFP4)
     "q4_k_m": 4.85,  # llama.cpp Q4_K_M mix (Q4_K 4.5 bpw, Q6_K 6.56 bpw for part of ffn_down); llama.cpp quantize table
+    # other GGUF types, bits per weight from llama.cpp's quantize table (tools/quantize/README.md)
+    "q2_k": 2.63, "q3_k_m": 3.91, "q4_0": 4.5, "iq4_xs": 4.25, "q5_k_m": 5.69, "q6_k": 6.56, "q8_0": 8.5,
 }
 
 COMPUTE_DTYPES = ("bf16", "fp8", "int4", "int8")

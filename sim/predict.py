@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from sim.cost import call_meta, charge
 from sim.engines import Engine, get_engine
 from sim.hardware import HardwareProfile
 from sim.model_card import ModelCard
+from sim.overhead import LayerShape, host_work
 from sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
 from sim.prediction import Prediction, summarize
 from sim.run import SimConfig, simulate
@@ -95,16 +97,26 @@ def join_after(warm: RoutingTrace, trace: RoutingTrace) -> RoutingTrace:
                         token=np.concatenate([warm.token, trace.token]))
 
 
-def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
-            min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
-            capacity: int | None = None, on_call=None, warmup: RoutingTrace | None = None) -> Prediction:
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What a prediction replays and charges with: the card in the engine's formats, the hardware under the
+    engine's CPU settings, the engine, and the replay's policy / split / capacity."""
+
+    card: ModelCard
+    hw: HardwareProfile
+    engine: Engine
+    engine_name: str
+    config: SimConfig
+
+
+def prepare(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, *, min_context: int = DEFAULT_KV_FLOOR,
+            n_cpu_layers: int | None = None, capacity: int | None = None) -> Setup:
     """capacity: the policy's expert slots instead of the memory planner's (must not exceed the model's experts;
-    the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them).
-    warmup: routing replayed first and not reported, so `trace` meets the cache a running server would have."""
+    the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them)."""
     engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
     engine_name = engine_name if isinstance(engine_name, str) else "custom"
-    check_shape(trace, card)
     card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
+    hw = engine.hardware_for(hw)
     plan = plan_for(card, hw, min_context)
     if capacity is not None and not 0 <= capacity <= card.num_keys:
         raise ValueError(f"capacity {capacity} must lie in [0, {card.num_keys}]: {card.name} has {card.moe_layers} "
@@ -125,15 +137,26 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
         if engine.policy != "static_layers":
             raise ValueError(f"--n-cpu-moe applies to static-layer engines (llamacpp-*), not {engine_name}")
         options["n_cpu_layers"] = n_cpu_layers
-    split = engine.split_for(card, hw)
-    config = SimConfig(policy, split, capacity=capacity, prefill_chunk=engine.prefill_chunk,
+    config = SimConfig(policy, engine.split_for(card, hw), capacity=capacity, prefill_chunk=engine.prefill_chunk,
                        expert_bytes=card.expert_bytes(), options=options)
+    return Setup(card, hw, engine, engine_name, config)
+
+
+def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, trace: RoutingTrace, *,
+            min_context: int = DEFAULT_KV_FLOOR, host: str = "shared", n_cpu_layers: int | None = None,
+            capacity: int | None = None, on_call=None, warmup: RoutingTrace | None = None) -> Prediction:
+    """warmup: routing replayed first and not reported, so `trace` meets the cache a running server would have."""
+    check_shape(trace, card)
+    setup = prepare(card, hw, engine_name, min_context=min_context, n_cpu_layers=n_cpu_layers, capacity=capacity)
+    card, hw, engine, engine_name, config = setup.card, setup.hw, setup.engine, setup.engine_name, setup.config
+    capacity, options = config.capacity, config.options
     run = trace if warmup is None else join_after(warmup, trace)
     if warmup is not None:
         check_shape(warmup, card, "warm-up trace")
     result = simulate(run, config, on_call=on_call)
     meta = call_meta(run, engine.prefill_chunk)
-    times = charge(result.log, meta, card, hw, engine.cost_options(host))
+    work = host_work(engine.host_work, result.log, card.num_layers, layer_shape(card), cuda_graphs=engine.cuda_graphs)
+    times = charge(result.log, meta, card, hw, engine.cost_options(host), work)
     measured = None if warmup is None else result.log.request > 0
     pred = summarize(result.log, meta, times, card.expert_bytes(), measured, model=card.name, hardware=hw.name,
                      engine=engine_name, policy=result.policy, split=result.split, capacity_experts=capacity,
@@ -143,5 +166,26 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
                    "dense_bits": card.dense_bits, "bp_gb_s": hw.pcie_gb_s, "bh_gb_s": hw.host_gb_s,
                    "dram_gb_s": hw.dram_gb_s, "hbm_gb_s": hw.hbm_gb_s, "host": host,
                    "prefill_chunk": engine.prefill_chunk, "min_context": min_context,
-                   "n_cpu_layers": options.get("n_cpu_layers"), "trace": trace.model}
+                   "n_cpu_layers": options.get("n_cpu_layers"), "trace": trace.model,
+                   "engine_settings": engine.settings(), "launch_us": hw.launch_us, "sync_us": hw.sync_us,
+                   "dispatch_us": engine.dispatch_us, "gemm_efficiency": hw.gemm_efficiency,
+                   "gemv_efficiency": hw.gemv_efficiency,
+                   "host_work_per_decode_token": _per_token(work, result.log, measured)}
     return pred
+
+
+def layer_shape(card: ModelCard) -> LayerShape:
+    """A card's layer as freetoken runs it: q/k norms (Qwen3 families), a gated shared expert when it has one."""
+    shared, packed = card.shared_experts > 0, card.expert_format is not None
+    tensors = (6 if packed else 2) + (2 if card.expert_bias_params else 0)  # packed: weights + scales per matrix
+    return LayerShape(qk_norm=True, shared_expert=shared, shared_gate=shared, packed=packed,
+                      tensors_per_expert=tensors)
+
+
+def _per_token(work, log, measured) -> dict[str, float]:
+    """Launches, syncs and copies per decode token (all layers) of the reported calls."""
+    keep = log.phase == DECODE if measured is None else (log.phase == DECODE) & measured
+    tokens = int((keep & (log.layer == 0)).sum())
+    if not tokens:
+        return {}
+    return {name: float(getattr(work, name)[keep].sum() / tokens) for name in ("launches", "syncs", "copies")}

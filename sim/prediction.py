@@ -38,6 +38,9 @@ class Prediction:
     cpu_gb: float
     lane_busy_s: dict[str, float] = field(default_factory=dict)
     inputs: dict = field(default_factory=dict)
+    band: dict = field(default_factory=dict)  # sim.band: {metric: [low, high]} under other routing localities
+    decode_tok_s_turn_mean: float = 0.0  # per-request metric: the mean over turns of each turn's decode tok/s
+    variants: dict = field(default_factory=dict)  # sim.batch: speculative / batched decode of the same setup
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,7 +53,8 @@ def _miss(log: ReplayLog, mask) -> float:
 
 def _take(columns, mask: np.ndarray):
     """The same per-call record with only the calls where mask is true."""
-    return type(columns)(**{f.name: getattr(columns, f.name)[mask] for f in fields(columns)})
+    return type(columns)(**{f.name: None if getattr(columns, f.name) is None else getattr(columns, f.name)[mask]
+                            for f in fields(columns)})
 
 
 def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: int,
@@ -69,6 +73,9 @@ def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: in
     per_turn = np.bincount(inv, weights=times.seconds, minlength=len(turns))
     ttft = np.bincount(inv[pre], weights=times.seconds[pre], minlength=len(turns))
     ttft = ttft[np.bincount(inv[pre], minlength=len(turns)) > 0]
+    dec_s = np.bincount(inv[dec], weights=times.seconds[dec], minlength=len(turns))
+    dec_n = np.bincount(inv[dec & first_layer], weights=meta.tokens[dec & first_layer], minlength=len(turns))
+    turn_rates = dec_n[dec_s > 0] / dec_s[dec_s > 0]
     return Prediction(
         **labels,
         prompt_tokens=prompt, decode_tokens=decoded, prefill_s=prefill_s, decode_s=decode_s,
@@ -82,4 +89,5 @@ def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: in
         fetched_gb=float((log.fetched.sum() + log.prefetched.sum()) * expert_bytes / 1e9),
         cpu_gb=float(log.cpu.sum() * expert_bytes / 1e9),
         lane_busy_s={"gpu": float(times.gpu.sum()), "pcie": float(times.pcie.sum()), "cpu": float(times.cpu.sum())},
+        decode_tok_s_turn_mean=float(turn_rates.mean()) if len(turn_rates) else 0.0,
     )

@@ -47,6 +47,18 @@ def pytest_collection_modifyitems(config, items):
 
 # experiments: the real Hydra config composed once, shrunk per test (tiny trace, temp results dir)
 @pytest.fixture(scope="session")
+def anchor_cells():
+    """The seed table's cells as sim.anchors predicts them (once per session: the pins and the accuracy test)."""
+    from sim import anchors
+
+    try:
+        rows = anchors.seed_rows()
+    except ValueError:
+        pytest.skip("anchors not present (set FT_ANCHORS or place shared/ beside the checkout)")
+    return anchors.predict_cells(rows)
+
+
+@pytest.fixture(scope="session")
 def base_config():
     from experiments.compose import compose
 

@@ -100,3 +100,15 @@ def test_experiment_presets_sweep_existing_options(preset):
                 assert value in options(key), f"{preset}: {key}={value} is not a conf/{key} option"
         else:
             assert OmegaConf.select(cfg, key) is not None or key.startswith("+"), f"{preset}: no key {key}"
+
+
+def test_engine_settings_reach_the_cost_models_engine():
+    cfg = compose(["engine=llamacpp-cmoe", "engine.gguf_type=bf16", "engine.prefill_chunk=1024",
+                   "engine.cuda_graphs=false"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert (engine.expert_quant, engine.dense_quant, engine.compute_dtype) == ("bf16", "bf16", "bf16")
+    assert engine.prefill_chunk == 1024 and engine.cuda_graphs is False
+    from experiments.specs import EngineSpec
+
+    with pytest.raises(ValueError, match="engine: a GGUF type applies to llama.cpp"):
+        EngineSpec("freetoken-offload", gguf_type="q8_0")

@@ -133,3 +133,21 @@ def test_split_fetch_min_pairs_is_backwards_compatible_and_fetches_big_batches()
     assert log.cpu.tolist() == [0, 2, 2]
     with pytest.raises(ValueError, match="fetch_min_pairs must be >= 0"):
         Split("cpu", fetch_min_pairs=-1)
+
+
+def test_cpu_threads_and_amx_settings_by_hand():
+    from sim.engines import get_engine, with_settings
+
+    hw = load_hardware("rtx5090-ryzen")  # 16 cores, 5 TFLOP/s CPU lane, no AMX
+    kt = get_engine("ktransformers")
+    assert with_settings(kt, cpu_threads=8).hardware_for(hw).cpu_tflops == pytest.approx(2.5)
+    assert with_settings(kt, cpu_threads=32).hardware_for(hw).cpu_tflops == pytest.approx(5.0)  # no more cores
+    with pytest.raises(ValueError, match="no AMX"):
+        with_settings(kt, amx=True).hardware_for(hw)
+    with pytest.raises(ValueError, match="cpu_cores is not given"):
+        with_settings(kt, cpu_threads=8).hardware_for(load_hardware("xeon-2xp5000"))
+    # a GGUF type sets llama.cpp's expert and dense formats and its GEMM path
+    bf16 = with_settings(get_engine("llamacpp-cmoe"), gguf_type="bf16", prefill_chunk=2048)
+    assert (bf16.expert_quant, bf16.compute_dtype, bf16.prefill_chunk) == ("bf16", "bf16", 2048)
+    with pytest.raises(ValueError, match="unknown GGUF type"):
+        with_settings(get_engine("llamacpp-cmoe"), gguf_type="q9_z")

@@ -193,3 +193,34 @@ def test_prefill_streams_past_the_decode_working_set_in_every_engine():
         split = Split(split.mode, split.rule, split.bp, split.bh, admit_prefill=admit)
         log = replay(calls, LRU(2, 2, 2), split).log
         assert log.hits[2:].tolist() == hits and log.fetched[2:].tolist() == fetched
+
+
+def test_host_work_bounds_and_kernel_floors_by_hand():
+    # one decode call with one resident expert: dense 1 ms + KV, the hit 1 ms. Host: 150 launches before the router
+    # at 8 + 2 = 10 us = 1.5 ms (slower than the dense part's 1 ms + 3 kernels x 1 us), then a 20 us sync for the
+    # routing ids, then 50 launches = 0.5 ms (faster than the hit's 1 ms + 2 kernels x 1 us).
+    from sim.overhead import HostWork
+
+    hw = toy_hw(launch_us=8.0, sync_us=20.0, kernel_floor_us=1.0)
+    one = lambda v: np.asarray([v], np.int64)  # noqa: E731
+    work = HostWork(one(150), one(50), one(3), one(2), one(1), one(2), one(1), one(150))
+    options = CostOptions(host="independent", dispatch_us=2.0)  # 8 + 2 = 10 us per launch
+    t = charge(log_of(dict(hits=1, hit_tokens=1)), meta_of([1]), toy_card(), hw, options, work).seconds[0]
+    assert t == pytest.approx(1.5 * MS + 20e-6 + max(1 * MS + 2e-6, 0.5 * MS), rel=1e-9)
+    # the same call launch-bound after the router: 200 launches = 2 ms > the hit's 1.002 ms
+    work.post_launches[:] = 200
+    t = charge(log_of(dict(hits=1, hit_tokens=1)), meta_of([1]), toy_card(), hw, options, work).seconds[0]
+    assert t == pytest.approx(1.5 * MS + 20e-6 + 2 * MS, rel=1e-9)
+    # no host work: the old lanes, at the datasheet rates (the toy's efficiencies are 1)
+    assert charge(log_of(dict(hits=1, hit_tokens=1)), meta_of([1]), toy_card(), hw, options).seconds[0] == \
+        pytest.approx(DENSE + 1 * MS, rel=1e-9)
+
+
+def test_achieved_rates_divide_the_datasheet_by_the_efficiency():
+    hw = toy_hw(gemv_efficiency=0.5, gemm_efficiency=0.25)
+    t = seconds([dict(hits=1, hit_tokens=1)], [1], hw=hw)[0]
+    assert t == pytest.approx(2 * (DENSE + 1 * MS), rel=1e-9)  # byte-bound decode: half the bandwidth
+    # a FLOP-bound prefill chunk: 1000 tokens through one expert = 6 GFLOP at 1 TFLOP/s x 0.25 = 24 ms
+    t = seconds([dict(phase=0, hits=1, hit_tokens=1000)], [1000], hw=hw)[0]
+    dense_flops = 2 * 0.003e9 * 1000 + 4 * 1 * 1000 * (0 + 1001 / 2)
+    assert t == pytest.approx(max(2 * (1 * MS + 1000 * KV_NS), dense_flops / 0.25e12) + 24 * MS, rel=1e-9)

@@ -58,7 +58,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
     log(f"CPU lane ({lane_name}): {cpu_pool.experts} experts of {geo.expert_bytes / MiB:.1f} MiB, 1 token each")
     profile["cpu_lane"] = {**cpu_lane(cpu_pool, cfg.seconds, lane).to_dict(), "function": lane_name,
                            "experts_in_pool": cpu_pool.experts, "tokens_per_expert": 1}
-    profile["pcie"] = profile["overlap"] = profile["decode_probe"] = None
+    profile["pcie"] = profile["overlap"] = profile["decode_probe"] = profile["gpu_probe"] = None
     dma = cpu_ov = dma_ov = None
     if cuda:
         gpu_pool = ExpertPool(geo, geo.pool_size(span), pin=True)
@@ -71,6 +71,10 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         cpu_r, dma_r = overlapped(cpu_pool, lane, gpu_pool, slots, cfg.seconds, cfg.misses_per_call)
         profile["overlap"] = {"cpu_lane": cpu_r.to_dict(), "gather": dma_r.to_dict()}
         dma, cpu_ov, dma_ov = gather.gb_s, cpu_r.gb_s, dma_r.gb_s
+        from freetoken.calibrate.gpu_probe import gpu_probe
+
+        log("GPU probe: launch, sync, kernel floor, GEMM and GEMV rates")
+        profile["gpu_probe"] = gpu_probe()
         if cfg.probe:
             from freetoken.calibrate.probe import ProbeModel, decode_probe
 

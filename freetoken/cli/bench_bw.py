@@ -66,6 +66,13 @@ def print_table(p: dict) -> None:
             print(f"{name:28s} {'absent (no CUDA device)':>40s}")
         else:
             print(f"{name:28s} {r['gb_s']:15.2f} {r['peak_gb_s']:15.2f} {r['seconds']:8.2f}")
+    g = p.get("gpu_probe")
+    if g:
+        print(f"GPU probe: launch {g['launch_us']:.1f} us (+{g['dispatch_us']:.1f} us Triton dispatch), sync "
+              f"{g['sync_us']:.1f} us, kernel floor {g['kernel_floor_us']:.2f} us, GEMM {g['gemm_tflops']:.0f} TFLOP/s, "
+              f"GEMV {g['gemv_gb_s']:.0f} GB/s")
+    else:
+        print("GPU probe: absent (no CUDA device)")
     probe = p["decode_probe"]
     if probe:
         print(f"decode probe ({probe['model']}): offload {probe['offload_tok_s']:.2f} tok/s, "

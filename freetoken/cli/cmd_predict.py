@@ -9,6 +9,7 @@ from freetoken.cli.common import add_size_args, print_json, progress
 
 
 def register(sub) -> None:
+    from sim.agent import AGENT_WORKLOADS
     from sim.engines import ENGINES
     from sim.lanes import HOST_MODES
     from sim.planner import DEFAULT_KV_FLOOR
@@ -31,6 +32,9 @@ def register(sub) -> None:
     p.add_argument("--rule", choices=["balanced", "paper"],
                    help="hybrid engines: how many misses to fetch (balanced lanes, or the paper's q* = m BP / BH)")
     p.add_argument("--trace", help="routing trace of this model (.safetensors); default: a synthetic one of its shape")
+    p.add_argument("--workload", default="single", choices=["single", *AGENT_WORKLOADS],
+                   help="synthetic workload: single (one prompt, one answer: --prompt-tokens, --decode-tokens) or "
+                        "a turn-structured agent session with KV reuse (sim.agent)")
     p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT, help="synthetic: prompt length")
     p.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE, help="synthetic: tokens generated")
     p.add_argument("--warmup-decode", type=int, default=0,
@@ -50,10 +54,62 @@ def register(sub) -> None:
     cpu.add_argument("--cpu-moe", action="store_true", help="llamacpp engines: every MoE layer's experts on the CPU")
     cpu.add_argument("--n-cpu-moe", "--n-cpu-layers", dest="n_cpu_moe", type=int, metavar="N",
                      help="llamacpp engines: the first N MoE layers' experts on the CPU (default: from VRAM)")
+    # engine settings (sim.engines.with_settings): what the run being predicted used
+    p.add_argument("--prefill-chunk", type=int, help="tokens per prefill call (freetoken, ktransformers; default 2048)")
+    p.add_argument("--ubatch", type=int, help="llama.cpp -ub: tokens per prefill call (default 512)")
+    p.add_argument("--gguf-type", help="llama.cpp GGUF type of the model file: q4_k_m (default), q8_0, bf16, ...")
+    p.add_argument("--cuda-graphs", choices=["on", "off"], help="decode as captured CUDA graphs (default: the "
+                                                                "engine's: llama.cpp, ktransformers, resident on)")
+    p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
+    p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
+    p.add_argument("--draft-depth", type=int, help="speculative decoding / MTP: tokens drafted per step (sim.batch)")
+    p.add_argument("--acceptance", type=float, help="speculative decoding: acceptance rate of a drafted token")
+    p.add_argument("--batch", type=int, help="also decode this many synthetic sequences in lockstep (sim.batch)")
+    p.add_argument("--no-band", action="store_true",
+                   help="skip the band (the prediction again under three other routing localities)")
     p.add_argument("--anchors", action="store_true",
                    help="regenerate docs/anchors.md: predictions beside every published anchor cell")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
+
+
+def engine_from_args(args: argparse.Namespace):
+    from sim.engines import get_engine, with_settings
+
+    engine = get_engine(args.engine)
+    if args.ubatch is not None and engine.host_work != "llamacpp":
+        raise ValueError("--ubatch applies to llama.cpp engines (llamacpp-*); use --prefill-chunk")
+    if args.prefill_chunk is not None and args.ubatch is not None:
+        raise ValueError("give one of --prefill-chunk and --ubatch")
+    graphs = None if args.cuda_graphs is None else args.cuda_graphs == "on"
+    return with_settings(engine, prefill_chunk=args.prefill_chunk if args.ubatch is None else args.ubatch,
+                         gguf_type=args.gguf_type, expert_format=args.expert_format, cuda_graphs=graphs,
+                         cpu_threads=args.cpu_threads, amx=True if args.amx else None)
+
+
+def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> None:
+    """--draft-depth / --acceptance and --batch: the same model, machine and engine decoding otherwise."""
+    from sim.batch import Speculation, predict_batched, predict_speculative
+    from sim.predict import synthetic_trace
+
+    if (args.draft_depth is None) != (args.acceptance is None):
+        raise ValueError("give both --draft-depth and --acceptance (speculative decoding)")
+    if args.draft_depth is not None:
+        spec = Speculation(args.draft_depth, args.acceptance)
+        r = predict_speculative(card, hw, engine, trace, spec, pred.decode_tok_s, warmup, args.host, **kw)
+        pred.variants["speculative"] = {"tok_s": r.tok_s, "steps": r.steps, "tokens_per_step": spec.tokens_per_step,
+                                        "about": f"depth {spec.depth}, acceptance {spec.acceptance}: "
+                                                 f"{spec.tokens_per_step:.2f} tokens per verify step"}
+    if args.batch is not None:
+        if args.batch < 1 or args.trace:
+            raise ValueError("--batch needs a positive count and a synthetic workload (no --trace)")
+        traces = [synthetic_trace(card, args.prompt_tokens, args.decode_tokens, skew=args.skew, reuse=args.reuse,
+                                  window=args.window, seed=s) for s in range(args.batch)]
+        r = predict_batched(card, hw, engine, traces, args.host, **kw)
+        pred.variants["batched"] = {"tok_s": r.tok_s, "per_sequence_tok_s": r.per_sequence_tok_s,
+                                    "seconds_per_token": r.seconds_per_token,
+                                    "about": f"{args.batch} sequences in lockstep, {r.per_sequence_tok_s:.1f} tok/s "
+                                             f"each, cold cache"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,14 +121,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--model and --hardware are required (or --anchors)")
     from freetoken.trace import load
     from sim.calls import num_calls
-    from sim.engines import get_engine
     from sim.hardware import load_hardware
     from sim.model_card import load_model_card
     from sim.predict import check_shape, predict, synthetic_trace, warmup_split
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
-    if args.expert_format:
-        card = card.with_quant(expert=args.expert_format)
     if args.bw_profile:
         from pathlib import Path
 
@@ -80,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         from sim.hardware import with_bench_profile
 
         hw = with_bench_profile(hw, load_profile(Path(args.bw_profile)), args.bw_profile)
-    engine = get_engine(args.engine)
+    engine = engine_from_args(args)
     capacity = None
     if args.capacity is not None or args.fraction is not None:  # the one cache config's rule, on the card's experts
         from freetoken.cli.common import CLI_NAMES
@@ -89,27 +142,47 @@ def run(args: argparse.Namespace) -> int:
         size = cache_config(CLI_NAMES, capacity=args.capacity, fraction=args.fraction)
         capacity = size.slots_for(card.moe_layers, card.num_experts)
     n_cpu = card.moe_layers if args.cpu_moe else args.n_cpu_moe
+    sizing = dict(min_context=args.kv_floor, n_cpu_layers=n_cpu, capacity=capacity)
     if args.rule:
         if engine.split != "hybrid":
             raise ValueError(f"--rule applies to hybrid engines, not {args.engine} (split {engine.split})")
         engine = replace(engine, rule=args.rule)
     if args.warmup_decode < 0:
         raise ValueError(f"--warmup-decode must be >= 0, got {args.warmup_decode}")
+    if args.trace and args.workload != "single":
+        raise ValueError("--workload draws a synthetic trace; it cannot be combined with --trace")
+
+    def make_trace(**routing):  # the warm-up continues the same synthetic routing, after the measured tokens
+        if args.workload != "single":
+            from sim.agent import agent_trace, workload_turns
+
+            return agent_trace(card, workload_turns(args.workload), args.warmup_decode, **routing)
+        return synthetic_trace(card, args.prompt_tokens, args.decode_tokens + args.warmup_decode, **routing)
+
     if args.trace:
         trace = load(args.trace)
         check_shape(trace, card, args.trace)
-    else:  # the warm-up continues the same synthetic routing (same hot experts), after the measured tokens
-        trace = synthetic_trace(card, args.prompt_tokens, args.decode_tokens + args.warmup_decode, skew=args.skew,
-                                reuse=args.reuse, window=args.window)
+    else:
+        trace = make_trace(skew=args.skew, reuse=args.reuse, window=args.window)
     warmup = None
     if args.warmup_decode:
         trace, warmup = warmup_split(trace, args.warmup_decode)
     n = num_calls(trace, engine.prefill_chunk) + (num_calls(warmup, engine.prefill_chunk) if warmup else 0)
     with progress(n, f"replaying {card.name} on {hw.name}", enabled=not args.json) as advance:
-        pred = predict(card, hw, engine, trace, min_context=args.kv_floor, host=args.host,
-                       n_cpu_layers=n_cpu, capacity=capacity, on_call=None if args.json else advance,
-                       warmup=warmup)
+        pred = predict(card, hw, engine, trace, host=args.host, on_call=None if args.json else advance,
+                       warmup=warmup, **sizing)
     pred.engine = args.engine + (f" (rule {args.rule})" if args.rule else "")
+    decode_variants(args, card, hw, engine, trace, warmup, pred, sizing)
+    if not args.no_band:
+        from sim.band import locality_band
+
+        if args.trace:  # the band draws synthetic traces of the trace's lengths
+            prompt, decode = pred.prompt_tokens, pred.decode_tokens
+            make_trace = lambda **r: synthetic_trace(card, prompt, decode + args.warmup_decode, **r)  # noqa: E731
+        with progress(3, "band: three other routing localities", enabled=not args.json) as advance:
+            pred.band = locality_band(card, hw, engine, make_trace, pred, args.warmup_decode,
+                                      host=args.host, on_call=None, **sizing)
+            advance(3)
     if args.json:
         print_json(pred.to_dict())
         return 0
@@ -117,9 +190,24 @@ def run(args: argparse.Namespace) -> int:
     print(f"  capacity {pred.capacity_experts} of {pred.total_experts} experts "
           f"({pred.capacity_experts / pred.total_experts:.0%}), miss rate prefill {pred.miss_rate_prefill:.1%} "
           f"decode {pred.miss_rate_decode:.1%}")
-    print(f"  prefill {pred.prefill_tok_s:8.1f} tok/s  ({pred.prompt_tokens} tokens, TTFT {pred.ttft_s:.2f} s)")
-    print(f"  decode  {pred.decode_tok_s:8.1f} tok/s  ({pred.decode_tokens} tokens)")
-    print(f"  turn latency p50 {pred.turn_latency_p50_s:.2f} s, worst {pred.turn_latency_worst_s:.2f} s")
+    band = pred.band
+    rng = (lambda m, f: f"  [{f.format(band[m][0])} .. {f.format(band[m][1])} over routing localities]"
+           if band else "")
+    print(f"  prefill {pred.prefill_tok_s:8.1f} tok/s  ({pred.prompt_tokens} tokens, TTFT {pred.ttft_s:.2f} s)"
+          + rng("prefill_tok_s", "{:.1f}"))
+    print(f"  decode  {pred.decode_tok_s:8.1f} tok/s  ({pred.decode_tokens} tokens)" + rng("decode_tok_s", "{:.1f}"))
+    print(f"  turn latency p50 {pred.turn_latency_p50_s:.2f} s, worst {pred.turn_latency_worst_s:.2f} s"
+          + rng("turn_latency_worst_s", "{:.2f}"))
+    if args.workload != "single":
+        print(f"  per request: mean decode {pred.decode_tok_s_turn_mean:.1f} tok/s over turns, mean TTFT "
+              f"{pred.ttft_s:.2f} s" + rng("ttft_s", "{:.2f}") + f", worst turn {pred.turn_latency_worst_s:.2f} s")
+    work = pred.inputs.get("host_work_per_decode_token")
+    if work:
+        print(f"  per decode token: {work['launches']:.0f} kernel launches, {work['syncs']:.0f} host syncs, "
+              f"{work['copies']:.0f} copies (launch {hw.launch_us:g} us + dispatch {engine.dispatch_us:g} us, "
+              f"sync {hw.sync_us:g} us)")
+    for name, v in pred.variants.items():
+        print(f"  {name} decode: {v['tok_s']:.1f} tok/s ({v['about']})")
     busy = pred.lane_busy_s
     print(f"  lanes busy: gpu {busy['gpu']:.2f} s, pcie {busy['pcie']:.2f} s, cpu {busy['cpu']:.2f} s "
           f"(fetched {pred.fetched_gb:.1f} GB, cpu read {pred.cpu_gb:.1f} GB)")

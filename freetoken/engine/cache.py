@@ -16,13 +16,13 @@ from freetoken.placement import CacheConfig, PlacementPolicy, build_policy, make
 
 class ExpertCache:
     def __init__(self, store: ExpertStore, config: CacheConfig, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False, pipeline: bool | None = None):
+                 keep_plans: bool = False, pipeline: bool | None = None, host=None):
         self.store, self.config = store, config
         L, E = store.num_layers, store.num_experts
         self.capacity = config.slots_for(L, E)
         staging = E if config.staging is None else config.staging
         self.pool = SlotPool(self.capacity, staging, store, device)
-        self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline)
+        self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline, host)
         self.policy = self._new_policy()
 
     def _new_policy(self) -> PlacementPolicy:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
+from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
 from freetoken.engine.kv import KVCache
 from freetoken.engine.model import Decoder
@@ -59,10 +60,11 @@ class Engine:
             cache = replace(cache, prefill_chunk=prefill_chunk)  # validated again, the field named
         self.config, self.checkpoint = ckpt.config, ckpt
         self.device = torch.device(device) if device is not None else default_device()
-        self.kernels = kernel_set(kernels)
+        self.host = HostCounters()  # launches, syncs, copies (the cost model's sim.overhead counts)
+        self.kernels = counted(kernel_set(kernels), self.host)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
-        self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline)
+        self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host)
         self.prefill_chunk = cache.prefill_chunk
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
         self.tokenizer = tokenizer
@@ -93,8 +95,12 @@ class Engine:
     def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(layer, h)  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()
+        self.host.syncs += 1
+        self.host.copies += 1
         if self.recorder is not None:
             self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())
+            self.host.syncs += 1
+            self.host.copies += 1
         return self.cache(layer, h, weights, ids_host, self._phase, self._request)
 
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, phase: int = PREFILL, request: int = 0,
@@ -193,3 +199,5 @@ class Engine:
             self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture)
         self.stats = RunStats()
         self._turns = {}
+        for f in ("launches", "syncs", "copies"):
+            setattr(self.host, f, 0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
@@ -22,8 +23,9 @@ from freetoken.placement.counts import Counts
 
 class LiveExecutor:
     def __init__(self, store: ExpertStore, pool: SlotPool, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False, pipeline: bool | None = None):
+                 keep_plans: bool = False, pipeline: bool | None = None, host: HostCounters | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
+        self.host = host if host is not None else HostCounters()
         self.counters = Counts()
         self.phase_counters = (Counts(), Counts())  # prefill, decode
         self.plans: list[Plan] | None = [] if keep_plans else None
@@ -73,6 +75,8 @@ class LiveExecutor:
                 y = part if y is None else y + part
         if plan.cpu:
             y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
+            self.host.syncs += 1  # the activations reach the host
+            self.host.copies += 2  # ... and the lane's result goes back
         self._count(self.counters, plan, ids)
         self._count(self.phase_counters[phase], plan, ids)
         if self.plans is not None:
@@ -80,6 +84,7 @@ class LiveExecutor:
         return y
 
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
+        self.host.copies += 1
         return torch.from_numpy(np.ascontiguousarray(slots, np.int32)).to(self.device, non_blocking=True)
 
     def _copy(self, layer: int, groups: list[list[tuple[int, int]]], prefetch: list[tuple[int, int]],
@@ -88,6 +93,7 @@ class LiveExecutor:
         to wait on; `ready` marks the copies queued before this call (earlier prefetches a hit may read).
         On CPU the copies are done on return and every event is None."""
         store, pool = self.store, self.pool
+        self.host.copies += pool.tensors_per_expert * (sum(map(len, groups)) + len(prefetch))
         if not self.cuda:
             for group in groups:
                 for e, s in group:

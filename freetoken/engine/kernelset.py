@@ -43,6 +43,7 @@ def _build(name: str) -> KernelSet:
 KERNEL_SETS = ("triton", "reference")
 
 
+
 def kernel_set(name: str) -> KernelSet:
     if name not in KERNEL_SETS:
         raise ValueError(f"kernels {name!r} is not one of {', '.join(KERNEL_SETS)}")

@@ -153,6 +153,12 @@ class SlotPool:
             tensors += [self.b_gate_up, self.b_down]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    @property
+    def tensors_per_expert(self) -> int:
+        """Host -> device copies one load issues."""
+        weights = sum(len(w.tensors()) for w in self.weights) if self.packed else 2
+        return weights + (2 if self.b_gate_up is not None else 0)
+
     def load(self, slot: int, store: ExpertStore, layer: int, expert: int) -> None:
         """Copy one expert host -> slot (asynchronous from pinned memory on the current CUDA stream)."""
         if self.b_gate_up is not None:

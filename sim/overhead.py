@@ -1,0 +1,173 @@
+"""Per-layer fixed costs: kernel launches, host syncs and small copies of every MoE-layer call, per engine.
+
+The byte and FLOP lanes of sim.cost charge what a call moves; this charges what it costs the host to ask for it.
+Counts are physical inputs read off each engine's code path (docs/cost_model.md, "Per-layer fixed costs"):
+
+    freetoken    counted from freetoken/engine (model.py, engine.py, executor.py): each kernel-set call launches
+                 KERNEL_LAUNCHES[name] Triton kernels; the router's expert ids reach the host once per MoE layer
+                 (one sync + one device-to-host copy); each expert_ffn call uploads its slot ids (one copy).
+                 tests/engine/test_host_counters.py checks these counts against the live engine's own counters.
+    llama.cpp    ggml ops per layer of its qwen3moe graph that run on the GPU backend (LLAMACPP_GPU_OPS); with
+                 -cmoe each MoE layer is two graph splits (GPU -> CPU experts -> GPU), whose round trip is the CPU
+                 lane's latency; CUDA graphs per split since ggml PR #18934, not on Pascal (PR #27721).
+    ktransformers, vLLM   decode runs as one captured CUDA graph per step (one launch per step).
+
+With CUDA graphs a decode step is one graph launch; prefill is never captured (shapes change per chunk).
+Time: launches cost `launch_us` each (hardware: the driver's per-kernel issue rate) plus the engine's own
+`dispatch_us` (host work per launch: Python + Triton's JIT dispatch for freetoken, 0 for C++ engines); a charged sync
+costs `sync_us` (the stream drains, then a small device-to-host copy). A CPU lane's round trip is charged once, as
+its `cpu_lane_latency_us`, and is counted here but not charged again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from freetoken.kernel_launches import KERNEL_LAUNCHES  # one table: the engine counts by it, the cost model charges it
+
+PREFILL = 0
+
+# llama.cpp: ggml ops per transformer layer on the GPU backend, counted from src/models/qwen3moe.cpp
+# (llm_build_qwen3moe) and build_moe_ffn (views and reshapes launch nothing); Qwen3.5's linear-attention layers
+# (qwen3next graph) launch more, which this count leaves out:
+# attn rms_norm + mul (2), q/k/v mul_mat (3), q/k rms_norm + mul (4), rope x2, KV set_rows x2, flash_attn_ext, wo
+# mul_mat, residual add, ffn rms_norm + mul (2), router mul_mat, softmax, argsort, view + get_rows, weight sum + div
+# (2), residual add; the expert ops (3 mul_mat_id, glu, weighting) run on the CPU backend under -cmoe.
+LLAMACPP_GPU_OPS = 25
+# vLLM / KTransformers decode (captured graphs): device kernels per MoE layer, vLLM's fused path (fused add +
+# rms_norm x2, qkv, q/k norm + rope, KV cache write, attention, o, router, topk_softmax, moe_align, fused_moe w13
+# and w2, silu_and_mul, moe_sum, shared expert gate_up / act / down / gate / mul); an estimate, not counted live
+GRAPH_KERNELS_PER_LAYER = 20
+# torch glue between freetoken's kernels (freetoken/engine/model.py): before the router the attention residual add
+# and the two KV writes; after it the MoE residual add, one add per extra expert_ffn group or CPU lane result, and
+# a shared expert's slot / scale tensors and residual add. Counted by hand (not by the engine's counters).
+GLUE_PRE, GLUE_POST, GLUE_SHARED, GLUE_DENSE_LAYER, GLUE_STEP = 3, 1, 3, 6, 2
+FLAVOURS = ("freetoken", "llamacpp", "graph")
+
+
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """What changes a freetoken layer's launch count: q/k norms, a shared expert and its sigmoid gate."""
+
+    qk_norm: bool = True
+    shared_expert: bool = False
+    shared_gate: bool = False
+    packed: bool = False  # packed experts run expert_ffn_quant
+    tensors_per_expert: int = 2  # host -> slot copies per expert (bf16: gate_up, down; packed: every tensor of
+    #                              gate, up, down; + 2 with biases), freetoken/engine/slots.py SlotPool.load
+
+
+@dataclass(slots=True)
+class HostWork:
+    """Per call [N]: host launches before the router's result is needed (attention, router) and after it (experts),
+    the device kernels the GPU runs in each part (= launches without CUDA graphs, glue included), syncs that stall
+    the host, small copies, the subset of syncs the cost model charges (not the CPU lane's), and `launches`: the
+    kernel-set launches the engine's counters see (glue excluded)."""
+
+    pre_launches: np.ndarray
+    post_launches: np.ndarray
+    pre_kernels: np.ndarray
+    post_kernels: np.ndarray
+    syncs: np.ndarray
+    copies: np.ndarray
+    charged_syncs: np.ndarray
+    launches: np.ndarray
+
+    def totals(self) -> dict[str, int]:
+        return {"launches": int(self.launches.sum()), "syncs": int(self.syncs.sum()),
+                "copies": int(self.copies.sum())}
+
+
+def attention_launches(shape: LayerShape, decode: np.ndarray) -> np.ndarray:
+    """input rms_norm, q/k/v, q/k norms, two ropes, attention, o projection, post-attention rms_norm."""
+    k = KERNEL_LAUNCHES
+    base = 2 * k["rms_norm"] + 4 * k["linear"] + 2 * k["apply_rope"] + (2 * k["rms_norm"] if shape.qk_norm else 0)
+    return base + np.where(decode, k["attention_decode"], k["attention_prefill"])
+
+
+def ffn_calls(log, pipeline: bool) -> np.ndarray:
+    """expert_ffn calls of each MoE call (freetoken/engine/executor.py run): one, or with the CUDA pipeline one for
+    the hits and one per fetched group (two halves in prefill when at least two experts are fetched)."""
+    if not pipeline:
+        return np.ones(len(log), np.int64)
+    fetched = log.fetched
+    groups = np.where((log.phase == PREFILL) & (fetched >= 2), 2, np.minimum(fetched, 1))
+    return np.where(fetched > 0, (log.hits > 0) + groups, 1)
+
+
+def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, cuda_graphs: bool,
+                   record: bool = False) -> HostWork:
+    """The live engine's host work per MoE call. Each step's call of MoE layer 0 also carries the step's dense
+    layers (attention + one expert_ffn each), the final norm and lm_head. Per-step host work outside the layers
+    (the sampler's read of the logits, one sync per token) is neither counted nor charged.
+    cuda_graphs: decode steps replayed as one captured graph (DESIGN.md: the device-side decision), so a decode
+    call launches nothing on its own and does not sync; layer 0 carries the step's one graph launch."""
+    k = KERNEL_LAUNCHES
+    N = len(log)
+    decode = log.phase != PREFILL
+    first = log.layer == 0
+    calls = ffn_calls(log, pipeline)
+    ffn = k["expert_ffn_quant"] if shape.packed else k["expert_ffn"]
+    shared = (k["expert_ffn"] + (k["linear"] if shape.shared_gate else 0)) if shape.shared_expert else 0
+    attn = attention_launches(shape, decode)
+    moe_layers = int(log.layer.max()) + 1 if N else 1
+    dense_layers = num_layers - moe_layers
+    step = first * (dense_layers * (attn + k["expert_ffn"]) + k["rms_norm"] + k["linear"])  # final norm, lm_head
+    pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
+    post = calls * ffn + shared + step
+    cpu = (log.cpu > 0).astype(np.int64)
+    launches = pre + post
+    glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
+        dense_layers * GLUE_DENSE_LAYER + GLUE_STEP)
+    pre, post = pre + GLUE_PRE, post + glue_post
+    pre_kernels, post_kernels = pre, post
+    experts = shape.tensors_per_expert * (log.fetched + log.prefetched)
+    syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations
+    copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
+    charged = np.full(N, 1 + record)
+    if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
+        pre, post = np.where(decode, 0, pre), np.where(decode, first, post)
+        launches = np.where(decode, first, launches)
+        syncs, charged = np.where(decode, cpu, syncs), np.where(decode, 0, charged)
+        copies = np.where(decode, experts + 2 * cpu, copies)
+    return HostWork(_i(pre), _i(post), _i(pre_kernels), _i(post_kernels), _i(syncs), _i(copies), _i(charged),
+                    _i(launches))
+
+
+def llamacpp_work(log, *, cuda_graphs: bool) -> HostWork:
+    """Per layer LLAMACPP_GPU_OPS kernels (one graph launch per split with graphs, in decode); a MoE layer whose
+    experts run on the CPU is two splits: activations down and back (syncs and copies of the CPU lane)."""
+    decode = log.phase != PREFILL
+    cpu = (log.cpu > 0).astype(np.int64)
+    ops = np.where(decode & cuda_graphs, 1, LLAMACPP_GPU_OPS)
+    zero, kernels = np.zeros(len(log)), np.full(len(log), LLAMACPP_GPU_OPS)
+    return HostWork(_i(ops), _i(zero), _i(kernels), _i(zero), _i(2 * cpu), _i(2 * cpu), _i(zero), _i(ops))
+
+
+def graph_work(log) -> HostWork:
+    """A fully captured decode step (vLLM, KTransformers): one launch per step (on layer 0's call); a CPU expert
+    call's round trip (KTransformers: a host function in the graph) is the CPU lane's. Eager prefill's launches
+    are not counted: at 2048+ tokens per chunk they are microseconds against milliseconds."""
+    first = (log.layer == 0).astype(np.int64)
+    cpu = (log.cpu > 0).astype(np.int64)
+    decode = log.phase != PREFILL
+    zero, kernels = np.zeros(len(log)), np.where(decode, GRAPH_KERNELS_PER_LAYER, 0)
+    return HostWork(_i(first * decode), _i(zero), _i(kernels), _i(zero), _i(cpu), _i(2 * cpu), _i(zero),
+                    _i(first * decode))
+
+
+def host_work(flavour: str, log, num_layers: int, shape: LayerShape, *, cuda_graphs: bool,
+              pipeline: bool = True, record: bool = False) -> HostWork:
+    if flavour == "freetoken":
+        return freetoken_work(log, num_layers, shape, pipeline=pipeline, cuda_graphs=cuda_graphs, record=record)
+    if flavour == "llamacpp":
+        return llamacpp_work(log, cuda_graphs=cuda_graphs)
+    if flavour == "graph":
+        return graph_work(log)
+    raise ValueError(f"host-work flavour {flavour!r} is not one of {', '.join(FLAVOURS)}")
+
+
+def _i(a) -> np.ndarray:
+    return np.asarray(a, np.int64)
