@@ -114,3 +114,78 @@ def test_cli_names_unknown_figures_and_reports_each(small_results, tmp_path, cap
     out = capsys.readouterr().out
     assert "miss_rate" in out and "drawn" in out and (tmp_path / "miss_rate.png").is_file()
     assert set(NAMES) == {"miss_rate", "throughput", "hybrid_split", "turn_latency", "sim_vs_live"}
+
+
+def _captured(monkeypatch, name):
+    """Draw a figure keeping its matplotlib figure and caption (the module's save() is swapped for a recorder)."""
+    mod = figure(name)
+    got = {}
+
+    def keep(fig, out_dir, fig_name, caption):
+        got.update(fig=fig, caption=caption)
+        return []
+
+    monkeypatch.setattr(mod, "save", keep)
+    return mod, got
+
+
+@pytest.mark.parametrize("name", sorted(DRAW_OVERRIDES))
+def test_caption_names_the_table_without_an_absolute_path(small_results, monkeypatch, name):
+    import re
+
+    mod, got = _captured(monkeypatch, name)
+    mod.draw(small_results, small_results, DRAW_OVERRIDES[name])
+    caption = got["caption"]
+    assert str(small_results) not in caption and not re.search(r"(^|[\s(])/\w", caption), caption
+    assert f"{small_results.name}/{mod.TABLE}" in caption
+
+
+@pytest.mark.parametrize("name, policies", [("miss_rate", ("lru", "static_layers", "frequency", "belady")),
+                                            ("sim_vs_live", ("lru", "static_layers"))])
+def test_legends_say_policy_names(small_results, monkeypatch, name, policies):
+    mod, got = _captured(monkeypatch, name)
+    mod.draw(small_results, small_results, DRAW_OVERRIDES[name])
+    legend = {t.get_text() for t in got["fig"].axes[0].get_legend().get_texts()}
+    want = {"lru": "LRU", "static_layers": "static layers (llama.cpp)", "frequency": "frequency (KTransformers)",
+            "belady": "Belady bound"}
+    assert {want[p] for p in policies} <= legend
+    assert not any("_" in t for t in legend), legend
+
+
+def test_hardware_labels_do_not_overlap():
+    """Every shipped hardware profile at its BP/BH on the hybrid_split axes, with speed-ups a few percent apart (the
+    rtx5090-ryzen and rtxpro6000-ultra7 points sit side by side): no two labels overlap, where the plain offset
+    the figure used to take overlaps."""
+    import yaml
+    from matplotlib.ticker import ScalarFormatter
+
+    from freetoken.paths import CONF_DIR
+    from paper_figs.style import label_points, new_figure
+
+    hw = sorted((yaml.safe_load(p.read_text()) for p in (CONF_DIR / "hardware").glob("*.yaml")),
+                key=lambda h: h["name"])
+    xs = [h["pcie_gb_s"] / h["host_gb_s"] for h in hw]
+    ys = [1.1 + 0.01 * i for i in range(len(hw))]
+    names = [h["name"] for h in hw]
+
+    def boxes(texts):
+        renderer = texts[0].figure.canvas.get_renderer()
+        return [t.get_window_extent(renderer) for t in texts]
+
+    def overlapping(bs):
+        return [(i, j) for i in range(len(bs)) for j in range(i) if bs[i].overlaps(bs[j])]
+
+    fig, axes = new_figure(1, 1, width=4.4, height=3.4)
+    ax = axes[0, 0]
+    ax.plot(xs, ys, "o")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_ylim(0.9, 4.2)  # the figure's range: the 4060 laptop's prefill speed-up is ~4
+    plain = [ax.annotate(n, (x, y), fontsize=5, xytext=(3, 3), textcoords="offset points")
+             for x, y, n in zip(xs, ys, names)]
+    assert overlapping(boxes(plain))  # the old layout collides on these points
+    for t in plain:
+        t.remove()
+    placed = label_points(ax, xs, ys, names)
+    assert sorted(t.get_text() for t in placed) == sorted(names)
+    assert not overlapping(boxes(placed))

@@ -70,3 +70,17 @@ def test_corrupt_trace_file_is_named(tmp_path, capsys):
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     assert main(["sim", "--trace", str(bad), "--capacity", "1"]) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+def test_plain_output_shows_prefetched_copies(trace_file, capsys):
+    """lookahead prefetches: the plain report prints the prefetched copies (and the transfers they add to the
+    misses) the JSON holds, overall and per phase, so a prefetching policy does not look cheaper than it is."""
+    argv = ["sim", "--trace", str(trace_file), "--policy", "lookahead", "--capacity", "10", "--prefill-chunk", "4"]
+    assert main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prefetched"] > 0
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"prefetched {out['prefetched']}  transfers {out['misses'] + out['prefetched']}" in text
+    for name, c in out["phases"].items():
+        assert f"fetched {c['fetched']}  prefetched {c['prefetched']}" in text.split(f"  {name}")[1].splitlines()[0]
