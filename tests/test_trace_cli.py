@@ -114,6 +114,8 @@ def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
     (["import", "{tmp}/odd.txt", "{out}", "--format", "granite_json"], "not valid JSON"),
     (["import", "{tmp}/odd.txt", "{out}", "--format", "granite_json", "--incomplete", "drop"],
      "--incomplete applies to the mixtral_jsonl format"),
+    (["synth", "{out}", "--layers", "2", "--experts", "40000", "--top-k", "2", "--tokens", "9"],
+     "num_experts 40000 exceeds 32768: a trace holds expert ids as int16"),
     (["info", "{tmp}/none.safetensors"], "no such trace file"),
     (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be positive"),
 ])
@@ -150,3 +152,27 @@ def test_shipped_traces_regenerate_from_the_commands_in_their_readme(tmp_path, c
         a, b = load(shipped), load(argv[2])
         assert np.array_equal(a.experts, b.experts) and np.array_equal(a.phase, b.phase)
         assert a.extra == b.extra and a.model == b.model
+
+
+def test_synth_and_shipped_traces_are_byte_identical_on_rebuild(tmp_path, capsys):
+    """The header's keys are written sorted: two writes in this process, one in a fresh process (another hash seed)
+    and the shipped files rebuilt from their README commands are the same bytes."""
+    import shlex
+    import subprocess
+    import sys
+
+    argv = ["--layers", "3", "--experts", "6", "--top-k", "2", "--tokens", "40", "--seed", "2"]
+    paths = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for p in paths[:2]:
+        assert main(["trace", "synth", str(p)] + argv) == 0
+    code = "import sys; from freetoken.cli import main; sys.exit(main(sys.argv[1:]))"
+    subprocess.run([sys.executable, "-c", code, "trace", "synth", str(paths[2])] + argv, check=True,
+                   capture_output=True)
+    assert paths[0].read_bytes() == paths[1].read_bytes() == paths[2].read_bytes()
+    for line in (SHIPPED_TRACES / "README.md").read_text().splitlines():
+        if line.strip().startswith("ft trace synth traces/"):
+            cmd = shlex.split(line.strip())[1:]
+            shipped = SHIPPED_TRACES / cmd[2].removeprefix("traces/")
+            cmd[2] = str(tmp_path / shipped.name)
+            assert main(cmd) == 0
+            assert shipped.read_bytes() == (tmp_path / shipped.name).read_bytes(), shipped.name
