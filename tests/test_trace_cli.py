@@ -176,3 +176,34 @@ def test_synth_and_shipped_traces_are_byte_identical_on_rebuild(tmp_path, capsys
             cmd[2] = str(tmp_path / shipped.name)
             assert main(cmd) == 0
             assert shipped.read_bytes() == (tmp_path / shipped.name).read_bytes(), shipped.name
+
+
+def _strict_json(text: str) -> dict:
+    def refuse(name):
+        raise AssertionError(f"{name} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_info_on_an_empty_or_never_reused_trace_has_no_made_up_numbers(tmp_path, capsys):
+    from freetoken.trace import RoutingTrace, save
+
+    empty = save(RoutingTrace(np.zeros((0, 2, 2), np.int16), 8, model="e", source="t"), tmp_path / "e.safetensors")
+    assert main(["trace", "info", str(empty), "--json"]) == 0
+    info = _strict_json(capsys.readouterr().out)
+    assert info["tokens"] == 0 and info["skew"] is None
+    assert info["reuse_token"] == {"accesses": 0, "cold_share": 0.0, "p50": None, "p90": None, "p99": None}
+    assert main(["trace", "info", str(empty)]) == 0
+    text = capsys.readouterr().out
+    assert "no tokens: no popularity or reuse statistics" in text and "nan" not in text and "Gini" not in text
+    # one token picking experts {0, 1} and {2, 3}: 2 of 8 experts used equally, Gini (E - n) / E = 6 / 8; no key
+    # is used twice, so there is no reuse distance to take percentiles of
+    one = save(RoutingTrace(np.array([[[0, 1], [2, 3]]], np.int16), 8, model="o", source="t"),
+               tmp_path / "o.safetensors")
+    assert main(["trace", "info", str(one), "--json"]) == 0
+    info = _strict_json(capsys.readouterr().out)
+    assert info["skew"]["gini"] == {"mean": 0.75, "min": 0.75, "max": 0.75}
+    assert info["reuse_calls"]["p50"] is None and info["reuse_calls"]["cold_share"] == 1.0
+    assert main(["trace", "info", str(one)]) == 0
+    text = capsys.readouterr().out
+    assert "no key used twice  cold 100.00% of 4 accesses" in text and "nan" not in text

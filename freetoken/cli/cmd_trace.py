@@ -85,15 +85,21 @@ def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) 
 
     if prefill_chunk <= 0:
         raise ValueError(f"--prefill-chunk must be positive, got {prefill_chunk}")
+    empty = trace.num_tokens == 0  # no accesses: popularity and reuse are undefined (null), not Gini -1.1 or NaN
+
+    def reuse(chunk: int) -> dict:  # a percentile without a warm access is null (JSON has no NaN)
+        return {k: None if isinstance(v, float) and math.isnan(v) else v
+                for k, v in reuse_stats(trace, chunk).to_dict().items()}
+
     return {
         "model": trace.model, "source": trace.source,
         "tokens": trace.num_tokens, "requests": int(len(np.unique(trace.request))),
         "phases": {"prefill": int((trace.phase == PREFILL).sum()), "decode": int((trace.phase == DECODE).sum())},
         "layers": trace.num_layers, "experts": trace.num_experts, "top_k": trace.top_k,
         "gates": trace.gates is not None,
-        "skew": popularity_skew(trace).summary(),
-        "reuse_token": reuse_stats(trace, 1).to_dict(),
-        "reuse_calls": {"prefill_chunk": prefill_chunk, **reuse_stats(trace, prefill_chunk).to_dict()},
+        "skew": None if empty else popularity_skew(trace).summary(),
+        "reuse_token": reuse(1),
+        "reuse_calls": {"prefill_chunk": prefill_chunk, **reuse(prefill_chunk)},
         "extra": dict(trace.extra),
     }
 
@@ -107,6 +113,9 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"  {info['tokens']} tokens, {info['requests']} requests, prefill {info['phases']['prefill']}, "
           f"decode {info['phases']['decode']}; {info['layers']} layers x {info['experts']} experts, "
           f"top-{info['top_k']}" + (", gates" if info["gates"] else ""))
+    if info["skew"] is None:
+        print("  no tokens: no popularity or reuse statistics")
+        return 0
     print("  per-layer popularity (mean [min, max] over layers):")
     labels = {"top10": "share of top 10% experts", "top25": "share of top 25% experts", "gini": "Gini",
               "entropy": "entropy / log(E)"}
@@ -116,8 +125,9 @@ def run_info(args: argparse.Namespace) -> int:
     print("  reuse distance (accesses between two uses of a (layer, expert) key):")
     for key, label in (("reuse_token", "per token"), ("reuse_calls", f"per call, chunk {args.prefill_chunk}")):
         r = info[key]
-        print(f"    {label:26s} p50 {r['p50']:.0f}  p90 {r['p90']:.0f}  p99 {r['p99']:.0f}  "
-              f"cold {r['cold_share']:.2%} of {r['accesses']} accesses")
+        spread = "  ".join(f"{p} {r[p]:.0f}" for p in ("p50", "p90", "p99")) if r["p50"] is not None \
+            else "no key used twice"
+        print(f"    {label:26s} {spread}  cold {r['cold_share']:.2%} of {r['accesses']} accesses")
     if "dropped_tokens" in info["extra"]:
         print(f"  dropped at import: {info['extra']['dropped_tokens']} tokens")
     return 0
