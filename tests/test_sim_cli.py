@@ -84,3 +84,16 @@ def test_plain_output_shows_prefetched_copies(trace_file, capsys):
     assert f"prefetched {out['prefetched']}  transfers {out['misses'] + out['prefetched']}" in text
     for name, c in out["phases"].items():
         assert f"fetched {c['fetched']}  prefetched {c['prefetched']}" in text.split(f"  {name}")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-fetch", "0"]])
+def test_max_fetch_rule_without_a_positive_max_fetch_is_refused(trace_file, capsys, extra):
+    """Before, --rule max_fetch without --max-fetch fetched nothing: every miss went to the CPU, silently."""
+    argv = ["sim", "--trace", str(trace_file), "--capacity", "10", "--split", "hybrid", "--rule", "max_fetch"]
+    assert main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert "split rule max_fetch needs max_fetch >= 1 (--max-fetch N), got 0" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(argv + ["--max-fetch", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fetched"] > 0 and out["cpu"] > 0
