@@ -16,6 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from freetoken.paths import CONF_DIR
+from experiments.launchers import launch
 from experiments.results import config_hash
 from experiments.runner import RunOutput, build, config_columns, guarded, run_once
 
@@ -126,4 +127,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, "experiments.live")

@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from freetoken.cli.common import progress
 from freetoken.paths import CONF_DIR
+from experiments.launchers import launch
 from experiments.runner import RunOutput, build, guarded, run_once, show_progress
 
 TABLE = "predict"
@@ -120,4 +121,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, "experiments.predict")

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from freetoken.cli.common import progress
 from freetoken.paths import CONF_DIR
+from experiments.launchers import launch
 from experiments.runner import RunOutput, build, guarded, run_once, show_progress
 
 TABLE = "replay"
@@ -50,4 +51,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, "experiments.replay")

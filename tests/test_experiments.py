@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -191,3 +192,36 @@ def test_ray_launcher_runs_a_sweep_on_a_local_ray_instance(tmp_path, tiny_trace_
     assert sorted(table["policy.name"]) == ["belady", "lru"]
     lru, belady = (table.set_index("policy.name").loc[p, "misses"] for p in ("lru", "belady"))
     assert belady <= lru
+
+
+def test_a_launcher_whose_plugin_is_missing_is_named_with_its_package(tmp_path, capsys):
+    """conf/hydra/launcher/<name>.yaml builds on a Hydra plugin config; when the plugin's module is absent the entry
+    point names the package in one line before Hydra's "could not load" message."""
+    from experiments import launchers
+
+    launcher = tmp_path / "hydra" / "launcher"
+    launcher.mkdir(parents=True)
+    (launcher / "mine.yaml").write_text("defaults:\n  - submitit_slurm\n\ntimeout_min: 5\n")
+    assert launchers.plugin_of("mine", tmp_path) == "submitit_slurm"
+    assert launchers.plugin_of("slurm") == "submitit_slurm" and launchers.plugin_of("local") == "joblib"
+    assert launchers.missing_packages("local") == []  # hydra-joblib-launcher is a core dependency
+    fake = {"submitit_slurm": (("hydra_plugins.no_such_launcher_module", "hydra-submitit-launcher"),)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launchers, "PLUGINS", fake)
+        with pytest.raises(SystemExit) as e:
+            launchers.check_launcher("experiments.replay", ["-m", "hydra/launcher=mine", "policy=lru"], tmp_path)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err == ("experiments.replay: error: hydra/launcher=mine needs hydra-submitit-launcher, which is not "
+                       "installed (pip install hydra-submitit-launcher)\n")
+        launchers.check_launcher("experiments.replay", ["-m", "policy=lru"], tmp_path)  # no launcher chosen: fine
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None,
+                    reason="hydra-submitit-launcher is installed here")
+def test_slurm_launcher_without_submitit_is_one_line_naming_the_package(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "experiments.replay", "-m", "hydra/launcher=slurm",
+                           f"results.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("experiments.replay: error: hydra/launcher=slurm needs hydra-submitit-launcher, "
+                                   "which is not installed (pip install hydra-submitit-launcher)")

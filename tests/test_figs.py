@@ -189,3 +189,26 @@ def test_hardware_labels_do_not_overlap():
     placed = label_points(ax, xs, ys, names)
     assert sorted(t.get_text() for t in placed) == sorted(names)
     assert not overlapping(boxes(placed))
+
+
+def test_make_figs_finds_the_checkout_venv_without_activation(tmp_path):
+    """`make figs-only` with a bare PATH (no venv active): the Makefile picks <checkout>/.venv/bin/python itself.
+    The checkout here is a copy of the Makefile whose .venv/bin/python runs this interpreter."""
+    import shutil
+    import subprocess
+    import sys
+
+    from freetoken.paths import REPO_ROOT
+
+    shutil.copy(REPO_ROOT / "Makefile", tmp_path / "Makefile")
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    venv_python.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO_ROOT), "HOME": str(tmp_path)}
+    dry = subprocess.run(["make", "-n", "figs"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert dry.stdout.splitlines()[0].startswith(f"{venv_python} -m paper_figs all")
+    done = subprocess.run(["make", "figs-only", "RESULTS=res"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+    # paper_figs ran (under the venv's interpreter) and reports each figure; with no tables every one fails cleanly
+    assert "miss_rate     failed   figure miss_rate: no results table res/replay.parquet" in done.stdout, done.stderr
