@@ -207,3 +207,54 @@ def test_info_on_an_empty_or_never_reused_trace_has_no_made_up_numbers(tmp_path,
     assert main(["trace", "info", str(one)]) == 0
     text = capsys.readouterr().out
     assert "no key used twice  cold 100.00% of 4 accesses" in text and "nan" not in text
+
+
+def _lru_misses(trace, capacity: int) -> int:
+    """Reference: global LRU over (layer, expert) keys, one call per token and layer (decode); a call's own keys
+    are never evicted to admit another of its keys."""
+    from collections import OrderedDict
+
+    cache: OrderedDict[int, None] = OrderedDict()
+    misses = 0
+    E = trace.num_experts
+    for t in range(trace.num_tokens):
+        for layer in range(trace.num_layers):
+            keys = [layer * E + int(e) for e in trace.experts[t, layer]]
+            for k in keys:
+                if k in cache:
+                    cache.move_to_end(k)
+            for k in keys:
+                if k in cache:
+                    continue
+                misses += 1
+                if len(cache) >= capacity:
+                    victim = next(v for v in cache if v not in keys)
+                    del cache[victim]
+                cache[k] = None
+    return misses
+
+
+def test_mixtral_log_imports_as_decode_and_says_so(shared_traces, tmp_path, capsys):
+    """The Mixtral rows are a serving log (one router decision per generated token): imported as decode, the
+    default 2048-token prefill chunk no longer folds a problem into one call per layer (511 cold misses); ft sim
+    counts what a token-by-token LRU replay counts. --phase prefill is the explicit other choice; both print it."""
+    src = shared_traces / "mixtral-8x7b" / "gsm8k_2_routing.jsonl"
+    out = tmp_path / "mx.safetensors"
+    assert main(["trace", "import", str(src), str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "244 tokens (0 prefill, 244 decode)" in text and "phase: decode (the format's default" in text
+    trace = load(out)
+    assert (trace.phase == 1).all() and trace.extra["phase"].startswith("decode (the format's default")
+    assert main(["sim", "--trace", str(out), "--capacity", "64", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["misses"] == _lru_misses(trace, 64) == 10_267
+    assert main(["trace", "import", str(src), str(out), "--phase", "prefill"]) == 0
+    assert "244 tokens (244 prefill, 0 decode)" in capsys.readouterr().out
+    assert load(out).extra["phase"] == "prefill (given)"
+    from freetoken.trace.importers import import_trace
+
+    with pytest.raises(ValueError, match="phase: unknown 'middle'; valid: prefill, decode"):
+        import_trace(src, phase="middle")
+    granite = shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json"
+    assert main(["trace", "import", str(granite), str(out), "--phase", "decode"]) == 2
+    assert "--phase applies to the mixtral_jsonl format" in capsys.readouterr().err

@@ -25,6 +25,9 @@ def register(sub) -> None:
     imp.add_argument("--format", choices=sorted(IMPORTERS), help="source format (default: read from the file)")
     imp.add_argument("--incomplete", choices=INCOMPLETE,
                      help="mixtral_jsonl: tokens lacking some layers are dropped (default, counted) or an error")
+    imp.add_argument("--phase", choices=["prefill", "decode"],
+                     help="mixtral_jsonl (its rows do not record the phase): the phase of every token (default "
+                          "decode: the logs are one router decision per generated token)")
     imp.add_argument("--model", help="model name to record (default: the importer's)")
     imp.set_defaults(run=run_import)
 
@@ -66,9 +69,16 @@ def run_import(args: argparse.Namespace) -> int:
         if fmt != "mixtral_jsonl":
             raise ValueError(f"--incomplete applies to the mixtral_jsonl format, not {fmt}")
         options["incomplete"] = args.incomplete
+    if args.phase is not None:
+        if fmt != "mixtral_jsonl":
+            raise ValueError(f"--phase applies to the mixtral_jsonl format, whose rows do not record it; {fmt} "
+                             f"records each token's phase")
+        options["phase"] = args.phase
     trace = import_trace(args.src, fmt, model=args.model, **options)
     path = save(trace, args.out)
     print(f"wrote {path}: {_shape_line(trace)} (format {fmt})")
+    if "phase" in trace.extra:
+        print(f"phase: {trace.extra['phase']}")
     dropped = int(trace.extra.get("dropped_tokens", "0"))
     why = trace.extra.get("dropped_why", "")
     print(f"dropped {dropped} tokens" + (f": {why}" if dropped and why else ""))
