@@ -225,3 +225,55 @@ def test_slurm_launcher_without_submitit_is_one_line_naming_the_package(tmp_path
     assert done.returncode == 2
     assert done.stderr.strip() == ("experiments.replay: error: hydra/launcher=slurm needs hydra-submitit-launcher, "
                                    "which is not installed (pip install hydra-submitit-launcher)")
+
+
+def test_a_code_version_change_reruns_unless_told_to_reuse(small_config, monkeypatch):
+    """The resume key is (config hash, code version): the same config under other code computes again and its row
+    says which code made it; results.reuse_other_code=true keeps the old row."""
+    import experiments.runner as runner
+    from experiments.replay import GROUPS, TABLE, compute
+    from freetoken.version import code_version
+
+    calls = []
+
+    def counted(cfg):
+        calls.append(1)
+        return compute(cfg)
+
+    cfg = small_config(**{"cache.fraction": 0.5})
+    first = run_once(cfg, TABLE, GROUPS, counted)
+    assert first["code_version"] == code_version() and first["code_version"].startswith("0.1.0+src.")
+    assert run_once(cfg, TABLE, GROUPS, counted) == first and len(calls) == 1  # same code: resumed
+    monkeypatch.setattr(runner, "code_version", lambda: "0.1.0+src.000000000000")
+    reused = run_once(small_config(**{"cache.fraction": 0.5, "results.reuse_other_code": True}), TABLE, GROUPS,
+                      counted)
+    assert reused == first and len(calls) == 1
+    second = run_once(cfg, TABLE, GROUPS, counted)
+    assert len(calls) == 2 and second["code_version"] == "0.1.0+src.000000000000"
+    assert second["config_hash"] == first["config_hash"] and second["misses"] == first["misses"]
+    table = pd.read_parquet(Path(cfg.results.dir) / "replay.parquet")
+    assert table["code_version"].tolist() == ["0.1.0+src.000000000000"]  # one row per config: the newest
+
+
+def test_source_hash_follows_the_code(tmp_path, monkeypatch):
+    """The hash covers every .py file of the code packages, by relative path and content."""
+    import freetoken.version as version
+
+    for name in ("freetoken", "sim"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("x = 1\n")
+    monkeypatch.setattr(version, "_package_dirs", lambda: {"freetoken": tmp_path / "freetoken",
+                                                          "sim": tmp_path / "sim"})
+
+    def fresh():
+        version.source_hash.cache_clear()
+        return version.source_hash()
+
+    a = fresh()
+    (tmp_path / "sim" / "run.py").write_text("y = 2\n")
+    b = fresh()
+    (tmp_path / "sim" / "run.py").write_text("y = 3\n")
+    c = fresh()
+    (tmp_path / "sim" / "run.py").write_text("y = 2\n")
+    assert len({a, b, c}) == 3 and fresh() == b
+    version.source_hash.cache_clear()
