@@ -13,8 +13,9 @@ def intro(accuracy: float, confidence: float) -> list[str]:
     return [
         "# Placement-policy study",
         "",
-        "Regenerate with `python -m experiments.policy_study` (writes results/policy_study.csv and this file;",
-        "`--only CASE ...` and `--fractions ...` run a subset, `--render-only` rewrites this file from the CSV).",
+        "Made by `python -m experiments.policy_study -m experiment=policy_study`: one run per (case, fraction), rows",
+        "in <results>/policy_study_policies.parquet, this report rebuilt in <results>/policy_study.md after every",
+        "run; `study.doc=docs/policy_study.md` also rewrites the tracked copy (finished runs are skipped).",
         "",
         "Miss rate in % of expert accesses (offload split: every miss is a demand fetch) at each GPU residency",
         "(expert slots as a fraction of all layer x expert pairs). A prefetching policy shows demand misses, then",
