@@ -16,9 +16,9 @@ import hydra
 from omegaconf import DictConfig
 
 from freetoken.paths import CONF_DIR
-from experiments.launchers import launch
-from experiments.results import config_hash
-from experiments.runner import RunOutput, build, config_columns, guarded, run_once
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.results import config_hash
+from freetoken.experiments.runner import RunOutput, build, config_columns, guarded, run_once
 
 TABLE = "live"
 GROUPS = ("policy", "split", "cache", "sim", "live")
@@ -78,7 +78,7 @@ def compute(cfg: DictConfig) -> RunOutput:
     from freetoken.engine import CacheConfig, Engine
     from freetoken.trace import save
     from freetoken.trace.stats import expert_counts
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.run import SimConfig, simulate
 
     policy, split, cache, sim, live = (build(cfg, key) for key in GROUPS)
     checkpoint = live.checkpoint or tiny_checkpoint(cfg.results.dir, live.seed)

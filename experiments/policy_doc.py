@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from experiments.policy_hints import HARDWARE, HINT_FRACTIONS, REST_OF_TOKEN, WINDOW_TOKENS
+from freetoken.experiments.policy_hints import HARDWARE, HINT_FRACTIONS, REST_OF_TOKEN, WINDOW_TOKENS
 
 CARD = "mixtral-8x7b"
 
@@ -171,8 +171,8 @@ def findings(frame) -> list[str]:
 
 
 def _prefetch_and_time(main) -> list[str]:
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
 
     card, hw = load_model_card(CARD), load_hardware(HARDWARE)
     copy_ms = card.expert_bytes() / (hw.pcie_gb_s * 1e9) * 1e3

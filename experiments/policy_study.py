@@ -26,14 +26,14 @@ from pathlib import Path
 import hydra
 import numpy as np
 
-from experiments.launchers import launch
-from experiments.policy_doc import findings, intro, render_hints, time_table
-from experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
-from experiments.runner import guarded
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
+from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
+from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
-from sim.calls import trace_calls
+from freetoken.sim.calls import trace_calls
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
 ONLINE = ("lru", "static_layers", "frequency", "s3fifo", "layer_sweep", "lookahead", "hinted_sweep")
@@ -118,7 +118,7 @@ def _deepseek(root: Path) -> list[Fold]:
 
 
 def _synthetic(root: Path) -> list[Fold]:
-    from sim.synth import SynthSpec, synthesize
+    from freetoken.sim.synth import SynthSpec, synthesize
 
     spec = SynthSpec(num_layers=48, num_experts=128, top_k=8, num_tokens=1024, num_requests=8, seed=0,
                      model="synthetic-48x128-top8")
@@ -147,7 +147,7 @@ def _misses(trace: RoutingTrace, policy: str, fraction: float, chunk: int, optio
 
 def fit_decay(profile: RoutingTrace, fraction: float, chunk: int) -> float:
     """The decay of DECAYS with the fewest layer_sweep misses on (the first FIT_REQUESTS requests of) profile."""
-    from experiments.traces import first_requests
+    from freetoken.experiments.traces import first_requests
 
     sample = first_requests(profile, FIT_REQUESTS)
     scores = [(_misses(sample, "layer_sweep", fraction, chunk, {"decay": d})[1], i) for i, d in enumerate(DECAYS)]
@@ -238,7 +238,7 @@ class StudySpec:
 
 
 def validate(cfg) -> None:
-    from experiments.runner import build
+    from freetoken.experiments.runner import build
 
     if "study" not in cfg:
         raise ValueError("study: missing from the config; run with experiment=policy_study")
@@ -253,7 +253,7 @@ def keep_columns(columns: dict) -> dict:
 
 
 def compute(cfg):
-    from experiments.runner import RunOutput, build, show_progress
+    from freetoken.experiments.runner import RunOutput, build, show_progress
     from freetoken.cli.common import progress
 
     spec = build(cfg, "study")
@@ -269,7 +269,7 @@ def compute(cfg):
 
 def run_study(cfg) -> dict:
     """One run (skipped when the same code already ran it), then the report rebuilt from every finished run."""
-    from experiments.runner import build, run_once
+    from freetoken.experiments.runner import build, run_once
 
     row = run_once(cfg, TABLE, ("study",), compute, validate, keep_columns)
     doc = build(cfg, "study").doc
@@ -304,7 +304,7 @@ LEGACY_FLAGS = ("--traces", "--only", "--fractions", "--out", "--doc", "--render
 def main(argv: list[str] | None = None) -> int:
     """The older flags (--only, --fractions, --traces, --doc, --render-only), run through the Hydra config one
     (case, fraction) at a time; --out names the results dir. docs/ is written only with --doc."""
-    from experiments.compose import compose
+    from freetoken.experiments.compose import compose
 
     ap = argparse.ArgumentParser(prog="python -m experiments.policy_study", description=__doc__.split("\n")[0])
     ap.add_argument("--traces", type=Path, help="directory of the real traces (default: study.traces)")

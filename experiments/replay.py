@@ -11,8 +11,8 @@ from omegaconf import DictConfig
 
 from freetoken.cli.common import progress
 from freetoken.paths import CONF_DIR
-from experiments.launchers import launch
-from experiments.runner import RunOutput, build, guarded, run_once, show_progress
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.runner import RunOutput, build, guarded, run_once, show_progress
 
 TABLE = "replay"
 GROUPS = ("trace", "policy", "split", "cache", "sim")
@@ -24,8 +24,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def compute(cfg: DictConfig) -> RunOutput:
-    from sim.calls import num_calls
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.calls import num_calls
+    from freetoken.sim.run import SimConfig, simulate
 
     trace_spec, policy, split, cache, sim = (build(cfg, key) for key in GROUPS)
     trace = trace_spec.load()

@@ -15,7 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import freetoken
-from experiments.results import HASH_COLUMN, VERSION_COLUMN, ResultsStore, config_hash
+from freetoken.experiments.results import HASH_COLUMN, VERSION_COLUMN, ResultsStore, config_hash
 from freetoken.version import code_version, git_commit
 
 log = logging.getLogger("experiments")

@@ -101,7 +101,7 @@ class TraceSpec:
             raise ValueError(f"trace.requests must be a positive count or null, got {self.requests}")
 
     def load(self):
-        from experiments.traces import load_trace
+        from freetoken.experiments.traces import load_trace
 
         return load_trace(self)
 
@@ -162,7 +162,7 @@ class EngineSpec:
     name: str
 
     def __post_init__(self) -> None:
-        from sim.engines import ENGINES
+        from freetoken.sim.engines import ENGINES
 
         if self.name not in ENGINES:
             raise ValueError(f"engine.name: unknown {self.name!r}; valid: {', '.join(ENGINES)}")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from freetoken import __version__
 
-CODE_PACKAGES = ("freetoken", "sim", "experiments")  # what computes a results row (figures only draw them)
+CODE_PACKAGES = ("freetoken", "freetoken.sim", "freetoken.experiments")  # what computes a results row (figures only draw them)
 
 
 def _package_dirs() -> dict[str, Path]:

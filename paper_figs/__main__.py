@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from paper_figs import NAMES, figure
-from paper_figs.sweeps import run_sweep
-from paper_figs.table import FigureError
+from freetoken.paper_figs import NAMES, figure
+from freetoken.paper_figs.sweeps import run_sweep
+from freetoken.paper_figs.table import FigureError
 
 
 def default_results() -> Path:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from paper_figs.style import label_points, new_figure, save, table_ref
-from paper_figs.table import FigureError, figure_rows, unique_points
+from freetoken.paper_figs.style import label_points, new_figure, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows, unique_points
 
 NAME = "hybrid_split"
 TABLE = "predict"

@@ -6,8 +6,8 @@ import math
 import sys
 from pathlib import Path
 
-from paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
-from paper_figs.table import figure_rows, unique_points
+from freetoken.paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
+from freetoken.paper_figs.table import figure_rows, unique_points
 
 NAME = "miss_rate"
 TABLE = "replay"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
-from paper_figs.table import FigureError, figure_rows
+from freetoken.paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows
 
 NAME = "sim_vs_live"
 TABLE = "live"
@@ -21,7 +21,7 @@ COUNT_MARKERS = dict(zip(COUNTS, ("o", "s", "^", "x")))
 
 def unavailable() -> str | None:
     """Why the figure cannot be drawn in this build (None: it can)."""
-    from experiments.live import engine_available
+    from freetoken.experiments.live import engine_available
 
     if not engine_available():
         return "freetoken.engine is not in this build: there are no live runs to compare the simulator with"

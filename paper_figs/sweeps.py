@@ -10,7 +10,7 @@ from freetoken.paths import REPO_ROOT
 
 
 def command(entry: str, preset: str, results_dir: str | Path) -> list[str]:
-    return [sys.executable, "-m", f"experiments.{entry}", "-m", f"experiment={preset}",
+    return [sys.executable, "-m", f"freetoken.experiments.{entry}", "-m", f"experiment={preset}",
             f"results.dir={Path(results_dir).resolve()}"]
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paper_figs.style import new_figure, save, table_ref
-from paper_figs.table import FigureError, figure_rows, unique_points
+from freetoken.paper_figs.style import new_figure, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows, unique_points
 
 NAME = "throughput"
 TABLE = "predict"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paper_figs.style import new_figure, save, table_ref
-from paper_figs.table import FigureError, figure_rows, load_table
+from freetoken.paper_figs.style import new_figure, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows, load_table
 
 NAME = "turn_latency"
 TABLE = "predict"

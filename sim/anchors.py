@@ -163,7 +163,7 @@ class _Traces:
         self.card, self.longest, self.cache = card, longest, {}
 
     def full(self, routing: str):
-        from sim.predict import synthetic_trace
+        from freetoken.sim.predict import synthetic_trace
 
         if routing not in self.cache:
             self.cache[routing] = synthetic_trace(self.card, self.longest, 2 * DECODE_TOKENS, **ROUTINGS[routing])
@@ -180,14 +180,14 @@ class _Traces:
 
     def get(self, prompt: int, routing: str):
         """Warm-up (request 0) then the measured request (request 1), as one trace."""
-        from sim.predict import join_after
+        from freetoken.sim.predict import join_after
 
         return join_after(self.warmup(routing), self.measured(prompt, routing))
 
 
 def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str) -> dict[str, float]:
     """decode and prefill tok/s of the measured request alone, after the warm-up (sim.predict's warmup=)."""
-    from sim.predict import predict
+    from freetoken.sim.predict import predict
 
     pred = predict(card, hw, engine, traces.measured(prompt, routing), warmup=traces.warmup(routing))
     return {"decode_tok_s": pred.decode_tok_s, "prefill_tok_s": pred.prefill_tok_s}
@@ -195,9 +195,9 @@ def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str)
 
 def predict_cells(rows: list[dict] | None = None, extra: bool = False) -> list[Cell]:
     """extra: also the locality proxies and NOTES' variants (for the doc; the test pins the plain prediction)."""
-    from sim.engines import get_engine
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
+    from freetoken.sim.engines import get_engine
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
 
     card = load_model_card(MODEL)
     rows = rows if rows is not None else seed_rows()

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from freetoken.placement import Split
-from sim.cost import CostOptions
-from sim.hardware import HardwareProfile
-from sim.model_card import ModelCard
+from freetoken.sim.cost import CostOptions
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.model_card import ModelCard
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from freetoken.placement import POLICIES, Split, make_policy
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import expert_counts
-from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls, trace_key_stream
-from sim.replay import ReplayResult, replay
+from freetoken.sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls, trace_key_stream
+from freetoken.sim.replay import ReplayResult, replay
 
 
 @dataclass(frozen=True, slots=True)

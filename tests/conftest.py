@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(config, items):
 # experiments: the real Hydra config composed once, shrunk per test (tiny trace, temp results dir)
 @pytest.fixture(scope="session")
 def base_config():
-    from experiments.compose import compose
+    from freetoken.experiments.compose import compose
 
     return compose()
 
@@ -77,7 +77,7 @@ def tiny_trace_file(tmp_path_factory) -> Path:
 def small_config(base_config, tiny_trace_file, tmp_path):
     """base_config on the tiny trace with results under tmp_path. make("policy=belady", **{"cache.fraction": 0.5}):
     group choices as overrides (composed again), dotted keys as keyword arguments."""
-    from experiments.compose import compose, shrink
+    from freetoken.experiments.compose import compose, shrink
 
     def make(*overrides, **values):
         small = {"trace.path": str(tiny_trace_file), "trace.name": "tiny", "results.dir": str(tmp_path / "results"),

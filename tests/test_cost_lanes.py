@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from freetoken.placement import LRU, Split, balanced_fetch_count, make_call, paper_fetch_count
-from sim.cost import CallMeta, CostOptions, charge
-from sim.hardware import HardwareProfile
-from sim.lanes import roofline, share
-from sim.model_card import ModelCard
-from sim.replay import COLUMNS, ReplayLog, replay
+from freetoken.sim.cost import CallMeta, CostOptions, charge
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.lanes import roofline, share
+from freetoken.sim.model_card import ModelCard
+from freetoken.sim.replay import COLUMNS, ReplayLog, replay
 
 MS = 1e-3
 KV_NS = 3 / 3e9  # one context token of KV at HBM
@@ -179,7 +179,7 @@ def test_prefill_streams_past_the_decode_working_set_in_every_engine():
     # Two 2-token prefill chunks then use every expert. Streaming (the engines' admit_prefill=False): layer 0 is
     # copied to staging, layer 1 hits, per chunk -> 2 hits, 2 fetches, slots -1, the cache unchanged. Admission:
     # layer 0's copies evict layer 1's pair and layer 1's copies evict them back -> 0 hits, 4 fetches per chunk.
-    from sim.engines import ENGINES
+    from freetoken.sim.engines import ENGINES
 
     card = toy_card(num_layers=2, moe_layers=2, num_experts=2, top_k=2, total_params=0.015, active_params=0.015)
     hw = toy_hw()

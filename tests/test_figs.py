@@ -5,10 +5,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments.compose import compose, shrink
-from experiments.runner import run_once
-from paper_figs import NAMES, figure
-from paper_figs.table import FigureError
+from freetoken.experiments.compose import compose, shrink
+from freetoken.experiments.runner import run_once
+from freetoken.paper_figs import NAMES, figure
+from freetoken.paper_figs.table import FigureError
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF-"
 SMALL_PREDICT = {"predict.prompt_tokens": 256, "predict.decode_tokens": 8}
@@ -20,7 +20,7 @@ DRAW_OVERRIDES = {"miss_rate": {}, "throughput": SMALL_PREDICT, "hybrid_split": 
 
 
 def predict_run(results, preset: str, overrides: list[str], values: dict) -> dict:
-    from experiments import predict
+    from freetoken.experiments import predict
 
     cfg = shrink(compose([f"experiment={preset}", *overrides]),
                  **{"results.dir": str(results), "results.progress": False, **values})
@@ -30,7 +30,7 @@ def predict_run(results, preset: str, overrides: list[str], values: dict) -> dic
 
 @pytest.fixture(scope="module")
 def small_results(tmp_path_factory, tiny_trace_file):
-    from experiments import replay
+    from freetoken.experiments import replay
 
     results = tmp_path_factory.mktemp("results")
     for policy in ("lru", "static_layers", "frequency", "belady"):
@@ -45,7 +45,7 @@ def small_results(tmp_path_factory, tiny_trace_file):
     for hw in ("rtx4060-laptop", "rtx5090-paper"):
         for engine in ("freetoken-offload", "freetoken-hybrid"):
             predict_run(results, "hybrid_split", [f"hardware={hw}", f"engine={engine}"], SMALL_PREDICT)
-    from experiments import live
+    from freetoken.experiments import live
 
     for policy in ("lru", "static_layers"):
         cfg = shrink(compose(["experiment=sim_vs_live", f"policy={policy}"]),
@@ -94,8 +94,8 @@ def test_figure_refuses_rows_of_another_preset(small_results, tmp_path):
 
 
 def test_sim_vs_live_refuses_without_the_engine(small_results, tmp_path, monkeypatch, capsys):
-    from experiments import live
-    from paper_figs.__main__ import main
+    from freetoken.experiments import live
+    from freetoken.paper_figs.__main__ import main
 
     monkeypatch.setattr(live, "engine_available", lambda: False)
     with pytest.raises(FigureError, match="freetoken.engine is not in this build"):
@@ -106,7 +106,7 @@ def test_sim_vs_live_refuses_without_the_engine(small_results, tmp_path, monkeyp
 
 
 def test_cli_names_unknown_figures_and_reports_each(small_results, tmp_path, capsys):
-    from paper_figs.__main__ import main
+    from freetoken.paper_figs.__main__ import main
 
     assert main(["nope"]) == 2
     assert "unknown figure 'nope'" in capsys.readouterr().err
@@ -160,7 +160,7 @@ def test_hardware_labels_do_not_overlap():
     from matplotlib.ticker import ScalarFormatter
 
     from freetoken.paths import CONF_DIR
-    from paper_figs.style import label_points, new_figure
+    from freetoken.paper_figs.style import label_points, new_figure
 
     hw = sorted((yaml.safe_load(p.read_text()) for p in (CONF_DIR / "hardware").glob("*.yaml")),
                 key=lambda h: h["name"])

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import policy_study as ps
+from freetoken.experiments import policy_study as ps
 from freetoken.placement import Split
 from freetoken.trace.stats import expert_counts
-from sim.run import SimConfig, simulate
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.run import SimConfig, simulate
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 def _case():
@@ -71,7 +71,7 @@ def test_bad_arguments_fail_in_one_line(capsys):
 
 
 def _hydra_cfg(results, case, fraction, **values):
-    from experiments.compose import compose, shrink
+    from freetoken.experiments.compose import compose, shrink
 
     cfg = compose(["experiment=policy_study", f"study.case={case}", f"study.fraction={fraction}"])
     return shrink(cfg, **{"results.dir": str(results), "results.progress": False, **values})
@@ -112,7 +112,7 @@ def test_hydra_runs_write_rows_and_a_report_in_results_not_docs(tmp_path, monkey
 
 
 def test_hydra_study_config_errors_name_the_key(tmp_path):
-    from experiments.runner import build
+    from freetoken.experiments.runner import build
 
     with pytest.raises(ValueError, match=r"^study\.case: unknown case nope; valid: mixtral-8x7b/gsm8k_2_routing"):
         build(_hydra_cfg(tmp_path, "nope", 0.25), "study")

@@ -8,7 +8,7 @@ import pytest
 from freetoken.cli import main
 from freetoken.placement import Split
 from freetoken.trace import RoutingTrace, load, save
-from sim.run import SimConfig, simulate
+from freetoken.sim.run import SimConfig, simulate
 
 
 @pytest.fixture()

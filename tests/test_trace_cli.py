@@ -9,7 +9,7 @@ from freetoken.cli import main
 from freetoken.paths import DEFAULT_TRACE, SHIPPED_TRACES
 from freetoken.trace import load
 from freetoken.trace.stats import popularity_skew, reuse_stats
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 def _mixtral_log(path, tokens=5, layers=4, missing=((4, 2),)):

@@ -6,7 +6,7 @@ from freetoken.placement.stream import key_stream
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import (access_keys, expert_counts, gini, normalized_entropy, reuse_distances,
                                    reuse_stats, token_reuse_distances, top_share)
-from sim.calls import trace_calls
+from freetoken.sim.calls import trace_calls
 
 
 def test_skew_measures_by_hand():

@@ -57,7 +57,7 @@ def build_engine(args: argparse.Namespace):
 
     from freetoken.engine import CacheConfig, Engine
     from freetoken.trace.stats import expert_counts
-    from sim.calls import trace_key_stream
+    from freetoken.sim.calls import trace_key_stream
     from freetoken.trace import load
 
     split = split_from_args(args)

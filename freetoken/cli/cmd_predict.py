@@ -9,10 +9,10 @@ from freetoken.cli.common import print_json, progress
 
 
 def register(sub) -> None:
-    from sim.engines import ENGINES
-    from sim.lanes import HOST_MODES
-    from sim.planner import DEFAULT_KV_FLOOR
-    from sim.predict import (
+    from freetoken.sim.engines import ENGINES
+    from freetoken.sim.lanes import HOST_MODES
+    from freetoken.sim.planner import DEFAULT_KV_FLOOR
+    from freetoken.sim.predict import (
         DEFAULT_DECODE,
         DEFAULT_PROMPT,
         SYNTH_REUSE,
@@ -54,17 +54,17 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.anchors:
-        from sim.anchors import main as anchors_main
+        from freetoken.sim.anchors import main as anchors_main
 
         return anchors_main([])
     if not args.model or not args.hardware:
         raise ValueError("--model and --hardware are required (or --anchors)")
     from freetoken.trace import load
-    from sim.calls import num_calls
-    from sim.engines import get_engine
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
-    from sim.predict import check_shape, predict, synthetic_trace, warmup_split
+    from freetoken.sim.calls import num_calls
+    from freetoken.sim.engines import get_engine
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
+    from freetoken.sim.predict import check_shape, predict, synthetic_trace, warmup_split
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
     if args.expert_format:
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         from pathlib import Path
 
         from freetoken.calibrate.profile import load_profile
-        from sim.hardware import with_bench_profile
+        from freetoken.sim.hardware import with_bench_profile
 
         hw = with_bench_profile(hw, load_profile(Path(args.bw_profile)), args.bw_profile)
     engine = get_engine(args.engine)

@@ -31,8 +31,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.calls import num_calls
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.calls import num_calls
+    from freetoken.sim.run import SimConfig, simulate
 
     trace = load(args.trace)
     profile = load(args.profile) if args.profile else None

@@ -147,7 +147,7 @@ def run_info(args: argparse.Namespace) -> int:
 def run_synth(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
+    from freetoken.sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
 
     _check_out(args.out)
     shape = {"num_layers": args.layers, "num_experts": args.experts, "top_k": args.top_k,

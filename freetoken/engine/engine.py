@@ -26,7 +26,7 @@ from freetoken.engine.slots import ExpertStore
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
-from sim.calls import DEFAULT_PREFILL_CHUNK
+from freetoken.sim.calls import DEFAULT_PREFILL_CHUNK
 
 
 @dataclass(slots=True)

@@ -78,7 +78,7 @@ def access_keys(trace: RoutingTrace, prefill_chunk: int = 1) -> np.ndarray:
         L, E = trace.num_layers, trace.num_experts
         keys = trace.experts.astype(np.int64) + (np.arange(L, dtype=np.int64) * E)[None, :, None]  # [T, L, K]
         return keys.reshape(-1)
-    from sim.calls import trace_key_stream
+    from freetoken.sim.calls import trace_key_stream
 
     return trace_key_stream(trace, prefill_chunk).keys
 

@@ -280,8 +280,8 @@ def test_rope_first_layout_keeps_hf_scores(version):
 def test_sim_replay_makes_the_live_plans(models):
     """Sim = live on DeepSeek-V3's recorded routing, every policy (test_sim_equals_live.py's harness)."""
     from freetoken.placement import POLICIES
-    from sim.calls import trace_calls
-    from sim.replay import replay
+    from freetoken.sim.calls import trace_calls
+    from freetoken.sim.replay import replay
 
     from .conftest import policy_options
     from .test_sim_equals_live import CHUNK as SIM_CHUNK
@@ -304,7 +304,7 @@ def test_sim_replay_makes_the_live_plans(models):
 def test_card_from_config_sizes_what_the_engine_holds(models):
     """ft predict's card (config.json alone): expert bytes as the store holds them, and the KV bytes per token of
     the decompressed per-head cache."""
-    from sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
 
     model = models["v3"]
     card = card_from_checkpoint(model.path)
