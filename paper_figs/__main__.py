@@ -13,9 +13,9 @@ from freetoken.paper_figs.table import FigureError
 
 
 def default_results() -> Path:
-    from freetoken.paths import REPO_ROOT
+    from freetoken.paths import WORK_ROOT
 
-    return Path(os.environ.get("FT_RESULTS_DIR", REPO_ROOT / "results"))
+    return Path(os.environ.get("FT_RESULTS_DIR", WORK_ROOT / "results"))
 
 
 def main(argv: list[str] | None = None) -> int:
