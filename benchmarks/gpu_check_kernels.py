@@ -40,6 +40,12 @@ class KernelShapes:
     vocab: int
     prefill_tokens: int
     context: int  # tokens already in the KV cache for the chunked-prefill and decode cases
+    # Gated DeltaNet (Qwen3.5 / 3.6-MoE linear attention): key / value heads and dims, conv kernel
+    lin_hk: int = 16
+    lin_hv: int = 32
+    lin_dk: int = 128
+    lin_dv: int = 128
+    conv: int = 4
 
     def __post_init__(self):
         if self.H % self.Hkv or self.K > self.E or min(self.D, self.I, self.Dh, self.slots, self.prefill_tokens) < 1:
@@ -48,7 +54,8 @@ class KernelShapes:
 
 QWEN3_30B_A3B = KernelShapes(D=2048, I=768, E=128, K=8, H=32, Hkv=4, Dh=128, slots=128, vocab=151936,
                              prefill_tokens=512, context=4096)
-TINY = KernelShapes(D=64, I=40, E=16, K=4, H=4, Hkv=2, Dh=16, slots=10, vocab=100, prefill_tokens=9, context=40)
+TINY = KernelShapes(D=64, I=40, E=16, K=4, H=4, Hkv=2, Dh=16, slots=10, vocab=100, prefill_tokens=9, context=40,
+                   lin_hk=1, lin_hv=2, lin_dk=16, lin_dv=8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,49 @@ def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
              (x[:1], decode_slots, route_w[:1], w_gate_up, w_down), bytes_moved=s.K * expert_bytes),
         Case("expert_ffn prefill with misses", K.expert_ffn, ffn_ref, (x, slot_ids, route_w, w_gate_up, w_down)),
         *_quant_ffn_cases(s, device, dtype, g),
+        *_deltanet_cases(s, device, dtype, g),
+    ]
+
+
+def _fresh_state(fn: Callable, state_arg: int) -> Callable:
+    """The DeltaNet kernels update their state in place: each call (kernel, reference, timing) gets a copy."""
+    def run(*args):
+        args = list(args)
+        args[state_arg] = args[state_arg].clone()
+        return fn(*args)
+    return run
+
+
+def _deltanet_cases(s: KernelShapes, device: str, dtype: torch.dtype, g: torch.Generator) -> list[Case]:
+    """Gated DeltaNet at Qwen3.6-35B-A3B's linear-attention shapes: conv over q, k, v channels, the chunked rule in
+    prefill from a non-zero state, the recurrent step in decode (bandwidth: the fp32 state read and written)."""
+    from freetoken import kernels as K
+
+    T, Hk, Hv, Dk, Dv = s.prefill_tokens, s.lin_hk, s.lin_hv, s.lin_dk, s.lin_dv
+    C = 2 * Hk * Dk + Hv * Dv
+    on = dict(generator=g, device=device)
+    x = torch.randn(T, C, **on).to(dtype)
+    w_conv = (torch.randn(C, s.conv, **on) * 0.5).to(dtype)
+    conv_state = torch.randn(C, s.conv - 1, **on).to(dtype)
+    q, k = torch.randn(T, Hk, Dk, **on).to(dtype), torch.randn(T, Hk, Dk, **on).to(dtype)
+    v = torch.randn(T, Hv, Dv, **on).to(dtype)
+    gate = -torch.nn.functional.softplus(torch.randn(T, Hv, **on))
+    beta = torch.sigmoid(torch.randn(T, Hv, **on)).to(dtype)
+    state = torch.randn(Hv, Dk, Dv, **on) * 0.1
+    z = torch.randn(T * Hv, Dv, **on).to(dtype)
+    w_norm = (torch.rand(Dv, **on) + 0.5).to(dtype)
+    state_bytes = 2 * Hv * Dk * Dv * 4
+    return [
+        Case("causal_conv1d prefill [T, C]", _fresh_state(K.causal_conv1d, 2), _fresh_state(K.causal_conv1d_ref, 2),
+             (x, w_conv, conv_state)),
+        Case("causal_conv1d_update [1, C]", _fresh_state(K.causal_conv1d_update, 2),
+             _fresh_state(K.causal_conv1d_update_ref, 2), (x[:1].contiguous(), w_conv, conv_state)),
+        Case("gated_delta_chunk prefill", _fresh_state(K.gated_delta_chunk, 5),
+             _fresh_state(K.gated_delta_chunk_ref, 5), (q, k, v, gate, beta, state)),
+        Case("gated_delta_step decode", _fresh_state(K.gated_delta_step, 5), _fresh_state(K.gated_delta_step_ref, 5),
+             (q[:1], k[:1], v[:1], gate[:1], beta[:1], state), bytes_moved=state_bytes),
+        Case("rms_norm_gated [T*Hv, Dv]", K.rms_norm_gated, K.rms_norm_gated_ref,
+             (v.reshape(T * Hv, Dv), z, w_norm, 1e-6)),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from freetoken.quant import describe, load_quant_format
@@ -38,16 +39,20 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
     keys = cfg.num_moe_layers * E
     expert_params = 3 * D * I
     dense_b, embedding_b = dense / 1e9, embedding / 1e9
-    return ModelCard(
+    card = ModelCard(
         name=path.resolve().name, hf_id=str(raw.get("_name_or_path") or path.resolve().name),
         num_layers=cfg.num_layers, moe_layers=cfg.num_moe_layers, num_experts=E, top_k=cfg.top_k,
         shared_experts=1 if cfg.shared_expert_intermediate else 0, hidden_size=D, expert_intermediate_size=I,
         dense_params=dense_b, embedding_params=embedding_b,
-        kv_bytes_per_token=2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * int(bits) // 8,
-        attention_layers=cfg.num_layers, attention_width=cfg.num_heads * cfg.head_dim,
+        kv_bytes_per_token=2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * int(bits) // 8,
+        attention_layers=len(cfg.attention_layers), attention_width=cfg.num_heads * cfg.head_dim,
+        state_bytes_per_sequence=cfg.state_bytes(int(bits) // 8),
         expert_bits=bits, dense_bits=bits,
         total_params=dense_b + embedding_b + keys * expert_params / 1e9,
         active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,
         source=f"{config_file} ({cfg.architecture}, {dtype}"
                + (f", experts {describe(fmt)})" if fmt else ")"),
         expert_format=fmt, expert_bias_params=2 * I + D if cfg.expert_bias else 0)
+    if cfg.dsa is None:
+        return card
+    return replace(card, kv_bytes_per_token=card.kv_bytes_per_token + cfg.index_key_values() * int(bits) // 8)

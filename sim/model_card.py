@@ -64,6 +64,7 @@ class ModelCard:
     notes: str = ""
     expert_format: QuantFormat | None = None  # exact packed format of the routed experts; sets expert_bits
     expert_bias_params: int = 0  # per expert, stored beside its weights at dense_bits (gpt-oss: gate_up 2I + down D)
+    state_bytes_per_sequence: int = 0  # linear-attention layers' conv + recurrent (fp32) states, any context length
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_format, str):  # a YAML card names a format
@@ -74,8 +75,8 @@ class ModelCard:
                                 "expert_intermediate_size", "dense_params", "kv_bytes_per_token",
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
                                 "expert_matrices"))
-        require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params"),
-                         allow_zero=True)
+        require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params",
+                                "state_bytes_per_sequence"), allow_zero=True)
         if self.top_k > self.num_experts:
             raise ValueError(f"field 'top_k' ({self.top_k}) exceeds field 'num_experts' ({self.num_experts})")
         if self.moe_layers > self.num_layers:

@@ -23,7 +23,8 @@ def model_memory(card: ModelCard) -> ModelMemory:
     """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache."""
     return ModelMemory(dense_bytes=card.dense_bytes() + card.embedding_bytes(),
                        kv_bytes_per_token=card.kv_bytes_per_token, expert_bytes=card.expert_bytes(),
-                       num_experts=card.num_keys, min_slots=card.num_experts, max_context=UNBOUNDED_CONTEXT)
+                       num_experts=card.num_keys, min_slots=card.num_experts, max_context=UNBOUNDED_CONTEXT,
+                       state_bytes=card.state_bytes_per_sequence)
 
 
 def plan_for(card: ModelCard, hw: HardwareProfile, min_context: int = DEFAULT_KV_FLOOR) -> MemoryPlan:

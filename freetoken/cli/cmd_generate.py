@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     ids = prompt_ids(args, engine)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     store = engine.store
+    for note in engine.checkpoint.notes:  # what loading left out (a multimodal checkpoint's vision tower)
+        sys.stderr.write(note + "\n")
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
     tok = engine.tokenizer
     out: list[int] = []

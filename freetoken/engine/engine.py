@@ -81,12 +81,16 @@ class Engine:
     def new_kv(self, max_tokens: int | None = None) -> KVCache:
         return self.decoder.new_kv(max_tokens or self.max_context)
 
-    def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+    def route(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """MoE layer `layer`'s router on normed hidden h [T, D] -> (weights [T, K] fp32, ids [T, K] int32). h is cast
+        to the router weight's dtype (fp32 where HF keeps the gate in fp32: Routing.fp32)."""
         cfg, ks = self.config, self.kernels
         lw = self.decoder.layers[cfg.moe_layers[layer]]
-        logits = ks.linear(h, lw.router, lw.router_bias)  # [T, E]
-        weights, ids = ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias,
-                                      **cfg.routing.options())  # [T, K] fp32, int32
+        logits = ks.linear(h.to(lw.router.dtype), lw.router, lw.router_bias)  # [T, E]
+        return ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias, **cfg.routing.options())
+
+    def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(layer, h)  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()
         if self.recorder is not None:
             self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())
@@ -137,14 +141,15 @@ class Engine:
         """Yield sampled token ids one by one (the stop token included, then stop).
 
         kv: a cache to continue in; with reuse_prefix its longest common prefix with token_ids is kept and only
-        the rest is prefilled (at least one token is always recomputed, for the logits)."""
+        the rest is prefilled (at least one token is always recomputed, for the logits). A hybrid model's cache
+        keeps only what its recurrent state allows (kv.reusable: its current length or a snapshot, else nothing)."""
         token_ids = [int(t) for t in token_ids]
         if not token_ids:
             raise ValueError("generate needs at least one prompt token")
         if max_tokens <= 0:
             raise ValueError(f"max_tokens must be positive, got {max_tokens}")
         kv = kv if kv is not None else self.new_kv()
-        start = min(kv.common_prefix(token_ids), len(token_ids) - 1) if reuse_prefix else 0
+        start = kv.reusable(min(kv.common_prefix(token_ids), len(token_ids) - 1)) if reuse_prefix else 0
         kv.truncate(start)
         kv.check_room(start, len(token_ids) - start + max_tokens - 1)
         stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)

@@ -10,12 +10,14 @@ class KVCache:
     [start_pos, start_pos + T) and sets length = start_pos + T (positions after it are stale, never read)."""
 
     def __init__(self, num_layers: int, max_tokens: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
+                 dtype: torch.dtype, device: torch.device | str, kv_layers: tuple[int, ...] | None = None):
+        """kv_layers: the layers that keep KV (default all; the others get empty [0, Hkv, Dh] tensors)."""
         if max_tokens <= 0:
             raise ValueError(f"KV cache max_tokens must be positive, got {max_tokens}")
-        shape = (max_tokens, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        keep = set(range(num_layers) if kv_layers is None else kv_layers)
+        shapes = [((max_tokens if l in keep else 0), num_kv_heads, head_dim) for l in range(num_layers)]
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for shape in shapes]
         self.max_tokens = max_tokens
         self.length = 0
         self.tokens: list[int] = []  # the token ids whose keys the cache holds, position by position
@@ -34,6 +36,10 @@ class KVCache:
     def commit(self, start_pos: int, token_ids: list[int]) -> None:
         self.tokens[start_pos:] = list(token_ids)
         self.length = start_pos + len(token_ids)
+
+    def reusable(self, n: int) -> int:
+        """How many of n leading tokens can be kept: all of them (KV can be cut anywhere)."""
+        return min(n, self.length)
 
     def truncate(self, length: int) -> None:
         """Keep the first `length` positions (a shared prefix); later writes overwrite the rest."""

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from freetoken.engine.dsa import IndexerWeights, index_picks, load_indexer, sparse_attention
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
 from freetoken.models.config import ModelConfig
@@ -34,6 +35,7 @@ class MLAWeights:
     bq_a: torch.Tensor | None = None
     bkv_a: torch.Tensor | None = None
     bo: torch.Tensor | None = None
+    indexer: IndexerWeights | None = None  # DSA (GLM-5): this layer's own lightning indexer
 
 
 def _rope_first(nope: int, rope: int, interleave: bool) -> torch.Tensor:
@@ -58,6 +60,8 @@ def load_mla(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tensor],
         bkv_a=None if bkv_a is None else bkv_a[kv_rows].contiguous(), bo=opt(a + "o_proj.bias"))
     if m.q_lora_rank:
         w.wq_a, w.q_a_norm, w.bq_a = dev(a + "q_a_proj.weight"), dev(a + "q_a_layernorm.weight"), opt(a + "q_a_proj.bias")
+    if cfg.dsa is not None and layer in cfg.dsa.indexer_layers:
+        w.indexer = load_indexer(cfg, layer, dev)
     return w
 
 
@@ -79,5 +83,10 @@ def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h:
     q, k = torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
     v = torch.nn.functional.pad(kv_b[..., N:], (0, Dc - V))  # [T, H, Dc]
     kv.write(layer, start_pos, k, v)
-    o = ks.attention(q.contiguous(), kv.k[layer], kv.v[layer], start_pos, sm_scale)  # [T, H, Dc]
+    if cfg.dsa is None:
+        o = ks.attention(q.contiguous(), kv.k[layer], kv.v[layer], start_pos, sm_scale)  # [T, H, Dc]
+    else:  # sparse: this layer's indexer picks, or the last indexer layer's
+        if w.indexer is not None:
+            kv.picks = index_picks(ks, cfg, w.indexer, layer, h, q_in, kv, start_pos, positions, rope)
+        o = sparse_attention(ks, q.contiguous(), kv, layer, start_pos, kv.picks, sm_scale)
     return ks.linear(o[..., :V].reshape(T, H * V).contiguous(), w.wo, w.bo)

@@ -12,6 +12,9 @@ from typing import Callable
 
 import torch
 
+from freetoken.engine.dsa import DSAKVCache
+from freetoken.engine.gated_deltanet import DeltaNetWeights, deltanet, load_deltanet
+from freetoken.engine.hybrid_kv import HybridKV
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
 from freetoken.engine.mla import MLAWeights, load_mla, mla_attention
@@ -32,6 +35,8 @@ class LayerWeights:
     wv: torch.Tensor | None = None
     wo: torch.Tensor | None = None
     mla: MLAWeights | None = None
+    deltanet: DeltaNetWeights | None = None  # a Gated DeltaNet layer instead of attention (no KV)
+    out_gate: torch.Tensor | None = None  # [H Dh, D]: attention output *= sigmoid(h @ out_gate^T) (Qwen3-Next)
     bq: torch.Tensor | None = None
     bk: torch.Tensor | None = None
     bv: torch.Tensor | None = None
@@ -62,22 +67,33 @@ class Decoder:
         def opt(name: str) -> torch.Tensor | None:
             return dev(name) if name in ckpt.dense else None
 
+        def norm(name: str) -> torch.Tensor | None:
+            """An RMSNorm weight; stored as w - 1 (norm_unit_offset): 1 + w in fp32, as HF's (1 + w.float())."""
+            if not cfg.norm_unit_offset or name not in ckpt.dense:
+                return opt(name)
+            return (ckpt.dense[name].float() + 1.0).to(self.device).contiguous()
+
         self.embed = dev("model.embed_tokens.weight")  # [V, D]
         self.dtype = self.embed.dtype
-        self.norm = dev("model.norm.weight")
+        self.norm = norm("model.norm.weight")
         self.lm_head = self.embed if cfg.tie_word_embeddings else dev("lm_head.weight")
         self.layers: list[LayerWeights] = []
         for l in range(cfg.num_layers):
             a = ATTN.format(l=l)
             lw = LayerWeights(
-                dev(f"model.layers.{l}.input_layernorm.weight"), dev(f"model.layers.{l}.post_attention_layernorm.weight"))
-            if cfg.mla is not None:
+                norm(f"model.layers.{l}.input_layernorm.weight"), norm(f"model.layers.{l}.post_attention_layernorm.weight"))
+            if cfg.is_linear(l):
+                lw.deltanet = load_deltanet(cfg, l, dev)
+            elif cfg.mla is not None:
                 lw.mla = load_mla(cfg, l, dev, opt)
             else:
                 lw.wq, lw.wk, lw.wv, lw.wo = (dev(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                if cfg.attention_output_gate:  # q_proj rows per head: q (Dh), then its gate (Dh)
+                    rows = lw.wq.view(cfg.num_heads, 2, cfg.head_dim, -1)
+                    lw.wq, lw.out_gate = (rows[:, i].reshape(-1, rows.shape[-1]).contiguous() for i in (0, 1))
                 lw.bq, lw.bk, lw.bv, lw.bo = (opt(a + p + ".bias") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 lw.window = cfg.window(l)
-                lw.q_norm, lw.k_norm = opt(fam.q_norm.format(l=l)), opt(fam.k_norm.format(l=l))
+                lw.q_norm, lw.k_norm = norm(fam.q_norm.format(l=l)), norm(fam.k_norm.format(l=l))
             if cfg.attention_sinks:
                 lw.sinks = ckpt.dense[fam.sinks.format(l=l)].to(self.device, torch.float32).contiguous()
             def mlp(prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,6 +104,8 @@ class Decoder:
             if cfg.moe_index(l) >= 0:
                 m = fam.moe_prefix.format(l=l)
                 lw.router = dev(m + fam.router)
+                if cfg.routing.fp32:  # HF keeps this gate in fp32 whatever the model's dtype
+                    lw.router = lw.router.float()
                 if cfg.router_bias:
                     lw.router_bias = dev(m + fam.router_bias)
                 if cfg.routing.correction_bias:
@@ -100,7 +118,7 @@ class Decoder:
                 lw.dense_gate_up, lw.dense_down = mlp(fam.dense_prefix.format(l=l))
             self.layers.append(lw)
         self.sm_scale = 1.0 / math.sqrt(cfg.head_dim)
-        rotary_dim = cfg.head_dim
+        rotary_dim = cfg.rotary_dim or cfg.head_dim
         if cfg.mla is not None:  # the unpadded q . k width, and rope on the rope dims only
             self.sm_scale = cfg.mla.qk_head_dim ** -0.5 * cfg.mla.softmax_mscale
             rotary_dim = cfg.mla.qk_rope_head_dim
@@ -110,9 +128,15 @@ class Decoder:
             inv_freq, scale = yarn_inv_freq(cfg.rope_theta, rotary_dim, y.factor, y.original_max_position_embeddings,
                                             y.beta_fast, y.beta_slow, y.truncate, y.attention_factor)
             self.rope = {"inv_freq": inv_freq.to(self.device), "scale": scale}
+        self.rotary_dim = rotary_dim
+        self.norm_kw = {"round_normed": False} if cfg.norm_unit_offset else {}  # HF's (1 + w) norm rounds once
 
     def new_kv(self, max_tokens: int) -> KVCache:
         cfg = self.cfg
+        if cfg.dsa is not None:
+            return DSAKVCache(cfg, max_tokens, self.dtype, self.device)
+        if cfg.linear_attention is not None:
+            return HybridKV(cfg, max_tokens, self.dtype, self.device)
         return KVCache(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
 
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, moe: MoEFn,
@@ -127,12 +151,14 @@ class Decoder:
         x = self.embed[ids.to(self.device)]  # [T, D]
         positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
         for l, lw in enumerate(self.layers):
-            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-            if lw.mla is not None:
+            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
+            if lw.deltanet is not None:
+                x = x + deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
+            elif lw.mla is not None:
                 x = x + mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
             else:
                 x = x + self._attention(l, lw, h, kv, start_pos, positions)
-            h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+            h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps, **self.norm_kw)
             if lw.router is not None:
                 x = x + moe(cfg.moe_index(l), h)
                 if lw.shared_gate_up is not None:
@@ -141,7 +167,7 @@ class Decoder:
                 x = x + self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
         kv.commit(start_pos, token_ids)
         x = x if all_logits else x[-1:]
-        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps), self.lm_head)
+        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
 
     def _one_mlp(self, h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                  scale: torch.Tensor | None) -> torch.Tensor:
@@ -170,10 +196,13 @@ class Decoder:
             q, k, v = q.clamp(-c, c), k.clamp(-c, c), v.clamp(-c, c)
         q, k, v = q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh)
         if cfg.qk_norm == "head":  # Qwen3: per head
-            q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps).view(T, H, Dh)
-            k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps).view(T, Hkv, Dh)
-        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, **self.rope)
-        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, **self.rope)
+            q = ks.rms_norm(q.reshape(T * H, Dh), lw.q_norm, cfg.rms_norm_eps, **self.norm_kw).view(T, H, Dh)
+            k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps, **self.norm_kw).view(T, Hkv, Dh)
+        q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
+        k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
         kv.write(l, start_pos, k, v)
         o = ks.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)  # [T, H, Dh]
-        return ks.linear(o.reshape(T, H * Dh), lw.wo, lw.bo)
+        o = o.reshape(T, H * Dh)
+        if lw.out_gate is not None:
+            o = o * torch.sigmoid(ks.linear(h, lw.out_gate))
+        return ks.linear(o, lw.wo, lw.bo)

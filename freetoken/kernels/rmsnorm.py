@@ -1,4 +1,6 @@
-"""RMSNorm over the last dim (also Qwen3's per-head q/k norm on [T*H, Dh]), HF rounding order."""
+"""RMSNorm over the last dim (also Qwen3's per-head q/k norm on [T*H, Dh]), HF rounding order: Llama's (the normed
+row rounded to x's dtype before the weight) or, round_normed=False, Qwen3-Next's ((normed * w) in fp32, rounded
+once)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def _rms_norm_kernel(
     # Strides
     stride_x, stride_out,
     # Meta-parameters
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROUND_NORMED: tl.constexpr,
 ):
     """One row per program: y = w * (x * rsqrt(mean(x^2) + eps)).to(x.dtype), the sum of squares in fp32."""
     row = tl.program_id(0)
@@ -29,12 +31,14 @@ def _rms_norm_kernel(
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / D + eps)
-    normed = (xf * rstd).to(x.dtype).to(tl.float32)  # HF rounds to the input dtype before the weight
+    normed = xf * rstd
+    if ROUND_NORMED:  # Llama-style HF norms round to the input dtype before the weight
+        normed = normed.to(x.dtype).to(tl.float32)
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_out + offs, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True) -> torch.Tensor:
     """x [T, D], weight [D] -> [T, D] in x's dtype."""
     # 1. check
     check_tensor(x, "x", 2)
@@ -52,12 +56,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # 3. launch
     BLOCK_D = triton.next_power_of_2(D)
     num_warps = min(max(BLOCK_D // 256, 1), 16)
-    _rms_norm_kernel[(T,)](x, weight, out, D, float(eps), x.stride(0), out.stride(0), BLOCK_D=BLOCK_D, num_warps=num_warps)
+    _rms_norm_kernel[(T,)](x, weight, out, D, float(eps), x.stride(0), out.stride(0), BLOCK_D=BLOCK_D,
+                           ROUND_NORMED=round_normed, num_warps=num_warps)
     return out
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF LlamaRMSNorm / Qwen3MoeRMSNorm: normalise in fp32, round to x.dtype, times the weight."""
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True) -> torch.Tensor:
+    """HF LlamaRMSNorm / Qwen3MoeRMSNorm: normalise in fp32, round to x.dtype, times the weight; round_normed=False:
+    Qwen3NextRMSNorm's order, (normed * w) in fp32 then rounded."""
     xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if round_normed:
+        normed = normed.to(x.dtype)
     return (weight.float() * normed.float()).to(x.dtype)

@@ -37,6 +37,7 @@ class Checkpoint:
     experts: list[tuple]
     quant: QuantFormat | None = None
     expert_biases: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    notes: tuple[str, ...] = ()  # what loading left out, to say at load (a multimodal checkpoint's vision tower)
 
 
 def resolve_dir(model: str | Path) -> Path:
@@ -122,11 +123,17 @@ def _open(file: Path):
 class _Reader:
     """Opens each shard once; get() checks the tensor exists and has the expected shape."""
 
-    def __init__(self, path: Path, where: dict[str, Path]):
+    def __init__(self, path: Path, where: dict[str, Path], text_prefix: str = ""):
         self.path, self.where, self.handles = path, where, {}
+        self.stored: dict[str, str] = {}  # our name -> the stored one, where a multimodal text model nests it
+        if text_prefix:
+            nested = "model." + text_prefix
+            self.stored = {"model." + n[len(nested):]: n for n in where if n.startswith(nested)}
+            self.where = {**where, **{ours: where[n] for ours, n in self.stored.items()}}
 
     def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> torch.Tensor:
         file = self.where.get(name)
+        name = self.stored.get(name, name)
         if file is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} not found in the checkpoint")
         if file not in self.handles:
@@ -156,7 +163,7 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     expert store (default: on CUDA)."""
     path = resolve_dir(model)
     family, cfg = read_config(path)
-    reader = _Reader(path, shard_map(path))
+    reader = _Reader(path, shard_map(path), family.text_prefix)
     pin = torch.cuda.is_available() if pin is None else pin
     try:
         fmt = load_quant_format(path)
@@ -168,7 +175,19 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     check_layer_count(path, cfg, reader.where)
     dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
-    return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin))
+    return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),
+                      notes=_skipped(reader, family))
+
+
+def _skipped(reader: _Reader, family: Family) -> tuple[str, ...]:
+    """One note per skipped prefix that the checkpoint holds tensors under (served text-only)."""
+    notes = []
+    for prefix in family.skip_prefixes:
+        n = sum(name.startswith(prefix) for name in reader.where)
+        if n:
+            notes.append(f"{reader.path}: {n} tensors under {prefix!r} not loaded ({family.architectures[0]} "
+                         "served text-only)")
+    return tuple(notes)
 
 
 def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfig, fmt: QuantFormat,

@@ -63,6 +63,25 @@ class MLA:
 
 
 @dataclass(frozen=True, slots=True)
+class DSA:
+    """DeepSeek sparse attention's lightning indexer (GLM-5, engine/dsa.py): each query attends to the index_topk
+    earlier keys its indexer scores highest; layers not in indexer_layers reuse the previous indexer layer's picks."""
+
+    index_topk: int
+    index_heads: int
+    index_head_dim: int
+    indexer_layers: tuple[int, ...]  # layers that run their own indexer ("full"); the others share ("shared")
+
+    def __post_init__(self) -> None:
+        for name in ("index_topk", "index_heads", "index_head_dim"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
+        if 0 not in self.indexer_layers:
+            raise CheckpointError("config.json: indexer_types must start with a 'full' layer (a shared layer reuses "
+                                  "the picks of an earlier one)")
+
+
+@dataclass(frozen=True, slots=True)
 class Routing:
     """How router logits become picks beyond softmax top-k (kernels.router's options; DeepSeek V2 / V3)."""
 
@@ -72,10 +91,51 @@ class Routing:
     group_score: str = "max"  # a group's score: its best expert, or "top2" its best two summed
     scale: float = 1.0  # routed_scaling_factor on the weights
     correction_bias: bool = False  # a per-expert bias added to the scores for the choice only
+    fp32: bool = False  # the gate weight is kept in fp32 and the router runs on h in fp32 (HF's GLM, DeepSeek-V3)
 
     def options(self) -> dict:
         return dict(score=self.score, n_group=self.n_group, topk_group=self.topk_group,
                     group_score=self.group_score, scale=self.scale)
+
+
+@dataclass(frozen=True, slots=True)
+class LinearAttention:
+    """Gated DeltaNet token mixing (Qwen3-Next, Qwen3.5-MoE; engine/gated_deltanet.py) on `layers`; the other decoder
+    layers keep full attention. Per sequence each such layer keeps a conv state [conv_dim, conv_kernel - 1] and a
+    recurrent state [num_v_heads, k_head_dim, v_head_dim] (fp32) instead of KV."""
+
+    layers: tuple[int, ...]
+    num_k_heads: int
+    num_v_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    conv_kernel: int
+    fused_projections: bool = False  # Qwen3-Next's in_proj_qkvz / in_proj_ba, grouped by key head
+
+    def __post_init__(self) -> None:
+        for name in ("num_k_heads", "num_v_heads", "k_head_dim", "v_head_dim", "conv_kernel"):
+            if getattr(self, name) <= 0:
+                raise CheckpointError(f"config.json: linear-attention {name} must be positive, got {getattr(self, name)}")
+        if self.num_v_heads % self.num_k_heads:
+            raise CheckpointError(f"config.json: linear_num_value_heads {self.num_v_heads} is not a multiple of "
+                                  f"linear_num_key_heads {self.num_k_heads}")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.k_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.v_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the short convolution: q, k and v concatenated."""
+        return 2 * self.key_dim + self.value_dim
+
+    def state_values(self) -> tuple[int, int]:
+        """(conv state values, recurrent state values) of one layer for one sequence."""
+        return self.conv_dim * (self.conv_kernel - 1), self.num_v_heads * self.k_head_dim * self.v_head_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +179,12 @@ class ModelConfig:
     # DeepSeek V2 / V3
     mla: MLA | None = None  # multi-head latent attention instead of q/k/v/o (head_dim: the padded cache head dim)
     routing: Routing = Routing()
+    # Qwen3-Next / Qwen3.5-MoE
+    linear_attention: LinearAttention | None = None  # Gated DeltaNet layers (no KV)
+    attention_output_gate: bool = False  # q_proj also yields a per-head gate: o *= sigmoid(gate) before o_proj
+    norm_unit_offset: bool = False  # every RMSNorm weight is stored as w - 1 (the norm multiplies by 1 + w)
+    rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim)
+    dsa: DSA | None = None  # sparse attention over MLA (GLM-5)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -143,6 +209,32 @@ class ModelConfig:
                                   f"[0, {self.num_layers})")
         if self.sliding_layers and self.sliding_window <= 0:
             raise CheckpointError(f"config.json: sliding_window must be positive, got {self.sliding_window}")
+        if self.rotary_dim < 0 or self.rotary_dim > self.head_dim or self.rotary_dim % 2:
+            raise CheckpointError(f"config.json: rotary dims {self.rotary_dim} must be even and within head_dim "
+                                  f"{self.head_dim}")
+        if self.linear_attention is not None and any(not 0 <= l < self.num_layers for l in self.linear_attention.layers):
+            raise CheckpointError(f"config.json: linear-attention layers {self.linear_attention.layers} outside "
+                                  f"[0, {self.num_layers})")
+
+    def index_key_values(self) -> int:
+        """DSA: the indexer keys one token adds to the cache beside its KV (every indexer layer's index_head_dim)."""
+        return 0 if self.dsa is None else len(self.dsa.indexer_layers) * self.dsa.index_head_dim
+
+    def is_linear(self, layer: int) -> bool:
+        """Does the decoder layer mix tokens with Gated DeltaNet (no KV) rather than attention?"""
+        return self.linear_attention is not None and layer in self.linear_attention.layers
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Decoder layers that keep KV (all but the linear-attention ones)."""
+        return tuple(l for l in range(self.num_layers) if not self.is_linear(l))
+
+    def state_bytes(self, dtype_bytes: int) -> int:
+        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32."""
+        if self.linear_attention is None:
+            return 0
+        conv, recurrent = self.linear_attention.state_values()
+        return len(self.linear_attention.layers) * (conv * dtype_bytes + recurrent * 4)
 
     def window(self, layer: int) -> int | None:
         """The sliding window of a decoder layer, None where it attends to every earlier key."""
@@ -198,6 +290,21 @@ class ConfigReader:
         if isinstance(params, dict) and "rope_theta" in params:
             return float(params["rope_theta"])
         return self.get("rope_theta", default=default, kind=float)
+
+    def rotary_dim(self, head_dim: int, default_factor: float = 1.0) -> int:
+        """Partial rotary: int(head_dim x partial_rotary_factor) as HF's rope init computes it, the factor from
+        rope_parameters / rope_scaling or the top level, else a `rotary_dim` field (MiniMax-M2), else the default."""
+        _, params = self.rope_params()
+        factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        if factor is None:
+            factor = self.raw.get("partial_rotary_factor")
+        if factor is None and self.raw.get("rotary_dim") is not None:
+            factor = self.get("rotary_dim", kind=int) / head_dim
+        factor = default_factor if factor is None else factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise CheckpointError(f"{self.path}: partial_rotary_factor / rotary_dim must give a fraction in (0, 1] "
+                                  f"of head_dim {head_dim}, got {factor!r}")
+        return int(head_dim * factor)
 
     def eos_ids(self) -> tuple[int, ...]:
         eos = self.raw.get("eos_token_id")

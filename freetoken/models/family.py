@@ -42,6 +42,10 @@ class Family:
     correction_bias: str = "gate.e_score_correction_bias"  # under moe_prefix, with routing.correction_bias
     attention: Callable[[ModelConfig, int], dict[str, tuple[int, ...]]] | None = None  # a layer's attention tensors
     # where they are not q/k/v/o (DeepSeek's MLA)
+    linear_attention: Callable[[ModelConfig, int], dict[str, tuple[int, ...]]] | None = None  # a Gated DeltaNet
+    # layer's tensors (config.linear_attention)
+    text_prefix: str = ""  # multimodal checkpoints: "model." names are stored under "model.<text_prefix>"
+    skip_prefixes: tuple[str, ...] = ()  # tensors of other modalities, not loaded (said at load)
 
     def __post_init__(self) -> None:
         if self.expert_layout not in EXPERT_LAYOUTS:
@@ -49,33 +53,18 @@ class Family:
 
     def dense_tensors(self, cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
         """Every non-expert tensor the model needs -> its shape (the device-resident part)."""
-        D, H, Hkv, Dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        D = cfg.hidden_size
         out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, D),
                                            "model.norm.weight": (D,)}
         if not cfg.tie_word_embeddings:
             out["lm_head.weight"] = (cfg.vocab_size, D)
         for l in range(cfg.num_layers):
-            a = ATTN.format(l=l)
             out[f"model.layers.{l}.input_layernorm.weight"] = (D,)
             out[f"model.layers.{l}.post_attention_layernorm.weight"] = (D,)
-            if self.attention is not None:
-                out.update(self.attention(cfg, l))
+            if cfg.is_linear(l):
+                out.update(self.linear_attention(cfg, l))
             else:
-                for proj, rows in (("q_proj", H * Dh), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
-                    out[a + proj + ".weight"] = (rows, D)
-                    if cfg.attention_bias:
-                        out[a + proj + ".bias"] = (rows,)
-                out[a + "o_proj.weight"] = (D, H * Dh)
-            if cfg.o_proj_bias:
-                out[a + "o_proj.bias"] = (D,)
-            if cfg.attention_sinks:
-                out[self.sinks.format(l=l)] = (H,)
-            if cfg.qk_norm == "head":
-                out[self.q_norm.format(l=l)] = (Dh,)
-                out[self.k_norm.format(l=l)] = (Dh,)
-            elif cfg.qk_norm == "full":
-                out[self.q_norm.format(l=l)] = (H * Dh,)
-                out[self.k_norm.format(l=l)] = (Hkv * Dh,)
+                out.update(self._attention_tensors(cfg, l))
             if cfg.moe_index(l) >= 0:
                 m = self.moe_prefix.format(l=l)
                 out[m + self.router] = (cfg.num_experts, D)
@@ -89,6 +78,31 @@ class Family:
                     out[m + self.shared_expert_gate] = (1, D)
             else:
                 out.update(_mlp(self.dense_prefix.format(l=l), cfg.dense_intermediate, D))
+        return out
+
+    def _attention_tensors(self, cfg: ModelConfig, l: int) -> dict[str, tuple[int, ...]]:
+        """One attention layer's tensors (q/k/v/o, or the family's `attention` hook) -> shapes."""
+        D, H, Hkv, Dh, a = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, ATTN.format(l=l)
+        out: dict[str, tuple[int, ...]] = {}
+        if self.attention is not None:
+            out.update(self.attention(cfg, l))
+        else:
+            q_rows = H * Dh * (2 if cfg.attention_output_gate else 1)  # per head: q rows, then its gate's rows
+            for proj, rows in (("q_proj", q_rows), ("k_proj", Hkv * Dh), ("v_proj", Hkv * Dh)):
+                out[a + proj + ".weight"] = (rows, D)
+                if cfg.attention_bias:
+                    out[a + proj + ".bias"] = (rows,)
+            out[a + "o_proj.weight"] = (D, H * Dh)
+        if cfg.o_proj_bias:
+            out[a + "o_proj.bias"] = (D,)
+        if cfg.attention_sinks:
+            out[self.sinks.format(l=l)] = (H,)
+        if cfg.qk_norm == "head":
+            out[self.q_norm.format(l=l)] = (Dh,)
+            out[self.k_norm.format(l=l)] = (Dh,)
+        elif cfg.qk_norm == "full":
+            out[self.q_norm.format(l=l)] = (H * Dh,)
+            out[self.k_norm.format(l=l)] = (Hkv * Dh,)
         return out
 
     def mlp_tensors(self, prefix: str) -> tuple[str, str, str]:

@@ -37,6 +37,9 @@ class EngineSequence:
     def length(self) -> int:
         return 0 if self._kv is None else self._kv.length
 
+    def mark(self, anchors: list[int]) -> None:
+        """KV can be cut anywhere: nothing to remember."""
+
     def load(self, pieces: list, tokens: list[int]) -> None:
         kv = torch.cat(pieces, dim=2)  # [L, 2, T, Hkv, Dh]
         for layer in range(kv.shape[0]):
@@ -61,10 +64,11 @@ def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
     cfg = ckpt.config
     dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
-    kv_per_token = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
+    kv_per_token = 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
+    kv_per_token += cfg.index_key_values() * store.dtype.itemsize  # DSA's indexer keys live beside the KV
     expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
-                       max_context)
+                       max_context, cfg.state_bytes(store.dtype.itemsize))
 
 
 def expert_format(ckpt) -> str:
@@ -114,7 +118,16 @@ class EngineBackend:
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
-        self.prefix_cache = PrefixCache(tokens, _slice_positions) if tokens else None
+        if not tokens:
+            self.prefix_cache = None
+        elif self.ckpt.config.linear_attention is not None:  # pieces carry recurrent state at anchors
+            from freetoken.serve.hybrid_sequence import slice_piece, snapshots
+
+            memory = self.model_memory()
+            self.prefix_cache = PrefixCache(tokens, slice_piece,
+                                            snapshots(memory.state_bytes, memory.kv_bytes_per_token))
+        else:
+            self.prefix_cache = PrefixCache(tokens, _slice_positions)
 
     @property
     def stop_token_ids(self) -> set[int]:
@@ -124,9 +137,13 @@ class EngineBackend:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
     def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
-        seq = EngineSequence(self.engine, next(self._requests), len(prompt.tokens) + max_new)
+        from freetoken.serve.hybrid_sequence import HybridSequence
+
+        kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
+        seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
         return CachedGeneration(seq, self.prefix_cache, prompt, params, max_new, self.stop_token_ids)
 
     def stats(self) -> dict:
         return {"backend": "engine", "split": self.split_reason, "expert_cache": self.engine.counters.to_dict(),
                 "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}
+

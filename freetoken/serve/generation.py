@@ -20,6 +20,10 @@ class KVSequence(Protocol):
     def load(self, pieces: list, tokens: list[int]) -> None:
         """Fills positions [0, len(tokens)) from prefix-cache pieces (in order) on an empty sequence."""
 
+    def mark(self, anchors: list[int]) -> None:
+        """Positions the sequence should be able to restart from later (message ends): hybrid models snapshot
+        their recurrent state there as they pass them."""
+
     def forward(self, tokens: list[int]) -> torch.Tensor:
         """Runs tokens at positions [length, length + len); returns the logits of the last one, [V]."""
 
@@ -49,6 +53,7 @@ class CachedGeneration:
             raise StopIteration  # a stop token is never fed back: the sequence ends where the caller stops
         if self._logits is None:  # prefill
             tokens = self.prompt.tokens
+            self.seq.mark(self.prompt.anchors)
             if self.cache is not None:
                 match = self.cache.match(tokens)
                 if match.length:

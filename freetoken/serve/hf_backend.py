@@ -23,8 +23,12 @@ class HFSequence:
         from transformers import DynamicCache
 
         self.model = model
-        self.cache = DynamicCache()
+        # hybrid models need their cache built from the config (conv + recurrent layers beside the KV ones)
+        self.cache = DynamicCache(config=model.config) if _recurrent(model.config) else DynamicCache()
         self.length = 0
+
+    def mark(self, anchors: list[int]) -> None:
+        """KV can be cut anywhere: nothing to remember."""
 
     def load(self, pieces: list, tokens: list[int]) -> None:
         kv = torch.cat(pieces, dim=3)  # [L, 2, H, T, Dh]
@@ -43,6 +47,11 @@ class HFSequence:
         k = torch.stack([layer.keys[0, :, start:stop] for layer in self.cache.layers])  # [L, H, T, Dh]
         v = torch.stack([layer.values[0, :, start:stop] for layer in self.cache.layers])
         return torch.stack([k, v], dim=1).clone()  # [L, 2, H, T, Dh]
+
+
+def _recurrent(config) -> bool:
+    """Does the model have linear-attention (recurrent state) layers?"""
+    return "linear_attention" in (getattr(config, "layer_types", None) or [])
 
 
 class HFBackend:
@@ -66,6 +75,8 @@ class HFBackend:
         """All weights stay resident here (no expert cache, engine_options unused); the plan's KV tokens bound
         the prefix cache."""
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
+        if _recurrent(self.model.config):
+            tokens = 0  # recurrent layers' state cannot be sliced like KV: no prefix cache (the engine backend has one)
         self.prefix_cache = PrefixCache(tokens, _slice_positions) if tokens else None
 
     def prefix_cache_budget(self) -> int:

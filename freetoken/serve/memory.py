@@ -28,6 +28,7 @@ class ModelMemory:
     num_experts: int  # routed experts in all layers together (layers x experts)
     min_slots: int  # slots the engine needs at least (the experts of one layer call)
     max_context: int
+    state_bytes: int = 0  # per sequence, whatever its length: linear-attention conv + recurrent states (hybrids)
 
     def __post_init__(self) -> None:
         for name in ("kv_bytes_per_token", "expert_bytes", "num_experts", "max_context"):
@@ -91,7 +92,7 @@ def plan_memory(model: ModelMemory, budget_bytes: int, kv_floor: int | None = No
     if budget_bytes <= 0 or reserve_bytes < 0:
         raise ValueError(f"memory budget must be positive and the reserve >= 0, got {budget_bytes}, {reserve_bytes}")
     available = budget_bytes - reserve_bytes - model.dense_bytes
-    floor_bytes = floor * model.kv_bytes_per_token
+    floor_bytes = floor * model.kv_bytes_per_token + model.state_bytes  # the floor's sequence keeps its states too
     staging = model.min_slots * model.expert_bytes
     if available < floor_bytes + staging:
         raise ValueError(
@@ -104,5 +105,6 @@ def plan_memory(model: ModelMemory, budget_bytes: int, kv_floor: int | None = No
     kv_tokens = floor + left // model.kv_bytes_per_token
     if kv_cap is not None:
         kv_tokens = max(floor, min(kv_tokens, kv_cap))
-    return MemoryPlan(budget_bytes, reserve_bytes, model.dense_bytes, kv_tokens, kv_tokens * model.kv_bytes_per_token,
+    return MemoryPlan(budget_bytes, reserve_bytes, model.dense_bytes, kv_tokens,
+                      kv_tokens * model.kv_bytes_per_token + model.state_bytes,
                       floor, slots, slots * model.expert_bytes, model.num_experts, device)

@@ -15,6 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 SliceKV = Callable[[Any, int, int], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshots:
+    """Hybrid models: payloads may carry a recurrent-state snapshot at their end, the only places a sequence can
+    restart from. Each snapshot is charged cost_tokens (its bytes in KV-token units) against the budget."""
+
+    has_state: Callable[[Any], bool]
+    drop_state: Callable[[Any], Any]  # the payload without its snapshot
+    cost_tokens: int
 ReadKV = Callable[[int, int], Any]  # (start, stop) -> KV payload of those absolute positions
 
 
@@ -30,6 +40,7 @@ class _Node:
     depth: int  # tokens from the root to the end of this run
     last_use: int = 0
     anchored: bool = False  # the run ends on an anchor (a message boundary)
+    extra: int = 0  # budget tokens charged beyond the run's own (a state snapshot)
     children: dict[int, "_Node"] = field(default_factory=dict)
 
 
@@ -48,19 +59,23 @@ class PrefixStats:
     computed_tokens: int = 0  # prompt tokens that had to be prefilled
     inserted_tokens: int = 0
     evicted_tokens: int = 0
+    anchor_hits: int = 0  # lookups that resumed from a snapshot of recurrent state (hybrid models)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
 class PrefixCache:
-    """budget_tokens: most token positions of KV kept (the KV budget); 0 disables caching."""
+    """budget_tokens: most token positions of KV kept (the KV budget); 0 disables caching.
+    snapshots: for models whose state cannot be cut at any token (recurrent layers): a match stops after the deepest
+    payload with a state snapshot, and snapshots count against the budget (dropped, shallowest first, to fit)."""
 
-    def __init__(self, budget_tokens: int, slice_kv: SliceKV = _slice_first_axis):
+    def __init__(self, budget_tokens: int, slice_kv: SliceKV = _slice_first_axis, snapshots: Snapshots | None = None):
         if budget_tokens < 0:
             raise ValueError(f"prefix cache budget_tokens must be >= 0, got {budget_tokens}")
         self.budget_tokens = budget_tokens
         self.slice_kv = slice_kv
+        self.snapshots = snapshots
         self.root = _Node((), None, None, 0)
         self.cached_tokens = 0
         self.stats = PrefixStats()
@@ -73,6 +88,7 @@ class PrefixCache:
         limit = len(tokens) - 1 if max_length is None else min(max_length, len(tokens))
         self._clock += 1
         node, pieces, length, anchor = self.root, [], 0, 0
+        resume = (0, 0)  # (length, pieces) of the deepest restart point, with snapshots
         while length < limit:
             child = node.children.get(tokens[length])
             if child is None:
@@ -85,7 +101,13 @@ class PrefixCache:
                 break
             pieces.append(child.kv)
             anchor = child.depth if child.anchored else anchor
+            if self.snapshots is not None and self.snapshots.has_state(child.kv):
+                resume = (length, len(pieces))
             node = child
+        if self.snapshots is not None:
+            length, pieces = resume[0], pieces[:resume[1]]
+            anchor = min(anchor, length)
+            self.stats.anchor_hits += length > 0
         self.stats.lookups += 1
         self.stats.hit_lookups += length > 0
         self.stats.reused_tokens += length
@@ -119,16 +141,33 @@ class PrefixCache:
         depth = node.depth
         self._evict(self.cached_tokens + len(tokens) - depth - self.budget_tokens, keep=path)
         stop_at = min(len(tokens), depth + max(0, self.budget_tokens - self.cached_tokens))
+        new = []
         for stop in [c for c in cuts if depth < c < stop_at] + [stop_at]:
             if stop <= node.depth:
                 continue
             start = node.depth
             child = _Node(tokens[start:stop], read_kv(start, stop), node, stop, self._clock, stop in cuts)
+            if self.snapshots is not None and self.snapshots.has_state(child.kv):
+                child.extra = self.snapshots.cost_tokens
             node.children[tokens[start]] = child
-            self.cached_tokens += stop - start
+            self.cached_tokens += stop - start + child.extra
             node = child
+            new.append(child)
+        self._fit_snapshots(path | set(new), new)
         self.stats.inserted_tokens += stop_at - depth
         return stop_at - depth
+
+    def _fit_snapshots(self, keep: set[_Node], new: list[_Node]) -> None:
+        """Over budget with the new nodes' snapshots: evict other leaves, then drop new snapshots, shallowest
+        first (the sequence's end, where a next turn resumes, goes last)."""
+        self._evict(self.cached_tokens - self.budget_tokens, keep=keep)
+        for node in new:
+            if self.cached_tokens <= self.budget_tokens:
+                break
+            if node.extra:
+                node.kv = self.snapshots.drop_state(node.kv)
+                self.cached_tokens -= node.extra
+                node.extra = 0
 
     # eviction
     def evict(self, n_tokens: int) -> int:
@@ -182,8 +221,8 @@ class PrefixCache:
                 break
             victim = min(leaves, key=lambda n: n.last_use)
             del victim.parent.children[victim.tokens[0]]
-            freed += len(victim.tokens)
-            self.cached_tokens -= len(victim.tokens)
+            freed += len(victim.tokens) + victim.extra
+            self.cached_tokens -= len(victim.tokens) + victim.extra
         self.stats.evicted_tokens += freed
         return freed
 

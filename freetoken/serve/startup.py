@@ -49,6 +49,8 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
         from freetoken.serve.engine_backend import EngineBackend
 
         backend = EngineBackend(model_dir, model_id, max_context=cfg.max_context)
+        for note in backend.ckpt.notes:
+            log(note)
         memory = backend.model_memory()
     budget, device = device_budget(cfg)
     plan = plan_memory(memory, budget, kv_floor=cfg.kv_floor, reserve_bytes=min(GiB, budget // 10), device=device)

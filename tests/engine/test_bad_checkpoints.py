@@ -89,9 +89,11 @@ def test_unknown_architecture(ckpt_dir):
     cfg["architectures"] = ["LlamaForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture LlamaForCausalLM; supported: "
-                                              r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
-                                              r"GptOssForCausalLM, MixtralForCausalLM, OlmoeForCausalLM, "
-                                              r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM"):
+                                              r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, "
+                                              r"GlmMoeDsaForCausalLM, GptOssForCausalLM, MiniMaxM2ForCausalLM, "
+                                              r"MixtralForCausalLM, OlmoeForCausalLM, "
+                                              r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, "
+                                              r"Qwen3_5MoeForCausalLM, Qwen3_5MoeForConditionalGeneration$"):
         load_checkpoint(ckpt_dir)
 
 

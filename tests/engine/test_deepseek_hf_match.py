@@ -279,26 +279,9 @@ def test_rope_first_layout_keeps_hf_scores(version):
 
 def test_sim_replay_makes_the_live_plans(models):
     """Sim = live on DeepSeek-V3's recorded routing, every policy (test_sim_equals_live.py's harness)."""
-    from freetoken.placement import POLICIES
-    from freetoken.sim.calls import trace_calls
-    from freetoken.sim.replay import replay
+    from .test_sim_equals_live import assert_sim_replays_live
 
-    from .conftest import policy_options
-    from .test_sim_equals_live import CHUNK as SIM_CHUNK
-    from .test_sim_equals_live import SPLITS as SIM_SPLITS
-    from .test_sim_equals_live import _sim_policy, live_run
-
-    ckpt = models["v3"].ckpt
-    probe = live_run(ckpt, CacheConfig("lru", capacity=0)).trace()
-    for policy in sorted(POLICIES):
-        opts = policy_options(policy, probe, SIM_CHUNK)
-        for capacity in (3, 7):
-            for name, split in SIM_SPLITS.items():
-                engine = live_run(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts))
-                trace = engine.trace()
-                sim = replay(trace_calls(trace, SIM_CHUNK), _sim_policy(policy, capacity, trace, opts), split,
-                             keep_plans=True)
-                assert sim.plans and sim.plans == engine.cache.plans, f"{policy} capacity={capacity} {name}"
+    assert_sim_replays_live(models["v3"].ckpt, (3, 7))
 
 
 def test_card_from_config_sizes_what_the_engine_holds(models):

@@ -49,6 +49,22 @@ def _sim_policy(name, capacity, trace, options):
     return make_policy(name, capacity, trace.num_layers, trace.num_experts, **options)
 
 
+def assert_sim_replays_live(ckpt, capacities, splits=tuple(SPLITS)) -> None:
+    """Every policy x capacity x split (names in SPLITS) on one checkpoint: the sim's replay of the recorded routing
+    makes the live Plans (for families with their own HF-match files)."""
+    probe = live_run(ckpt, CacheConfig("lru", capacity=0)).trace()
+    for policy in sorted(POLICIES):
+        opts = policy_options(policy, probe, CHUNK)
+        for capacity in capacities:
+            for name in splits:
+                split = SPLITS[name]
+                engine = live_run(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts))
+                trace = engine.trace()
+                sim = replay(trace_calls(trace, CHUNK), _sim_policy(policy, capacity, trace, opts), split,
+                             keep_plans=True)
+                assert sim.plans and sim.plans == engine.cache.plans, f"{policy} capacity={capacity} {name}"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_sim_replay_makes_the_live_plans(family, checkpoints):
     ckpt = checkpoints[family]

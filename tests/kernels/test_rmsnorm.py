@@ -48,3 +48,20 @@ def test_reference_matches_torch_and_hf():
 def test_bad_weight_shape_is_named():
     with pytest.raises(ValueError, match="weight"):
         rms_norm(torch.randn(2, 8), torch.randn(9), 1e-6)
+
+
+def test_unit_offset_order_is_qwen3_next():
+    """round_normed=False with the weight stored as 1 + w (fp32): HF's Qwen3NextRMSNorm bit for bit in bf16, where
+    the Llama order (round, then weight) differs."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNorm
+
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(7, 40, generator=g) * 3).bfloat16()
+    hf = Qwen3NextRMSNorm(40, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        hf.weight.copy_((torch.randn(40, generator=g) * 0.5).bfloat16())
+        want = hf(x)
+    w = hf.weight.float() + 1.0
+    torch.testing.assert_close(rms_norm_ref(x, w, 1e-6, round_normed=False), want, rtol=0, atol=0)
+    assert_close(rms_norm(x, w, 1e-6, round_normed=False), want)
+    assert (rms_norm_ref(x, w, 1e-6) != want).any()  # the other order is a different rounding

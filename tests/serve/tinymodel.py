@@ -15,8 +15,13 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHARS = list(string.ascii_letters + string.digits + string.punctuation + " \n")
 
 
-def write_tiny_model(path: Path, seed: int = 0, max_context: int = 1024) -> Path:
-    """A checkpoint directory both the engine and transformers load."""
+HYBRID = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+              linear_conv_kernel_dim=4, full_attention_interval=2, shared_expert_intermediate_size=16)
+
+
+def write_tiny_model(path: Path, seed: int = 0, max_context: int = 1024, hybrid: bool = False) -> Path:
+    """A checkpoint directory both the engine and transformers load. hybrid: a Qwen3.5-MoE (Gated DeltaNet layer,
+    then a gated-attention layer) instead of Qwen3-MoE."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
@@ -30,11 +35,12 @@ def write_tiny_model(path: Path, seed: int = 0, max_context: int = 1024) -> Path
     fast.chat_template = FALLBACK_TEMPLATE  # ChatML with Hermes-style tools
     path.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(path)
-    cfg = AutoConfig.for_model("qwen3_moe", vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
-                               moe_intermediate_size=16, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
-                               max_position_embeddings=max_context, eos_token_id=vocab["<|im_end|>"],
-                               pad_token_id=0, tie_word_embeddings=False)
+    shape = dict(vocab_size=len(vocab), hidden_size=32, moe_intermediate_size=16, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=8, num_experts_per_tok=2,
+                 max_position_embeddings=max_context, eos_token_id=vocab["<|im_end|>"], pad_token_id=0,
+                 tie_word_embeddings=False)
+    cfg = (AutoConfig.for_model("qwen3_5_moe_text", **shape, **HYBRID) if hybrid
+           else AutoConfig.for_model("qwen3_moe", intermediate_size=64, **shape))
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(path)

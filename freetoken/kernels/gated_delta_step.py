@@ -1,0 +1,90 @@
+"""The gated delta rule token by token (Gated DeltaNet decode; HF's torch_recurrent_gated_delta_rule).
+
+Per value head h (key head h // (Hv / Hk)), state S [Dk, Dv] fp32, for each token:
+    S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q     (q, k l2-normalised, q / sqrt(Dk))
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from freetoken.kernels.gated_delta_chunk import check_delta_args, l2norm
+
+
+@triton.jit
+def _gated_delta_step_kernel(
+    # Pointers
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr,
+    # Dimensions
+    T, DK, DV, GROUP, scale,
+    # Strides
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
+    stride_sh, stride_sk, stride_ot, stride_oh,
+    # Meta-parameters
+    BK: tl.constexpr, BV: tl.constexpr,
+):
+    """One (value head, BV value columns) per program; S [BK, BV] read once, written once."""
+    h = tl.program_id(0)
+    hk = h // GROUP
+    offs_k = tl.arange(0, BK)
+    offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
+    mk, mv = offs_k < DK, offs_v < DV
+    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    S = tl.load(s_ptrs, mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
+    for t in range(0, T):
+        q = tl.load(q_ptr + t * stride_qt + hk * stride_qh + offs_k, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + t * stride_kt + hk * stride_kh + offs_k, mask=mk, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs_v, mask=mv, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t * stride_gt + h).to(tl.float32)
+        beta = tl.load(beta_ptr + t * stride_bt + h).to(tl.float32)
+        q = q * tl.rsqrt(tl.sum(q * q, 0) + 1e-6) * scale
+        k = k * tl.rsqrt(tl.sum(k * k, 0) + 1e-6)
+        S = S * tl.exp(g)
+        delta = (v - tl.sum(S * k[:, None], 0)) * beta  # [BV]
+        S = S + k[:, None] * delta[None, :]
+        o = tl.sum(S * q[:, None], 0)
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_v, o.to(out_ptr.dtype.element_ty), mask=mv)
+    tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mk[:, None] & mv[None, :])
+
+
+def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor) -> torch.Tensor:
+    """As gated_delta_chunk (same shapes, state updated in place), one token after another: decode's T = 1."""
+    # 1. check
+    check_delta_args(q, k, v, g, beta, state)
+    T, Hk, Dk = q.shape
+    Hv, Dv = v.shape[1:]
+    # 2. allocate
+    out = torch.empty((T, Hv, Dv), dtype=v.dtype, device=v.device)
+    if T == 0:
+        return out
+    # 3. launch
+    BK = triton.next_power_of_2(Dk)
+    BV = min(triton.next_power_of_2(Dv), 64)
+    _gated_delta_step_kernel[(Hv, triton.cdiv(Dv, BV))](
+        q, k, v, g, beta, state, out, T, Dk, Dv, Hv // Hk, Dk ** -0.5,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1), BK=BK, BV=BV)
+    return out
+
+
+def gated_delta_step_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                         state: torch.Tensor) -> torch.Tensor:
+    """torch, the recurrence as written above (all heads at once)."""
+    check_delta_args(q, k, v, g, beta, state)
+    T, Hk, Dk = q.shape
+    Hv = v.shape[1]
+    rep = Hv // Hk
+    qf = l2norm(q).repeat_interleave(rep, 1) * Dk ** -0.5  # [T, Hv, Dk]
+    kf = l2norm(k).repeat_interleave(rep, 1)
+    S = state.float()
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for t in range(T):
+        S = S * g[t].float().exp()[:, None, None]
+        delta = (v[t].float() - (S * kf[t][..., None]).sum(1)) * beta[t].float()[:, None]  # [Hv, Dv]
+        S = S + kf[t][..., None] * delta[:, None, :]
+        out[t] = (S * qf[t][..., None]).sum(1)
+    state.copy_(S)
+    return out.to(v.dtype)

@@ -1,0 +1,102 @@
+"""Cache anchors for a hybrid model through the server: a tiny character-level Qwen3.5-MoE (a Gated DeltaNet layer
+and a gated-attention layer). Its recurrent state cannot be cut back, so the prefix cache keeps state snapshots at
+message boundaries and at each sequence's end; the next turn resumes from the deepest one its prompt shares.
+Reference: the engine alone on the whole prompt with an empty cache (cold)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from conftest import TIMEOUT, running
+from test_prefix_reuse import ask, cold, naive_lcp, prefix_stats
+from tinymodel import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def hybrid_dir(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", hybrid=True)
+
+
+@pytest.fixture(scope="module")
+def hybrid_served(hybrid_dir):
+    with running(hybrid_dir, max_running=1) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def hybrid_engine(hybrid_dir):
+    from freetoken.engine import Engine
+
+    return Engine.from_pretrained(hybrid_dir, kernels="reference")
+
+
+@pytest.fixture(scope="module")
+def client(hybrid_served):
+    return openai.OpenAI(base_url=hybrid_served[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+
+
+def test_the_model_is_hybrid(hybrid_served):
+    cfg = hybrid_served[1].backend.engine.config
+    assert cfg.linear_attention.layers == (0,) and cfg.attention_layers == (1,)
+
+
+def test_second_turn_prefills_only_the_new_tokens(client, hybrid_served, hybrid_engine):
+    service = hybrid_served[1]
+    model_id = service.backend.model_id
+    first = [{"role": "user", "content": "tell me about cats, briefly"}]
+    ids1, text1, out1 = cold(hybrid_engine, first, 6)
+    assert ask(client, model_id, first).choices[0].message.content == text1
+    second = first + [{"role": "assistant", "content": text1}, {"role": "user", "content": "and dogs?"}]
+    ids2, text2, _ = cold(hybrid_engine, second, 6)
+    computed_in_turn1 = ids1 + out1[:-1]
+    assert naive_lcp(ids2, computed_in_turn1) == len(computed_in_turn1)
+    before = prefix_stats(service)
+    r2 = ask(client, model_id, second)
+    after = prefix_stats(service)
+    assert after["reused_tokens"] - before["reused_tokens"] == len(computed_in_turn1)  # the state at turn 1's end
+    assert after["computed_tokens"] - before["computed_tokens"] == len(ids2) - len(computed_in_turn1)
+    assert after["anchor_hits"] - before["anchor_hits"] == 1
+    assert r2.choices[0].message.content == text2  # same as the cold run
+
+
+def test_an_edit_resumes_from_the_anchor_before_it(client, hybrid_served, hybrid_engine):
+    """KV could be reused up to the edit, but the recurrent state exists only at anchors: the reuse falls back to
+    the system message's end, and the answer still equals a cold run."""
+    service = hybrid_served[1]
+    model_id = service.backend.model_id
+    convo = [{"role": "system", "content": "you are terse"},
+             {"role": "user", "content": "first question about the sea"},
+             {"role": "assistant", "content": "an answer"},
+             {"role": "user", "content": "a follow-up"}]
+    ask(client, model_id, convo, max_tokens=2)
+    tok = hybrid_engine.tokenizer
+    render = lambda msgs, gen: tok.encode(  # noqa: E731
+        tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False), add_special_tokens=False)
+    edited = [convo[0], {"role": "user", "content": "first question about the moon"}] + convo[2:]
+    ids, text, _ = cold(hybrid_engine, edited, 3)
+    before = prefix_stats(service)
+    r = ask(client, model_id, edited, max_tokens=3)
+    after = prefix_stats(service)
+    system_end = len(render(convo[:1], False))
+    assert system_end < naive_lcp(render(convo, True), ids)  # the KV prefix reaches past the anchor
+    assert after["reused_tokens"] - before["reused_tokens"] == system_end
+    assert after["computed_tokens"] - before["computed_tokens"] == len(ids) - system_end
+    assert r.choices[0].message.content == text
+
+
+def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hybrid_engine):
+    """transformers' cache of a hybrid model cannot be cut into KV pieces: the HF backend runs it uncached, and its
+    greedy answer is the engine's."""
+    from freetoken.serve.chat import Params, Prompt
+    from freetoken.serve.hf_backend import HFBackend
+    from freetoken.serve.memory import ModelMemory, plan_memory
+
+    backend = HFBackend(hybrid_dir, "tiny-hybrid")
+    backend.use_plan(plan_memory(ModelMemory(0, 1, 1, 1, 0, 64), 10**6, kv_floor=64))
+    assert backend.prefix_cache is None
+    ids, _, out = cold(hybrid_engine, [{"role": "user", "content": "hi there"}], 4)
+    gen = backend.generate(Prompt(ids, []), Params(max_tokens=4, temperature=0.0), 4)
+    got = [t for _, t in zip(range(4), gen)]
+    gen.close()
+    assert got == out[:len(got)]
