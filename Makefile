@@ -1,5 +1,7 @@
-# Paper figures and the sweeps behind them (CPU only, minutes). PYTHON=.venv/bin/python if the venv is not active.
-PYTHON ?= python
+# Paper figures and the sweeps behind them (CPU only, minutes). The checkout's .venv is used when it exists (no need
+# to activate it); otherwise python3 from PATH; PYTHON=... overrides both.
+ROOT := $(dir $(abspath $(lastword $(MAKEFILE_LIST))))
+PYTHON ?= $(if $(wildcard $(ROOT).venv/bin/python),$(ROOT).venv/bin/python,python3)
 RESULTS ?= results
 FIGURES ?= $(RESULTS)/figures
 

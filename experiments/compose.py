@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-import experiments  # noqa: F401  (registers the `repo` resolver)
+import freetoken.experiments  # noqa: F401  (registers the `repo` resolver)
 from freetoken.paths import CONF_DIR
 
 

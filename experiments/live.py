@@ -16,8 +16,9 @@ import hydra
 from omegaconf import DictConfig
 
 from freetoken.paths import CONF_DIR
-from experiments.results import config_hash
-from experiments.runner import RunOutput, build, config_columns, guarded, run_once
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.results import config_hash
+from freetoken.experiments.runner import RunOutput, build, config_columns, guarded, run_once
 
 TABLE = "live"
 GROUPS = ("policy", "split", "cache", "sim", "live")
@@ -33,7 +34,7 @@ def engine_available() -> bool:
 def validate(cfg: DictConfig) -> None:
     if not engine_available():
         raise ValueError(NO_ENGINE)
-    from experiments.specs import sim_config
+    from freetoken.experiments.specs import sim_config
     from freetoken.placement import POLICIES
 
     policy, split, cache, sim, _ = (build(cfg, key) for key in GROUPS)
@@ -77,11 +78,11 @@ def compute(cfg: DictConfig) -> RunOutput:
 
     from dataclasses import replace
 
-    from experiments.specs import sim_config
+    from freetoken.experiments.specs import sim_config
     from freetoken.engine import CacheConfig, Engine
     from freetoken.trace import save
     from freetoken.trace.stats import expert_counts
-    from sim.run import simulate
+    from freetoken.sim.run import simulate
 
     policy, split, cache, sim, live = (build(cfg, key) for key in GROUPS)
     config = sim_config(policy, split, cache, sim)
@@ -128,4 +129,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, "experiments.live")

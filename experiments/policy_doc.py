@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from experiments.policy_hints import HARDWARE, HINT_FRACTIONS, REST_OF_TOKEN, WINDOW_TOKENS
+from freetoken.experiments.policy_hints import HARDWARE, HINT_FRACTIONS, REST_OF_TOKEN, WINDOW_TOKENS
 
 CARD = "mixtral-8x7b"
 
@@ -13,8 +13,9 @@ def intro(accuracy: float, confidence: float) -> list[str]:
     return [
         "# Placement-policy study",
         "",
-        "Regenerate with `python -m experiments.policy_study` (writes results/policy_study.csv and this file;",
-        "`--only CASE ...` and `--fractions ...` run a subset, `--render-only` rewrites this file from the CSV).",
+        "Made by `python -m experiments.policy_study -m experiment=policy_study`: one run per (case, fraction), rows",
+        "in <results>/policy_study_policies.parquet, this report rebuilt in <results>/policy_study.md after every",
+        "run; `study.doc=docs/policy_study.md` also rewrites the tracked copy (finished runs are skipped).",
         "",
         "Miss rate in % of expert accesses (offload split: every miss is a demand fetch) at each GPU residency",
         "(expert slots as a fraction of all layer x expert pairs). A prefetching policy shows demand misses, then",
@@ -170,8 +171,8 @@ def findings(frame) -> list[str]:
 
 
 def _prefetch_and_time(main) -> list[str]:
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
 
     card, hw = load_model_card(CARD), load_hardware(HARDWARE)
     copy_ms = card.expert_bytes() / (hw.pcie_gb_s * 1e9) * 1e3

@@ -16,7 +16,7 @@ from freetoken.placement import Split
 from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
 from freetoken.trace import RoutingTrace
-from sim.run import SimConfig, simulate
+from freetoken.sim.run import SimConfig, simulate
 
 HARDWARE = "rtx5090-ryzen"
 HINT_FRACTIONS = (0.25, 0.50)
@@ -77,8 +77,8 @@ class WindowedFuture(LayerSweep):
 def probe(trace: RoutingTrace, window: int, fraction: float, chunk: int, decay: float, prior,
           card: str | None) -> tuple[int, int, int, int, float]:
     """replay()'s tuple for WindowedFuture (not in POLICIES: it is no policy a server could run)."""
-    from sim.calls import trace_calls, trace_key_stream
-    from sim.replay import replay as run
+    from freetoken.sim.calls import trace_calls, trace_key_stream
+    from freetoken.sim.replay import replay as run
 
     capacity = int(round(fraction * trace.num_keys))
     policy = WindowedFuture(capacity, trace.num_layers, trace.num_experts, trace_key_stream(trace, chunk), window,
@@ -101,9 +101,9 @@ def hint_rows(trace: RoutingTrace, fraction: float, chunk: int, decay: float, pr
 
 
 def decode_seconds(log, trace: RoutingTrace, chunk: int, card_name: str) -> float:
-    from sim.cost import CostOptions, call_meta, charge
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
+    from freetoken.sim.cost import CostOptions, call_meta, charge
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
 
     card, hw = load_model_card(card_name), load_hardware(HARDWARE)
     times = charge(log, call_meta(trace, chunk), card, hw, CostOptions(host="shared", double_buffer=False))

@@ -1,9 +1,12 @@
 """Placement-policy study: miss rates of every online policy against the Belady bound on every real trace,
 never evaluated on the trace its profile or fitted parameters came from.
 
-    python -m experiments.policy_study [--traces DIR] [--only NAME ...] [--fractions 0.1 0.25 ...]
+    python -m experiments.policy_study -m experiment=policy_study [study.doc=docs/policy_study.md]
+    python -m experiments.policy_study experiment=policy_study study.case=deepseek-v2-lite study.fraction=0.25
 
-writes results/policy_study.csv (one row per trace x policy x residency fraction) and docs/policy_study.md.
+One Hydra run per (case, fraction): its rows go to <results.dir>/policy_study_policies.parquet (one per trace x
+policy x residency fraction) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
+tracked docs/policy_study.md only with study.doc. (The older flags --only / --fractions / --doc still work.)
 A case is evaluated on one or more folds (evaluate, profile); its counts are summed over the folds. Per fold,
 frequency pins from the profile's counts and layer_sweep / lookahead take the decay with the fewest misses on
 the profile at the same residency (replayed without a prior) and start from the profile's per-visit rates
@@ -20,14 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import hydra
 import numpy as np
 
-from experiments.policy_doc import findings, intro, render_hints, time_table
-from experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
-from freetoken.paths import REPO_ROOT
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
+from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
+from freetoken.experiments.runner import guarded
+from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
-from sim.calls import trace_calls
+from freetoken.sim.calls import trace_calls
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
 ONLINE = ("lru", "static_layers", "frequency", "s3fifo", "layer_sweep", "lookahead", "hinted_sweep")
@@ -112,7 +118,7 @@ def _deepseek(root: Path) -> list[Fold]:
 
 
 def _synthetic(root: Path) -> list[Fold]:
-    from sim.synth import SynthSpec, synthesize
+    from freetoken.sim.synth import SynthSpec, synthesize
 
     spec = SynthSpec(num_layers=48, num_experts=128, top_k=8, num_tokens=1024, num_requests=8, seed=0,
                      model="synthetic-48x128-top8")
@@ -141,7 +147,7 @@ def _misses(trace: RoutingTrace, policy: str, fraction: float, chunk: int, optio
 
 def fit_decay(profile: RoutingTrace, fraction: float, chunk: int) -> float:
     """The decay of DECAYS with the fewest layer_sweep misses on (the first FIT_REQUESTS requests of) profile."""
-    from experiments.traces import first_requests
+    from freetoken.experiments.traces import first_requests
 
     sample = first_requests(profile, FIT_REQUESTS)
     scores = [(_misses(sample, "layer_sweep", fraction, chunk, {"decay": d})[1], i) for i, d in enumerate(DECAYS)]
@@ -207,60 +213,133 @@ def run_case(case: Case, root: Path, fractions, policies, advance=lambda n=1: No
     return rows
 
 
+# Hydra runs: one (case, fraction) per run, rows in <results.dir>/policy_study_policies, the report beside them
+TABLE = "policy_study"
+ROWS = "policies"  # the extra table: one row per case x fraction x policy (COLUMNS)
+REPORT = "policy_study.md"
+
+
+@dataclass(frozen=True, slots=True)
+class StudySpec:
+    """conf/study: which case at which residency; traces: the real traces' directory; doc: a tracked doc to rewrite
+    too (None: only the report in the results dir)."""
+
+    case: str
+    fraction: float
+    traces: str
+    doc: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.case not in CASES:
+            raise ValueError(f"study.case: unknown case {self.case}; valid: {', '.join(CASES)}")
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
+                or not 0 < self.fraction <= 1:
+            raise ValueError(f"study.fraction must lie in (0, 1], got {self.fraction!r}")
+
+
+def validate(cfg) -> None:
+    from freetoken.experiments.runner import build
+
+    if "study" not in cfg:
+        raise ValueError("study: missing from the config; run with experiment=policy_study")
+    spec = build(cfg, "study")
+    if CASES[spec.case].real and not Path(spec.traces).is_dir():
+        raise ValueError(f"study.traces: {spec.traces} is not a directory of traces")
+
+
+def keep_columns(columns: dict) -> dict:
+    """Where the traces are and whether a doc is written are not what a run computes."""
+    return {k: v for k, v in columns.items() if k not in ("study.traces", "study.doc")}
+
+
+def compute(cfg):
+    from freetoken.experiments.runner import RunOutput, build, show_progress
+    from freetoken.cli.common import progress
+
+    spec = build(cfg, "study")
+    with progress(len(ONLINE), f"policy study {spec.case} at {spec.fraction:.0%}",
+                  enabled=show_progress(cfg)) as advance:
+        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance)
+    main_rows = [r for r in rows if r["variant"] == "main"]
+    best = min((r for r in main_rows if r["policy"] != "belady"), key=lambda r: (r["transfers"], r["policy"]))
+    metrics = dict(best_online=best["policy"], best_transfers=best["transfers"], ratio_to_belady=best["ratio_to_belady"],
+                   belady_misses=best["belady_misses"], accesses=best["accesses"], miss_rate=best["miss_rate"])
+    return RunOutput(metrics, {ROWS: rows})
+
+
+def run_study(cfg) -> dict:
+    """One run (skipped when the same code already ran it), then the report rebuilt from every finished run."""
+    from freetoken.experiments.runner import build, run_once
+
+    row = run_once(cfg, TABLE, ("study",), compute, validate, keep_columns)
+    doc = build(cfg, "study").doc
+    write_report(Path(cfg.results.dir), Path(doc) if doc else None)
+    return row
+
+
+def write_report(results_dir: Path, doc: Path | None = None) -> Path:
+    """<results>/policy_study.md (and doc, when asked) from the rows of every finished run, cases in CASES order."""
+    import pandas as pd
+
+    from freetoken.io import write_atomic
+
+    path = results_dir / f"{TABLE}_{ROWS}.parquet"
+    if not path.is_file():
+        raise ValueError(f"{path}: no policy-study rows yet; run python -m experiments.policy_study -m "
+                         f"experiment=policy_study")
+    frame = pd.read_parquet(path)
+    order = {name: i for i, name in enumerate(CASES)}
+    frame = frame.assign(_case=frame.trace.map(order)).sort_values(["_case", "fraction"], kind="stable")
+    text = render(frame[list(COLUMNS)].reset_index(drop=True)).encode()
+    report = results_dir / REPORT
+    write_atomic(report, text)
+    if doc is not None:
+        write_atomic(doc, text)
+    return report
+
+
+LEGACY_FLAGS = ("--traces", "--only", "--fractions", "--out", "--doc", "--render-only")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The older flags (--only, --fractions, --traces, --doc, --render-only), run through the Hydra config one
+    (case, fraction) at a time; --out names the results dir. docs/ is written only with --doc."""
+    from freetoken.experiments.compose import compose
+
     ap = argparse.ArgumentParser(prog="python -m experiments.policy_study", description=__doc__.split("\n")[0])
-    ap.add_argument("--traces", type=Path, default=REPO_ROOT.parent / "shared" / "traces",
-                    help="directory of the real traces (default: ../shared/traces)")
+    ap.add_argument("--traces", type=Path, help="directory of the real traces (default: study.traces)")
     ap.add_argument("--only", nargs="+", metavar="CASE", help=f"cases to run; valid: {', '.join(CASES)}")
     ap.add_argument("--fractions", nargs="+", type=float, default=list(FRACTIONS))
-    ap.add_argument("--out", type=Path, default=REPO_ROOT / "results" / "policy_study.csv")
-    ap.add_argument("--doc", type=Path, default=REPO_ROOT / "docs" / "policy_study.md")
-    ap.add_argument("--render-only", action="store_true", help="rewrite --doc from the table at --out, no replays")
+    ap.add_argument("--out", type=Path, help="results dir (default: results.dir)")
+    ap.add_argument("--doc", type=Path, help="also rewrite this doc (e.g. docs/policy_study.md)")
+    ap.add_argument("--render-only", action="store_true", help="rebuild the report from the results, no replays")
     args = ap.parse_args(argv)
+    names = args.only or list(CASES)
     try:
+        unknown = [n for n in names if n not in CASES]
+        if unknown:
+            raise ValueError(f"--only: unknown case {', '.join(unknown)}; valid: {', '.join(CASES)}")
+        bad = [f for f in args.fractions if not 0 < f <= 1]
+        if bad:
+            raise ValueError(f"--fractions: each must lie in (0, 1], got {bad}")
+        base = ["experiment=policy_study"] + ([f"results.dir={args.out}"] if args.out else []) + \
+            ([f"study.traces={args.traces}"] if args.traces else [])
         if args.render_only:
-            return _render_only(args.out, args.doc)
-        rows = study(args.traces, args.only or list(CASES), args.fractions)
+            cfg = compose(base)
+            print(f"wrote {write_report(Path(cfg.results.dir), args.doc)}")
+            return 0
+        for name in names:
+            for f in args.fractions:
+                cfg = compose(base + [f"study.case={name}", f"study.fraction={f}"])
+                if args.doc:
+                    cfg.study.doc = str(args.doc)
+                run_study(cfg)
+                print(f"done {name} at {f:.0%}", file=sys.stderr)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    write_outputs(rows, args.out, args.doc)
-    print(f"wrote {args.out} ({len(rows)} rows) and {args.doc}")
+    print(f"wrote {Path(cfg.results.dir) / REPORT}" + (f" and {args.doc}" if args.doc else ""))
     return 0
-
-
-def _render_only(out: Path, doc: Path) -> int:
-    import pandas as pd
-
-    from experiments.results import write_atomic
-
-    if not out.is_file():
-        raise ValueError(f"--out: {out} does not exist; run the study first")
-    frame = pd.read_csv(out)
-    missing = sorted(set(COLUMNS) - set(frame.columns))
-    if missing:
-        raise ValueError(f"{out}: not a policy-study table (no column {', '.join(missing)})")
-    write_atomic(doc, render(frame).encode())
-    print(f"wrote {doc} from {out}")
-    return 0
-
-
-def study(root: Path, names: list[str], fractions) -> list[dict]:
-    from freetoken.cli.common import progress
-
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        raise ValueError(f"--only: unknown case {', '.join(unknown)}; valid: {', '.join(CASES)}")
-    bad = [f for f in fractions if not 0 < f <= 1]
-    if bad:
-        raise ValueError(f"--fractions: each must lie in (0, 1], got {bad}")
-    if any(CASES[n].real for n in names) and not root.is_dir():
-        raise ValueError(f"--traces: {root} is not a directory of traces")
-    rows: list[dict] = []
-    with progress(len(names) * len(fractions) * len(ONLINE), "policy study") as advance:
-        for name in names:
-            rows.extend(run_case(CASES[name], root, fractions, ONLINE, advance))
-    return rows
 
 
 # outputs
@@ -343,5 +422,13 @@ def _goal(frame) -> list[str]:
     return out + [""]
 
 
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+@guarded("experiments.policy_study")
+def hydra_main(cfg) -> dict:
+    return run_study(cfg)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    if any(a.split("=")[0] in LEGACY_FLAGS for a in sys.argv[1:]):
+        sys.exit(main())
+    launch(hydra_main, "experiments.policy_study")

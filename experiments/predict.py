@@ -12,7 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from freetoken.cli.common import progress
 from freetoken.paths import CONF_DIR
-from experiments.runner import RunOutput, build, guarded, run_once, show_progress
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.runner import RunOutput, build, guarded, run_once, show_progress
 
 TABLE = "predict"
 GROUPS = ("model", "hardware", "engine", "predict")
@@ -25,9 +26,9 @@ def groups(cfg: DictConfig) -> tuple[str, ...]:
 
 def card_and_profile(cfg: DictConfig):
     """The model card and hardware profile of the config, checked by their own loaders (errors name the field)."""
-    from sim.config_file import build as build_record
-    from sim.hardware import HardwareProfile
-    from sim.model_card import ModelCard
+    from freetoken.sim.config_file import build as build_record
+    from freetoken.sim.hardware import HardwareProfile
+    from freetoken.sim.model_card import ModelCard
 
     card = build_record(ModelCard, OmegaConf.to_container(cfg.model, resolve=True), "model")
     hw = build_record(HardwareProfile, OmegaConf.to_container(cfg.hardware, resolve=True), "hardware")
@@ -41,8 +42,8 @@ def validate(cfg: DictConfig) -> None:
 
 
 def workload(cfg: DictConfig, card, spec):
-    from sim.predict import check_shape, synthetic_trace
-    from experiments.workloads import conversation_trace
+    from freetoken.sim.predict import check_shape, synthetic_trace
+    from freetoken.experiments.workloads import conversation_trace
 
     if spec.workload == "synthetic":
         return synthetic_trace(card, spec.prompt_tokens, spec.decode_tokens, seed=spec.seed)
@@ -70,7 +71,7 @@ def per_turn(card, hw, engine: str, spec, run) -> list[dict]:
 
     Exact for causal engines: a replay and its costs up to turn t do not depend on later turns.
     """
-    from experiments.workloads import conversation_trace
+    from freetoken.experiments.workloads import conversation_trace
 
     rows = []
     for c in range(spec.conversations):
@@ -88,7 +89,7 @@ def per_turn(card, hw, engine: str, spec, run) -> list[dict]:
 
 
 def compute(cfg: DictConfig) -> RunOutput:
-    from sim.predict import predict
+    from freetoken.sim.predict import predict
 
     card, hw = card_and_profile(cfg)
     engine, spec = build(cfg, "engine"), build(cfg, "predict")
@@ -99,8 +100,8 @@ def compute(cfg: DictConfig) -> RunOutput:
         raise ValueError("predict.per_turn needs predict.workload=conversation")
     trace = workload(cfg, card, spec)
     try:
-        from sim.calls import num_calls
-        from sim.engines import get_engine
+        from freetoken.sim.calls import num_calls
+        from freetoken.sim.engines import get_engine
 
         with progress(num_calls(trace, get_engine(engine.name).prefill_chunk), f"predict {card.name} {hw.name} {engine.name}",
                       enabled=show_progress(cfg)) as advance:
@@ -125,4 +126,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, "experiments.predict")

@@ -11,23 +11,24 @@ from omegaconf import DictConfig
 
 from freetoken.cli.common import progress
 from freetoken.paths import CONF_DIR
-from experiments.runner import RunOutput, build, guarded, run_once, show_progress
+from freetoken.experiments.launchers import launch
+from freetoken.experiments.runner import RunOutput, build, guarded, run_once, show_progress
 
 TABLE = "replay"
 GROUPS = ("trace", "policy", "split", "cache", "sim")
 
 
 def validate(cfg: DictConfig) -> None:
-    from experiments.specs import sim_config
+    from freetoken.experiments.specs import sim_config
 
     trace, policy, split, cache, sim = (build(cfg, key) for key in GROUPS)
     sim_config(policy, split, cache, sim)  # the groups together: the one cache config
 
 
 def compute(cfg: DictConfig) -> RunOutput:
-    from sim.calls import num_calls
-    from experiments.specs import sim_config
-    from sim.run import simulate
+    from freetoken.sim.calls import num_calls
+    from freetoken.experiments.specs import sim_config
+    from freetoken.sim.run import simulate
 
     trace_spec, policy, split, cache, sim = (build(cfg, key) for key in GROUPS)
     trace = trace_spec.load()
@@ -52,4 +53,4 @@ def main(cfg: DictConfig) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    launch(main, "experiments.replay")

@@ -20,6 +20,7 @@ from pathlib import Path
 from freetoken.io import write_atomic
 
 HASH_COLUMN = "config_hash"
+VERSION_COLUMN = "code_version"  # freetoken.version.code_version() of the code that computed the row
 
 
 def config_hash(table: str, config: dict) -> str:

@@ -15,7 +15,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 import freetoken
-from experiments.results import HASH_COLUMN, ResultsStore, config_hash
+from freetoken.experiments.results import HASH_COLUMN, VERSION_COLUMN, ResultsStore, config_hash
+from freetoken.version import code_version, git_commit
 
 log = logging.getLogger("experiments")
 
@@ -77,15 +78,21 @@ def run_once(cfg: DictConfig, table: str, groups: tuple[str, ...], compute: Call
     key = config_hash(table, {k: v for k, v in columns.items() if k not in UNHASHED})
     store = ResultsStore(cfg.results.dir)
     label = " ".join(f"{k}={columns[k]}" for k in cfg.results.label if columns.get(k) is not None)
+    version = code_version()
     if store.has(table, key) and not cfg.results.rerun:
-        log.info("skip %s (done: %s)", label, key)
-        return store.read_run(table, key)["row"]
+        done = store.read_run(table, key)["row"]
+        # the resume key is (config hash, code version): a row computed by other code reruns unless told to reuse
+        if done.get(VERSION_COLUMN) == version or cfg.results.reuse_other_code:
+            log.info("skip %s (done: %s, code %s)", label, key, done.get(VERSION_COLUMN, "unrecorded"))
+            return done
+        log.info("rerun %s (done by code %s, this is %s; results.reuse_other_code=true keeps it)", label,
+                 done.get(VERSION_COLUMN, "unrecorded"), version)
     start = time.perf_counter()
     out = compute(cfg)
     row = {"table": table, HASH_COLUMN: key, **columns, **out.metrics,
            "wall_s": round(time.perf_counter() - start, 4),
            "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-           "freetoken_version": freetoken.__version__}
+           "freetoken_version": freetoken.__version__, VERSION_COLUMN: version, "git_commit": git_commit()}
     store.write_run(table, key, row, out.tables)
     store.consolidate(table)
     shown = " ".join(f"{m}={out.metrics[m]:.4g}" for m in cfg.results.show if m in out.metrics)
@@ -112,7 +119,7 @@ def guarded(prog: str) -> Callable:
             try:
                 return fn(cfg)
             except (ValueError, OSError) as e:
-                from experiments.specs import HYDRA_NAMES
+                from freetoken.experiments.specs import HYDRA_NAMES
                 from freetoken.placement.config import ConfigError
 
                 message = e.render(HYDRA_NAMES) if isinstance(e, ConfigError) else e  # spelled as its config key

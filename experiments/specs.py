@@ -62,7 +62,7 @@ class SimSpec:
     expert_bytes: int = 0
 
     def __post_init__(self) -> None:
-        from sim.run import SimConfig
+        from freetoken.sim.run import SimConfig
 
         try:
             SimConfig(fraction=1.0, prefill_chunk=self.prefill_chunk, expert_bytes=self.expert_bytes)
@@ -72,7 +72,7 @@ class SimSpec:
 
 def sim_config(policy: PolicySpec, split: Split, cache: CacheSpec, sim: SimSpec):
     """The one cache config of a replay or live run, built by field name from the conf groups."""
-    from sim.run import SimConfig
+    from freetoken.sim.run import SimConfig
 
     try:
         return SimConfig(policy=policy.name, options=policy.constructor_options(), split=split,
@@ -112,7 +112,7 @@ class TraceSpec:
             raise ValueError(f"trace.requests must be a positive count or null, got {self.requests}")
 
     def load(self):
-        from experiments.traces import load_trace
+        from freetoken.experiments.traces import load_trace
 
         return load_trace(self)
 
@@ -180,7 +180,7 @@ class EngineSpec:
     amx: bool | None = None  # KTransformers' AMX backend
 
     def __post_init__(self) -> None:
-        from sim.engines import ENGINES
+        from freetoken.sim.engines import ENGINES
 
         if self.name not in ENGINES:
             raise ValueError(f"engine.name: unknown {self.name!r}; valid: {', '.join(ENGINES)}")
@@ -191,7 +191,7 @@ class EngineSpec:
 
     def engine(self):
         """The sim.engines.Engine these settings describe."""
-        from sim.engines import get_engine, with_settings
+        from freetoken.sim.engines import get_engine, with_settings
 
         return with_settings(get_engine(self.name), prefill_chunk=self.prefill_chunk, gguf_type=self.gguf_type,
                              expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,

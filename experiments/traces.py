@@ -25,7 +25,7 @@ def load_trace(spec) -> RoutingTrace:
 
 
 def _synthesize(params: dict) -> RoutingTrace:
-    from sim.synth import SynthSpec, synthesize
+    from freetoken.sim.synth import SynthSpec, synthesize
 
     fields = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}  # per-layer skews
     try:

@@ -15,7 +15,7 @@ from freetoken.trace import DECODE, PREFILL, RoutingTrace
 
 def conversation_routes(card, spec, conversation: int) -> np.ndarray:
     """[turns * (prompt + decode), L, K] expert picks of one conversation (sim.predict's synthetic routing)."""
-    from sim.predict import synthetic_trace
+    from freetoken.sim.predict import synthetic_trace
 
     total = spec.turns * (spec.prompt_tokens + spec.decode_tokens)
     return synthetic_trace(card, total, 0, seed=spec.seed + conversation).experts

@@ -14,4 +14,4 @@ NAMES = ("miss_rate", "throughput", "hybrid_split", "turn_latency", "sim_vs_live
 def figure(name: str):
     if name not in NAMES:
         raise ValueError(f"unknown figure {name!r}; valid: {', '.join(NAMES)}, all")
-    return importlib.import_module(f"paper_figs.{name}")
+    return importlib.import_module(f"freetoken.paper_figs.{name}")

@@ -7,15 +7,15 @@ import os
 import sys
 from pathlib import Path
 
-from paper_figs import NAMES, figure
-from paper_figs.sweeps import run_sweep
-from paper_figs.table import FigureError
+from freetoken.paper_figs import NAMES, figure
+from freetoken.paper_figs.sweeps import run_sweep
+from freetoken.paper_figs.table import FigureError
 
 
 def default_results() -> Path:
-    from freetoken.paths import REPO_ROOT
+    from freetoken.paths import WORK_ROOT
 
-    return Path(os.environ.get("FT_RESULTS_DIR", REPO_ROOT / "results"))
+    return Path(os.environ.get("FT_RESULTS_DIR", WORK_ROOT / "results"))
 
 
 def main(argv: list[str] | None = None) -> int:

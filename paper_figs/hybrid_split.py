@@ -7,8 +7,8 @@ from pathlib import Path
 
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
-from paper_figs.style import new_figure, save
-from paper_figs.table import FigureError, figure_rows, unique_points
+from freetoken.paper_figs.style import label_points, new_figure, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows, unique_points
 
 NAME = "hybrid_split"
 TABLE = "predict"
@@ -46,26 +46,27 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
     fig, axes = new_figure(2, 1, width=4.4, height=3.4)
     for ax, metric, label in ((axes[0, 0], "prefill_tok_s", "prefill speed-up, hybrid / offload"),
                               (axes[0, 1], "decode_tok_s", "decode speed-up, hybrid / offload")):
+        shared = None
         for host, style in HOST_STYLE.items():
             pts = ratio[ratio["predict.host"] == host].sort_values("bp_over_bh")
             if pts.empty:
                 continue
             ax.plot(pts["bp_over_bh"], pts[metric], linestyle="", markersize=6, **style)
             if host == "shared":
-                for _, p in pts.iterrows():
-                    ax.annotate(p["hardware.name"], (p["bp_over_bh"], p[metric]), fontsize=5,
-                                xytext=(3, 3), textcoords="offset points")
+                shared = (ax, pts["bp_over_bh"], pts[metric], pts["hardware.name"])
         ax.axhline(1.0, color="0.5", linewidth=0.8, linestyle=":")
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks([0.25, 0.5, 1.0, 2.0])
+        if shared is not None:  # labels last: their layout needs the final axis limits
+            label_points(*shared)
         ax.set_xlabel("BP / BH (pinned PCIe GB/s over host expert GB/s)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=6)
     skipped = sorted(set(frame.loc[~frame["fits"].astype(bool), "hardware.name"]))
-    caption = (f"Data: {Path(results_dir) / (TABLE + '.parquet')}, {len(frame)} cost-model predictions of "
+    caption = (f"Data: {table_ref(results_dir, TABLE)}, {len(frame)} cost-model predictions of "
                f"{', '.join(models)} (synthetic routing, {int(frame['predict.prompt_tokens'].iloc[0])}-token prompt; "
                f"{HINT}). Hybrid rule q* = m BP/BH." + (f" Does not fit: {', '.join(skipped)}." if skipped else ""))
     return save(fig, out_dir, NAME, caption)

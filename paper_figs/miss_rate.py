@@ -6,8 +6,8 @@ import math
 import sys
 from pathlib import Path
 
-from paper_figs.style import POLICY_STYLE, new_figure, save
-from paper_figs.table import figure_rows, unique_points
+from freetoken.paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
+from freetoken.paper_figs.table import figure_rows, unique_points
 
 NAME = "miss_rate"
 TABLE = "replay"
@@ -28,7 +28,7 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
         rows = frame[frame["trace.name"] == trace]
         for policy in sorted(rows["policy.name"].unique(), key=lambda p: (p == "belady", p)):
             pts = rows[rows["policy.name"] == policy].sort_values("cache.fraction")
-            label = "Belady bound" if policy == "belady" else policy
+            label = policy_label(policy)
             ax.plot(pts["cache.fraction"], pts["miss_rate"], label=label, markersize=4,
                     **POLICY_STYLE.get(policy, {}))
         ax.set_title(f"{trace}\n({int(rows['num_keys'].iloc[0])} experts, {int(rows['accesses'].iloc[0])} accesses)",
@@ -41,7 +41,7 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
         ax.set_visible(False)
     axes.flat[0].legend(fontsize=7)
     chunk = int(frame["sim.prefill_chunk"].iloc[0])
-    caption = (f"Data: {Path(results_dir) / (TABLE + '.parquet')}, {len(frame)} replay runs (offload split, "
+    caption = (f"Data: {table_ref(results_dir, TABLE)}, {len(frame)} replay runs (offload split, "
                f"prefill chunk {chunk} token{'s' if chunk > 1 else ''}), traces {', '.join(traces)}; made by {HINT}. "
                f"Frequency pins the trace's own counts (in-sample); static_layers and frequency start pre-loaded, "
                f"lru and belady cold.")

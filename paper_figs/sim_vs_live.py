@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paper_figs.style import POLICY_STYLE, new_figure, save
-from paper_figs.table import FigureError, figure_rows
+from freetoken.paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows
 
 NAME = "sim_vs_live"
 TABLE = "live"
@@ -21,7 +21,7 @@ COUNT_MARKERS = dict(zip(COUNTS, ("o", "s", "^", "x")))
 
 def unavailable() -> str | None:
     """Why the figure cannot be drawn in this build (None: it can)."""
-    from experiments.live import engine_available
+    from freetoken.experiments.live import engine_available
 
     if not engine_available():
         return "freetoken.engine is not in this build: there are no live runs to compare the simulator with"
@@ -37,7 +37,7 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
     ax_rate, ax_counts = axes[0, 0], axes[0, 1]
     for policy, rows in runs.groupby("policy.name"):
         style = {k: v for k, v in POLICY_STYLE.get(policy, {}).items() if k != "linestyle"}
-        ax_rate.plot(rows["sim_miss_rate"], rows["live_miss_rate"], linestyle="", label=policy, **style)
+        ax_rate.plot(rows["sim_miss_rate"], rows["live_miss_rate"], linestyle="", label=policy_label(policy), **style)
     ax_rate.plot([0, 1], [0, 1], color="0.5", linestyle=":", label="agreement")
     ax_rate.set_xlabel("miss rate, simulator on the recorded trace")
     ax_rate.set_ylabel("miss rate, live engine (misses / accesses)")
@@ -54,7 +54,7 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
     for ax in (ax_rate, ax_counts):
         ax.grid(alpha=0.3)
     agree = int(runs["agree"].astype(bool).sum())
-    caption = (f"Data: {Path(results_dir) / (TABLE + '.parquet')}, {len(runs)} live runs ({HINT}); each run's "
+    caption = (f"Data: {table_ref(results_dir, TABLE)}, {len(runs)} live runs ({HINT}); each run's "
                f"recorded routing replayed by the simulator with the same policy, split and capacity. "
                f"Every count identical in {agree} of {len(runs)} runs.")
     return save(fig, out_dir, NAME, caption)

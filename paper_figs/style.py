@@ -21,6 +21,45 @@ POLICY_STYLE = {  # one look per policy across figures
     "lookahead": dict(color="tab:pink", marker="P"),
     "belady": dict(color="black", marker="", linestyle="--"),
 }
+POLICY_LABEL = {  # what a legend says: the policy as papers name it, not the config key
+    "lru": "LRU",
+    "static_layers": "static layers (llama.cpp)",
+    "frequency": "frequency (KTransformers)",
+    "s3fifo": "S3-FIFO",
+    "layer_sweep": "layer sweep",
+    "lookahead": "lookahead (router prefetch)",
+    "hinted_sweep": "hinted sweep",
+    "belady": "Belady bound",
+}
+
+
+def policy_label(name: str) -> str:
+    return POLICY_LABEL.get(name, name.replace("_", " "))
+
+
+def table_ref(results_dir: str | Path, table: str) -> str:
+    """A results table as a caption names it: <results folder>/<table>.parquet, never an absolute path (a figure
+    travels; the folder it was drawn in does not)."""
+    return f"{Path(results_dir).resolve().name}/{table}.parquet"
+
+
+def label_points(ax, xs, ys, names, fontsize: float = 5) -> list:
+    """Annotate each point with its name, moving a label up or down in steps of its height until it overlaps no label
+    placed before it (points whose BP/BH differ by a few percent sit side by side on a log axis)."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    placed, boxes = [], []
+    step = fontsize * 1.3
+    for x, y, name in sorted(zip(xs, ys, names)):
+        for k in (0, 1, -1, 2, -2, 3, -3, 4, -4, 5, -5):
+            text = ax.annotate(name, (x, y), fontsize=fontsize, xytext=(3, 3 + k * step), textcoords="offset points")
+            box = text.get_window_extent(renderer)
+            if not any(box.overlaps(b) for b in boxes):
+                break
+            text.remove()
+        placed.append(text)
+        boxes.append(box)
+    return placed
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, width: float = 3.6, height: float = 3.0):

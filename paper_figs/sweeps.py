@@ -6,11 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from freetoken.paths import REPO_ROOT
+from freetoken.paths import WORK_ROOT
 
 
 def command(entry: str, preset: str, results_dir: str | Path) -> list[str]:
-    return [sys.executable, "-m", f"experiments.{entry}", "-m", f"experiment={preset}",
+    return [sys.executable, "-m", f"freetoken.experiments.{entry}", "-m", f"experiment={preset}",
             f"results.dir={Path(results_dir).resolve()}"]
 
 
@@ -18,7 +18,7 @@ def run_sweep(entry: str, preset: str, results_dir: str | Path, quiet: bool = Fa
     """Raises ValueError naming the sweep when it fails (its own output says why)."""
     cmd = command(entry, preset, results_dir)
     out = subprocess.DEVNULL if quiet else None
-    done = subprocess.run(cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.PIPE if quiet else None, text=True)
+    done = subprocess.run(cmd, cwd=WORK_ROOT, stdout=out, stderr=subprocess.PIPE if quiet else None, text=True)
     if done.returncode != 0:
         tail = (done.stderr or "").strip().splitlines()[-1:] if quiet else []
         raise ValueError(f"sweep {' '.join(cmd[2:])} failed (exit {done.returncode})"

@@ -55,10 +55,10 @@ def preset_filter(entry: str, preset: str, overrides: dict | None = None) -> dic
     """
     import importlib
 
-    from experiments.compose import compose
-    from experiments.runner import UNHASHED, config_columns
+    from freetoken.experiments.compose import compose
+    from freetoken.experiments.runner import UNHASHED, config_columns
 
-    module = importlib.import_module(f"experiments.{entry}")
+    module = importlib.import_module(f"freetoken.experiments.{entry}")
     cfg = compose([f"experiment={preset}"], hydra_config=True)
     swept = [str(k) for k in cfg.hydra.sweeper.params]
     groups = module.groups(cfg) if hasattr(module, "groups") else module.GROUPS

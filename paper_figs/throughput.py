@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paper_figs.style import new_figure, save
-from paper_figs.table import FigureError, figure_rows, unique_points
+from freetoken.paper_figs.style import new_figure, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows, unique_points
 
 NAME = "throughput"
 TABLE = "predict"
@@ -67,7 +67,7 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
     handles, labels = axes[0, 0].get_legend_handles_labels()
     seen = dict(zip(labels, handles))
     axes[0, 0].legend(seen.values(), seen.keys(), fontsize=6)
-    caption = (f"Data: {Path(results_dir) / (TABLE + '.parquet')}, {len(frame)} cost-model predictions of {MODEL} "
+    caption = (f"Data: {table_ref(results_dir, TABLE)}, {len(frame)} cost-model predictions of {MODEL} "
                f"(synthetic routing of its shape, {prompt}-token prompt, "
                f"{int(frame['predict.decode_tokens'].iloc[0])} decode tokens; {HINT}); black diamonds: published "
                f"single-stream figures ({PUBLISHED.relative_to(PUBLISHED.parent.parent.parent)}, a public review of "

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from paper_figs.style import new_figure, save
-from paper_figs.table import FigureError, figure_rows, load_table
+from freetoken.paper_figs.style import new_figure, save, table_ref
+from freetoken.paper_figs.table import FigureError, figure_rows, load_table
 
 NAME = "turn_latency"
 TABLE = "predict"
@@ -54,7 +54,7 @@ def draw(results_dir: str | Path, out_dir: str | Path, overrides: dict | None = 
     ax_ttft.set_xlabel("engine, KV reuse across turns")
     ax_ttft.grid(alpha=0.3, axis="y")
     r = runs.iloc[0]
-    caption = (f"Data: {Path(results_dir) / (TABLE + '_turns.parquet')} ({len(turns)} turns of {len(runs)} "
+    caption = (f"Data: {table_ref(results_dir, TABLE + '_turns')} ({len(turns)} turns of {len(runs)} "
                f"cost-model runs; {HINT}): {r['model.name']} on {r['hardware.name']}, conversations of "
                f"{int(r['predict.turns'])} turns x ({int(r['predict.prompt_tokens'])} new prompt + "
                f"{int(r['predict.decode_tokens'])} reply tokens), synthetic routing of the model's shape; a turn's "

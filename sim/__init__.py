@@ -1,6 +1,6 @@
 """Trace-replay simulator: the same placement policies as the engine, counted instead of executed."""
 
-from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls
-from sim.replay import Counts, ReplayLog, ReplayResult, replay
+from freetoken.sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls
+from freetoken.sim.replay import Counts, ReplayLog, ReplayResult, replay
 
 __all__ = ["Counts", "DEFAULT_PREFILL_CHUNK", "ReplayLog", "ReplayResult", "replay", "trace_calls"]

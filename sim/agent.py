@@ -36,7 +36,7 @@ def workload_turns(name: str) -> list[tuple[int, int]]:
 def agent_trace(card, turns: list[tuple[int, int]], warmup_decode: int = 0, **routing) -> RoutingTrace:
     """One request of the given turns (one synthetic routing stream, so turns share the request's hot experts),
     then `warmup_decode` more decode steps of the same routing as the last turn (sim.predict.warmup_split)."""
-    from sim.predict import synthetic_trace
+    from freetoken.sim.predict import synthetic_trace
 
     if not turns or any(p < 0 or d < 0 or p + d == 0 for p, d in turns):
         raise ValueError(f"turns must be (prompt, decode) pairs of token counts >= 0, not both 0: {turns}")

@@ -199,7 +199,7 @@ def shorter_prompt(trace, prompt: int):
     return trace.select(np.concatenate([np.arange(prompt), keep]))
 
 
-from sim.band import PROXIES, ROUTINGS  # noqa: E402  the locality proxies the band and the doc use
+from freetoken.sim.band import PROXIES, ROUTINGS  # noqa: E402  the locality proxies the band and the doc use
 
 
 class _Traces:
@@ -215,7 +215,7 @@ class _Traces:
         self.card, self.longest, self.cache = card, longest, {}
 
     def full(self, routing: str):
-        from sim.predict import synthetic_trace
+        from freetoken.sim.predict import synthetic_trace
 
         if routing not in self.cache:
             self.cache[routing] = synthetic_trace(self.card, self.longest, 2 * DECODE_TOKENS, **ROUTINGS[routing])
@@ -232,7 +232,7 @@ class _Traces:
 
     def get(self, prompt: int, routing: str):
         """Warm-up (request 0) then the measured request (request 1), as one trace."""
-        from sim.predict import join_after
+        from freetoken.sim.predict import join_after
 
         return join_after(self.warmup(routing), self.measured(prompt, routing))
 
@@ -242,12 +242,12 @@ def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str,
     """decode and prefill tok/s of the measured request alone, after the warm-up (sim.predict's warmup=).
     speculation (sim.batch.Speculation's fields): decode as draft + verify steps (sim.batch.speculative_decode),
     the draft's layer pass charged as one layer of the plain decode step."""
-    from sim.predict import predict, prepare
+    from freetoken.sim.predict import predict, prepare
 
     pred = predict(card, hw, engine, traces.measured(prompt, routing), warmup=traces.warmup(routing))
     out = {"decode_tok_s": pred.decode_tok_s, "prefill_tok_s": pred.prefill_tok_s}
     if speculation:
-        from sim.batch import Speculation, speculative_decode
+        from freetoken.sim.batch import Speculation, speculative_decode
 
         plain_layer_s = 1 / pred.decode_tok_s / card.moe_layers
         spec = speculative_decode(prepare(card, hw, engine), traces.get(prompt, routing), Speculation(**speculation),
@@ -258,9 +258,9 @@ def measured_rates(card, hw, engine, traces: _Traces, prompt: int, routing: str,
 
 def predict_cells(rows: list[dict] | None = None, extra: bool = False) -> list[Cell]:
     """extra: also the locality proxies and NOTES' variants (for the doc; the tests check the plain prediction)."""
-    from sim.engines import get_engine, with_settings
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
+    from freetoken.sim.engines import get_engine, with_settings
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
 
     card = load_model_card(MODEL)
     rows = rows if rows is not None else seed_rows()

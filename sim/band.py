@@ -7,7 +7,7 @@ matched at the model's shape (sim.synth: Zipf skew matched by per-layer Gini, re
 
 from __future__ import annotations
 
-from sim.prediction import Prediction
+from freetoken.sim.prediction import Prediction
 
 # Routing-locality proxies: the per-layer Gini of a real trace matched by the Zipf exponent at 256 experts / top-8
 # (sim.synth.skew_curve, _invert), reuse and window from sim.synth.fit_spec on the same trace. tests/test_anchors.py
@@ -35,7 +35,7 @@ def band_of(point: Prediction, others: dict[str, Prediction]) -> dict:
 def locality_band(card, hw, engine, make_trace, point: Prediction, warmup_decode: int = 0, **predict_kw) -> dict:
     """Predict again on the point's workload drawn under each proxy locality (warm-up as the point's).
     make_trace(**routing) -> the workload's synthetic trace with warmup_decode more decode steps at its end."""
-    from sim.predict import predict, warmup_split
+    from freetoken.sim.predict import predict, warmup_split
 
     others = {}
     for name in PROXIES:

@@ -20,10 +20,10 @@ import numpy as np
 
 from freetoken.placement import DECODE, PREFILL, make_call, make_policy
 from freetoken.trace import RoutingTrace
-from sim.calls import segments
-from sim.cost import CallMeta, charge
-from sim.overhead import host_work
-from sim.replay import ReplayLog, replay
+from freetoken.sim.calls import segments
+from freetoken.sim.cost import CallMeta, charge
+from freetoken.sim.overhead import host_work
+from freetoken.sim.replay import ReplayLog, replay
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +146,7 @@ def decode_seconds(setup, trace: RoutingTrace, items: list[Item], host: str = "s
     warm-up) are replayed and charged, then masked out by the caller."""
     log, meta = replay_items(setup, trace, items)
     card, hw, engine = setup.card, setup.hw, setup.engine
-    from sim.predict import layer_shape
+    from freetoken.sim.predict import layer_shape
 
     work = host_work(engine.host_work, log, card.num_layers, layer_shape(card), cuda_graphs=engine.cuda_graphs)
     return charge(log, meta, card, hw, engine.cost_options(host), work).seconds, log, meta
@@ -178,7 +178,7 @@ def predict_speculative(card, hw, engine, trace: RoutingTrace, spec: Speculation
                         warmup: RoutingTrace | None = None, host: str = "shared", **setup_kw) -> DecodeResult:
     """The request's decode as draft + verify steps after the warm-up; the draft's layer pass is one layer of the
     plain prediction's decode step (plain_decode_tok_s)."""
-    from sim.predict import join_after, prepare
+    from freetoken.sim.predict import join_after, prepare
 
     setup = prepare(card, hw, engine, **setup_kw)
     run = trace if warmup is None else join_after(warmup, trace)
@@ -188,7 +188,7 @@ def predict_speculative(card, hw, engine, trace: RoutingTrace, spec: Speculation
 
 def predict_batched(card, hw, engine, traces: list[RoutingTrace], host: str = "shared", **setup_kw) -> DecodeResult:
     """One request per trace (each its prompt then its decode), decoded together in lockstep."""
-    from sim.predict import prepare
+    from freetoken.sim.predict import prepare
 
     joined = RoutingTrace(np.concatenate([t.experts for t in traces]), traces[0].num_experts, model=traces[0].model,
                           source=traces[0].source,

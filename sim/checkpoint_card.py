@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from freetoken.quant import describe, load_quant_format
-from sim.model_card import ModelCard
+from freetoken.sim.model_card import ModelCard
 
 # config.json "dtype" (transformers >= 4.56) or "torch_dtype" -> bits of the dense weights, KV cache and, when not
 # quantized, the experts

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.hardware import HardwareProfile
-from sim.lanes import HOST_MODES, roofline, share
-from sim.model_card import ModelCard
-from sim.overhead import HostWork
-from sim.replay import ReplayLog
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.lanes import HOST_MODES, roofline, share
+from freetoken.sim.model_card import ModelCard
+from freetoken.sim.overhead import HostWork
+from freetoken.sim.replay import ReplayLog
 
 PREFILL = 0
 
@@ -68,7 +68,7 @@ class CallTimes:
 
 def call_meta(trace, prefill_chunk: int) -> CallMeta:
     """The same call order as sim.calls.trace_calls, with what the cost model needs beyond the replay log."""
-    from sim.calls import segments
+    from freetoken.sim.calls import segments
 
     L = trace.num_layers
     n, ctx, turn = [], [], []

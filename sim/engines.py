@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split
-from sim.cost import CostOptions
-from sim.hardware import HardwareProfile
-from sim.model_card import ModelCard
+from freetoken.sim.cost import CostOptions
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.model_card import ModelCard
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class Engine:
     about: str = ""
 
     def __post_init__(self) -> None:
-        from sim.overhead import FLAVOURS
+        from freetoken.sim.overhead import FLAVOURS
 
         if self.prefill_chunk <= 0:
             raise ValueError(f"engine prefill_chunk must be positive, got {self.prefill_chunk}")

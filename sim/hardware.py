@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from freetoken.paths import CONF_DIR
-from sim.config_file import build, read_mapping, require_positive, resolve
+from freetoken.sim.config_file import build, read_mapping, require_positive, resolve
 
 HARDWARE_DIR = CONF_DIR / "hardware"
 GIB = 1 << 30

@@ -16,7 +16,7 @@ from pathlib import Path
 from freetoken.paths import CONF_DIR
 from freetoken.quant import FORMAT_SPECS, QuantFormat, format_spec
 from freetoken.quant import expert_bytes as matrix_bytes
-from sim.config_file import build, read_mapping, require_positive, resolve
+from freetoken.sim.config_file import build, read_mapping, require_positive, resolve
 
 MODEL_DIR = CONF_DIR / "model"
 
@@ -168,7 +168,7 @@ class ModelCard:
 def load_model_card(name_or_path: str) -> ModelCard:
     """A name in conf/model, a .yaml card, or a local HF checkpoint directory (sim.checkpoint_card)."""
     if Path(name_or_path).expanduser().is_dir():
-        from sim.checkpoint_card import card_from_checkpoint
+        from freetoken.sim.checkpoint_card import card_from_checkpoint
 
         return card_from_checkpoint(Path(name_or_path).expanduser())
     if Path(name_or_path).exists() and Path(name_or_path).suffix not in (".yaml", ".yml"):

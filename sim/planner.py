@@ -13,8 +13,8 @@ from freetoken.placement.memory import (
     cache_rows,
     plan_memory,
 )
-from sim.hardware import HardwareProfile
-from sim.model_card import ModelCard
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.model_card import ModelCard
 
 UNBOUNDED_CONTEXT = 1 << 24  # cards carry no context limit; the floor is the caller's choice
 

@@ -12,14 +12,14 @@ import numpy as np
 
 from freetoken.quant import describe
 from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
-from sim.cost import call_meta, charge
-from sim.engines import Engine, get_engine
-from sim.hardware import HardwareProfile
-from sim.model_card import ModelCard
-from sim.overhead import LayerShape, host_work
-from sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
-from sim.prediction import Prediction, summarize
-from sim.run import SimConfig, simulate
+from freetoken.sim.cost import call_meta, charge
+from freetoken.sim.engines import Engine, get_engine
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.model_card import ModelCard
+from freetoken.sim.overhead import LayerShape, host_work
+from freetoken.sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
+from freetoken.sim.prediction import Prediction, summarize
+from freetoken.sim.run import SimConfig, simulate
 
 # Synthetic routing knobs: what sim.synth.fit_spec finds for the recorded DeepSeek-V2-Lite trace (fine-grained
 # experts with a shared expert, as the Qwen3.5 / DeepSeek families; the same values as the shipped 48x128 trace,
@@ -37,7 +37,7 @@ def synthetic_trace(card: ModelCard, prompt_tokens: int, decode_tokens: int, *, 
     sim.synth generates in parallel over requests, so the request is drawn as pieces of SYNTH_PIECE tokens of one
     spec (same per-layer popularity) and joined; reuse restarts at each piece's start. Cached on disk by spec.
     """
-    from sim.synth import SynthSpec, synthesize
+    from freetoken.sim.synth import SynthSpec, synthesize
 
     if prompt_tokens < 0 or decode_tokens < 0 or prompt_tokens + decode_tokens == 0:
         raise ValueError(f"prompt and decode tokens must be >= 0 and not both 0, got {prompt_tokens}, {decode_tokens}")

@@ -6,8 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from sim.cost import CallMeta, CallTimes
-from sim.replay import ReplayLog
+from freetoken.sim.cost import CallMeta, CallTimes
+from freetoken.sim.replay import ReplayLog
 
 PREFILL, DECODE = 0, 1
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from freetoken.placement.stream import previous_occurrence
 from freetoken.trace import RoutingTrace
-from sim.calls import trace_key_stream
+from freetoken.sim.calls import trace_key_stream
 
 PERCENTILES = (50, 90, 99)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from freetoken.placement import POLICIES, CacheConfig, build_policy
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
-from sim.calls import trace_calls, trace_key_stream
-from sim.replay import ReplayResult, replay
+from freetoken.sim.calls import trace_calls, trace_key_stream
+from freetoken.sim.replay import ReplayResult, replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from freetoken.trace.format import DECODE, PREFILL, RoutingTrace
+from freetoken.trace.format import DECODE, MAX_EXPERTS, PREFILL, RoutingTrace
 
 MAX_SKEW = 10.0  # E ** MAX_SKEW stays finite in float32 for any realistic expert count
 
@@ -37,6 +37,9 @@ class SynthSpec:
             v = getattr(self, name)
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.num_experts > MAX_EXPERTS:
+            raise ValueError(f"num_experts {self.num_experts} exceeds {MAX_EXPERTS}: a trace holds expert ids as "
+                             f"int16")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
         if self.num_requests > self.num_tokens:
@@ -160,7 +163,7 @@ def fit_spec(trace: RoutingTrace, seed: int = 0, on_candidate=None) -> SynthSpec
     one correction of the skew for the sampling noise that reuse adds (short traces only). on_candidate() is
     called after each of the FIT_CANDIDATES grid points (for a progress bar)."""
     from freetoken.trace.stats import expert_counts, gini
-    from sim.reuse import reuse_stats
+    from freetoken.sim.reuse import reuse_stats
 
     T = trace.num_tokens
     R = len(np.unique(trace.request))

@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def anchor_cells():
     """The seed table's cells as sim.anchors predicts them (once per session: the pins and the accuracy test)."""
-    from sim import anchors
+    from freetoken.sim import anchors
 
     try:
         rows = anchors.seed_rows()
@@ -60,7 +60,7 @@ def anchor_cells():
 
 @pytest.fixture(scope="session")
 def base_config():
-    from experiments.compose import compose
+    from freetoken.experiments.compose import compose
 
     return compose()
 
@@ -89,7 +89,7 @@ def tiny_trace_file(tmp_path_factory) -> Path:
 def small_config(base_config, tiny_trace_file, tmp_path):
     """base_config on the tiny trace with results under tmp_path. make("policy=belady", **{"cache.fraction": 0.5}):
     group choices as overrides (composed again), dotted keys as keyword arguments."""
-    from experiments.compose import compose, shrink
+    from freetoken.experiments.compose import compose, shrink
 
     def make(*overrides, **values):
         small = {"trace.path": str(tiny_trace_file), "trace.name": "tiny", "results.dir": str(tmp_path / "results"),

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from sim.agent import AGENT_WORKLOADS, agent_trace, workload_turns
-from sim.cost import call_meta
-from sim.hardware import load_hardware
-from sim.model_card import load_model_card
-from sim.predict import predict
+from freetoken.sim.agent import AGENT_WORKLOADS, agent_trace, workload_turns
+from freetoken.sim.cost import call_meta
+from freetoken.sim.hardware import load_hardware
+from freetoken.sim.model_card import load_model_card
+from freetoken.sim.predict import predict
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_agent_metrics_differ_and_match_their_definitions(card):
 
 
 def test_band_holds_the_point_and_locality_moves_a_cache_engine(card):
-    from sim.band import locality_band
+    from freetoken.sim.band import locality_band
 
     hw = load_hardware("rtx5090-ryzen")  # holds part of the experts: locality decides the hits
     make = lambda **r: agent_trace(card, [(128, 96)], **r)  # noqa: E731

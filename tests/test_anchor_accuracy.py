@@ -5,7 +5,7 @@ is taken off sim.anchors.MISSES. Regression pins are a separate thing (tests/tes
 
 import pytest
 
-from sim import anchors
+from freetoken.sim import anchors
 
 CELL_IDS = [(label, metric) for label in anchors.PINS_LABELS for metric in ("decode_tok_s", "prefill_tok_s")]
 

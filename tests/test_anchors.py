@@ -5,7 +5,7 @@ in tests/test_anchor_accuracy.py."""
 
 import pytest
 
-from sim import anchors
+from freetoken.sim import anchors
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +45,12 @@ def test_offload_beats_all_cpu_on_the_review_box(cells):
 
 def test_warm_server_rates_are_the_measured_requests_own_calls():
     # reference: one replay of warm-up + measured request, each call charged, request 1's calls summed by hand
-    from sim.cost import call_meta, charge
-    from sim.engines import get_engine
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
-    from sim.planner import plan_for, policy_capacity
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.cost import call_meta, charge
+    from freetoken.sim.engines import get_engine
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
+    from freetoken.sim.planner import plan_for, policy_capacity
+    from freetoken.sim.run import SimConfig, simulate
 
     card, hw, engine = load_model_card(anchors.MODEL), load_hardware("rtx5090-ryzen"), get_engine("freetoken-offload")
     traces = anchors._Traces(card, 2048)
@@ -61,8 +61,8 @@ def test_warm_server_rates_are_the_measured_requests_own_calls():
     config = SimConfig("lru", engine.split_for(q, hw), capacity=policy_capacity(plan_for(q, hw), q),
                        prefill_chunk=engine.prefill_chunk, expert_bytes=q.expert_bytes())
     log = simulate(trace, config).log
-    from sim.overhead import host_work
-    from sim.predict import layer_shape
+    from freetoken.sim.overhead import host_work
+    from freetoken.sim.predict import layer_shape
 
     work = host_work(engine.host_work, log, q.num_layers, layer_shape(q), cuda_graphs=engine.cuda_graphs)
     t = charge(log, call_meta(trace, engine.prefill_chunk), q, hw, engine.cost_options("shared"), work).seconds
@@ -80,7 +80,7 @@ def test_granite_locality_proxy_is_rederived_from_the_real_trace(shared_traces):
     from freetoken.trace import DECODE
     from freetoken.trace.importers import import_trace
     from freetoken.trace.stats import expert_counts, gini
-    from sim.synth import _invert, fit_spec, skew_curve
+    from freetoken.sim.synth import _invert, fit_spec, skew_curve
 
     g = import_trace(shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json")
     decode = g.select(np.flatnonzero(g.phase == DECODE))

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from freetoken.trace import DECODE, PREFILL, RoutingTrace
-from sim.batch import Speculation, batched_decode, lockstep_items, speculative_decode
-from sim.engines import Engine
-from sim.predict import prepare
+from freetoken.sim.batch import Speculation, batched_decode, lockstep_items, speculative_decode
+from freetoken.sim.engines import Engine
+from freetoken.sim.predict import prepare
 from tests.test_cost_lanes import KV_NS, MS, toy_card, toy_hw
 
 RESIDENT = Engine("static_layers", "offload", policy_options={"n_cpu_layers": 0}, host_work="graph")

@@ -9,8 +9,8 @@ import numpy as np
 from freetoken.cli import main
 from freetoken.placement import LRU, Split
 from freetoken.trace import DECODE, RoutingTrace, save
-from sim.calls import trace_calls
-from sim.replay import replay
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.replay import replay
 
 
 def _top1_decode(tmp_path):

@@ -104,7 +104,7 @@ def run_engine(inputs, demo, capsys, tmp_path, monkeypatch):
 
 def run_sim(inputs, demo, capsys, tmp_path, monkeypatch):
     from freetoken.trace import load
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.run import SimConfig, simulate
 
     return _outcome(lambda: simulate(load(demo[1]), SimConfig(split=_split(inputs), **_size(inputs))).capacity)
 
@@ -142,9 +142,9 @@ def run_ft_predict(inputs, demo, capsys, tmp_path, monkeypatch):
 def run_hydra(inputs, demo, capsys, tmp_path, monkeypatch):
     """experiments.replay's task on the composed config (what `python -m experiments.replay ...` runs after Hydra
     parsed the overrides): a bad value prints one line and exits 2, a good one writes its row."""
-    from experiments import replay
-    from experiments.compose import compose, shrink
-    from experiments.runner import guarded, run_once
+    from freetoken.experiments import replay
+    from freetoken.experiments.compose import compose, shrink
+    from freetoken.experiments.runner import guarded, run_once
 
     overrides = ["split=hybrid"] if inputs.get("mode") == "hybrid" else []
     values = {"trace.path": str(demo[1]), "trace.name": "demo", "results.dir": str(tmp_path),
@@ -175,7 +175,7 @@ ENTRY_POINTS = {  # name: (runner, how it spells the fields)
 
 @pytest.mark.parametrize("row", list(ROWS))
 def test_one_row_through_every_entry_point(row, demo, capsys, tmp_path, monkeypatch):
-    from experiments.specs import HYDRA_NAMES
+    from freetoken.experiments.specs import HYDRA_NAMES
 
     inputs, expected, exceptions = ROWS[row]
     got, want = {}, {}

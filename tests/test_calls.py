@@ -4,7 +4,7 @@ import numpy as np
 
 from freetoken.placement import DECODE, PREFILL, make_call
 from freetoken.trace import RoutingTrace
-from sim.calls import num_calls, segments, trace_calls
+from freetoken.sim.calls import num_calls, segments, trace_calls
 
 
 def _trace(seed=0, T=23, L=3, E=6, K=2):

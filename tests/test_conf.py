@@ -6,8 +6,8 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from experiments.compose import compose, options
-from experiments.specs import CacheSpec, EngineSpec, LiveSpec, PolicySpec, PredictSpec, SimSpec, TraceSpec
+from freetoken.experiments.compose import compose, options
+from freetoken.experiments.specs import CacheSpec, EngineSpec, LiveSpec, PolicySpec, PredictSpec, SimSpec, TraceSpec
 from freetoken.paths import CONF_DIR, REPO_ROOT
 from freetoken.placement import POLICIES, Split
 
@@ -15,7 +15,7 @@ TARGETS = {"policy": PolicySpec, "split": Split, "cache": CacheSpec, "trace": Tr
 
 
 def test_every_policy_and_engine_of_the_code_has_an_option():
-    from sim.engines import ENGINES
+    from freetoken.sim.engines import ENGINES
 
     assert set(options("policy")) == set(POLICIES)
     assert set(options("engine")) == set(ENGINES)
@@ -42,7 +42,7 @@ def test_every_option_instantiates(group):
 
 @pytest.mark.parametrize("group", ["model", "hardware"])
 def test_every_card_and_profile_composes_and_loads(group):
-    from experiments.predict import card_and_profile
+    from freetoken.experiments.predict import card_and_profile
 
     names = options(group)
     assert names, f"conf/{group}/ has no options"
@@ -78,7 +78,7 @@ def test_synthetic_spec_builds_the_trace_it_names():
 
 
 def test_first_requests_keeps_whole_requests_in_order(tiny_trace_file):
-    from experiments.traces import first_requests
+    from freetoken.experiments.traces import first_requests
     from freetoken.trace import load
 
     trace = load(tiny_trace_file)
@@ -108,7 +108,7 @@ def test_engine_settings_reach_the_cost_models_engine():
     engine = instantiate(cfg.engine, _convert_="all").engine()
     assert (engine.expert_quant, engine.dense_quant, engine.compute_dtype) == ("bf16", "bf16", "bf16")
     assert engine.prefill_chunk == 1024 and engine.cuda_graphs is False
-    from experiments.specs import EngineSpec
+    from freetoken.experiments.specs import EngineSpec
 
     with pytest.raises(ValueError, match="engine: a GGUF type applies to llama.cpp"):
         EngineSpec("freetoken-offload", gguf_type="q8_0")

@@ -8,10 +8,10 @@ import yaml
 
 from freetoken.placement import Split, make_call
 from freetoken.placement.static_layers import StaticLayers
-from sim.hardware import HARDWARE_DIR, hardware_names, load_hardware
-from sim.model_card import MODEL_DIR, load_model_card, model_names
-from sim.planner import plan_for
-from sim.replay import replay
+from freetoken.sim.hardware import HARDWARE_DIR, hardware_names, load_hardware
+from freetoken.sim.model_card import MODEL_DIR, load_model_card, model_names
+from freetoken.sim.planner import plan_for
+from freetoken.sim.replay import replay
 
 REQUIRED_MODELS = {"qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "deepseek-v3", "gpt-oss-120b",
                    "qwen3-next-80b-a3b", "qwen3.5-122b-a10b", "deepseek-v4-flash", "glm-5.2"}
@@ -111,7 +111,7 @@ def test_planner_capacity_by_hand():
 
 
 def test_capacity_above_the_models_experts_is_refused():
-    from sim.predict import predict, synthetic_trace
+    from freetoken.sim.predict import predict, synthetic_trace
 
     card = load_model_card("qwen3-30b-a3b")
     trace = synthetic_trace(card, 32, 4)
@@ -136,7 +136,7 @@ def test_split_fetch_min_pairs_is_backwards_compatible_and_fetches_big_batches()
 
 
 def test_cpu_threads_and_amx_settings_by_hand():
-    from sim.engines import get_engine, with_settings
+    from freetoken.sim.engines import get_engine, with_settings
 
     hw = load_hardware("rtx5090-ryzen")  # 16 cores, 5 TFLOP/s CPU lane, no AMX
     kt = get_engine("ktransformers")

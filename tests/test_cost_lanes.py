@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from freetoken.placement import LRU, Split, balanced_fetch_count, make_call, paper_fetch_count
-from sim.cost import CallMeta, CostOptions, charge
-from sim.hardware import HardwareProfile
-from sim.lanes import roofline, share
-from sim.model_card import ModelCard
-from sim.replay import COLUMNS, ReplayLog, replay
+from freetoken.sim.cost import CallMeta, CostOptions, charge
+from freetoken.sim.hardware import HardwareProfile
+from freetoken.sim.lanes import roofline, share
+from freetoken.sim.model_card import ModelCard
+from freetoken.sim.replay import COLUMNS, ReplayLog, replay
 
 MS = 1e-3
 KV_NS = 3 / 3e9  # one context token of KV at HBM
@@ -179,7 +179,7 @@ def test_prefill_streams_past_the_decode_working_set_in_every_engine():
     # Two 2-token prefill chunks then use every expert. Streaming (the engines' admit_prefill=False): layer 0 is
     # copied to staging, layer 1 hits, per chunk -> 2 hits, 2 fetches, slots -1, the cache unchanged. Admission:
     # layer 0's copies evict layer 1's pair and layer 1's copies evict them back -> 0 hits, 4 fetches per chunk.
-    from sim.engines import ENGINES
+    from freetoken.sim.engines import ENGINES
 
     card = toy_card(num_layers=2, moe_layers=2, num_experts=2, top_k=2, total_params=0.015, active_params=0.015)
     hw = toy_hw()
@@ -199,7 +199,7 @@ def test_host_work_bounds_and_kernel_floors_by_hand():
     # one decode call with one resident expert: dense 1 ms + KV, the hit 1 ms. Host: 150 launches before the router
     # at 8 + 2 = 10 us = 1.5 ms (slower than the dense part's 1 ms + 3 kernels x 1 us), then a 20 us sync for the
     # routing ids, then 50 launches = 0.5 ms (faster than the hit's 1 ms + 2 kernels x 1 us).
-    from sim.overhead import HostWork
+    from freetoken.sim.overhead import HostWork
 
     hw = toy_hw(launch_us=8.0, sync_us=20.0, kernel_floor_us=1.0)
     one = lambda v: np.asarray([v], np.int64)  # noqa: E731

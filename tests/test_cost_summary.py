@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from freetoken.trace import RoutingTrace
-from sim.calls import trace_calls
-from sim.cost import CallTimes, call_meta
-from sim.prediction import summarize
-from sim.replay import COLUMNS, ReplayLog
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.cost import CallTimes, call_meta
+from freetoken.sim.prediction import summarize
+from freetoken.sim.replay import COLUMNS, ReplayLog
 
 
 def two_request_trace() -> RoutingTrace:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -12,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from experiments.results import ResultsStore, config_hash
-from experiments.runner import run_once
+from freetoken.experiments.results import ResultsStore, config_hash
+from freetoken.experiments.runner import run_once
 from freetoken.cli import main as ft_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,9 +64,9 @@ def test_sweep_2x2_matches_ft_sim_and_resumes(tmp_path, tiny_trace_file, capsys)
 
 
 def test_in_process_run_equals_ft_sim_for_every_policy(small_config, tiny_trace_file, capsys):
-    from experiments.replay import GROUPS, TABLE, compute
+    from freetoken.experiments.replay import GROUPS, TABLE, compute
 
-    from experiments.compose import options
+    from freetoken.experiments.compose import options
 
     for policy in options("policy"):  # every option's values are its constructor's defaults, as ft sim uses
         cfg = small_config(f"policy={policy}", "cache=capacity", **{"cache.capacity": 16})
@@ -75,7 +76,7 @@ def test_in_process_run_equals_ft_sim_for_every_policy(small_config, tiny_trace_
 
 
 def test_hybrid_split_row_counts_cpu_work(small_config, tiny_trace_file, capsys):
-    from experiments.replay import GROUPS, TABLE, compute
+    from freetoken.experiments.replay import GROUPS, TABLE, compute
 
     cfg = small_config("split=hybrid", **{"split.bp": 10.0, "split.bh": 30.0, "cache.fraction": 0.25})
     row = run_once(cfg, TABLE, GROUPS, compute)
@@ -106,8 +107,8 @@ def test_parallel_writers_lose_no_row(tmp_path):
 
 
 def test_config_hash_ignores_key_order_and_trace_location(small_config, tmp_path):
-    from experiments.replay import GROUPS
-    from experiments.runner import UNHASHED, config_columns
+    from freetoken.experiments.replay import GROUPS
+    from freetoken.experiments.runner import UNHASHED, config_columns
 
     assert config_hash("r", {"a": 1, "b": 2}) == config_hash("r", {"b": 2, "a": 1}) != config_hash("r", {"a": 2, "b": 2})
     a = config_columns(small_config(), GROUPS)
@@ -124,7 +125,7 @@ def test_config_hash_ignores_key_order_and_trace_location(small_config, tmp_path
 def test_unknown_group_option_names_the_group(overrides, message):
     from hydra.errors import HydraException
 
-    from experiments.compose import compose
+    from freetoken.experiments.compose import compose
 
     with pytest.raises(HydraException, match=message.replace("(", r"\(")):
         compose(overrides)
@@ -140,7 +141,7 @@ def test_unknown_group_option_names_the_group(overrides, message):
     ({"trace.format": "csv"}, "trace.format: unknown 'csv'"),
 ])
 def test_bad_value_names_the_key(small_config, values, message):
-    from experiments.replay import validate
+    from freetoken.experiments.replay import validate
 
     with pytest.raises(ValueError) as err:
         validate(small_config(**values))
@@ -155,7 +156,7 @@ def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
 
 
 def test_live_without_engine_says_so(small_config, monkeypatch):
-    from experiments import live
+    from freetoken.experiments import live
 
     monkeypatch.setattr(live, "engine_available", lambda: False)
     with pytest.raises(ValueError, match="engine not available"):
@@ -163,7 +164,7 @@ def test_live_without_engine_says_so(small_config, monkeypatch):
 
 
 def test_live_run_agrees_with_a_replay_of_its_recorded_trace(small_config, capsys):
-    from experiments import live
+    from freetoken.experiments import live
 
     if not live.engine_available():
         pytest.fail("freetoken.engine is part of this build; the live entry point must run")
@@ -191,3 +192,88 @@ def test_ray_launcher_runs_a_sweep_on_a_local_ray_instance(tmp_path, tiny_trace_
     assert sorted(table["policy.name"]) == ["belady", "lru"]
     lru, belady = (table.set_index("policy.name").loc[p, "misses"] for p in ("lru", "belady"))
     assert belady <= lru
+
+
+def test_a_launcher_whose_plugin_is_missing_is_named_with_its_package(tmp_path, capsys):
+    """conf/hydra/launcher/<name>.yaml builds on a Hydra plugin config; when the plugin's module is absent the entry
+    point names the package in one line before Hydra's "could not load" message."""
+    from freetoken.experiments import launchers
+
+    launcher = tmp_path / "hydra" / "launcher"
+    launcher.mkdir(parents=True)
+    (launcher / "mine.yaml").write_text("defaults:\n  - submitit_slurm\n\ntimeout_min: 5\n")
+    assert launchers.plugin_of("mine", tmp_path) == "submitit_slurm"
+    assert launchers.plugin_of("slurm") == "submitit_slurm" and launchers.plugin_of("local") == "joblib"
+    assert launchers.missing_packages("local") == []  # hydra-joblib-launcher is a core dependency
+    fake = {"submitit_slurm": (("hydra_plugins.no_such_launcher_module", "hydra-submitit-launcher"),)}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(launchers, "PLUGINS", fake)
+        with pytest.raises(SystemExit) as e:
+            launchers.check_launcher("experiments.replay", ["-m", "hydra/launcher=mine", "policy=lru"], tmp_path)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err == ("experiments.replay: error: hydra/launcher=mine needs hydra-submitit-launcher, which is not "
+                       "installed (pip install hydra-submitit-launcher)\n")
+        launchers.check_launcher("experiments.replay", ["-m", "policy=lru"], tmp_path)  # no launcher chosen: fine
+
+
+@pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None,
+                    reason="hydra-submitit-launcher is installed here")
+def test_slurm_launcher_without_submitit_is_one_line_naming_the_package(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "experiments.replay", "-m", "hydra/launcher=slurm",
+                           f"results.dir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("experiments.replay: error: hydra/launcher=slurm needs hydra-submitit-launcher, "
+                                   "which is not installed (pip install hydra-submitit-launcher)")
+
+
+def test_a_code_version_change_reruns_unless_told_to_reuse(small_config, monkeypatch):
+    """The resume key is (config hash, code version): the same config under other code computes again and its row
+    says which code made it; results.reuse_other_code=true keeps the old row."""
+    import freetoken.experiments.runner as runner
+    from freetoken.experiments.replay import GROUPS, TABLE, compute
+    from freetoken.version import code_version
+
+    calls = []
+
+    def counted(cfg):
+        calls.append(1)
+        return compute(cfg)
+
+    cfg = small_config(**{"cache.fraction": 0.5})
+    first = run_once(cfg, TABLE, GROUPS, counted)
+    assert first["code_version"] == code_version() and first["code_version"].startswith("0.1.0+src.")
+    assert run_once(cfg, TABLE, GROUPS, counted) == first and len(calls) == 1  # same code: resumed
+    monkeypatch.setattr(runner, "code_version", lambda: "0.1.0+src.000000000000")
+    reused = run_once(small_config(**{"cache.fraction": 0.5, "results.reuse_other_code": True}), TABLE, GROUPS,
+                      counted)
+    assert reused == first and len(calls) == 1
+    second = run_once(cfg, TABLE, GROUPS, counted)
+    assert len(calls) == 2 and second["code_version"] == "0.1.0+src.000000000000"
+    assert second["config_hash"] == first["config_hash"] and second["misses"] == first["misses"]
+    table = pd.read_parquet(Path(cfg.results.dir) / "replay.parquet")
+    assert table["code_version"].tolist() == ["0.1.0+src.000000000000"]  # one row per config: the newest
+
+
+def test_source_hash_follows_the_code(tmp_path, monkeypatch):
+    """The hash covers every .py file of the code packages, by relative path and content."""
+    import freetoken.version as version
+
+    for name in ("freetoken", "sim"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text("x = 1\n")
+    monkeypatch.setattr(version, "_package_dirs", lambda: {"freetoken": tmp_path / "freetoken",
+                                                          "sim": tmp_path / "sim"})
+
+    def fresh():
+        version.source_hash.cache_clear()
+        return version.source_hash()
+
+    a = fresh()
+    (tmp_path / "sim" / "run.py").write_text("y = 2\n")
+    b = fresh()
+    (tmp_path / "sim" / "run.py").write_text("y = 3\n")
+    c = fresh()
+    (tmp_path / "sim" / "run.py").write_text("y = 2\n")
+    assert len({a, b, c}) == 3 and fresh() == b
+    version.source_hash.cache_clear()

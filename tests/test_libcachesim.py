@@ -19,9 +19,9 @@ from freetoken.cli.bench_sim import libcachesim_misses, libcachesim_misses_per_r
 from freetoken.placement import LRU, Belady, KeyStream, Split, key_stream
 from freetoken.trace import DECODE, RoutingTrace
 from freetoken.trace.importers import import_trace
-from sim.calls import trace_calls
-from sim.mrc import stack_depths
-from sim.replay import replay
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.mrc import stack_depths
+from freetoken.sim.replay import replay
 
 OFFLOAD = Split("offload")
 

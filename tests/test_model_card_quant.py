@@ -6,9 +6,9 @@ import json
 import pytest
 
 from freetoken.cli import main
-from sim.hardware import load_hardware
-from sim.model_card import QUANT_BITS, load_model_card
-from sim.planner import model_memory, plan_for, policy_capacity
+from freetoken.sim.hardware import load_hardware
+from freetoken.sim.model_card import QUANT_BITS, load_model_card
+from freetoken.sim.planner import model_memory, plan_for, policy_capacity
 
 
 def test_named_formats_size_the_experts_exactly():
@@ -33,7 +33,7 @@ def test_named_formats_size_the_experts_exactly():
 def test_yaml_card_names_its_expert_format(tmp_path):
     import yaml
 
-    from sim.model_card import MODEL_DIR
+    from freetoken.sim.model_card import MODEL_DIR
 
     data = yaml.safe_load((MODEL_DIR / "qwen3-30b-a3b.yaml").read_text()) | {"expert_format": "awq-g128"}
     path = tmp_path / "q.yaml"

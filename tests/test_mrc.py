@@ -9,9 +9,9 @@ from freetoken.cli.bench_sim import libcachesim_misses
 from freetoken.placement import DECODE, LRU, PREFILL, KeyStream, Split, key_stream
 from freetoken.trace import RoutingTrace
 from freetoken.trace.importers import import_trace
-from sim.calls import trace_calls
-from sim.mrc import COLD, lru_mrc, stack_depths
-from sim.replay import replay
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.mrc import COLD, lru_mrc, stack_depths
+from freetoken.sim.replay import replay
 
 
 def mixed_trace(seed: int, T: int = 90, L: int = 3, E: int = 8, K: int = 2) -> RoutingTrace:

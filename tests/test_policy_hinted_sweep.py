@@ -9,8 +9,8 @@ import pytest
 
 from freetoken.placement import DECODE, Call, Split, key_stream, make_policy
 from freetoken.placement.hinted_sweep import DistanceOracle, HintedSweep, accuracies
-from sim.calls import trace_calls
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.synth import SynthSpec, synthesize
 
 L, E = 4, 5
 

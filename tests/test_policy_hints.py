@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import policy_study as ps
-from experiments.policy_hints import WindowedFuture, probe, variants
+from freetoken.experiments import policy_study as ps
+from freetoken.experiments.policy_hints import WindowedFuture, probe, variants
 from freetoken.placement import Split, key_stream, make_policy
-from sim.calls import trace_calls
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 def _trace(seed=4):
@@ -53,10 +53,10 @@ def test_hint_rows_are_the_replays_they_name_and_time_is_the_cost_model():
     rest = dict(variants(4))[labels[len(variants(4)) - 1]]
     assert rest == {"accuracy": 1.0, "depth": 3, "min_confidence": math.inf}
     from freetoken.placement.layer_sweep import visit_rates
-    from sim.cost import CostOptions, call_meta, charge
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.cost import CostOptions, call_meta, charge
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
+    from freetoken.sim.run import SimConfig, simulate
 
     decays = [ps.fit_decay(h, 0.25, 16) for h in halves[::-1]]
     misses = seconds = 0

@@ -6,8 +6,8 @@ import pytest
 
 from freetoken.placement import Split, make_policy
 from freetoken.placement.layer_sweep import LayerSweep, visit_rates
-from sim.calls import trace_calls
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 class BruteSweep:

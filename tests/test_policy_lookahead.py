@@ -7,8 +7,8 @@ import pytest
 
 from freetoken.placement import Split, key_stream, make_policy
 from freetoken.placement.lookahead import Lookahead, NoisyOracle
-from sim.calls import trace_calls
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.synth import SynthSpec, synthesize
 from tests.test_policy_layer_sweep import BruteSweep
 
 L, E = 3, 5
@@ -109,7 +109,7 @@ def test_noisy_oracle_is_wrong_at_the_stated_rate_and_stays_in_layer():
 
 
 def test_lookahead_prefetch_costs_transfers_in_the_replay():
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.run import SimConfig, simulate
 
     spec = SynthSpec(num_layers=4, num_experts=8, top_k=2, num_tokens=200, num_requests=2, seed=2)
     trace = synthesize(spec)

@@ -17,8 +17,8 @@ import pytest
 from freetoken.placement import Belady, Call, Split, key_stream, make_policy
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import expert_counts
-from sim.calls import trace_calls
-from sim.replay import replay
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.replay import replay
 
 SPLITS = {
     "offload": Split("offload"),

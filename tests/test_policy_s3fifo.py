@@ -5,8 +5,8 @@ import pytest
 
 from freetoken.placement import DECODE, Call, Split, make_policy
 from freetoken.placement.s3fifo import S3FIFO
-from sim.calls import trace_calls
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 class BruteS3FIFO:

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments import policy_study as ps
+from freetoken.experiments import policy_study as ps
 from freetoken.placement import Split
 from freetoken.trace.stats import expert_counts
-from sim.run import SimConfig, simulate
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.run import SimConfig, simulate
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 def _case():
@@ -68,3 +68,56 @@ def test_bad_arguments_fail_in_one_line(capsys):
     assert err.count("\n") == 1 and "unknown case nope" in err
     assert ps.main(["--only", "synthetic/48x128-top8", "--fractions", "1.5"]) == 2
     assert "--fractions" in capsys.readouterr().err
+
+
+def _hydra_cfg(results, case, fraction, **values):
+    from freetoken.experiments.compose import compose, shrink
+
+    cfg = compose(["experiment=policy_study", f"study.case={case}", f"study.fraction={fraction}"])
+    return shrink(cfg, **{"results.dir": str(results), "results.progress": False, **values})
+
+
+def test_hydra_runs_write_rows_and_a_report_in_results_not_docs(tmp_path, monkeypatch):
+    """One run per (case, fraction) through the Hydra config: its rows are run_case's, the report in the results dir
+    keeps every finished case (the argparse study rewrote docs/ with only the cases of the last call), a finished
+    run is skipped, and a tracked doc is written only when study.doc names it."""
+    import pandas as pd
+
+    from freetoken.paths import REPO_ROOT
+
+    case, _ = _case()
+    monkeypatch.setitem(ps.CASES, "tiny", case)
+    monkeypatch.setitem(ps.CASES, "tiny2", ps.Case("tiny2", 8, False, case.folds))
+    tracked = REPO_ROOT / "docs" / "policy_study.md"
+    before = tracked.read_bytes()
+    results = tmp_path / "results"
+    ps.run_study(_hydra_cfg(results, "tiny", 0.25))
+    ps.run_study(_hydra_cfg(results, "tiny2", 0.5))
+    rows = pd.read_parquet(results / "policy_study_policies.parquet")
+    want = pd.DataFrame(ps.run_case(case, Path("."), [0.25], ps.ONLINE), columns=list(ps.COLUMNS))
+    got = rows[rows.trace == "tiny"][list(ps.COLUMNS)].reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False)
+    report = (results / "policy_study.md").read_text()
+    assert "## tiny\n" in report and "## tiny2\n" in report
+    assert report == ps.render(rows.sort_values(["trace", "fraction"])[list(ps.COLUMNS)].reset_index(drop=True))
+    assert tracked.read_bytes() == before
+
+    calls = []
+    monkeypatch.setattr(ps, "run_case", lambda *a, **k: calls.append(a) or [])
+    ps.run_study(_hydra_cfg(results, "tiny", 0.25))
+    assert calls == []  # finished: skipped, report rebuilt
+    doc = tmp_path / "doc.md"
+    ps.run_study(_hydra_cfg(results, "tiny", 0.25, **{"study.doc": str(doc)}))
+    assert doc.read_text() == report
+
+
+def test_hydra_study_config_errors_name_the_key(tmp_path):
+    from freetoken.experiments.runner import build
+
+    with pytest.raises(ValueError, match=r"^study\.case: unknown case nope; valid: mixtral-8x7b/gsm8k_2_routing"):
+        build(_hydra_cfg(tmp_path, "nope", 0.25), "study")
+    with pytest.raises(ValueError, match=r"^study\.fraction must lie in \(0, 1\], got 1\.5"):
+        build(_hydra_cfg(tmp_path, "deepseek-v2-lite", 1.5), "study")
+    cfg = _hydra_cfg(tmp_path, "deepseek-v2-lite", 0.25, **{"study.traces": str(tmp_path / "none")})
+    with pytest.raises(ValueError, match=r"^study\.traces: .*none is not a directory of traces"):
+        ps.validate(cfg)

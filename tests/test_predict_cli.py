@@ -7,9 +7,9 @@ import pytest
 
 from freetoken.cli import main
 from freetoken.trace import RoutingTrace, save
-from sim.hardware import load_hardware
-from sim.model_card import load_model_card
-from sim.predict import predict, synthetic_trace
+from freetoken.sim.hardware import load_hardware
+from freetoken.sim.model_card import load_model_card
+from freetoken.sim.predict import predict, synthetic_trace
 
 
 def run_json(capsys, *args) -> dict:
@@ -114,7 +114,7 @@ def test_rule_option_switches_the_hybrid_split(capsys):
 
 def test_bench_profile_replaces_the_lane_bandwidths(capsys, tmp_path):
     from freetoken.calibrate.profile import save_profile
-    from sim.hardware import with_bench_profile
+    from freetoken.sim.hardware import with_bench_profile
 
     profile = {"version": 1, "key": "x|int4", "expert_format": "int4", "geometry": {},
                "host": {"gb_s": 70.0}, "cpu_lane": {"gb_s": 40.0}, "pcie": {"gb_s": 25.0},
@@ -138,8 +138,8 @@ def test_bench_profile_replaces_the_lane_bandwidths(capsys, tmp_path):
 def test_warmup_is_replayed_but_not_reported(capsys):
     """A warm-up changes what the request meets, not what is reported: the measured request's decode time is the
     whole run's minus the warm-up's alone (replay and charge are causal), and a warm LRU misses less in decode."""
-    from sim.engines import get_engine
-    from sim.predict import join_after, warmup_split
+    from freetoken.sim.engines import get_engine
+    from freetoken.sim.predict import join_after, warmup_split
 
     card, hw, engine = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen"), get_engine("freetoken-offload")
     measured, warm = warmup_split(synthetic_trace(card, 64, 24 + 16), 16)
@@ -160,7 +160,7 @@ def test_warmup_is_replayed_but_not_reported(capsys):
 
 def test_gpu_probe_sets_the_per_kernel_costs_and_efficiencies():
     # ft bench bw's GPU probe (CUDA only) measured on a 5090: efficiencies are measured / datasheet, by hand
-    from sim.hardware import with_bench_profile
+    from freetoken.sim.hardware import with_bench_profile
 
     profile = {"host": {"gb_s": 70.0}, "cpu_lane": {"gb_s": 40.0},
                "gpu_probe": {"launch_us": 3.1, "dispatch_us": 5.0, "sync_us": 9.5, "kernel_floor_us": 1.4,
@@ -185,8 +185,8 @@ def test_demo_model_is_overhead_bound(capsys):
 
 
 def test_speculative_and_batched_decode_flags_match_the_library(capsys):
-    from sim.batch import Speculation, predict_batched, predict_speculative
-    from sim.engines import get_engine
+    from freetoken.sim.batch import Speculation, predict_batched, predict_speculative
+    from freetoken.sim.engines import get_engine
 
     args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--engine", "llamacpp-cmoe",
             "--prompt-tokens", "64", "--decode-tokens", "16", "--no-band"]

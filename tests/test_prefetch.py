@@ -2,7 +2,7 @@
 in the replay log."""
 
 from freetoken.placement import DECODE, LRU, Call, Split, make_policy
-from sim.replay import replay
+from freetoken.sim.replay import replay
 
 
 class ToldLRU(LRU):

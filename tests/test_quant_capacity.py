@@ -88,8 +88,8 @@ def budget_for(card) -> int:
 def test_sim_and_engine_agree_on_capacity(name, tmp_path):
     from freetoken.serve.config import ServeConfig
     from freetoken.serve.startup import load
-    from sim.model_card import load_model_card
-    from sim.planner import model_memory, policy_capacity
+    from freetoken.sim.model_card import load_model_card
+    from freetoken.sim.planner import model_memory, policy_capacity
 
     path = build(name, tmp_path / name)
     card = load_model_card(str(path))  # from config.json alone
@@ -116,7 +116,7 @@ def test_sim_and_engine_agree_on_capacity(name, tmp_path):
 def test_gptq_expert_bytes_by_hand(tmp_path):
     from freetoken.models.checkpoint import load_checkpoint
     from freetoken.serve.engine_backend import checkpoint_memory
-    from sim.model_card import load_model_card
+    from freetoken.sim.model_card import load_model_card
 
     path = build("gptq", tmp_path / "gptq")
     # gate, up [32, 64], g32: 1,024 B of nibbles + 32 rows x 2 groups x (2 B fp16 scale + 1 B uint8 zero) = 1,216;

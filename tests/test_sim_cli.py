@@ -8,7 +8,7 @@ import pytest
 from freetoken.cli import main
 from freetoken.placement import Split
 from freetoken.trace import RoutingTrace, load, save
-from sim.run import SimConfig, simulate
+from freetoken.sim.run import SimConfig, simulate
 
 
 @pytest.fixture()
@@ -70,3 +70,30 @@ def test_corrupt_trace_file_is_named(tmp_path, capsys):
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     assert main(["sim", "--trace", str(bad), "--capacity", "1"]) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+def test_plain_output_shows_prefetched_copies(trace_file, capsys):
+    """lookahead prefetches: the plain report prints the prefetched copies (and the transfers they add to the
+    misses) the JSON holds, overall and per phase, so a prefetching policy does not look cheaper than it is."""
+    argv = ["sim", "--trace", str(trace_file), "--policy", "lookahead", "--capacity", "10", "--prefill-chunk", "4"]
+    assert main(argv + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["prefetched"] > 0
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"prefetched {out['prefetched']}  transfers {out['misses'] + out['prefetched']}" in text
+    for name, c in out["phases"].items():
+        assert f"fetched {c['fetched']}  prefetched {c['prefetched']}" in text.split(f"  {name}")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("extra", [[], ["--max-fetch", "0"]])
+def test_max_fetch_rule_without_a_positive_max_fetch_is_refused(trace_file, capsys, extra):
+    """Before, --rule max_fetch without --max-fetch fetched nothing: every miss went to the CPU, silently."""
+    argv = ["sim", "--trace", str(trace_file), "--capacity", "10", "--split", "hybrid", "--rule", "max_fetch"]
+    assert main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert "split rule max_fetch needs max_fetch >= 1 (--max-fetch N), got 0" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(argv + ["--max-fetch", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["fetched"] > 0 and out["cpu"] > 0

@@ -8,8 +8,8 @@ import pytest
 
 from freetoken.trace.importers import import_trace
 from freetoken.trace.stats import expert_counts, gini, popularity_skew
-from sim.reuse import reuse_stats
-from sim.synth import SynthSpec, fit_spec, synthesize
+from freetoken.sim.reuse import reuse_stats
+from freetoken.sim.synth import SynthSpec, fit_spec, synthesize
 
 
 def test_deterministic_from_the_seed_and_shaped_as_asked():

@@ -9,8 +9,8 @@ from freetoken.cli import main
 from freetoken.paths import DEFAULT_TRACE, SHIPPED_TRACES
 from freetoken.trace import load
 from freetoken.trace.stats import popularity_skew
-from sim.reuse import reuse_stats
-from sim.synth import SynthSpec, synthesize
+from freetoken.sim.reuse import reuse_stats
+from freetoken.sim.synth import SynthSpec, synthesize
 
 
 def _mixtral_log(path, tokens=5, layers=4, missing=((4, 2),)):
@@ -115,6 +115,8 @@ def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
     (["import", "{tmp}/odd.txt", "{out}", "--format", "granite_json"], "not valid JSON"),
     (["import", "{tmp}/odd.txt", "{out}", "--format", "granite_json", "--incomplete", "drop"],
      "--incomplete applies to the mixtral_jsonl format"),
+    (["synth", "{out}", "--layers", "2", "--experts", "40000", "--top-k", "2", "--tokens", "9"],
+     "num_experts 40000 exceeds 32768: a trace holds expert ids as int16"),
     (["info", "{tmp}/none.safetensors"], "no such trace file"),
     (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be positive"),
 ])
@@ -151,3 +153,109 @@ def test_shipped_traces_regenerate_from_the_commands_in_their_readme(tmp_path, c
         a, b = load(shipped), load(argv[2])
         assert np.array_equal(a.experts, b.experts) and np.array_equal(a.phase, b.phase)
         assert a.extra == b.extra and a.model == b.model
+
+
+def test_synth_and_shipped_traces_are_byte_identical_on_rebuild(tmp_path, capsys):
+    """The header's keys are written sorted: two writes in this process, one in a fresh process (another hash seed)
+    and the shipped files rebuilt from their README commands are the same bytes."""
+    import shlex
+    import subprocess
+    import sys
+
+    argv = ["--layers", "3", "--experts", "6", "--top-k", "2", "--tokens", "40", "--seed", "2"]
+    paths = [tmp_path / f"{i}.safetensors" for i in range(3)]
+    for p in paths[:2]:
+        assert main(["trace", "synth", str(p)] + argv) == 0
+    code = "import sys; from freetoken.cli import main; sys.exit(main(sys.argv[1:]))"
+    subprocess.run([sys.executable, "-c", code, "trace", "synth", str(paths[2])] + argv, check=True,
+                   capture_output=True)
+    assert paths[0].read_bytes() == paths[1].read_bytes() == paths[2].read_bytes()
+    for line in (SHIPPED_TRACES / "README.md").read_text().splitlines():
+        if line.strip().startswith("ft trace synth traces/"):
+            cmd = shlex.split(line.strip())[1:]
+            shipped = SHIPPED_TRACES / cmd[2].removeprefix("traces/")
+            cmd[2] = str(tmp_path / shipped.name)
+            assert main(cmd) == 0
+            assert shipped.read_bytes() == (tmp_path / shipped.name).read_bytes(), shipped.name
+
+
+def _strict_json(text: str) -> dict:
+    def refuse(name):
+        raise AssertionError(f"{name} in JSON output")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_info_on_an_empty_or_never_reused_trace_has_no_made_up_numbers(tmp_path, capsys):
+    from freetoken.trace import RoutingTrace, save
+
+    empty = save(RoutingTrace(np.zeros((0, 2, 2), np.int16), 8, model="e", source="t"), tmp_path / "e.safetensors")
+    assert main(["trace", "info", str(empty), "--json"]) == 0
+    info = _strict_json(capsys.readouterr().out)
+    assert info["tokens"] == 0 and info["skew"] is None
+    assert info["reuse_token"] == {"accesses": 0, "cold_share": 0.0, "p50": None, "p90": None, "p99": None}
+    assert main(["trace", "info", str(empty)]) == 0
+    text = capsys.readouterr().out
+    assert "no tokens: no popularity or reuse statistics" in text and "nan" not in text and "Gini" not in text
+    # one token picking experts {0, 1} and {2, 3}: 2 of 8 experts used equally, Gini (E - n) / E = 6 / 8; no key
+    # is used twice, so there is no reuse distance to take percentiles of
+    one = save(RoutingTrace(np.array([[[0, 1], [2, 3]]], np.int16), 8, model="o", source="t"),
+               tmp_path / "o.safetensors")
+    assert main(["trace", "info", str(one), "--json"]) == 0
+    info = _strict_json(capsys.readouterr().out)
+    assert info["skew"]["gini"] == {"mean": 0.75, "min": 0.75, "max": 0.75}
+    assert info["reuse_calls"]["p50"] is None and info["reuse_calls"]["cold_share"] == 1.0
+    assert main(["trace", "info", str(one)]) == 0
+    text = capsys.readouterr().out
+    assert "no key used twice  cold 100.00% of 4 accesses" in text and "nan" not in text
+
+
+def _lru_misses(trace, capacity: int) -> int:
+    """Reference: global LRU over (layer, expert) keys, one call per token and layer (decode); a call's own keys
+    are never evicted to admit another of its keys."""
+    from collections import OrderedDict
+
+    cache: OrderedDict[int, None] = OrderedDict()
+    misses = 0
+    E = trace.num_experts
+    for t in range(trace.num_tokens):
+        for layer in range(trace.num_layers):
+            keys = [layer * E + int(e) for e in trace.experts[t, layer]]
+            for k in keys:
+                if k in cache:
+                    cache.move_to_end(k)
+            for k in keys:
+                if k in cache:
+                    continue
+                misses += 1
+                if len(cache) >= capacity:
+                    victim = next(v for v in cache if v not in keys)
+                    del cache[victim]
+                cache[k] = None
+    return misses
+
+
+def test_mixtral_log_imports_as_decode_and_says_so(shared_traces, tmp_path, capsys):
+    """The Mixtral rows are a serving log (one router decision per generated token): imported as decode, the
+    default 2048-token prefill chunk no longer folds a problem into one call per layer (511 cold misses); ft sim
+    counts what a token-by-token LRU replay counts. --phase prefill is the explicit other choice; both print it."""
+    src = shared_traces / "mixtral-8x7b" / "gsm8k_2_routing.jsonl"
+    out = tmp_path / "mx.safetensors"
+    assert main(["trace", "import", str(src), str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "244 tokens (0 prefill, 244 decode)" in text and "phase: decode (the format's default" in text
+    trace = load(out)
+    assert (trace.phase == 1).all() and trace.extra["phase"].startswith("decode (the format's default")
+    assert main(["sim", "--trace", str(out), "--capacity", "64", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["misses"] == _lru_misses(trace, 64) == 10_267
+    assert main(["trace", "import", str(src), str(out), "--phase", "prefill"]) == 0
+    assert "244 tokens (244 prefill, 0 decode)" in capsys.readouterr().out
+    assert load(out).extra["phase"] == "prefill (given)"
+    from freetoken.trace.importers import import_trace
+
+    with pytest.raises(ValueError, match="phase: unknown 'middle'; valid: prefill, decode"):
+        import_trace(src, phase="middle")
+    granite = shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json"
+    assert main(["trace", "import", str(granite), str(out), "--phase", "decode"]) == 2
+    assert "--phase applies to the mixtral_jsonl format" in capsys.readouterr().err

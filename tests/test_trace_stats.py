@@ -5,8 +5,8 @@ import numpy as np
 from freetoken.placement.stream import key_stream
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import expert_counts, gini, normalized_entropy, top_share
-from sim.reuse import access_keys, reuse_distances, reuse_stats, token_reuse_distances
-from sim.calls import trace_calls
+from freetoken.sim.reuse import access_keys, reuse_distances, reuse_stats, token_reuse_distances
+from freetoken.sim.calls import trace_calls
 
 
 def test_skew_measures_by_hand():

@@ -30,7 +30,7 @@ def shape_of(model: str | None):
     """(hidden, intermediate, the card's own format or None, label)."""
     if model is None:
         return *QWEN3_30B_A3B, None, "Qwen3-30B-A3B expert"
-    from sim.model_card import load_model_card
+    from freetoken.sim.model_card import load_model_card
 
     card = load_model_card(model)
     return card.hidden_size, card.expert_intermediate_size, card.expert_format, card.name

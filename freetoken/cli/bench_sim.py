@@ -102,9 +102,9 @@ def _speed(misses: int, wall: float, cpu: float, n: int) -> dict:
 def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, fraction: float = 0.25,
               per_request: bool = True, repeat: int = 3, log=lambda s: None) -> dict:
     from freetoken.placement import LRU, Split, key_stream
-    from sim.calls import trace_calls
-    from sim.mrc import lru_mrc
-    from sim.replay import replay
+    from freetoken.sim.calls import trace_calls
+    from freetoken.sim.mrc import lru_mrc
+    from freetoken.sim.replay import replay
 
     if capacities < 1:
         raise ValueError(f"--capacities must be >= 1, got {capacities}")

@@ -53,7 +53,7 @@ def build_engine(args: argparse.Namespace):
 
     from freetoken.engine import Engine
     from freetoken.placement.config import policy_options
-    from sim.run import future_stream
+    from freetoken.sim.run import future_stream
 
     cache = cache_config_from_args(args)  # belady & co.: the future is the recorded trace's calls at this chunk
     options = policy_options(cache, future=future_stream(cache))

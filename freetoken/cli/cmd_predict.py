@@ -9,11 +9,11 @@ from freetoken.cli.common import add_size_args, print_json, progress
 
 
 def register(sub) -> None:
-    from sim.agent import AGENT_WORKLOADS
-    from sim.engines import ENGINES
-    from sim.lanes import HOST_MODES
-    from sim.planner import DEFAULT_KV_FLOOR
-    from sim.predict import (
+    from freetoken.sim.agent import AGENT_WORKLOADS
+    from freetoken.sim.engines import ENGINES
+    from freetoken.sim.lanes import HOST_MODES
+    from freetoken.sim.planner import DEFAULT_KV_FLOOR
+    from freetoken.sim.predict import (
         DEFAULT_DECODE,
         DEFAULT_PROMPT,
         SYNTH_REUSE,
@@ -74,7 +74,7 @@ def register(sub) -> None:
 
 
 def engine_from_args(args: argparse.Namespace):
-    from sim.engines import get_engine, with_settings
+    from freetoken.sim.engines import get_engine, with_settings
 
     engine = get_engine(args.engine)
     if args.ubatch is not None and engine.host_work != "llamacpp":
@@ -89,8 +89,8 @@ def engine_from_args(args: argparse.Namespace):
 
 def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> None:
     """--draft-depth / --acceptance and --batch: the same model, machine and engine decoding otherwise."""
-    from sim.batch import Speculation, predict_batched, predict_speculative
-    from sim.predict import synthetic_trace
+    from freetoken.sim.batch import Speculation, predict_batched, predict_speculative
+    from freetoken.sim.predict import synthetic_trace
 
     if (args.draft_depth is None) != (args.acceptance is None):
         raise ValueError("give both --draft-depth and --acceptance (speculative decoding)")
@@ -114,23 +114,23 @@ def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> No
 
 def run(args: argparse.Namespace) -> int:
     if args.anchors:
-        from sim.anchors import main as anchors_main
+        from freetoken.sim.anchors import main as anchors_main
 
         return anchors_main([])
     if not args.model or not args.hardware:
         raise ValueError("--model and --hardware are required (or --anchors)")
     from freetoken.trace import load
-    from sim.calls import num_calls
-    from sim.hardware import load_hardware
-    from sim.model_card import load_model_card
-    from sim.predict import check_shape, predict, synthetic_trace, warmup_split
+    from freetoken.sim.calls import num_calls
+    from freetoken.sim.hardware import load_hardware
+    from freetoken.sim.model_card import load_model_card
+    from freetoken.sim.predict import check_shape, predict, synthetic_trace, warmup_split
 
     card, hw = load_model_card(args.model), load_hardware(args.hardware)
     if args.bw_profile:
         from pathlib import Path
 
         from freetoken.calibrate.profile import load_profile
-        from sim.hardware import with_bench_profile
+        from freetoken.sim.hardware import with_bench_profile
 
         hw = with_bench_profile(hw, load_profile(Path(args.bw_profile)), args.bw_profile)
     engine = engine_from_args(args)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
     def make_trace(**routing):  # the warm-up continues the same synthetic routing, after the measured tokens
         if args.workload != "single":
-            from sim.agent import agent_trace, workload_turns
+            from freetoken.sim.agent import agent_trace, workload_turns
 
             return agent_trace(card, workload_turns(args.workload), args.warmup_decode, **routing)
         return synthetic_trace(card, args.prompt_tokens, args.decode_tokens + args.warmup_decode, **routing)
@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     pred.engine = args.engine + (f" (rule {args.rule})" if args.rule else "")
     decode_variants(args, card, hw, engine, trace, warmup, pred, sizing)
     if not args.no_band:
-        from sim.band import locality_band
+        from freetoken.sim.band import locality_band
 
         if args.trace:  # the band draws synthetic traces of the trace's lengths
             prompt, decode = pred.prompt_tokens, pred.decode_tokens

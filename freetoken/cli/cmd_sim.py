@@ -20,8 +20,8 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sim.calls import num_calls
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.calls import num_calls
+    from freetoken.sim.run import SimConfig, simulate
 
     config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes)  # flags checked before any loading
     trace = load(args.trace)
@@ -39,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"policy {result.policy}, split {result.split}, capacity {result.capacity} of {trace.num_keys} experts "
           f"({result.capacity / trace.num_keys:.1%})")
     print(f"  accesses {t.accesses}  hits {t.hits}  misses {t.misses}  hit rate {t.hit_rate:.2%}")
-    print(f"  fetched {t.fetched}  cpu {t.cpu}  evictions {t.evictions}"
-          + (f"  fetched bytes {t.fetched_bytes}" if args.expert_bytes else ""))
+    # prefetched copies cross PCIe too: a policy that prefetches is not cheaper than its miss count alone says
+    print(f"  fetched {t.fetched}  prefetched {t.prefetched}  transfers {t.fetched + t.prefetched}  cpu {t.cpu}  "
+          f"evictions {t.evictions}" + (f"  fetched bytes {t.fetched_bytes}" if args.expert_bytes else ""))
     for name, c in result.by_phase().items():
-        print(f"  {name:8s} accesses {c.accesses}  hit rate {c.hit_rate:.2%}  fetched {c.fetched}  cpu {c.cpu}")
+        print(f"  {name:8s} accesses {c.accesses}  hit rate {c.hit_rate:.2%}  fetched {c.fetched}  "
+              f"prefetched {c.prefetched}  cpu {c.cpu}")
     return 0

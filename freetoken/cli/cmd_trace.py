@@ -24,6 +24,9 @@ def register(sub) -> None:
     imp.add_argument("--format", choices=sorted(IMPORTERS), help="source format (default: read from the file)")
     imp.add_argument("--incomplete", choices=INCOMPLETE,
                      help="mixtral_jsonl: tokens lacking some layers are dropped (default, counted) or an error")
+    imp.add_argument("--phase", choices=["prefill", "decode"],
+                     help="mixtral_jsonl (its rows do not record the phase): the phase of every token (default "
+                          "decode: the logs are one router decision per generated token)")
     imp.add_argument("--model", help="model name to record (default: the importer's)")
     imp.set_defaults(run=run_import)
 
@@ -65,9 +68,16 @@ def run_import(args: argparse.Namespace) -> int:
         if fmt != "mixtral_jsonl":
             raise ValueError(f"--incomplete applies to the mixtral_jsonl format, not {fmt}")
         options["incomplete"] = args.incomplete
+    if args.phase is not None:
+        if fmt != "mixtral_jsonl":
+            raise ValueError(f"--phase applies to the mixtral_jsonl format, whose rows do not record it; {fmt} "
+                             f"records each token's phase")
+        options["phase"] = args.phase
     trace = import_trace(args.src, fmt, model=args.model, **options)
     path = save(trace, args.out)
     print(f"wrote {path}: {_shape_line(trace)} (format {fmt})")
+    if "phase" in trace.extra:
+        print(f"phase: {trace.extra['phase']}")
     dropped = int(trace.extra.get("dropped_tokens", "0"))
     why = trace.extra.get("dropped_why", "")
     print(f"dropped {dropped} tokens" + (f": {why}" if dropped and why else ""))
@@ -81,19 +91,25 @@ def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) 
     import numpy as np
 
     from freetoken.trace.stats import popularity_skew
-    from sim.reuse import reuse_stats
+    from freetoken.sim.reuse import reuse_stats
 
     if prefill_chunk <= 0:
         raise ValueError(f"--prefill-chunk must be positive, got {prefill_chunk}")
+    empty = trace.num_tokens == 0  # no accesses: popularity and reuse are undefined (null), not Gini -1.1 or NaN
+
+    def reuse(chunk: int) -> dict:  # a percentile without a warm access is null (JSON has no NaN)
+        return {k: None if isinstance(v, float) and math.isnan(v) else v
+                for k, v in reuse_stats(trace, chunk).to_dict().items()}
+
     return {
         "model": trace.model, "source": trace.source,
         "tokens": trace.num_tokens, "requests": int(len(np.unique(trace.request))),
         "phases": {"prefill": int((trace.phase == PREFILL).sum()), "decode": int((trace.phase == DECODE).sum())},
         "layers": trace.num_layers, "experts": trace.num_experts, "top_k": trace.top_k,
         "gates": trace.gates is not None,
-        "skew": popularity_skew(trace).summary(),
-        "reuse_token": reuse_stats(trace, 1).to_dict(),
-        "reuse_calls": {"prefill_chunk": prefill_chunk, **reuse_stats(trace, prefill_chunk).to_dict()},
+        "skew": None if empty else popularity_skew(trace).summary(),
+        "reuse_token": reuse(1),
+        "reuse_calls": {"prefill_chunk": prefill_chunk, **reuse(prefill_chunk)},
         "extra": dict(trace.extra),
     }
 
@@ -107,6 +123,9 @@ def run_info(args: argparse.Namespace) -> int:
     print(f"  {info['tokens']} tokens, {info['requests']} requests, prefill {info['phases']['prefill']}, "
           f"decode {info['phases']['decode']}; {info['layers']} layers x {info['experts']} experts, "
           f"top-{info['top_k']}" + (", gates" if info["gates"] else ""))
+    if info["skew"] is None:
+        print("  no tokens: no popularity or reuse statistics")
+        return 0
     print("  per-layer popularity (mean [min, max] over layers):")
     labels = {"top10": "share of top 10% experts", "top25": "share of top 25% experts", "gini": "Gini",
               "entropy": "entropy / log(E)"}
@@ -116,8 +135,9 @@ def run_info(args: argparse.Namespace) -> int:
     print("  reuse distance (accesses between two uses of a (layer, expert) key):")
     for key, label in (("reuse_token", "per token"), ("reuse_calls", f"per call, chunk {args.prefill_chunk}")):
         r = info[key]
-        print(f"    {label:26s} p50 {r['p50']:.0f}  p90 {r['p90']:.0f}  p99 {r['p99']:.0f}  "
-              f"cold {r['cold_share']:.2%} of {r['accesses']} accesses")
+        spread = "  ".join(f"{p} {r[p]:.0f}" for p in ("p50", "p90", "p99")) if r["p50"] is not None \
+            else "no key used twice"
+        print(f"    {label:26s} {spread}  cold {r['cold_share']:.2%} of {r['accesses']} accesses")
     if "dropped_tokens" in info["extra"]:
         print(f"  dropped at import: {info['extra']['dropped_tokens']} tokens")
     return 0
@@ -127,7 +147,7 @@ def run_info(args: argparse.Namespace) -> int:
 def run_synth(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
+    from freetoken.sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
 
     _check_out(args.out)
     shape = {"num_layers": args.layers, "num_experts": args.experts, "top_k": args.top_k,

@@ -28,8 +28,20 @@ def family_for(raw: dict, path: str) -> Family:
 
 
 def read_model_config(raw: dict, path: str) -> tuple[Family, ModelConfig]:
+    check_dtype(raw, path)
     family = family_for(raw, path)
     return family, family.read_config(ConfigReader(raw, path))
+
+
+def check_dtype(raw: dict, path: str) -> None:
+    """config.json's "dtype" (or older "torch_dtype"), when given, must name a torch dtype."""
+    import torch
+
+    for field in ("dtype", "torch_dtype"):
+        value = raw.get(field)
+        if value is not None and not (isinstance(value, str) and isinstance(getattr(torch, value, None), torch.dtype)):
+            raise CheckpointError(f"{path}: field {field!r} is {value!r}, not a torch dtype name (bfloat16, float16, "
+                                  f"float32, ...)")
 
 
 __all__ = ["ARCHITECTURES", "CheckpointError", "FAMILIES", "Family", "ModelConfig", "family_for",

@@ -9,6 +9,7 @@ its routed experts packed (quantized.py).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,27 @@ def read_config(path: Path) -> tuple[Family, ModelConfig]:
     if not isinstance(raw, dict):
         raise CheckpointError(f"{file}: expected a JSON object")
     return read_model_config(raw, str(file))
+
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def check_layer_count(path: Path, cfg: ModelConfig, where: dict[str, Path]) -> None:
+    """config.json's num_hidden_layers against the layers the weights hold: more layers in the weights means the
+    config describes another model (the extra layers would be ignored silently). Multi-token-prediction layers
+    (DeepSeek-V3's num_nextn_predict_layers) sit after the last one and are allowed."""
+    raw = json.loads((path / "config.json").read_text())
+    mtp = raw.get("num_nextn_predict_layers") or 0
+    layers = {}
+    for name, file in where.items():
+        m = _LAYER.match(name)
+        if m:
+            layers.setdefault(int(m.group(1)), (name, file))
+    beyond = sorted(l for l in layers if l >= cfg.num_layers + (mtp if isinstance(mtp, int) else 0))
+    if beyond:
+        name, file = layers[beyond[0]]
+        raise CheckpointError(f"{path / 'config.json'}: num_hidden_layers is {cfg.num_layers} but the weights hold "
+                              f"{max(layers) + 1} layers (tensor {name!r} in {file.name})")
 
 
 def shard_map(path: Path) -> dict[str, Path]:
@@ -148,7 +170,9 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     except QuantError as e:
         raise CheckpointError(str(e)) from None
     if fmt is not None:
+        check_layer_count(path, cfg, reader.where)
         return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
+    check_layer_count(path, cfg, reader.where)
     dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),

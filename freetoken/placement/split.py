@@ -84,8 +84,9 @@ class Split:
         if self.mode == "hybrid":
             if self.rule not in ("balanced", "paper", "max_fetch"):
                 raise ValueError(f"split rule {self.rule!r} is not one of balanced, paper, max_fetch")
-            if self.rule == "max_fetch" and self.max_fetch < 0:
-                raise ValueError(f"split max_fetch must be >= 0, got {self.max_fetch}")
+            if self.rule == "max_fetch" and self.max_fetch < 1:  # 0 would quietly send every miss to the CPU
+                raise ValueError(f"split rule max_fetch needs max_fetch >= 1 (--max-fetch N), got {self.max_fetch}; "
+                                 f"split mode cpu sends every miss to the CPU")
             if self.rule != "max_fetch" and not (self.bp > 0 and self.bh > 0):
                 raise ValueError(f"hybrid split needs bp > 0 and bh > 0 (GB/s), got bp={self.bp}, bh={self.bh}")
 

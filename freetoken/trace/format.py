@@ -22,6 +22,7 @@ import numpy as np
 from freetoken.io import atomic_path
 
 FORMAT_VERSION = "1"
+MAX_EXPERTS = int(np.iinfo(np.int16).max) + 1  # ids are int16: 0 .. 32767
 PREFILL, DECODE = 0, 1
 REQUIRED_META = ("model", "num_layers", "num_experts", "top_k", "source", "format_version")
 _DTYPES = {
@@ -122,6 +123,9 @@ def validate(trace: RoutingTrace, where: str = "trace") -> None:
         raise TraceError(f"{where}: field 'experts' has an empty layer or top_k axis: shape {ex.shape}")
     if not isinstance(trace.num_experts, (int, np.integer)) or trace.num_experts <= 0:
         raise TraceError(f"{where}: metadata 'num_experts' must be a positive integer, got {trace.num_experts!r}")
+    if trace.num_experts > MAX_EXPERTS:
+        raise TraceError(f"{where}: metadata 'num_experts' is {trace.num_experts}; a trace holds expert ids as int16, "
+                         f"so at most {MAX_EXPERTS} experts per layer")
     if K > trace.num_experts:
         raise TraceError(f"{where}: top_k {K} exceeds num_experts {trace.num_experts}")
     if T:
@@ -166,7 +170,19 @@ def save(trace: RoutingTrace, path: str | os.PathLike) -> Path:
         tensors["gates"] = np.ascontiguousarray(trace.gates)
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=trace.metadata())
+        Path(tmp).write_bytes(canonical_header(Path(tmp).read_bytes()))
     return path
+
+
+def canonical_header(blob: bytes) -> bytes:
+    """The same safetensors bytes with the JSON header's keys sorted. safetensors writes its header from a hash map,
+    so the key order (metadata and tensor entries) changes from one write to the next; sorted, the same trace is the
+    same file byte for byte. Data offsets are relative to the end of the header, so the data block is unchanged."""
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # safetensors pads the header to 8 bytes with spaces
+    return len(text).to_bytes(8, "little") + text + blob[8 + n:]
 
 
 def load(path: str | os.PathLike) -> RoutingTrace:

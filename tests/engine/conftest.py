@@ -93,7 +93,7 @@ def policy_options(name: str, trace, prefill_chunk: int) -> dict:
     import inspect
 
     from freetoken.trace.stats import expert_counts
-    from sim.calls import trace_key_stream
+    from freetoken.sim.calls import trace_key_stream
     from freetoken.placement import POLICIES
 
     params = inspect.signature(POLICIES[name].__init__).parameters

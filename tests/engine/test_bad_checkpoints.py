@@ -119,3 +119,46 @@ def test_cli_reports_one_line(ckpt_dir, capsys):
     assert main(["generate", "--model", str(ckpt_dir), "--token-ids", "1,2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "model.safetensors: unreadable or truncated" in err[0]
+
+
+def test_config_with_fewer_layers_than_the_weights_is_named(ckpt_dir, capsys):
+    """Before, num_hidden_layers 1 over 2 layers of weights loaded silently as a 1-layer model."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 2
+    cfg["num_hidden_layers"] = 1
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    want = (f"{ckpt_dir / 'config.json'}: num_hidden_layers is 1 but the weights hold 2 layers "
+            f"(tensor 'model.layers.1.")
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(ckpt_dir)
+    assert str(e.value).startswith(want) and str(e.value).endswith("in model.safetensors)")
+    from freetoken.cli import main
+
+    assert main(["generate", "--model", str(ckpt_dir), "--token-ids", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "num_hidden_layers is 1 but the weights hold 2 layers" in err[0]
+
+
+@pytest.mark.parametrize("field, value", [("dtype", "float99"), ("torch_dtype", "float99"), ("dtype", 16)])
+def test_config_dtype_that_is_not_a_torch_dtype_is_named(ckpt_dir, field, value):
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg.pop("dtype", None), cfg.pop("torch_dtype", None)
+    cfg[field] = value
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=rf"config\.json: field '{field}' is {value!r}, not a torch dtype name"):
+        load_checkpoint(ckpt_dir)
+
+
+def test_mtp_layers_after_the_last_one_are_allowed(ckpt_dir):
+    """DeepSeek-V3 checkpoints hold num_nextn_predict_layers extra layers after the last decoder layer."""
+    from freetoken.models.checkpoint import check_layer_count, read_config
+
+    _, cfg = read_config(ckpt_dir)
+    where = {"model.layers.0.x": ckpt_dir / "a.safetensors",
+             "model.layers.2.eh_proj.weight": ckpt_dir / "b.safetensors"}
+    with pytest.raises(CheckpointError, match=r"the weights hold 3 layers \(tensor 'model\.layers\.2\.eh_proj"):
+        check_layer_count(ckpt_dir, cfg, where)
+    raw = json.loads((ckpt_dir / "config.json").read_text())
+    raw["num_nextn_predict_layers"] = 1
+    (ckpt_dir / "config.json").write_text(json.dumps(raw))
+    check_layer_count(ckpt_dir, cfg, where)

@@ -287,7 +287,7 @@ def test_sim_replay_makes_the_live_plans(models):
 def test_card_from_config_sizes_what_the_engine_holds(models):
     """ft predict's card (config.json alone): expert bytes as the store holds them, and the KV bytes per token of
     the decompressed per-head cache."""
-    from sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
 
     model = models["v3"]
     card = card_from_checkpoint(model.path)

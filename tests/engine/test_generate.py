@@ -70,7 +70,7 @@ def test_ft_generate_on_the_demo_equals_hf(capsys, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from freetoken.trace import load
-    from sim.run import SimConfig, simulate
+    from freetoken.sim.run import SimConfig, simulate
 
     trace_file = tmp_path / "run.safetensors"
     out = _ft(capsys, "generate", "--token-ids", "5,6,7,8,9,10", "--greedy", "--max-tokens", "8", "--json",

@@ -222,7 +222,7 @@ def test_published_configs_read():
 @pytest.mark.parametrize("card_name,config", [("glm-4.7", GLM_4_7), ("minimax-m2.5", MINIMAX_M2_5)])
 def test_shipped_card_is_what_ft_predict_reads_from_the_config(card_name, config, tmp_path):
     """conf/model's card and `ft predict --model DIR` on the published config.json size the same model."""
-    from sim.model_card import load_model_card
+    from freetoken.sim.model_card import load_model_card
 
     (tmp_path / "config.json").write_text(json.dumps(config))
     from_config, shipped = load_model_card(str(tmp_path)), load_model_card(card_name)
@@ -248,8 +248,8 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
     """ft predict --model DIR (a card from config.json alone) and the loaded engine size the same memory: dense
     bytes (shared experts, the dense layer, q/k norms and biases included), KV per token, bytes per expert."""
     from freetoken.serve.engine_backend import checkpoint_memory
-    from sim.model_card import load_model_card
-    from sim.planner import model_memory
+    from freetoken.sim.model_card import load_model_card
+    from freetoken.sim.planner import model_memory
 
     model = models[name]
     card, engine = load_model_card(str(model.path)), _engine(model, 3, "offload")

@@ -230,8 +230,8 @@ def test_a_published_style_config_reads():
 def test_card_from_config_counts_the_expert_biases(fmt, models):
     """ft predict's card (config.json alone) sizes an expert as the engine's store does: weights plus biases."""
     from freetoken.serve.engine_backend import checkpoint_memory
-    from sim.checkpoint_card import card_from_checkpoint
-    from sim.planner import model_memory
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.planner import model_memory
 
     model = models[fmt]
     card = card_from_checkpoint(model.path)

@@ -11,8 +11,8 @@ import torch
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.placement import Split
-from sim.overhead import LayerShape, freetoken_work
-from sim.run import SimConfig, simulate
+from freetoken.sim.overhead import LayerShape, freetoken_work
+from freetoken.sim.run import SimConfig, simulate
 
 from .conftest import FAMILIES, PROMPT
 

@@ -209,8 +209,8 @@ def test_recurrent_state_is_reused_only_where_it_exists(models):
 def test_sim_replay_makes_the_live_plans(name, models):
     """Sim = live on each family's recorded routing, every policy (test_sim_equals_live.py's harness)."""
     from freetoken.placement import POLICIES
-    from sim.calls import trace_calls
-    from sim.replay import replay
+    from freetoken.sim.calls import trace_calls
+    from freetoken.sim.replay import replay
 
     from .conftest import policy_options
     from .test_sim_equals_live import CHUNK as SIM_CHUNK
@@ -270,8 +270,8 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
     """ft predict's card (config.json alone): expert bytes as the store holds them, dense bytes as loaded (the
     DeltaNet weights included), KV bytes per token of the attention layers only, and the per-sequence states."""
     from freetoken.serve.engine_backend import checkpoint_memory
-    from sim.checkpoint_card import card_from_checkpoint
-    from sim.planner import model_memory
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.planner import model_memory
 
     model = models[name]
     card = card_from_checkpoint(model.path)
@@ -305,8 +305,8 @@ PUBLISHED_QWEN3_6 = {  # Qwen3.6-35B-A3B's published shape (conf/model/qwen3.6-3
 def test_qwen3_6_card_is_what_its_config_gives(tmp_path):
     """conf/model/qwen3.6-35b-a3b.yaml = the card ft predict derives from the published config values; the hand
     count of the per-sequence state: 30 DeltaNet layers x (8192 conv channels x 3 x 2 B + 32 x 128 x 128 x 4 B)."""
-    from sim.checkpoint_card import card_from_checkpoint
-    from sim.model_card import load_model_card
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.model_card import load_model_card
 
     (tmp_path / "config.json").write_text(json.dumps(PUBLISHED_QWEN3_6))
     derived, conf = card_from_checkpoint(tmp_path), load_model_card("qwen3.6-35b-a3b")

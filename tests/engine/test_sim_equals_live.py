@@ -11,9 +11,9 @@ import pytest
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.placement import POLICIES, PlacementPolicy, Split, make_policy
 from freetoken.trace import load, save
-from sim.calls import trace_calls
-from sim.replay import replay
-from sim.run import SimConfig, simulate
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.replay import replay
+from freetoken.sim.run import SimConfig, simulate
 
 from .conftest import DECODE_STEPS, FAMILIES, PROMPT, hf_topk, policy_options
 

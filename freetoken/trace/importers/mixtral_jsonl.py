@@ -1,9 +1,14 @@
 """Mixtral router logs: one JSON row per (problem, token, layer).
 
 Row: {"dataset", "problem_id", "layer", "experts": [K ids], "gating_probs": [K], "token_idx" | "token_pos"}.
-One request per (dataset, problem_id) in first-appearance order, tokens in position order, all prefill (the rows
-come from forward passes over positions). A token needs exactly one row for every layer: tokens lacking a layer
-(or logging one twice) are dropped and counted in extra["dropped_tokens"], or rejected with incomplete="error".
+One request per (dataset, problem_id) in first-appearance order, tokens in position order. A token needs exactly one
+row for every layer: tokens lacking a layer (or logging one twice) are dropped and counted in extra["dropped_tokens"],
+or rejected with incomplete="error".
+
+The rows do not say the phase. The logs this format comes from are serving logs (vLLM, one router decision per
+generated token), so every token is imported as decode unless phase="prefill" says the log is a forward pass over
+a prompt; extra["phase"] records which and why. (Imported as prefill, a 2048-token prefill chunk folds a whole
+problem into one call per layer and a replay sees only cold misses.)
 """
 
 from __future__ import annotations
@@ -13,18 +18,22 @@ from pathlib import Path
 
 import numpy as np
 
-from freetoken.trace.format import RoutingTrace, TraceError
+from freetoken.trace.format import DECODE, PREFILL, RoutingTrace, TraceError
 from freetoken.trace.importers.rows import Row, check_picks, read_rows
 
 INCOMPLETE = ("drop", "error")
+PHASES = {"prefill": PREFILL, "decode": DECODE}
+DEFAULT_PHASE = "decode"
 
 
 def import_mixtral_jsonl(path: str | Path, *, incomplete: str = "drop", num_experts: int = 8,
-                         num_layers: int | None = None) -> RoutingTrace:
+                         num_layers: int | None = None, phase: str | None = None) -> RoutingTrace:
     # N = rows, U = distinct tokens, L = layers, K = top-k
     path = Path(path)
     if incomplete not in INCOMPLETE:
         raise ValueError(f"incomplete: unknown {incomplete!r}; valid: {', '.join(INCOMPLETE)}")
+    if phase is not None and phase not in PHASES:
+        raise ValueError(f"phase: unknown {phase!r}; valid: {', '.join(PHASES)}")
     problems: dict[tuple, int] = {}
     req, pos, layer, experts, gates, lines = [], [], [], [], [], []
     k = None
@@ -83,8 +92,14 @@ def import_mixtral_jsonl(path: str | Path, *, incomplete: str = "drop", num_expe
     }
     if dup_rows:
         extra["duplicate_rows"] = str(dup_rows)
+    extra["phase"] = (f"{phase} (given)" if phase is not None else
+                      f"{DEFAULT_PHASE} (the format's default: its rows do not say, and they come from serving logs, "
+                      f"one router decision per generated token; import with --phase prefill for a forward pass over "
+                      f"a prompt)")
+    n = int(complete.sum())
     return RoutingTrace(ex[complete], num_experts, model="mixtral-8x7b", source=f"mixtral_jsonl:{path.name}",
-                        request=request[complete], gates=g[complete], extra=extra)
+                        request=request[complete], gates=g[complete], extra=extra,
+                        phase=np.full(n, PHASES[phase or DEFAULT_PHASE], np.int8))
 
 
 def _label(name: tuple) -> str:
