@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     out = run_bench(trace, args.capacities, args.prefill_chunk, args.fraction, not args.no_per_request,
                     args.repeat, policies, log)
     if args.rss:
-        from freetoken.cli.bench_rss import peak_rss
+        from freetoken.cli.peak_rss import peak_rss
 
         log("peak RSS: ft sim vs libCacheSim alone, each in a fresh process")
         out["rss"] = peak_rss(trace, args.trace, out["capacity"], args.prefill_chunk)

@@ -6,7 +6,7 @@ import argparse
 
 from freetoken.cli.common import add_split_args, print_json, progress, split_from_args
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.placement import POLICIES
+from freetoken.placement import POLICIES, is_compiled
 from freetoken.trace import load
 
 
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     split = split_from_args(args)
     config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
                        options)
+    if not is_compiled(args.policy) and not args.json:
+        print(f"note: policy {args.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
     n_calls = num_calls(trace, args.prefill_chunk)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
         result = simulate(trace, config, profile, on_call=None if args.json else advance)
