@@ -144,7 +144,10 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = 2048, fraction: 
     from sim.run import SimConfig, simulate
 
     out["policies"] = {}
+    head = trace.select(np.arange(trace.num_tokens) < min(trace.num_tokens, 64))  # loads compiled code, untimed
     for name in policies if policies is not None else sorted(POLICIES):
+        if is_compiled(name):
+            simulate(head, SimConfig(name, split, fraction=fraction, prefill_chunk=prefill_chunk))
         log(f"policy {name}: end to end at capacity {capacity}")
         result, wall, cpu = _timed(lambda: simulate(trace, SimConfig(name, split, capacity=capacity,
                                                                      prefill_chunk=prefill_chunk)))

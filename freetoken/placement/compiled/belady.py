@@ -74,7 +74,7 @@ def _above(p, a, b):
     return a < b
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _sift_up(p, i):
     heap, pos = p[8], p[9]
     key = heap[i]
@@ -89,7 +89,7 @@ def _sift_up(p, i):
     pos[key] = i
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _sift_down(p, i):
     heap, pos, n = p[8], p[9], p[11][0]
     key = heap[i]
