@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from freetoken.placement import POLICIES, CacheConfig, build_policy
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
-from freetoken.sim.calls import trace_calls, trace_key_stream
-from freetoken.sim.replay import ReplayResult, replay
+from freetoken.sim.calls import trace_key_stream, trace_stream
+from freetoken.sim.replay import ReplayResult, replay_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,20 +24,27 @@ class SimConfig(CacheConfig):
             raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
 
 
-def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None):
+def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, replayed_stream=None):
     """The future a needs_future policy reads: its `future` trace file, else the replayed trace (in the simulator),
-    as the key stream of the calls at the config's prefill chunk. None when the policy reads none."""
+    as the key stream of the calls at the config's prefill chunk (replayed_stream: the replayed trace's call stream,
+    when already built). None when the policy reads none."""
     if not POLICIES[config.policy].needs_future or "future" in config.options or "hint" in config.options:
         return None
-    source = load(config.future) if config.future is not None else replayed
-    return None if source is None else trace_key_stream(source, config.prefill_chunk)
+    if config.future is not None:
+        return trace_key_stream(load(config.future), config.prefill_chunk)
+    if replayed_stream is not None:
+        return replayed_stream.key_stream()
+    return None if replayed is None else trace_key_stream(replayed, config.prefill_chunk)
 
 
 def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None,
              keep_plans: bool = False, on_call=None) -> ReplayResult:
     """profile: trace whose counts pin experts for `frequency` (default: the config's profile file, else the
-    replayed trace itself, in-sample); the future of offline policies likewise defaults to the replayed trace."""
+    replayed trace itself, in-sample); the future of offline policies likewise defaults to the replayed trace, whose
+    call stream is built once for both."""
+    stream = trace_stream(trace, config.prefill_chunk)
+    future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile if profile is not None else trace,
-                          future=future_stream(config, trace))
-    return replay(trace_calls(trace, config.prefill_chunk), policy, config.split,
-                  expert_bytes=getattr(config, "expert_bytes", 0), keep_plans=keep_plans, on_call=on_call)
+                          future=future)
+    return replay_stream(stream, policy, config.split, expert_bytes=getattr(config, "expert_bytes", 0),
+                         keep_plans=keep_plans, on_call=on_call)

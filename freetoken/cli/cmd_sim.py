@@ -6,6 +6,7 @@ import argparse
 
 from freetoken.cli.common import add_cache_args, cache_config_from_args, print_json, progress
 from freetoken.paths import DEFAULT_TRACE
+from freetoken.placement import is_compiled
 from freetoken.trace import load
 
 
@@ -26,6 +27,8 @@ def run(args: argparse.Namespace) -> int:
     config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes)  # flags checked before any loading
     trace = load(args.trace)
     n_calls = num_calls(trace, config.prefill_chunk)
+    if not is_compiled(config.policy) and not args.json:
+        print(f"note: policy {config.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
         result = simulate(trace, config, on_call=None if args.json else advance)
     out = result.to_dict()

@@ -10,6 +10,8 @@ math beyond floating-point summation order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -17,8 +19,8 @@ from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
-from freetoken.placement import PREFILL, Plan
-from freetoken.placement.counts import Counts
+from freetoken.placement import DECODE, PREFILL, Plan
+from freetoken.placement.counts import Counts, count
 
 
 class LiveExecutor:
@@ -26,8 +28,7 @@ class LiveExecutor:
                  keep_plans: bool = False, pipeline: bool | None = None, host: HostCounters | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
         self.host = host if host is not None else HostCounters()
-        self.counters = Counts()
-        self.phase_counters = (Counts(), Counts())  # prefill, decode
+        self.reset_counts()
         self.plans: list[Plan] | None = [] if keep_plans else None
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -77,8 +78,8 @@ class LiveExecutor:
             y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
             self.host.syncs += 1  # the activations reach the host
             self.host.copies += 2  # ... and the lane's result goes back
-        self._count(self.counters, plan, ids)
-        self._count(self.phase_counters[phase], plan, ids)
+        self._totals[phase] += (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
+                                int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0)
         if self.plans is not None:
             self.plans.append(plan)
         return y
@@ -148,12 +149,32 @@ class LiveExecutor:
             out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
         return out
 
-    def _count(self, c: Counts, plan: Plan, ids: np.ndarray) -> None:
-        c.calls += 1
-        c.hits += len(plan.hits)
-        c.fetched += len(plan.fetch)
-        c.cpu += len(plan.cpu)
-        c.evictions += len(plan.evict)
-        c.prefetched += len(plan.prefetch)
-        c.cpu_tokens += int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0
-        c.fetched_bytes += (len(plan.fetch) + len(plan.prefetch)) * self.store.expert_bytes
+    # counts: running sums per phase (a server's memory does not grow with its calls), summed by
+    # placement.counts.count as the simulator's replay log is
+    def reset_counts(self) -> None:
+        # [phase, (calls, hits, fetched, cpu, evictions, prefetched, cpu_tokens)]
+        self._totals = np.zeros((2, 7), np.int64)
+
+    def _count(self, phase: int | None) -> Counts:
+        log = _CallColumns(*self._totals[:, 1:].T)  # each column: [2] per-phase sums
+        counts = count(log, None if phase is None else np.arange(2) == phase, self.store.expert_bytes)
+        counts.calls = int(self._totals[:, 0].sum() if phase is None else self._totals[phase, 0])
+        return counts
+
+    @property
+    def counters(self) -> Counts:
+        return self._count(None)
+
+    @property
+    def phase_counters(self) -> tuple[Counts, Counts]:
+        return self._count(PREFILL), self._count(DECODE)
+
+
+@dataclass(slots=True)
+class _CallColumns:
+    hits: np.ndarray
+    fetched: np.ndarray
+    cpu: np.ndarray
+    evictions: np.ndarray
+    prefetched: np.ndarray
+    cpu_tokens: np.ndarray

@@ -133,7 +133,10 @@ def build_policy(config: CacheConfig, num_layers: int, num_experts: int, *, prof
     if options.get("n_cpu_layers") == "all":  # llama.cpp --cpu-moe: every MoE layer's experts on the CPU
         options["n_cpu_layers"] = num_layers
     capacity = config.slots_for(num_layers, num_experts)
-    return policy_class(config.policy)(capacity, num_layers, num_experts, **options)
+    policy_class(config.policy)  # an unknown name is a ConfigError, worded by the entry point
+    from freetoken.placement import make_policy
+
+    return make_policy(config.policy, capacity, num_layers, num_experts, **options)  # compiled where built in
 
 
 def policy_options(config: CacheConfig, *, profile=None, future=None) -> dict:
