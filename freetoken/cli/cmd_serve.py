@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_PORT, ServeConfig
+from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_PORT, ServeConfig
 
 
 def register(sub) -> None:
@@ -27,6 +27,14 @@ def register(sub) -> None:
     p.add_argument("--policy", default="lru", help="expert placement policy of the engine's cache (default lru)")
     p.add_argument("--split", default="auto", help="miss split: auto (offload; hybrid only when `ft bench bw` "
                                                    "recommended it on this machine), offload, hybrid, cpu")
+    p.add_argument("--api-key", help="clients must send it (Authorization: Bearer or x-api-key); default: "
+                                     "$FT_API_KEY, else no key")
+    p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB,
+                   help=f"largest request body in MB, larger ones get 413 (default {DEFAULT_MAX_BODY_MB:g})")
+    p.add_argument("--tool-parser", default="auto", help="tool-call format: auto (the model family's), hermes, "
+                                                         "harmony, deepseek, mistral, glm")
+    p.add_argument("--reasoning-parser", default="auto", help="reasoning format: auto (the model family's), think, "
+                                                              "harmony, none")
     p.set_defaults(run=run)
 
 
@@ -34,12 +42,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = ServeConfig(**{f: getattr(args, f) for f in ServeConfig.__dataclass_fields__})  # flags named as fields
     from freetoken.serve.app import build_app
     from freetoken.serve.server import Server
-    from freetoken.serve.service import Service
-    from freetoken.serve.startup import load
+    from freetoken.serve.startup import build_service, load
 
     backend, _ = load(cfg)
-    service = Service(backend, cfg.max_running, cfg.max_waiting)
-    server = Server(build_app(service), cfg.host, cfg.port)
+    service = build_service(backend, cfg)
+    server = Server(build_app(service, cfg), cfg.host, cfg.port)
     try:
         server.serve_forever()
     finally:

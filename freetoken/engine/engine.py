@@ -24,6 +24,7 @@ from freetoken.engine.recorder import TraceRecorder
 from freetoken.engine.sampling import Sampler, SamplingParams
 from freetoken.engine.slots import ExpertStore
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
+from freetoken.models.generation_config import GenerationDefaults
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
 from sim.calls import DEFAULT_PREFILL_CHUNK
@@ -65,6 +66,7 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
         self.tokenizer = tokenizer
+        self.generation_defaults = GenerationDefaults.load(ckpt.path)
         cfg = self.config
         self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture) if record else None
         self.stats = RunStats()
@@ -163,7 +165,8 @@ class Engine:
             logits = self.decode(token, kv, request, turn)
 
     def default_stop_ids(self) -> set[int]:
-        ids = set(self.config.eos_token_ids)
+        """config.json's eos ids, generation_config.json's (what HF generate stops at) and the tokenizer's."""
+        ids = set(self.config.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         tok = self.tokenizer
         if tok is not None and tok.eos_token_id is not None:
             ids.add(int(tok.eos_token_id))

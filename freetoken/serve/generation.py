@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
-from freetoken.engine.sampling import Sampler, SamplingParams
-from freetoken.serve.chat import Params, Prompt
+from freetoken.serve.chat import Prompt
+from freetoken.serve.decoding import Decoder, TokenLogprob, top_logprobs
 from freetoken.serve.prefix_cache import PrefixCache
 
 
@@ -20,8 +20,9 @@ class KVSequence(Protocol):
     def load(self, pieces: list, tokens: list[int]) -> None:
         """Fills positions [0, len(tokens)) from prefix-cache pieces (in order) on an empty sequence."""
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        """Runs tokens at positions [length, length + len); returns the logits of the last one, [V]."""
+    def forward(self, tokens: list[int], all_logits: bool = False) -> torch.Tensor:
+        """Runs tokens at positions [length, length + len); returns the logits of the last one, [V] (all_logits:
+        of every one, [T, V])."""
 
     def read(self, start: int, stop: int):
         """The KV of positions [start, stop) as one prefix-cache piece."""
@@ -30,36 +31,47 @@ class KVSequence(Protocol):
 class CachedGeneration:
     """The Generation a backend hands the service (see service.Generation)."""
 
-    def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, params: Params, max_new: int,
+    def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, decoder: Decoder, max_new: int,
                  stop_token_ids: set[int]):
-        self.seq, self.cache, self.prompt, self.params, self.max_new = seq, cache, prompt, params, max_new
+        self.seq, self.cache, self.prompt, self.decoder, self.max_new = seq, cache, prompt, decoder, max_new
         self.stop_token_ids = stop_token_ids
         self.reused_tokens = 0
         self.generated: list[int] = []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # when the decoder's params ask for them
         self._logits: torch.Tensor | None = None
         self._closed = False
-        self._sample = Sampler(SamplingParams(params.temperature, params.top_p, params.top_k, seed=params.seed))
 
     def __iter__(self):
         return self
 
     def __next__(self) -> int:
-        if self._closed or len(self.generated) >= self.max_new or (
+        if self._closed or (self._logits is not None and len(self.generated) >= self.max_new) or (
                 self.generated and self.generated[-1] in self.stop_token_ids):
             raise StopIteration  # a stop token is never fed back: the sequence ends where the caller stops
         if self._logits is None:  # prefill
             tokens = self.prompt.tokens
-            if self.cache is not None:
-                match = self.cache.match(tokens)
-                if match.length:
-                    self.seq.load(match.kv, tokens[:match.length])
-                self.reused_tokens = match.length
-            self._logits = self.seq.forward(tokens[self.reused_tokens:])
+            if self.decoder.params.prompt_logprobs:  # every prompt position's logits: nothing reused
+                self._logits = self._prefill_with_logprobs(tokens)
+            else:
+                if self.cache is not None:
+                    match = self.cache.match(tokens)
+                    if match.length:
+                        self.seq.load(match.kv, tokens[:match.length])
+                    self.reused_tokens = match.length
+                self._logits = self.seq.forward(tokens[self.reused_tokens:])
+            if not self.max_new:  # max_tokens 0: the prompt's logprobs only
+                raise StopIteration
         else:
             self._logits = self.seq.forward(self.generated[-1:])
-        tok = self._sample(self._logits)
+        tok = self.decoder(self._logits)
         self.generated.append(tok)
         return tok
+
+    def _prefill_with_logprobs(self, tokens: list[int]) -> torch.Tensor:
+        logits = self.seq.forward(tokens, all_logits=True)  # [T, V]
+        n = self.decoder.params.logprobs or 0
+        self.prompt_logprobs = [None] + [top_logprobs(logits[i - 1], tokens[i], n) for i in range(1, len(tokens))]
+        return logits[-1]
 
     def close(self) -> None:
         """Caches the KV of every position computed: the prompt and all sampled tokens but the last."""

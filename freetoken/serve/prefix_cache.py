@@ -44,6 +44,7 @@ class PrefixMatch:
 class PrefixStats:
     lookups: int = 0
     hit_lookups: int = 0  # lookups that reused at least one token
+    anchor_hits: int = 0  # lookups whose reuse reached at least one anchor (a message boundary)
     reused_tokens: int = 0  # prompt tokens served from the cache
     computed_tokens: int = 0  # prompt tokens that had to be prefilled
     inserted_tokens: int = 0
@@ -88,6 +89,7 @@ class PrefixCache:
             node = child
         self.stats.lookups += 1
         self.stats.hit_lookups += length > 0
+        self.stats.anchor_hits += anchor > 0
         self.stats.reused_tokens += length
         self.stats.computed_tokens += len(tokens) - length
         return PrefixMatch(length, pieces, anchor)

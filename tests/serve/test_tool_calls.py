@@ -22,6 +22,7 @@ class Replay:
     def __init__(self, ids):
         self._it = iter(ids)
         self.reused_tokens = 0
+        self.prompt_logprobs = None
 
     def __next__(self):
         return next(self._it)
@@ -34,12 +35,15 @@ class ReplayBackend:
     def __init__(self, tokenizer, answer: str):
         from freetoken.serve.chat import ChatTokenizer
 
+        from freetoken.models.generation_config import GenerationDefaults
+
         self.model_id, self.max_context = "replay", 1024
         self.chat = ChatTokenizer(tokenizer)
         self.stop_token_ids = {tokenizer.eos_token_id}
         self.ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+        self.family, self.vocab_size, self.generation_defaults = "qwen3_moe", len(tokenizer), GenerationDefaults()
 
-    def generate(self, prompt, params, max_new):
+    def generate(self, prompt, decoder, max_new):
         return Replay(self.ids[:max_new])
 
     def stats(self):
