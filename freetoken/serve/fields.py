@@ -14,10 +14,11 @@ log = logging.getLogger("freetoken.serve")
 
 
 def check_fields(req: BaseModel, refused: dict[str, str], accepted: frozenset[str]) -> None:
-    """refused: field -> why; a refused field set to anything but null / false / empty is a 400."""
+    """refused: field -> why; a refused field set to anything but null / false / [] is a 400 ({} is a setting:
+    web_search_options: {} turns search on)."""
     for name, value in (req.model_extra or {}).items():
         if name in refused:
-            if value not in (None, False, [], {}, ""):
+            if value is not None and value is not False and value != []:
                 raise APIError(400, f"{name}: not supported by this server ({refused[name]})", name)
         elif name not in accepted:
             log.info("ignoring unknown request field %r", name)
