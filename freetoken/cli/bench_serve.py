@@ -1,0 +1,121 @@
+"""ft bench serve: decode tokens/s of a real server (the demo model by default, engine backend, CPU reference kernels
+unless CUDA) at 1, 2, 4 ... concurrent streaming requests, each made to generate exactly --max-tokens tokens (the
+stop tokens get a logit bias of -100). Reported per concurrency: aggregate decode tok/s (generated tokens after
+each request's first, over the span from the first first-token to the last token), mean TTFT, and the ratio
+against one request in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--concurrency: expected comma-separated integers, got {text!r}") from None
+    if not out or min(out) < 1:
+        raise ValueError(f"--concurrency: give positive integers, got {text!r}")
+    return out
+
+
+async def _one(client, url: str, body: dict) -> tuple[float, float, int]:
+    """-> (first token time, last token time, tokens) of one streamed request."""
+    import json
+
+    first = last = None
+    tokens = 0
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise OSError(f"the server answered {r.status_code}: {(await r.aread())[:200]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0]["delta"].get("content") is not None:
+                last = time.perf_counter()
+                first = first or last
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first, last, tokens
+
+
+async def _round(url: str, model: str, n: int, max_tokens: int, bias: dict) -> dict:
+    import httpx
+
+    bodies = [{"model": model, "max_tokens": max_tokens, "temperature": 0, "logit_bias": bias, "stream": True,
+               "stream_options": {"include_usage": True},
+               "messages": [{"role": "user", "content": f"request {i}: tell me about experts"}]} for i in range(n)]
+    async with httpx.AsyncClient(timeout=600) as client:
+        t0 = time.perf_counter()
+        runs = await asyncio.gather(*(_one(client, url, b) for b in bodies))
+    firsts, lasts, tokens = zip(*runs)
+    span = max(lasts) - min(firsts)
+    decode_tokens = sum(tokens) - n
+    return {"concurrency": n, "tokens": sum(tokens), "decode_tok_s": decode_tokens / span if span > 0 else None,
+            "mean_ttft_s": sum(f - t0 for f in firsts) / n, "wall_s": max(lasts) - t0}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from freetoken.cli.common import print_json
+    from freetoken.serve.app import build_app
+    from freetoken.serve.config import ServeConfig
+    from freetoken.serve.server import Server
+    from freetoken.serve.startup import build_service, load
+
+    levels = _ints(args.concurrency)
+    if args.max_tokens < 2:
+        raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
+    cfg = ServeConfig(model=args.model, port=0, max_running=max(levels), device_budget_gb=args.device_budget)
+    backend, _ = load(cfg, log=lambda s: None)
+    service = build_service(backend, cfg)
+    server = Server(build_app(service, cfg), "127.0.0.1", 0, announce=False)
+    thread = server.start_in_thread()
+    bias = {str(t): -100 for t in backend.stop_token_ids}  # every request runs its full --max-tokens
+    rows = []
+    try:
+        asyncio.run(_round(server.url, backend.model_id, 1, 4, bias))  # warm-up
+        for n in levels:
+            row = asyncio.run(_round(server.url, backend.model_id, n, args.max_tokens, bias))
+            rows.append(row)
+            log(f"{n} concurrent: {row['decode_tok_s']:.1f} decode tok/s, mean TTFT {row['mean_ttft_s'] * 1e3:.0f} ms")
+    finally:
+        server.stop(thread)
+        service.shutdown()
+    base = rows[0]["decode_tok_s"] if rows[0]["concurrency"] == 1 else None
+    for row in rows:
+        row["vs_1"] = row["decode_tok_s"] / base if base else None
+    out = {"model": backend.model_id, "max_tokens": args.max_tokens, "max_running": max(levels),
+           "torch_threads": torch.get_num_threads(), "rows": rows}
+    if args.json:
+        print_json(out)
+    else:
+        for row in rows:
+            ratio = f"{row['vs_1']:.2f}x" if row["vs_1"] else "-"
+            print(f"concurrency {row['concurrency']}: {row['decode_tok_s']:.1f} decode tok/s ({ratio} of one request)")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("serve", help="decode tok/s of a real server at 1, 2, 4 concurrent requests")
+    p.add_argument("--model", type=_path, help="checkpoint directory (default: the shipped demo model)")
+    p.add_argument("--concurrency", default="1,2,4", help="comma-separated numbers of concurrent requests")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens each request generates")
+    p.add_argument("--device-budget", type=float, default=1.0, help="GiB to plan the server's memory against")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=run)
+
+
+def _path(text: str):
+    from pathlib import Path
+
+    return Path(text)
