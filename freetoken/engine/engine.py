@@ -120,6 +120,26 @@ class Engine:
         self.stats.prefill_s += time.perf_counter() - t0
         return torch.cat(outs) if all_logits else outs[-1]
 
+    def decode_batch(self, tokens: list[int], kvs: list[KVCache], request: int = 0) -> torch.Tensor:
+        """One decode step for several sequences, each in its own KV cache: logits [B, V]. Each MoE layer is one
+        call over the union of their experts, with per-expert token counts (recorded, if at all, as one call of
+        `request`). Multi-head latent attention models step one sequence at a time."""
+        if len(tokens) != len(kvs) or not tokens:
+            raise ValueError(f"decode_batch needs one KV cache per token, got {len(tokens)} tokens, {len(kvs)} caches")
+        if len(tokens) == 1 or self.config.mla is not None:
+            return torch.cat([self.decode(t, kv, request) for t, kv in zip(tokens, kvs)])
+        t0 = time.perf_counter()
+        self._phase, self._request = DECODE, request
+        if self.recorder is not None:
+            self.recorder.begin(tokens, DECODE, request, self._turns.get(request, 0))
+        logits = self.decoder.forward_batch(tokens, kvs, self._moe)
+        if self.recorder is not None:
+            self.recorder.end()
+        self._sync()
+        self.stats.decode_tokens += len(tokens)
+        self.stats.decode_s += time.perf_counter() - t0
+        return logits
+
     def decode(self, token: int, kv: KVCache, request: int = 0, turn: int = 0) -> torch.Tensor:
         t0 = time.perf_counter()
         logits = self.forward([token], kv, kv.length, DECODE, request, turn)
