@@ -141,6 +141,11 @@ class EngineBackend:
         seq = EngineSequence(self.engine, next(self._requests), len(prompt.tokens) + max_new)
         return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, self.stop_token_ids)
 
+    def decode_batch(self, gens: list[CachedGeneration]) -> list[int]:
+        """One decode step of several started sequences together; their next tokens."""
+        logits = self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens])  # [B, V]
+        return [g.take(row) for g, row in zip(gens, logits)]
+
     def stats(self) -> dict:
         return {"backend": "engine", "split": self.split_reason, "expert_cache": self.engine.counters.to_dict(),
                 "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}

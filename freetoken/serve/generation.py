@@ -44,10 +44,27 @@ class CachedGeneration:
     def __iter__(self):
         return self
 
+    @property
+    def started(self) -> bool:
+        """Prefilled: the next step is a decode of the last sampled token."""
+        return self._logits is not None
+
+    @property
+    def finished(self) -> bool:
+        """Closed, at max_new, or ended by a stop token (which is never fed back)."""
+        return self._closed or (self.started and (len(self.generated) >= self.max_new or (
+            bool(self.generated) and self.generated[-1] in self.stop_token_ids)))
+
+    def take(self, logits: torch.Tensor) -> int:
+        """The next token from this step's logits [V], computed outside (a batched decode step)."""
+        self._logits = logits
+        tok = self.decoder(logits)
+        self.generated.append(tok)
+        return tok
+
     def __next__(self) -> int:
-        if self._closed or (self._logits is not None and len(self.generated) >= self.max_new) or (
-                self.generated and self.generated[-1] in self.stop_token_ids):
-            raise StopIteration  # a stop token is never fed back: the sequence ends where the caller stops
+        if self.finished:
+            raise StopIteration
         if self._logits is None:  # prefill
             tokens = self.prompt.tokens
             if self.decoder.params.prompt_logprobs:  # every prompt position's logits: nothing reused
@@ -61,11 +78,8 @@ class CachedGeneration:
                 self._logits = self.seq.forward(tokens[self.reused_tokens:])
             if not self.max_new:  # max_tokens 0: the prompt's logprobs only
                 raise StopIteration
-        else:
-            self._logits = self.seq.forward(self.generated[-1:])
-        tok = self.decoder(self._logits)
-        self.generated.append(tok)
-        return tok
+            return self.take(self._logits)
+        return self.take(self.seq.forward(self.generated[-1:]))
 
     def _prefill_with_logprobs(self, tokens: list[int]) -> torch.Tensor:
         logits = self.seq.forward(tokens, all_logits=True)  # [T, V]

@@ -1,9 +1,9 @@
-"""The generation service behind every API: a request queue with a bounded number of running requests, each one
-driven token by token on a worker thread, its text streamed back to the event loop.
+"""The generation service behind every API: a request queue with a bounded number of running requests, all
+driven by one engine thread (scheduler.py: continuous batching, one decode step for all running sequences), each
+request's tokens streamed back to the event loop and turned into text, reasoning and tool calls there.
 
-A backend generates one sequence per call; steps of concurrent requests interleave under one lock (the engine runs
-one step at a time). A request's slot is freed when its worker has stopped the engine, not before, so a client
-that disconnects mid-stream cannot leave work running in a freed slot.
+A request's slot is freed when the engine thread has closed its sequence, not before, so a client that
+disconnects mid-stream cannot leave work running in a freed slot.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
@@ -22,6 +21,7 @@ from freetoken.serve.grammar import GrammarMask, Grammars
 from freetoken.serve.metrics import Metrics
 from freetoken.serve.output import Delta, RequestOutput
 from freetoken.serve.parsers import resolve_parsers
+from freetoken.serve.scheduler import END, Job, Scheduler
 from freetoken.serve.tools import ToolCall
 
 
@@ -31,6 +31,8 @@ class Generation(Protocol):
     reused_tokens: int  # prompt tokens served from the prefix cache, known after the first step
 
     prompt_logprobs: list | None  # per prompt token (None for the first), when the params asked for them
+
+    finished: bool  # no more tokens: max_new reached, a stop token sampled, or closed
 
     def __next__(self) -> int: ...
 
@@ -81,9 +83,6 @@ class Counters:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-_END = object()
-
-
 @dataclass
 class Service:
     backend: Backend
@@ -98,11 +97,10 @@ class Service:
             raise ValueError(f"--max-running must be >= 1 and --max-waiting >= 0, got {self.max_running}, "
                              f"{self.max_waiting}")
         self._slots = asyncio.Semaphore(self.max_running)
-        self._pool = ThreadPoolExecutor(self.max_running, thread_name_prefix="ft-gen")
-        self._engine_lock = threading.Lock()
         self.parsers = resolve_parsers(self.backend.family, self.tool_parser, self.reasoning_parser)
         self.grammars = Grammars(self.backend.chat.tok, self.backend.vocab_size, self.backend.stop_token_ids)
         self.metrics = Metrics(self.counters, self.backend.stats)
+        self.scheduler = Scheduler(self.backend, self.metrics.decode_batch.observe)
 
     def check_length(self, chars: int, param: str = "messages") -> None:
         """Before any rendering or tokenizing: text that cannot fit in the context whatever its tokens."""
@@ -175,36 +173,14 @@ class Service:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
-        release = self._release_slot
-        gen: Generation | None = None
-
-        def work():
-            try:
-                try:
-                    steps = 0
-                    while not cancel.is_set():
-                        with self._engine_lock:
-                            tok = next(gen, _END)
-                        steps += 1
-                        if tok is not _END and steps > 1:  # a decode step, of one sequence (the engine lock)
-                            self.metrics.decode_batch.observe(1)
-                        loop.call_soon_threadsafe(queue.put_nowait, (tok, decoder.logprob))
-                        if tok is _END:
-                            break
-                finally:
-                    with self._engine_lock:
-                        gen.close()
-            except BaseException as e:  # surfaced to the request, never lost in the thread
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-            finally:
-                loop.call_soon_threadsafe(release)
-
+        release = lambda: loop.call_soon_threadsafe(self._release_slot)  # noqa: E731
         try:
             gen = self.backend.generate(prompt, decoder, max_new)
-            self._pool.submit(work)
         except BaseException:
-            release()
+            self._release_slot()
             raise
+        self.scheduler.submit(Job(gen, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
+                                  lambda: decoder.logprob, cancel, release))
         stop_ids = self.backend.stop_token_ids
         out = RequestOutput(chat, self.backend.chat, prompt.tokens, self.parsers, decoder)
         finish, generated, finished, last = "length", 0, False, None
@@ -213,9 +189,9 @@ class Service:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     raise item
-                tok, logprob = item
-                if tok is _END:
+                if item is END:
                     break
+                tok, logprob = item
                 now = time.perf_counter()
                 if last is None:
                     self.metrics.ttft.observe(now - arrived)
@@ -259,4 +235,4 @@ class Service:
                 "max_running": self.max_running, **self.counters.to_dict(), "engine": self.backend.stats()}
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.shutdown()

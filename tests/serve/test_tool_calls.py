@@ -23,9 +23,14 @@ class Replay:
         self._it = iter(ids)
         self.reused_tokens = 0
         self.prompt_logprobs = None
+        self.finished = False
 
     def __next__(self):
-        return next(self._it)
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.finished = True
+            raise
 
     def close(self):
         pass
