@@ -56,6 +56,8 @@ class Backend(Protocol):
     def stats(self) -> dict:
         """Counters for /health (reused vs computed prompt tokens, ...)."""
 
+    # optional: decode_batch(gens) -> next tokens, one decode step of several started sequences together
+
 
 @dataclass(slots=True)
 class Done:
