@@ -139,7 +139,8 @@ class EngineBackend:
 
     def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> CachedGeneration:
         seq = EngineSequence(self.engine, next(self._requests), len(prompt.tokens) + max_new)
-        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, self.stop_token_ids)
+        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, self.stop_token_ids,
+                                self.engine.prefill_chunk)  # the engine's own chunks: the same numbers as solo
 
     def decode_batch(self, gens: list[CachedGeneration]) -> list[int]:
         """One decode step of several started sequences together; their next tokens."""

@@ -32,9 +32,11 @@ class CachedGeneration:
     """The Generation a backend hands the service (see service.Generation)."""
 
     def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, decoder: Decoder, max_new: int,
-                 stop_token_ids: set[int]):
+                 stop_token_ids: set[int], prefill_chunk: int | None = None):
         self.seq, self.cache, self.prompt, self.decoder, self.max_new = seq, cache, prompt, decoder, max_new
         self.stop_token_ids = stop_token_ids
+        self.prefill_chunk = prefill_chunk  # prompt tokens per step (None: all at once)
+        self._prefilled: int | None = None  # prompt positions done; None: not looked up in the prefix cache yet
         self.reused_tokens = 0
         self.generated: list[int] = []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None  # when the decoder's params ask for them
@@ -62,24 +64,37 @@ class CachedGeneration:
         self.generated.append(tok)
         return tok
 
-    def __next__(self) -> int:
+    def __next__(self) -> int | None:
+        """The next token; None while the prompt is still being prefilled (one chunk per call)."""
         if self.finished:
             raise StopIteration
         if self._logits is None:  # prefill
             tokens = self.prompt.tokens
             if self.decoder.params.prompt_logprobs:  # every prompt position's logits: nothing reused
-                self._logits = self._prefill_with_logprobs(tokens)
+                logits = self._prefill_with_logprobs(tokens)
             else:
-                if self.cache is not None:
-                    match = self.cache.match(tokens)
-                    if match.length:
-                        self.seq.load(match.kv, tokens[:match.length])
-                    self.reused_tokens = match.length
-                self._logits = self.seq.forward(tokens[self.reused_tokens:])
+                if self._prefilled is None:
+                    self._prefilled = self._reuse(tokens)
+                end = len(tokens) if self.prefill_chunk is None else min(len(tokens),
+                                                                         self._prefilled + self.prefill_chunk)
+                logits = self.seq.forward(tokens[self._prefilled:end])
+                self._prefilled = end
+                if end < len(tokens):
+                    return None
+            self._logits = logits
             if not self.max_new:  # max_tokens 0: the prompt's logprobs only
                 raise StopIteration
             return self.take(self._logits)
         return self.take(self.seq.forward(self.generated[-1:]))
+
+    def _reuse(self, tokens: list[int]) -> int:
+        """Loads the longest cached prefix; -> its length."""
+        if self.cache is not None:
+            match = self.cache.match(tokens)
+            if match.length:
+                self.seq.load(match.kv, tokens[:match.length])
+            self.reused_tokens = match.length
+        return self.reused_tokens
 
     def _prefill_with_logprobs(self, tokens: list[int]) -> torch.Tensor:
         logits = self.seq.forward(tokens, all_logits=True)  # [T, V]

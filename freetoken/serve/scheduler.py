@@ -1,7 +1,8 @@
 """Continuous batching: one engine thread runs every admitted sequence. Each iteration it ends the finished or
-cancelled ones (closing them caches their KV, then frees their request's slot), prefills the new ones, then runs
-one decode step for all the others together (one batched forward where the backend has decode_batch, so a MoE
-layer call is the union of their experts), and hands each sampled token to its request's queue."""
+cancelled ones (closing them caches their KV, then frees their request's slot), runs one prefill chunk of each new
+one (the engine's own chunk size, so the numbers equal a solo run's), then one decode step for all the others
+together (one batched forward where the backend has decode_batch, so a MoE layer call is the union of their
+experts), and hands each sampled token to its request's queue."""
 
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ class Job:
     logprob: Callable[[], object]  # the logprob record of the token just sampled (None unless asked for)
     cancel: threading.Event  # set by the request: stop generating
     release: Callable[[], None]  # frees the request's slot (thread-safe)
-    started: bool = False
     done: bool = False  # failed or exhausted
 
 
@@ -57,13 +57,13 @@ class Scheduler:
                     break
                 active += self._new
                 self._new.clear()
-            for job in [j for j in active if j.done or j.cancel.is_set() or (j.started and j.gen.finished)]:
+            for job in [j for j in active if j.done or j.cancel.is_set() or j.gen.finished]:
                 active.remove(job)
                 self._end(job)
-            for job in [j for j in active if not j.started]:  # prefill, between decode steps
-                job.started = True
+            for job in [j for j in active if not j.gen.started]:  # a prefill chunk each, between decode steps
                 self._step([job], lambda job=job: [next(job.gen)])
-            ready = [j for j in active if j.started and not j.done and not j.cancel.is_set() and not j.gen.finished]
+            ready = [j for j in active if j.gen.started and not j.done and not j.cancel.is_set()
+                     and not j.gen.finished]
             if len(ready) > 1 and self.batched:
                 self.observe_batch(len(ready))
                 self._step(ready, lambda: self.backend.decode_batch([j.gen for j in ready]))
@@ -87,7 +87,8 @@ class Scheduler:
                 job.done = True
             return
         for job, token in zip(jobs, tokens):
-            job.emit((token, job.logprob()))
+            if token is not None:  # None: a prefill chunk, no token yet
+                job.emit((token, job.logprob()))
 
     @staticmethod
     def _end(job: Job) -> None:

@@ -32,9 +32,11 @@ class Generation(Protocol):
 
     prompt_logprobs: list | None  # per prompt token (None for the first), when the params asked for them
 
+    started: bool  # prefilled: the next step is a decode step
     finished: bool  # no more tokens: max_new reached, a stop token sampled, or closed
 
-    def __next__(self) -> int: ...
+    def __next__(self) -> int | None:
+        """The next token; None after a prefill chunk that is not the prompt's last."""
 
     def close(self) -> None: ...
 

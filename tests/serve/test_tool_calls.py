@@ -23,7 +23,7 @@ class Replay:
         self._it = iter(ids)
         self.reused_tokens = 0
         self.prompt_logprobs = None
-        self.finished = False
+        self.started, self.finished = True, False  # no prefill: every step yields a token
 
     def __next__(self):
         try:
