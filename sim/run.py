@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from freetoken.placement import POLICIES, Split, make_policy
+from freetoken.placement.stream import key_stream
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import expert_counts
-from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls, trace_key_stream
+from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls
 from sim.replay import ReplayResult, replay
 
 
@@ -20,6 +21,7 @@ class SimConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     expert_bytes: int = 0
     options: dict = field(default_factory=dict)  # policy constructor options
+    batch: int = 1  # > 1: requests interleaved as the server's continuous batching runs them (sim/batch.py)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -34,6 +36,16 @@ class SimConfig:
             raise ValueError(f"prefill_chunk must be positive, got {self.prefill_chunk}")
         if self.expert_bytes < 0:
             raise ValueError(f"expert_bytes must be >= 0, got {self.expert_bytes}")
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+
+    def calls(self, trace: RoutingTrace):
+        """The trace's MoE calls in the order this run plans them."""
+        if self.batch > 1:
+            from sim.batch import batched_calls
+
+            return batched_calls(trace, self.batch, self.prefill_chunk)
+        return trace_calls(trace, self.prefill_chunk)
 
     def slots_for(self, trace: RoutingTrace) -> int:
         if self.capacity is not None:
@@ -53,7 +65,7 @@ def simulate(trace: RoutingTrace, config: SimConfig, profile: RoutingTrace | Non
     if config.policy == "frequency" and "profile" not in options:
         options["profile"] = expert_counts(profile if profile is not None else trace)
     if cls.needs_future and "future" not in options:
-        options["future"] = trace_key_stream(trace, config.prefill_chunk)
+        options["future"] = key_stream(config.calls(trace), trace.num_experts)
     policy = make_policy(config.policy, capacity, trace.num_layers, trace.num_experts, **options)
-    return replay(trace_calls(trace, config.prefill_chunk), policy, config.split,
+    return replay(config.calls(trace), policy, config.split,
                   expert_bytes=config.expert_bytes, keep_plans=keep_plans, on_call=on_call)

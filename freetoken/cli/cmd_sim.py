@@ -26,6 +26,8 @@ def register(sub) -> None:
                                                       "(default: derived from the capacity)")
     p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
+    p.add_argument("--batch", type=int, default=1, help="replay requests N at a time as the server's continuous "
+                                                         "batching runs them (decode steps over their union)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -43,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
         options["scope"] = args.scope
     split = split_from_args(args)
     config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
-                       options)
-    n_calls = num_calls(trace, args.prefill_chunk)
+                       options, args.batch)
+    n_calls = num_calls(trace, args.prefill_chunk) if args.batch == 1 else sum(1 for _ in config.calls(trace))
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
         result = simulate(trace, config, profile, on_call=None if args.json else advance)
     out = result.to_dict()

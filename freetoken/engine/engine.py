@@ -120,18 +120,21 @@ class Engine:
         self.stats.prefill_s += time.perf_counter() - t0
         return torch.cat(outs) if all_logits else outs[-1]
 
-    def decode_batch(self, tokens: list[int], kvs: list[KVCache], request: int = 0) -> torch.Tensor:
+    def decode_batch(self, tokens: list[int], kvs: list[KVCache], requests: list[int] | None = None) -> torch.Tensor:
         """One decode step for several sequences, each in its own KV cache: logits [B, V]. Each MoE layer is one
-        call over the union of their experts, with per-expert token counts (recorded, if at all, as one call of
-        `request`). Multi-head latent attention models step one sequence at a time."""
-        if len(tokens) != len(kvs) or not tokens:
-            raise ValueError(f"decode_batch needs one KV cache per token, got {len(tokens)} tokens, {len(kvs)} caches")
+        call over the union of their experts, with per-expert token counts, planned as a call of the first
+        sequence's request (the recorded trace keeps each token's own). Multi-head latent attention models step
+        one sequence at a time."""
+        requests = [0] * len(tokens) if requests is None else requests
+        if not tokens or not len(tokens) == len(kvs) == len(requests):
+            raise ValueError(f"decode_batch needs one KV cache and request per token, got {len(tokens)} tokens, "
+                             f"{len(kvs)} caches, {len(requests)} requests")
         if len(tokens) == 1 or self.config.mla is not None:
-            return torch.cat([self.decode(t, kv, request) for t, kv in zip(tokens, kvs)])
+            return torch.cat([self.decode(t, kv, r) for t, kv, r in zip(tokens, kvs, requests)])
         t0 = time.perf_counter()
-        self._phase, self._request = DECODE, request
+        self._phase, self._request = DECODE, requests[0]
         if self.recorder is not None:
-            self.recorder.begin(tokens, DECODE, request, self._turns.get(request, 0))
+            self.recorder.begin(tokens, DECODE, requests, [self._turns.get(r, 0) for r in requests])
         logits = self.decoder.forward_batch(tokens, kvs, self._moe)
         if self.recorder is not None:
             self.recorder.end()

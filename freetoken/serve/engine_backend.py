@@ -44,8 +44,8 @@ class EngineSequence:
             self.kv.write(layer, 0, kv[layer, 0], kv[layer, 1])
         self.kv.commit(0, tokens)
 
-    def forward(self, tokens: list[int], all_logits: bool = False) -> torch.Tensor:
-        if len(tokens) == 1 and self.kv.length and not all_logits:
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
+        if decode:
             return self.engine.decode(tokens[0], self.kv, request=self.request)[-1]
         logits = self.engine.prefill(tokens, self.kv, self.kv.length, request=self.request, all_logits=all_logits)
         return logits if all_logits else logits[-1]
@@ -144,7 +144,8 @@ class EngineBackend:
 
     def decode_batch(self, gens: list[CachedGeneration]) -> list[int]:
         """One decode step of several started sequences together; their next tokens."""
-        logits = self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens])  # [B, V]
+        logits = self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
+                                          [g.seq.request for g in gens])  # [B, V]
         return [g.take(row) for g, row in zip(gens, logits)]
 
     def stats(self) -> dict:

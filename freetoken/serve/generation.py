@@ -20,9 +20,9 @@ class KVSequence(Protocol):
     def load(self, pieces: list, tokens: list[int]) -> None:
         """Fills positions [0, len(tokens)) from prefix-cache pieces (in order) on an empty sequence."""
 
-    def forward(self, tokens: list[int], all_logits: bool = False) -> torch.Tensor:
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
         """Runs tokens at positions [length, length + len); returns the logits of the last one, [V] (all_logits:
-        of every one, [T, V])."""
+        of every one, [T, V]). decode: one sampled token fed back (a prompt chunk of one token is still prefill)."""
 
     def read(self, start: int, stop: int):
         """The KV of positions [start, stop) as one prefix-cache piece."""
@@ -85,7 +85,7 @@ class CachedGeneration:
             if not self.max_new:  # max_tokens 0: the prompt's logprobs only
                 raise StopIteration
             return self.take(self._logits)
-        return self.take(self.seq.forward(self.generated[-1:]))
+        return self.take(self.seq.forward(self.generated[-1:], decode=True))
 
     def _reuse(self, tokens: list[int]) -> int:
         """Loads the longest cached prefix; -> its length."""

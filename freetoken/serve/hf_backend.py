@@ -35,7 +35,7 @@ class HFSequence:
         self.length = kv.shape[3]
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int], all_logits: bool = False) -> torch.Tensor:
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long)
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True)
         self.length += len(tokens)

@@ -36,9 +36,10 @@ class Scheduler:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="ft-engine")
         self._thread.start()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, *jobs: Job) -> None:
+        """Jobs given together are admitted in the same iteration."""
         with self._cv:
-            self._new.append(job)
+            self._new.extend(jobs)
             self._cv.notify()
 
     def shutdown(self, timeout: float = 5.0) -> None:

@@ -50,5 +50,5 @@ def test_decode_batch_checks_its_arguments(tmp_path):
 
     engine = Engine.from_pretrained(build_checkpoint("qwen3_moe", tmp_path / "q"), kernels="reference",
                                     device="cpu")
-    with pytest.raises(ValueError, match="one KV cache per token"):
+    with pytest.raises(ValueError, match="one KV cache and request per token"):
         engine.decode_batch([1, 2], [engine.new_kv(8)])
