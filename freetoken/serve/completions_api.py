@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+
 from pydantic import Field
 
 from freetoken.serve.chat import ChatInput

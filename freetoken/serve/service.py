@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
-from freetoken.serve.chat import ChatInput, ChatTokenizer, Params, Prompt
+from freetoken.serve.chat import ChatInput, ChatTokenizer, Prompt
 from freetoken.serve.decoding import Decoder, TokenLogprob
 from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import GrammarMask, Grammars
