@@ -48,6 +48,7 @@ class CountTokensRequest(Lenient):
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    thinking: dict[str, Any] | None = None  # renders the prompt as /v1/messages would with it
 
 
 def _blocks_text(blocks: list[dict], where: str) -> str:
@@ -161,7 +162,9 @@ def messages_input(req: MessagesRequest) -> ChatInput:
 
 
 def count_tokens_input(req: CountTokensRequest) -> ChatInput:
-    return ChatInput(_messages(req.system, req.messages), _tools(req.tools, None), Params())
+    thinking = (req.thinking or {}).get("type") == "enabled"
+    return ChatInput(_messages(req.system, req.messages), _tools(req.tools, None), Params(),
+                     template_kwargs={"enable_thinking": thinking})
 
 
 class MessageBuilder:
