@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from freetoken.placement import POLICIES, CacheConfig, build_policy
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
+from freetoken.placement.stream import key_stream
 from freetoken.sim.calls import trace_key_stream, trace_stream
-from freetoken.sim.replay import ReplayResult, replay_stream
+from freetoken.sim.replay import ReplayResult, replay, replay_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,11 +18,20 @@ class SimConfig(CacheConfig):
     for fetched_bytes (the engine counts its store's own)."""
 
     expert_bytes: int = 0
+    batch: int = 1  # > 1: requests interleaved as the server's continuous batching runs them (sim/continuous.py)
 
     def __post_init__(self) -> None:
         CacheConfig.__post_init__(self)
         if not (isinstance(self.expert_bytes, int) and self.expert_bytes >= 0):
             raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
+        if not (isinstance(self.batch, int) and self.batch >= 1):
+            raise ConfigError("{batch} must be >= 1, got {v}", v=self.batch)
+
+    def batched_calls(self, trace: RoutingTrace):
+        """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
+        from freetoken.sim.continuous import batched_calls
+
+        return batched_calls(trace, self.batch, self.prefill_chunk)
 
 
 def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, replayed_stream=None):
@@ -41,10 +51,17 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
              keep_plans: bool = False, on_call=None) -> ReplayResult:
     """profile: trace whose counts pin experts for `frequency` (default: the config's profile file, else the
     replayed trace itself, in-sample); the future of offline policies likewise defaults to the replayed trace, whose
-    call stream is built once for both."""
+    call stream is built once for both (batch > 1: the calls as continuous batching interleaves them)."""
+    expert_bytes, batch = getattr(config, "expert_bytes", 0), getattr(config, "batch", 1)
+    profile = profile if profile is not None else trace
+    if batch > 1:
+        calls = list(config.batched_calls(trace))
+        future = future_stream(config) or (key_stream(calls, trace.num_experts)
+                                           if POLICIES[config.policy].needs_future else None)
+        policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future)
+        return replay(calls, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans, on_call=on_call)
     stream = trace_stream(trace, config.prefill_chunk)
     future = future_stream(config, trace, stream)
-    policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile if profile is not None else trace,
-                          future=future)
-    return replay_stream(stream, policy, config.split, expert_bytes=getattr(config, "expert_bytes", 0),
-                         keep_plans=keep_plans, on_call=on_call)
+    policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future)
+    return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
+                         on_call=on_call)

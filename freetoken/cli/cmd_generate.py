@@ -22,9 +22,9 @@ def register(sub) -> None:
     p.add_argument("--system", help="--chat: a system message")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (same as --temperature 0)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--temperature", type=float, help="default: generation_config.json's, else 1.0")
+    p.add_argument("--top-p", type=float, help="default: generation_config.json's, else 1.0")
+    p.add_argument("--top-k", type=int, help="default: generation_config.json's, else 0 (no cut)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
     add_cache_args(p)
@@ -93,14 +93,14 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from freetoken.cli.common import print_json
-    from freetoken.engine import SamplingParams
+    from freetoken.engine.sampling import sampling_params
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
-    sampling = SamplingParams(temperature=0.0 if args.greedy else args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, greedy=args.greedy, seed=args.seed)
     engine = build_engine(args)
+    sampling = sampling_params(engine.generation_defaults, args.temperature, args.top_p, args.top_k,
+                               greedy=args.greedy, seed=args.seed)
     ids = prompt_ids(args, engine)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     store = engine.store

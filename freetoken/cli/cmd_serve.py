@@ -7,7 +7,7 @@ from pathlib import Path
 
 from freetoken.calibrate.mode import SPLIT_MODES
 from freetoken.cli.common import add_policy_args, add_size_args
-from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_PORT, ServeConfig
+from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_PORT, ServeConfig
 
 
 def register(sub) -> None:
@@ -32,6 +32,14 @@ def register(sub) -> None:
                    help="miss split: auto (the default: offload; hybrid only when `ft bench bw` recommended it on "
                         "this machine), offload, hybrid, cpu (the default with --cpu-moe / --n-cpu-moe)")
     p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
+    p.add_argument("--api-key", help="clients must send it (Authorization: Bearer or x-api-key); default: "
+                                     "$FT_API_KEY, else no key")
+    p.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY_MB,
+                   help=f"largest request body in MB, larger ones get 413 (default {DEFAULT_MAX_BODY_MB:g})")
+    p.add_argument("--tool-parser", default="auto", help="tool-call format: auto (the model family's), hermes, "
+                                                         "harmony, deepseek, mistral, glm")
+    p.add_argument("--reasoning-parser", default="auto", help="reasoning format: auto (the model family's), think, "
+                                                              "harmony, none")
     p.set_defaults(run=run)
 
 
@@ -55,12 +63,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     from freetoken.serve.app import build_app
     from freetoken.serve.server import Server
-    from freetoken.serve.service import Service
-    from freetoken.serve.startup import load
+    from freetoken.serve.startup import build_service, load
 
     backend, _ = load(cfg)
-    service = Service(backend, cfg.max_running, cfg.max_waiting)
-    server = Server(build_app(service), cfg.host, cfg.port)
+    service = build_service(backend, cfg)
+    server = Server(build_app(service, cfg), cfg.host, cfg.port)
     try:
         server.serve_forever()
     finally:

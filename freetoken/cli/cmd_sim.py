@@ -16,6 +16,8 @@ def register(sub) -> None:
                    help="trace file (.safetensors, see `ft trace import`); default: the shipped synthetic trace")
     add_cache_args(p)
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
+    p.add_argument("--batch", type=int, default=1, help="replay requests N at a time as the server's continuous "
+                                                         "batching runs them (decode steps over their union)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -24,9 +26,10 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.sim.calls import num_calls
     from freetoken.sim.run import SimConfig, simulate
 
-    config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes)  # flags checked before any loading
+    config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes, batch=args.batch)  # flags checked before any loading
     trace = load(args.trace)
-    n_calls = num_calls(trace, config.prefill_chunk)
+    n_calls = num_calls(trace, config.prefill_chunk) if config.batch == 1 else \
+        sum(1 for _ in config.batched_calls(trace))
     if not is_compiled(config.policy) and not args.json:
         print(f"note: policy {config.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:

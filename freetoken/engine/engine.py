@@ -25,6 +25,7 @@ from freetoken.engine.recorder import TraceRecorder
 from freetoken.engine.sampling import Sampler, SamplingParams
 from freetoken.engine.slots import ExpertStore
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
+from freetoken.models.generation_config import GenerationDefaults
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
 
@@ -68,6 +69,7 @@ class Engine:
         self.prefill_chunk = cache.prefill_chunk
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
         self.tokenizer = tokenizer
+        self.generation_defaults = GenerationDefaults.load(ckpt.path)
         cfg = self.config
         self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture) if record else None
         self.stats = RunStats()
@@ -129,6 +131,29 @@ class Engine:
         self.stats.prefill_s += time.perf_counter() - t0
         return torch.cat(outs) if all_logits else outs[-1]
 
+    def decode_batch(self, tokens: list[int], kvs: list[KVCache], requests: list[int] | None = None) -> torch.Tensor:
+        """One decode step for several sequences, each in its own KV cache: logits [B, V]. Each MoE layer is one
+        call over the union of their experts, with per-expert token counts, planned as a call of the first
+        sequence's request (the recorded trace keeps each token's own). Multi-head latent attention models step
+        one sequence at a time."""
+        requests = [0] * len(tokens) if requests is None else requests
+        if not tokens or not len(tokens) == len(kvs) == len(requests):
+            raise ValueError(f"decode_batch needs one KV cache and request per token, got {len(tokens)} tokens, "
+                             f"{len(kvs)} caches, {len(requests)} requests")
+        if len(tokens) == 1 or self.config.mla is not None:
+            return torch.cat([self.decode(t, kv, r) for t, kv, r in zip(tokens, kvs, requests)])
+        t0 = time.perf_counter()
+        self._phase, self._request = DECODE, requests[0]
+        if self.recorder is not None:
+            self.recorder.begin(tokens, DECODE, requests, [self._turns.get(r, 0) for r in requests])
+        logits = self.decoder.forward_batch(tokens, kvs, self._moe)
+        if self.recorder is not None:
+            self.recorder.end()
+        self._sync()
+        self.stats.decode_tokens += len(tokens)
+        self.stats.decode_s += time.perf_counter() - t0
+        return logits
+
     def decode(self, token: int, kv: KVCache, request: int = 0, turn: int = 0) -> torch.Tensor:
         t0 = time.perf_counter()
         logits = self.forward([token], kv, kv.length, DECODE, request, turn)
@@ -175,7 +200,8 @@ class Engine:
             logits = self.decode(token, kv, request, turn)
 
     def default_stop_ids(self) -> set[int]:
-        ids = set(self.config.eos_token_ids)
+        """config.json's eos ids, generation_config.json's (what HF generate stops at) and the tokenizer's."""
+        ids = set(self.config.eos_token_ids) | set(self.generation_defaults.eos_token_ids)
         tok = self.tokenizer
         if tok is not None and tok.eos_token_id is not None:
             ids.add(int(tok.eos_token_id))

@@ -158,16 +158,46 @@ class Decoder:
                 x = x + mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
             else:
                 x = x + self._attention(l, lw, h, kv, start_pos, positions)
-            h = ks.rms_norm(x, lw.post_norm, cfg.rms_norm_eps, **self.norm_kw)
-            if lw.router is not None:
-                x = x + moe(cfg.moe_index(l), h)
-                if lw.shared_gate_up is not None:
-                    x = x + self._shared_expert(lw, h)
-            else:
-                x = x + self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
+            x = x + self._ffn(l, lw, x, moe)
         kv.commit(start_pos, token_ids)
         x = x if all_logits else x[-1:]
         return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+
+    def forward_batch(self, token_ids: list[int], kvs: list[KVCache], moe: MoEFn) -> torch.Tensor:
+        """One decode step of B sequences, token i at position kvs[i].length of its own KV cache: attention per
+        sequence, everything else on [B, D] (one MoE call per layer over the union of their experts). Logits [B, V].
+        """
+        cfg, ks = self.cfg, self.kernels
+        if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
+            raise ValueError("batched decode covers plain attention only (not latent, sparse or linear attention); "
+                             "decode one by one")
+        B, H, Dh = len(token_ids), cfg.num_heads, cfg.head_dim
+        starts = [kv.length for kv in kvs]
+        for kv, start in zip(kvs, starts):
+            kv.check_room(start, 1)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        if int(ids.min()) < 0 or int(ids.max()) >= cfg.vocab_size:
+            raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {ids.min().item()}..{ids.max().item()}")
+        x = self.embed[ids.to(self.device)]  # [B, D]
+        positions = torch.tensor(starts, dtype=torch.int64, device=self.device)  # [B]
+        for l, lw in enumerate(self.layers):
+            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
+            q, k, v = self._project(lw, h, positions)
+            o = torch.cat([self._attend(l, lw, kv, start, q[i:i + 1], k[i:i + 1], v[i:i + 1])
+                           for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
+            x = x + self._out(lw, h, o)
+            x = x + self._ffn(l, lw, x, moe)
+        for kv, start, token in zip(kvs, starts, token_ids):
+            kv.commit(start, [token])
+        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+
+    def _ffn(self, l: int, lw: LayerWeights, x: torch.Tensor, moe: MoEFn) -> torch.Tensor:
+        """The layer's MLP half on the residual x [T, D]: routed MoE (+ shared expert) or the dense MLP."""
+        h = self.kernels.rms_norm(x, lw.post_norm, self.cfg.rms_norm_eps, **self.norm_kw)
+        if lw.router is None:
+            return self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
+        out = moe(self.cfg.moe_index(l), h)
+        return out + self._shared_expert(lw, h) if lw.shared_gate_up is not None else out
 
     def _one_mlp(self, h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
                  scale: torch.Tensor | None) -> torch.Tensor:
@@ -186,6 +216,10 @@ class Decoder:
 
     def _attention(self, l: int, lw: LayerWeights, h: torch.Tensor, kv: KVCache, start_pos: int,
                    positions: torch.Tensor) -> torch.Tensor:
+        return self._out(lw, h, self._attend(l, lw, kv, start_pos, *self._project(lw, h, positions)))
+
+    def _project(self, lw: LayerWeights, h: torch.Tensor, positions: torch.Tensor):
+        """q [T, H, Dh], k and v [T, Hkv, Dh] of normed h [T, D], rope applied at positions [T]."""
         cfg, ks = self.cfg, self.kernels
         T, H, Hkv, Dh = h.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         q, k, v = ks.linear(h, lw.wq, lw.bq), ks.linear(h, lw.wk, lw.bk), ks.linear(h, lw.wv, lw.bv)
@@ -200,9 +234,18 @@ class Decoder:
             k = ks.rms_norm(k.reshape(T * Hkv, Dh), lw.k_norm, cfg.rms_norm_eps, **self.norm_kw).view(T, Hkv, Dh)
         q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
         k = ks.apply_rope(k.contiguous(), positions, cfg.rope_theta, self.rotary_dim, **self.rope)
+        return q, k, v
+
+    def _attend(self, l: int, lw: LayerWeights, kv: KVCache, start_pos: int, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor) -> torch.Tensor:
+        """Writes k, v [T, Hkv, Dh] at start_pos, then attention of q [T, H, Dh] over the cache -> [T, H, Dh]."""
         kv.write(l, start_pos, k, v)
-        o = ks.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)  # [T, H, Dh]
-        o = o.reshape(T, H * Dh)
+        return self.kernels.attention(q.contiguous(), kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks,
+                                      window=lw.window)
+
+    def _out(self, lw: LayerWeights, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """o [T, H, Dh] -> the output projection [T, D] (gated by sigmoid(h @ out_gate) where the model has one)."""
+        o = o.reshape(o.shape[0], -1)
         if lw.out_gate is not None:
-            o = o * torch.sigmoid(ks.linear(h, lw.out_gate))
-        return ks.linear(o, lw.wo, lw.bo)
+            o = o * torch.sigmoid(self.kernels.linear(h, lw.out_gate))
+        return self.kernels.linear(o, lw.wo, lw.bo)

@@ -15,10 +15,12 @@ class TraceRecorder:
         self._meta: list[tuple[np.ndarray, int, int, int]] = []  # (token ids, phase, request, turn)
         self._cur: tuple[np.ndarray, np.ndarray] | None = None
 
-    def begin(self, token_ids: list[int], phase: int, request: int, turn: int) -> None:
+    def begin(self, token_ids: list[int], phase: int, request: int | list[int], turn: int | list[int]) -> None:
+        """request, turn: one for the whole forward, or one per token (a batched decode step)."""
         T = len(token_ids)
         self._cur = (np.full((T, self.L, self.K), -1, np.int16), np.zeros((T, self.L, self.K), np.float16))
-        self._meta.append((np.asarray(token_ids, np.int32), phase, request, turn))
+        per_token = lambda v: np.broadcast_to(np.asarray(v, np.int32), (T,))  # noqa: E731
+        self._meta.append((np.asarray(token_ids, np.int32), phase, per_token(request), per_token(turn)))
 
     def layer(self, layer: int, ids: np.ndarray, gates: np.ndarray) -> None:
         """ids, gates: [T, K] of one MoE layer of the current forward."""
@@ -44,8 +46,8 @@ class TraceRecorder:
         n = [len(m[0]) for m in self._meta]
         return RoutingTrace(
             experts=np.concatenate(self._experts), num_experts=self.E, model=self.model, source=source,
-            request=np.repeat([m[2] for m in self._meta], n).astype(np.int32),
-            turn=np.repeat([m[3] for m in self._meta], n).astype(np.int32),
+            request=np.concatenate([m[2] for m in self._meta]).astype(np.int32),
+            turn=np.concatenate([m[3] for m in self._meta]).astype(np.int32),
             phase=np.repeat([m[1] for m in self._meta], n).astype(np.int8),
             token=np.concatenate([m[0] for m in self._meta]).astype(np.int32),
             gates=np.concatenate(self._gates),

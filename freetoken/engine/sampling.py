@@ -55,3 +55,15 @@ class Sampler:
             sorted_p[drop] = 0
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
         return int(torch.multinomial(probs, 1, generator=self.gen))
+
+
+def sampling_params(defaults, temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+                    greedy: bool = False, seed: int | None = None) -> SamplingParams:
+    """What the caller set, else the checkpoint's generation_config.json defaults (models.generation_config
+    .GenerationDefaults), else 1.0 / 1.0 / 0."""
+    def pick(given, default, fallback):
+        return given if given is not None else (default if default is not None else fallback)
+
+    return SamplingParams(temperature=0.0 if greedy else pick(temperature, defaults.temperature, 1.0),
+                          top_p=pick(top_p, defaults.top_p, 1.0), top_k=int(pick(top_k, defaults.top_k, 0)),
+                          greedy=greedy, seed=seed)

@@ -11,10 +11,15 @@ from pydantic import Field
 
 from freetoken.serve.chat import ChatInput, Params, text_of, tool_call
 from freetoken.serve.errors import APIError
+from freetoken.serve.fields import check_fields, forced_tool
 from freetoken.serve.openai_api import Lenient
+from freetoken.serve.output import tool_call_schema
 from freetoken.serve.service import Delta, Done
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+REFUSED = {"container": "no code-execution container", "mcp_servers": "no MCP connector",
+           "context_management": "no server-side context editing"}
+ACCEPTED = frozenset({"metadata", "service_tier"})
 
 
 class AnthropicMessage(Lenient):
@@ -34,6 +39,8 @@ class MessagesRequest(Lenient):
     stream: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {"type": "enabled", "budget_tokens": N} | {"type": "disabled"}
+    output_config: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}, "effort"}
 
 
 class CountTokensRequest(Lenient):
@@ -41,6 +48,7 @@ class CountTokensRequest(Lenient):
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
     tools: list[dict[str, Any]] | None = None
+    thinking: dict[str, Any] | None = None  # renders the prompt as /v1/messages would with it
 
 
 def _blocks_text(blocks: list[dict], where: str) -> str:
@@ -88,27 +96,84 @@ def _tools(tools: list[dict] | None, tool_choice: dict | None) -> list[dict] | N
     for i, t in enumerate(tools):
         if not isinstance(t.get("name"), str):
             raise APIError(400, f"tools[{i}]: a tool needs a name")
-        if "input_schema" not in t:
-            continue  # server tools (bash, web search, ...) have no schema to show the model
+        if "input_schema" not in t:  # server tools (web search, code execution, ...) run on Anthropic's side
+            raise APIError(400, f"tools[{i}]: server tool {t.get('type', t['name'])!r} is not available here; "
+                                f"only client tools with an input_schema")
         out.append({"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                      "parameters": t["input_schema"]}})
     return out or None
 
 
+def _tool_mode(tools: list[dict] | None, choice: dict | None) -> tuple[list[dict] | None, str, bool]:
+    """(tools, "auto" | "required" | "named", parallel) from Anthropic's tool_choice."""
+    choice = choice or {}
+    kind, parallel = choice.get("type", "auto"), not choice.get("disable_parallel_tool_use", False)
+    if kind in ("auto", "none"):
+        return tools, "auto", parallel
+    if kind not in ("any", "tool"):
+        raise APIError(400, f"tool_choice.type: expected auto, any, tool or none, got {kind!r}")
+    if not tools:
+        raise APIError(400, f"tool_choice: {kind!r} needs tools")
+    return (tools, "required", parallel) if kind == "any" else (forced_tool(tools, choice.get("name"),
+                                                                            "tool_choice"), "named", parallel)
+
+
+def _thinking(req: MessagesRequest) -> tuple[bool, int | None]:
+    """(enabled, budget tokens)."""
+    spec = req.thinking or {"type": "disabled"}
+    kind = spec.get("type")
+    if kind == "disabled":
+        return False, None
+    if kind != "enabled":
+        raise APIError(400, f"thinking.type: expected enabled or disabled, got {kind!r}")
+    budget = spec.get("budget_tokens")
+    if not isinstance(budget, int) or not 1 <= budget < req.max_tokens:
+        raise APIError(400, f"thinking.budget_tokens: a token count below max_tokens ({req.max_tokens}), "
+                            f"got {budget!r}")
+    return True, budget
+
+
+def _output_schema(config: dict | None) -> tuple[dict | None, dict]:
+    """(JSON schema of output_config.format, chat-template variables from output_config.effort)."""
+    config = config or {}
+    unknown = set(config) - {"format", "effort"}
+    if unknown:
+        raise APIError(400, f"output_config.{sorted(unknown)[0]}: not supported by this server")
+    fmt, schema = config.get("format"), None
+    if fmt is not None:
+        if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise APIError(400, "output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}")
+        schema = fmt["schema"]
+    return schema, ({"reasoning_effort": config["effort"]} if config.get("effort") else {})
+
+
 def messages_input(req: MessagesRequest) -> ChatInput:
-    params = Params(req.max_tokens, 1.0 if req.temperature is None else req.temperature,
-                    1.0 if req.top_p is None else req.top_p, req.top_k or 0, list(req.stop_sequences or []))
-    return ChatInput(_messages(req.system, req.messages), _tools(req.tools, req.tool_choice), params)
+    check_fields(req, REFUSED, ACCEPTED)
+    params = Params(req.max_tokens, req.temperature, req.top_p, req.top_k, list(req.stop_sequences or []))
+    tools, mode, parallel = _tool_mode(_tools(req.tools, req.tool_choice), req.tool_choice)
+    schema, kwargs = _output_schema(req.output_config)
+    if schema is not None and mode != "auto":
+        raise APIError(400, "output_config.format: cannot be combined with a forced tool_choice")
+    params.json_schema = tool_call_schema(tools, mode, parallel) if mode != "auto" else schema
+    thinking, params.thinking_budget = _thinking(req)
+    kwargs["enable_thinking"] = thinking  # Qwen3's templates read it; others ignore it
+    return ChatInput(_messages(req.system, req.messages), tools, params, mode, parallel, kwargs, thinking,
+                     schema_param="tool_choice" if mode != "auto" else "output_config.format")
 
 
 def count_tokens_input(req: CountTokensRequest) -> ChatInput:
-    return ChatInput(_messages(req.system, req.messages), _tools(req.tools, None), Params())
+    thinking = (req.thinking or {}).get("type") == "enabled"
+    return ChatInput(_messages(req.system, req.messages), _tools(req.tools, None), Params(),
+                     template_kwargs={"enable_thinking": thinking})
 
 
 class MessageBuilder:
-    def __init__(self, model: str):
+    def __init__(self, model: str, thinking: bool = False):
         self.id = f"msg_{uuid.uuid4().hex[:24]}"
         self.model = model
+        self.thinking = thinking
+        self.block = "thinking" if thinking else "text"  # the open stream block
+        self.index = 0
 
     def _base(self, content: list, stop_reason, stop_sequence, usage: dict) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
@@ -126,7 +191,8 @@ class MessageBuilder:
         return STOP_REASONS[done.finish], None
 
     def message(self, done: Done) -> dict:
-        content = [{"type": "text", "text": done.text}] if done.text or not done.tool_calls else []
+        content = [{"type": "thinking", "thinking": done.reasoning, "signature": ""}] if done.reasoning else []
+        content += [{"type": "text", "text": done.text}] if done.text or not done.tool_calls else []
         content += [{"type": "tool_use", "id": f"toolu_{c.id[5:]}", "name": c.name, "input": json.loads(c.arguments)}
                     for c in done.tool_calls]
         return self._base(content, *self.stop_reason(done), self.usage(done))
@@ -135,16 +201,33 @@ class MessageBuilder:
     def start_events(self, prompt_tokens: int) -> list[tuple[str, dict]]:
         usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
         return [("message_start", {"type": "message_start", "message": self._base([], None, None, usage)}),
-                ("content_block_start", {"type": "content_block_start", "index": 0,
-                                         "content_block": {"type": "text", "text": ""}}),
-                ("ping", {"type": "ping"})]
+                self._block_start(), ("ping", {"type": "ping"})]
+
+    def _block_start(self) -> tuple[str, dict]:
+        block = {"type": "thinking", "thinking": ""} if self.block == "thinking" else {"type": "text", "text": ""}
+        return "content_block_start", {"type": "content_block_start", "index": self.index, "content_block": block}
+
+    def _delta(self, delta: dict) -> tuple[str, dict]:
+        return "content_block_delta", {"type": "content_block_delta", "index": self.index, "delta": delta}
+
+    def _block_stop(self) -> list[tuple[str, dict]]:
+        out = [self._delta({"type": "signature_delta", "signature": ""})] if self.block == "thinking" else []
+        return out + [("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
     def events(self, event: Delta | Done) -> list[tuple[str, dict]]:
         if isinstance(event, Delta):
-            return [("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                             "delta": {"type": "text_delta", "text": event.text}})]
-        out = [("content_block_stop", {"type": "content_block_stop", "index": 0})]
-        for i, c in enumerate(event.tool_calls, start=1):
+            if not event.text:
+                return []
+            if event.kind == "reasoning":
+                return [self._delta({"type": "thinking_delta", "thinking": event.text})]
+            out = []
+            if self.block == "thinking":  # the answer begins: the thinking block ends
+                out += self._block_stop()
+                self.block, self.index = "text", self.index + 1
+                out.append(self._block_start())
+            return out + [self._delta({"type": "text_delta", "text": event.text})]
+        out = self._block_stop()
+        for i, c in enumerate(event.tool_calls, start=self.index + 1):
             block = {"type": "tool_use", "id": f"toolu_{c.id[5:]}", "name": c.name, "input": {}}
             out += [("content_block_start", {"type": "content_block_start", "index": i, "content_block": block}),
                     ("content_block_delta", {"type": "content_block_delta", "index": i,

@@ -1,24 +1,33 @@
-"""The FastAPI app: OpenAI (/v1/chat/completions, /v1/responses, /v1/models) and Anthropic (/v1/messages) over one
-Service; every error in the calling API's own error shape, the server unharmed by any request."""
+"""The FastAPI app: OpenAI (/v1/chat/completions, /v1/completions, /v1/responses, /v1/models) and Anthropic
+(/v1/messages) over one Service, plus /health, /version and /metrics; every error in the calling API's own error
+shape, the server unharmed by any request. Parsing, rendering and tokenizing run off the event loop, so /health
+answers while a big request is being read or prepared."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from typing import AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from freetoken.serve.anthropic_api import (CountTokensRequest, MessageBuilder, MessagesRequest, count_tokens_input,
                                            messages_input)
+from freetoken.serve.chat import Prompt
+from freetoken.serve.completions_api import Completion, CompletionRequest, completion_input, prompt_of
+from freetoken.serve.config import DEFAULT_MAX_BODY_MB, ServeConfig
 from freetoken.serve.errors import APIError, render_error, validation_message
+from freetoken.serve.middleware import ApiKey, BodyLimit
 from freetoken.serve.openai_api import ChatCompletion, ChatCompletionRequest, chat_input, models_list
 from freetoken.serve.responses_api import ResponseBuilder, ResponsesRequest, responses_input
 from freetoken.serve.service import Service
+
+MAX_JSON_DEPTH = 128  # deeper request JSON is refused (a 100k-deep body must be a 400, not a RecursionError)
 
 log = logging.getLogger("freetoken.serve")
 
@@ -34,10 +43,45 @@ async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
         yield item
 
 
-def build_app(service: Service) -> FastAPI:
+def json_depth(obj) -> int:
+    """Nesting depth of parsed JSON, without recursion."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                break
+            stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def decode_body(body: bytes, schema: type[BaseModel]):
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}")
+    except RecursionError:
+        raise APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    if not isinstance(obj, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(obj).__name__}")
+    if json_depth(obj) > MAX_JSON_DEPTH:
+        raise APIError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return schema.model_validate(obj)
+    except ValidationError as e:
+        raise APIError(400, *validation_message(e))
+
+
+def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
     app = FastAPI(title="freetoken", docs_url=None, redoc_url=None, openapi_url=None)
     model_id = service.backend.model_id
     started = int(time.time())
+    max_body_mb = cfg.max_body_mb if cfg else DEFAULT_MAX_BODY_MB
+    app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20))
+    key = cfg.resolved_api_key if cfg else None
+    if key:
+        app.add_middleware(ApiKey, key=key)  # added last: runs first, before any body is read
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
@@ -54,17 +98,7 @@ def build_app(service: Service) -> FastAPI:
         return render_error(request.url.path, APIError(500, f"internal error: {type(e).__name__}: {e}"))
 
     async def parse(request: Request, schema: type[BaseModel]):
-        body = await request.body()
-        try:
-            obj = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the request body is not valid JSON: {e}")
-        if not isinstance(obj, dict):
-            raise APIError(400, f"the request body must be a JSON object, got {type(obj).__name__}")
-        try:
-            req = schema.model_validate(obj)
-        except ValidationError as e:
-            raise APIError(400, *validation_message(e))
+        req = await asyncio.to_thread(decode_body, await request.body(), schema)
         if req.model != model_id:
             raise APIError(404, f"model {req.model!r} does not exist; this server serves {model_id!r}", "model",
                            "model_not_found")
@@ -106,11 +140,20 @@ def build_app(service: Service) -> FastAPI:
     async def models():
         return models_list(model_id, started)
 
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_id:
+            raise APIError(404, f"model {name!r} does not exist; this server serves {model_id!r}", "model",
+                           "model_not_found")
+        return models_list(model_id, started)["data"][0]
+
+    decode = service.backend.chat.decode_special  # one token's text, for logprobs
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await parse(request, ChatCompletionRequest)
         chat = chat_input(req)
-        out = ChatCompletion(model_id)
+        out = ChatCompletion(model_id, decode, bool(req.logprobs))
         if not req.stream:
             return out.response(await service.complete(chat))
         events = await begin(chat)
@@ -131,6 +174,29 @@ def build_app(service: Service) -> FastAPI:
                       lambda e: _sse({"type": "error", "sequence_number": out.seq, "code": e.code,
                                       "message": e.message, "param": e.param}, "error"), head=head)
 
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = await parse(request, CompletionRequest)
+        chat = completion_input(req)
+        given = prompt_of(req)
+        if isinstance(given, str):
+            service.check_length(len(given), "prompt")
+            ids, text = await asyncio.to_thread(service.backend.chat.tok.encode, given), given
+        else:
+            vocab = service.backend.vocab_size
+            if not all(isinstance(t, int) and 0 <= t < vocab for t in given):
+                raise APIError(400, f"prompt: token ids must lie in [0, {vocab})", "prompt")
+            ids, text = list(given), await asyncio.to_thread(service.backend.chat.decode, given)
+        prompt = Prompt(list(ids), [])
+        service.check_room(prompt, "prompt")
+        out = Completion(model_id, req, text, prompt.tokens, decode)
+        if not req.stream:
+            return out.response(await service.complete(chat, prompt))
+        events = await begin(chat, prompt)
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return stream(events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
+                      head=[_sse(c) for c in out.first_chunks()], tail=["data: [DONE]\n\n"])
+
     # Anthropic
     def anthropic_stream_error(e: APIError) -> str:
         return _sse(json.loads(render_error("/v1/messages", e).body), "error")
@@ -139,10 +205,10 @@ def build_app(service: Service) -> FastAPI:
     async def messages(request: Request):
         req = await parse(request, MessagesRequest)
         chat = messages_input(req)
-        out = MessageBuilder(model_id)
+        out = MessageBuilder(model_id, chat.thinking)
         if not req.stream:
             return out.message(await service.complete(chat))
-        prompt = service.prompt(chat)
+        prompt = await service.prepare(chat)
         events = await begin(chat, prompt)
         head = [_sse(data, name) for name, data in out.start_events(len(prompt.tokens))]
         return stream(events, lambda ev: [_sse(d, n) for n, d in out.events(ev)], anthropic_stream_error,
@@ -151,11 +217,29 @@ def build_app(service: Service) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
         req = await parse(request, CountTokensRequest)
-        return {"input_tokens": len(service.render(count_tokens_input(req)).tokens)}
+        chat = count_tokens_input(req)
+        service.check_length(sum(len(m.get("content") or "") for m in chat.messages))
+        return {"input_tokens": len((await asyncio.to_thread(service.render, chat)).tokens)}
 
     @app.get("/health")
     async def health():
         return service.health()
+
+    @app.get("/version")
+    async def version():
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        try:
+            v = dist_version("freetoken")
+        except PackageNotFoundError:
+            v = "unknown"
+        return {"version": v, "model": model_id, "backend": service.backend.stats().get("backend")}
+
+    @app.get("/metrics")
+    async def metrics():
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(await asyncio.to_thread(service.metrics.render), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

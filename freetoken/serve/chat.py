@@ -3,6 +3,7 @@ anchors at message boundaries for the prefix cache."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -34,14 +35,22 @@ class Prompt:
 
 @dataclass(slots=True)
 class Params:
-    """Sampling and stopping, API-neutral. max_tokens None: up to the context length."""
+    """Sampling and stopping, API-neutral. max_tokens None: up to the context length; temperature / top_p / top_k
+    None: the model's generation_config.json default (else 1.0 / 1.0 / 0)."""
 
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    logprobs: int | None = None  # report the sampled token's logprob and this many top alternatives
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token has appeared in the output
+    frequency_penalty: float = 0.0  # minus this per earlier occurrence in the output
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    json_schema: dict | None = None  # grammar-constrained decoding: the output is JSON matching this schema
+    prompt_logprobs: bool = False  # logprobs of the prompt tokens too (completions' echo)
+    thinking_budget: int | None = None  # reasoning tokens after which the reasoning is closed (Anthropic's)
 
 
 @dataclass(slots=True)
@@ -49,6 +58,11 @@ class ChatInput:
     messages: list[dict]  # [{"role", "content": str, "tool_calls"?: [...], "tool_call_id"?}]
     tools: list[dict] | None  # OpenAI function form: [{"type": "function", "function": {...}}]
     params: Params
+    tool_choice: str = "auto"  # "auto" | "required" (some call) | "named" (a call of tools[0], the one left)
+    parallel_tool_calls: bool = True  # False: at most one call
+    template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables (enable_thinking, ...)
+    thinking: bool = True  # False: reasoning is not returned (Anthropic without `thinking`)
+    schema_param: str = "response_format"  # the request field params.json_schema came from, for errors
 
 
 def text_of(content: Any, where: str) -> str:
@@ -86,9 +100,11 @@ class ChatTokenizer:
         self.tok = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
 
-    def render_text(self, messages: Sequence[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
+    def render_text(self, messages: Sequence[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                    **template_kwargs) -> str:
         return self.tok.apply_chat_template(list(messages), tools=tools or None, chat_template=self.template,
-                                            add_generation_prompt=add_generation_prompt, tokenize=False)
+                                            add_generation_prompt=add_generation_prompt, tokenize=False,
+                                            **template_kwargs)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
@@ -96,12 +112,22 @@ class ChatTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
-    def render(self, messages: Sequence[dict], tools: list[dict] | None = None) -> Prompt:
-        text = self.render_text(messages, tools, add_generation_prompt=True)
+    def decode_special(self, ids: Sequence[int]) -> str:
+        """With special tokens: the markers of Harmony channels and some tool-call formats are special tokens."""
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """Most characters one token decodes to: a prompt of more than context x this many characters cannot fit,
+        known before any tokenizing (vocabulary strings are at least as long as the text they decode to)."""
+        return max(1, max(len(t) for t in self.tok.get_vocab()))
+
+    def render(self, messages: Sequence[dict], tools: list[dict] | None = None, **template_kwargs) -> Prompt:
+        text = self.render_text(messages, tools, add_generation_prompt=True, **template_kwargs)
         ids, offsets = self._encode_with_offsets(text)
         ends = []  # char offsets where a message ends, for the last ANCHOR_LOOKBACK messages
         for n in range(max(1, len(messages) - ANCHOR_LOOKBACK), len(messages) + 1):
-            prefix = self.render_text(messages[:n], tools, add_generation_prompt=False)
+            prefix = self.render_text(messages[:n], tools, add_generation_prompt=False, **template_kwargs)
             if text.startswith(prefix):
                 ends.append(len(prefix))
         return Prompt(ids, _token_boundaries(offsets, ends))

@@ -11,6 +11,7 @@ DEMO_MODEL_ID = "freetoken-demo"
 BACKENDS = ("engine", "hf")  # freetoken's own engine | HF transformers (the reference path)
 CACHE_FLAGS = {"policy_options": "--policy-option / --n-cpu-moe / --cpu-moe / --scope", "profile": "--profile-trace",
                "capacity": "--capacity", "fraction": "--fraction"}  # engine backend only
+DEFAULT_MAX_BODY_MB = 32.0  # request bodies beyond this get a 413 while they stream in
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,16 @@ class ServeConfig:
     fraction: float | None = None  # the same as a fraction of all experts
     split: str = "auto"  # miss split: auto (offload unless this machine's bandwidth profile says hybrid) | ...
     threads: int | None = None  # CPU threads (torch, the CPU lane); None: torch's default
+    api_key: str | None = None  # None: FT_API_KEY from the environment, else no authentication
+    max_body_mb: float = DEFAULT_MAX_BODY_MB
+    tool_parser: str = "auto"  # auto: the model family's own tool-call format
+    reasoning_parser: str = "auto"  # auto: the model family's own reasoning format (none for families without)
+
+    @property
+    def resolved_api_key(self) -> str | None:
+        import os
+
+        return self.api_key or os.environ.get("FT_API_KEY") or None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -48,6 +59,16 @@ class ServeConfig:
         for name in ("kv_floor", "max_context"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.max_body_mb <= 0:
+            raise ValueError(f"--max-body-mb must be positive, got {self.max_body_mb}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key must not be empty")
+        from freetoken.serve.parsers import REASONING_PARSERS, TOOL_PARSERS
+
+        for name, table in (("tool_parser", TOOL_PARSERS), ("reasoning_parser", REASONING_PARSERS)):
+            if getattr(self, name) != "auto" and getattr(self, name) not in table:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(self, name)!r} is not one of auto, "
+                                 f"{', '.join(table)}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(f"--prefix-cache-tokens must be >= 0, got {self.prefix_cache_tokens}")
         from freetoken.calibrate.mode import SPLIT_MODES

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from freetoken.serve.chat import ChatTokenizer, Params, Prompt
+from freetoken.serve.chat import ChatTokenizer, Prompt
+from freetoken.serve.decoding import Decoder
 from freetoken.serve.generation import CachedGeneration
 from freetoken.placement.memory import MemoryPlan, ModelMemory, cache_rows
 from freetoken.serve.prefix_cache import PrefixCache
@@ -46,10 +47,11 @@ class EngineSequence:
             self.kv.write(layer, 0, kv[layer, 0], kv[layer, 1])
         self.kv.commit(0, tokens)
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        if len(tokens) == 1 and self.kv.length:
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
+        if decode:
             return self.engine.decode(tokens[0], self.kv, request=self.request)[-1]
-        return self.engine.prefill(tokens, self.kv, self.kv.length, request=self.request)[-1]
+        logits = self.engine.prefill(tokens, self.kv, self.kv.length, request=self.request, all_logits=all_logits)
+        return logits if all_logits else logits[-1]
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         kv = self.kv
@@ -151,12 +153,35 @@ class EngineBackend:
     def prefix_cache_budget(self) -> int:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
-    def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
+    @property
+    def generation_defaults(self):
+        return self.engine.generation_defaults
+
+    @property
+    def family(self) -> str:
+        return self.ckpt.config.family
+
+    @property
+    def vocab_size(self) -> int:
+        return self.ckpt.config.vocab_size
+
+    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> CachedGeneration:
         from freetoken.serve.hybrid_sequence import HybridSequence
 
         kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
         seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
-        return CachedGeneration(seq, self.prefix_cache, prompt, params, max_new, self.stop_token_ids)
+        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, self.stop_token_ids,
+                                self.engine.prefill_chunk)  # the engine's own chunks: the same numbers as solo
+
+    def decode_batch(self, gens: list[CachedGeneration]) -> list[int]:
+        """One decode step of several started sequences together; their next tokens. Models whose attention the
+        batched step does not cover (latent, sparse, linear) step their sequences one after another."""
+        cfg = self.ckpt.config
+        if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
+            return [g.take(g.seq.forward(g.generated[-1:], decode=True)) for g in gens]
+        logits = self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
+                                          [g.seq.request for g in gens])  # [B, V]
+        return [g.take(row) for g, row in zip(gens, logits)]
 
     def stats(self) -> dict:
         return {"backend": "engine", "split": self.split_reason, "expert_cache": self.engine.counters.to_dict(),

@@ -7,8 +7,8 @@ from typing import Protocol
 
 import torch
 
-from freetoken.engine.sampling import Sampler, SamplingParams
-from freetoken.serve.chat import Params, Prompt
+from freetoken.serve.chat import Prompt
+from freetoken.serve.decoding import Decoder, TokenLogprob, top_logprobs
 from freetoken.serve.prefix_cache import PrefixCache
 
 
@@ -24,8 +24,9 @@ class KVSequence(Protocol):
         """Positions the sequence should be able to restart from later (message ends): hybrid models snapshot
         their recurrent state there as they pass them."""
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
-        """Runs tokens at positions [length, length + len); returns the logits of the last one, [V]."""
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
+        """Runs tokens at positions [length, length + len); returns the logits of the last one, [V] (all_logits:
+        of every one, [T, V]). decode: one sampled token fed back (a prompt chunk of one token is still prefill)."""
 
     def read(self, start: int, stop: int):
         """The KV of positions [start, stop) as one prefix-cache piece."""
@@ -34,37 +35,78 @@ class KVSequence(Protocol):
 class CachedGeneration:
     """The Generation a backend hands the service (see service.Generation)."""
 
-    def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, params: Params, max_new: int,
-                 stop_token_ids: set[int]):
-        self.seq, self.cache, self.prompt, self.params, self.max_new = seq, cache, prompt, params, max_new
+    def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, decoder: Decoder, max_new: int,
+                 stop_token_ids: set[int], prefill_chunk: int | None = None):
+        self.seq, self.cache, self.prompt, self.decoder, self.max_new = seq, cache, prompt, decoder, max_new
         self.stop_token_ids = stop_token_ids
+        self.prefill_chunk = prefill_chunk  # prompt tokens per step (None: all at once)
+        self._prefilled: int | None = None  # prompt positions done; None: not looked up in the prefix cache yet
         self.reused_tokens = 0
         self.generated: list[int] = []
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None  # when the decoder's params ask for them
         self._logits: torch.Tensor | None = None
         self._closed = False
-        self._sample = Sampler(SamplingParams(params.temperature, params.top_p, params.top_k, seed=params.seed))
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> int:
-        if self._closed or len(self.generated) >= self.max_new or (
-                self.generated and self.generated[-1] in self.stop_token_ids):
-            raise StopIteration  # a stop token is never fed back: the sequence ends where the caller stops
-        if self._logits is None:  # prefill
-            tokens = self.prompt.tokens
-            self.seq.mark(self.prompt.anchors)
-            if self.cache is not None:
-                match = self.cache.match(tokens)
-                if match.length:
-                    self.seq.load(match.kv, tokens[:match.length])
-                self.reused_tokens = match.length
-            self._logits = self.seq.forward(tokens[self.reused_tokens:])
-        else:
-            self._logits = self.seq.forward(self.generated[-1:])
-        tok = self._sample(self._logits)
+    @property
+    def started(self) -> bool:
+        """Prefilled: the next step is a decode of the last sampled token."""
+        return self._logits is not None
+
+    @property
+    def finished(self) -> bool:
+        """Closed, at max_new, or ended by a stop token (which is never fed back)."""
+        return self._closed or (self.started and (len(self.generated) >= self.max_new or (
+            bool(self.generated) and self.generated[-1] in self.stop_token_ids)))
+
+    def take(self, logits: torch.Tensor) -> int:
+        """The next token from this step's logits [V], computed outside (a batched decode step)."""
+        self._logits = logits
+        tok = self.decoder(logits)
         self.generated.append(tok)
         return tok
+
+    def __next__(self) -> int | None:
+        """The next token; None while the prompt is still being prefilled (one chunk per call)."""
+        if self.finished:
+            raise StopIteration
+        if self._logits is None:  # prefill
+            tokens = self.prompt.tokens
+            if self._prefilled is None:
+                self.seq.mark(self.prompt.anchors)
+            if self.decoder.params.prompt_logprobs:  # every prompt position's logits: nothing reused
+                logits = self._prefill_with_logprobs(tokens)
+            else:
+                if self._prefilled is None:
+                    self._prefilled = self._reuse(tokens)
+                end = len(tokens) if self.prefill_chunk is None else min(len(tokens),
+                                                                         self._prefilled + self.prefill_chunk)
+                logits = self.seq.forward(tokens[self._prefilled:end])
+                self._prefilled = end
+                if end < len(tokens):
+                    return None
+            self._logits = logits
+            if not self.max_new:  # max_tokens 0: the prompt's logprobs only
+                raise StopIteration
+            return self.take(self._logits)
+        return self.take(self.seq.forward(self.generated[-1:], decode=True))
+
+    def _reuse(self, tokens: list[int]) -> int:
+        """Loads the longest cached prefix; -> its length."""
+        if self.cache is not None:
+            match = self.cache.match(tokens)
+            if match.length:
+                self.seq.load(match.kv, tokens[:match.length])
+            self.reused_tokens = match.length
+        return self.reused_tokens
+
+    def _prefill_with_logprobs(self, tokens: list[int]) -> torch.Tensor:
+        logits = self.seq.forward(tokens, all_logits=True)  # [T, V]
+        n = self.decoder.params.logprobs or 0
+        self.prompt_logprobs = [None] + [top_logprobs(logits[i - 1], tokens[i], n) for i in range(1, len(tokens))]
+        return logits[-1]
 
     def close(self) -> None:
         """Caches the KV of every position computed: the prompt and all sampled tokens but the last."""

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import torch
 
-from freetoken.serve.chat import ChatTokenizer, Params, Prompt
+from freetoken.models.generation_config import GenerationDefaults
+from freetoken.serve.chat import ChatTokenizer, Prompt
+from freetoken.serve.decoding import Decoder
 from freetoken.serve.generation import CachedGeneration
 from freetoken.serve.prefix_cache import PrefixCache
 
@@ -37,11 +39,11 @@ class HFSequence:
         self.length = kv.shape[3]
 
     @torch.inference_mode()
-    def forward(self, tokens: list[int]) -> torch.Tensor:
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
         ids = torch.tensor([tokens], dtype=torch.long)
         out = self.model(input_ids=ids, cache=self.cache, use_cache=True)
         self.length += len(tokens)
-        return out.logits[0, -1]  # [V]
+        return out.logits[0] if all_logits else out.logits[0, -1]  # [T, V] | [V]
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         k = torch.stack([layer.keys[0, :, start:stop] for layer in self.cache.layers])  # [L, H, T, Dh]
@@ -70,6 +72,9 @@ class HFBackend:
         eos = eos if isinstance(eos, list) else [eos]
         self.stop_token_ids = {t for t in eos + [tokenizer.eos_token_id] if t is not None}
         self.prefix_cache: PrefixCache | None = None  # sized by use_plan
+        self.generation_defaults = GenerationDefaults.load(model_dir)
+        self.family = self.model.config.model_type
+        self.vocab_size = int(self.model.config.vocab_size)
 
     def use_plan(self, plan, prefix_cache_tokens: int | None = None, **engine_options) -> None:
         """All weights stay resident here (no expert cache, engine_options unused); the plan's KV tokens bound
@@ -82,8 +87,8 @@ class HFBackend:
     def prefix_cache_budget(self) -> int:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
-    def generate(self, prompt: Prompt, params: Params, max_new: int) -> CachedGeneration:
-        return CachedGeneration(HFSequence(self.model), self.prefix_cache, prompt, params, max_new,
+    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> CachedGeneration:
+        return CachedGeneration(HFSequence(self.model), self.prefix_cache, prompt, decoder, max_new,
                                 self.stop_token_ids)
 
     def stats(self) -> dict:

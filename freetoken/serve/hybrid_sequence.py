@@ -55,16 +55,18 @@ class HybridSequence(EngineSequence):
         self.kv.commit(0, tokens)
         self.kv.load_states(*pieces[-1].states)
 
-    def forward(self, tokens: list[int]) -> torch.Tensor:
+    def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
         """Prefill stops at each anchor inside the new tokens to snapshot the states there."""
-        start, lo, logits = self.kv.length, 0, None
+        if decode:
+            return super().forward(tokens, decode=True)
+        start, lo, parts = self.kv.length, 0, []
         for cut in [a - start for a in self.anchors if start < a <= start + len(tokens)]:
-            logits = super().forward(tokens[lo:cut])
+            parts.append(super().forward(tokens[lo:cut], all_logits))
             lo = cut
             self.kv.snapshot()
         if lo < len(tokens):
-            logits = super().forward(tokens[lo:])
-        return logits
+            parts.append(super().forward(tokens[lo:], all_logits))
+        return torch.cat(parts) if all_logits else parts[-1]
 
     def read(self, start: int, stop: int) -> HybridPiece:
         kv = self.kv

@@ -55,11 +55,12 @@ class PrefixMatch:
 class PrefixStats:
     lookups: int = 0
     hit_lookups: int = 0  # lookups that reused at least one token
+    anchor_hits: int = 0  # lookups whose reuse reached at least one anchor (a message boundary)
     reused_tokens: int = 0  # prompt tokens served from the cache
     computed_tokens: int = 0  # prompt tokens that had to be prefilled
     inserted_tokens: int = 0
     evicted_tokens: int = 0
-    anchor_hits: int = 0  # lookups that resumed from a snapshot of recurrent state (hybrid models)
+    snapshot_hits: int = 0  # lookups that resumed from a snapshot of recurrent state (hybrid models)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -107,9 +108,10 @@ class PrefixCache:
         if self.snapshots is not None:
             length, pieces = resume[0], pieces[:resume[1]]
             anchor = min(anchor, length)
-            self.stats.anchor_hits += length > 0
+            self.stats.snapshot_hits += length > 0
         self.stats.lookups += 1
         self.stats.hit_lookups += length > 0
+        self.stats.anchor_hits += anchor > 0
         self.stats.reused_tokens += length
         self.stats.computed_tokens += len(tokens) - length
         return PrefixMatch(length, pieces, anchor)

@@ -11,7 +11,15 @@ from pydantic import Field
 
 from freetoken.serve.chat import ChatInput, text_of, tool_call
 from freetoken.serve.errors import APIError
-from freetoken.serve.openai_api import Lenient, openai_params, openai_tools
+from freetoken.serve.fields import check_fields
+from freetoken.serve.openai_api import ACCEPTED, Lenient, openai_params, openai_tools, response_schema, tool_mode
+from freetoken.serve.output import tool_call_schema
+
+REFUSED = {"previous_response_id": "no stored responses; send the whole input", "conversation": "no stored state",
+           "background": "no background mode", "prompt": "no stored prompts", "max_tool_calls": "no tool loop here",
+           "top_logprobs": "use /v1/chat/completions for logprobs", "audio": "text only"}
+# include: extra output to echo (encrypted reasoning, ...); nothing here to include, accepted as such
+RESPONSES_ACCEPTED = ACCEPTED | {"include", "truncation"}
 from freetoken.serve.service import Delta, Done
 
 
@@ -25,7 +33,10 @@ class ResponsesRequest(Lenient):
     stream: bool = False
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     stop: str | list[str] | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}}
+    reasoning: dict[str, Any] | None = None  # {"effort": ...}: passed to the chat template as reasoning_effort
 
 
 def _messages(req: ResponsesRequest) -> list[dict]:
@@ -76,8 +87,21 @@ def _tools(req: ResponsesRequest) -> list[dict] | None:
 
 
 def responses_input(req: ResponsesRequest) -> ChatInput:
-    return ChatInput(_messages(req), _tools(req),
-                     openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, None))
+    check_fields(req, REFUSED, RESPONSES_ACCEPTED)
+    if (req.model_extra or {}).get("truncation") not in (None, "disabled"):
+        raise APIError(400, "truncation: only 'disabled' (a prompt too long is an error)", "truncation")
+    tools, mode = tool_mode(_tools(req), req.tool_choice)
+    parallel = req.parallel_tool_calls is not False
+    fmt = (req.text or {}).get("format")
+    schema = response_schema({"type": fmt.get("type"), "json_schema": fmt} if fmt else None, "text.format")
+    if schema is not None and mode != "auto":
+        raise APIError(400, "text.format: cannot be combined with a forced tool_choice", "text.format")
+    if mode != "auto":
+        schema = tool_call_schema(tools, mode, parallel)
+    kwargs = {"reasoning_effort": req.reasoning["effort"]} if (req.reasoning or {}).get("effort") else {}
+    params = openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, None, json_schema=schema)
+    return ChatInput(_messages(req), tools, params, mode, parallel, kwargs,
+                     schema_param="tool_choice" if mode != "auto" else "text.format")
 
 
 class ResponseBuilder:
@@ -120,6 +144,11 @@ class ResponseBuilder:
     def output(self, done: Done, streamed: bool) -> list[dict]:
         keep = streamed or done.text or not done.tool_calls
         items = [self._message(done.text, "completed")] if keep else []
+        if done.reasoning:  # in the final response (streamed deltas carry the answer text only); last when
+            # streamed, so the streamed items keep their output_index
+            items.insert(len(items) if streamed else 0, {
+                "type": "reasoning", "id": f"rs_{self.msg_id[4:]}", "summary": [],
+                "content": [{"type": "reasoning_text", "text": done.reasoning}]})
         return items + [{"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name,
                          "arguments": c.arguments, "status": "completed"} for c in done.tool_calls]
 
@@ -134,6 +163,8 @@ class ResponseBuilder:
 
     def events(self, event: Delta | Done) -> list[dict]:
         if isinstance(event, Delta):
+            if event.kind == "reasoning" or not event.text:
+                return []
             self.text += event.text
             return [self._event("response.output_text.delta", item_id=self.msg_id, output_index=0,
                                 content_index=0, delta=event.text, logprobs=[])]

@@ -1,23 +1,28 @@
-"""The generation service behind every API: a request queue with a bounded number of running requests, each one
-driven token by token on a worker thread, its text streamed back to the event loop.
+"""The generation service behind every API: a request queue with a bounded number of running requests, all
+driven by one engine thread (scheduler.py: continuous batching, one decode step for all running sequences), each
+request's tokens streamed back to the event loop and turned into text, reasoning and tool calls there.
 
-A backend generates one sequence per call; steps of concurrent requests interleave under one lock (the engine runs
-one step at a time). A request's slot is freed when its worker has stopped the engine, not before, so a client
-that disconnects mid-stream cannot leave work running in a freed slot.
+A request's slot is freed when the engine thread has closed its sequence, not before, so a client that
+disconnects mid-stream cannot leave work running in a freed slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
-from freetoken.serve.chat import ChatInput, ChatTokenizer, Params, Prompt
+from freetoken.serve.chat import ChatInput, ChatTokenizer, Prompt
+from freetoken.serve.decoding import Decoder, TokenLogprob
 from freetoken.serve.errors import APIError
-from freetoken.serve.textstream import TextStream
-from freetoken.serve.tools import TOOL_OPEN, ToolCall, parse_tool_calls
+from freetoken.serve.grammar import GrammarMask, Grammars
+from freetoken.serve.metrics import Metrics
+from freetoken.serve.output import Delta, RequestOutput
+from freetoken.serve.parsers import resolve_parsers
+from freetoken.serve.scheduler import END, Job, Scheduler
+from freetoken.serve.tools import ToolCall
 
 
 class Generation(Protocol):
@@ -25,7 +30,13 @@ class Generation(Protocol):
 
     reused_tokens: int  # prompt tokens served from the prefix cache, known after the first step
 
-    def __next__(self) -> int: ...
+    prompt_logprobs: list | None  # per prompt token (None for the first), when the params asked for them
+
+    started: bool  # prefilled: the next step is a decode step
+    finished: bool  # no more tokens: max_new reached, a stop token sampled, or closed
+
+    def __next__(self) -> int | None:
+        """The next token; None after a prefill chunk that is not the prompt's last."""
 
     def close(self) -> None: ...
 
@@ -37,28 +48,31 @@ class Backend(Protocol):
     max_context: int
     chat: ChatTokenizer
     stop_token_ids: set[int]
+    family: str  # config.json's model_type: picks the tool-call and reasoning parsers
+    vocab_size: int
+    generation_defaults: object  # freetoken.models.generation_config.GenerationDefaults
 
-    def generate(self, prompt: Prompt, params: Params, max_new: int) -> "Generation":
+    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> "Generation":
         """A sequence, not started yet (no work in the call itself)."""
 
     def stats(self) -> dict:
         """Counters for /health (reused vs computed prompt tokens, ...)."""
 
-
-@dataclass(slots=True)
-class Delta:
-    text: str
+    # optional: decode_batch(gens) -> next tokens, one decode step of several started sequences together
 
 
 @dataclass(slots=True)
 class Done:
-    text: str  # the whole completion text (without a stop string or tool-call blocks)
+    text: str  # the whole completion text (without a stop string, reasoning or tool-call blocks)
     finish: str  # "stop" (end of sequence or a stop string) | "length" | "tool_calls"
     stop: str | None  # the stop string that ended it
     tool_calls: list[ToolCall]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    reasoning: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the output tokens, when asked for
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass(slots=True)
@@ -73,14 +87,13 @@ class Counters:
         return {k: getattr(self, k) for k in self.__slots__}
 
 
-_END = object()
-
-
 @dataclass
 class Service:
     backend: Backend
     max_running: int = 1
     max_waiting: int = 64
+    tool_parser: str = "auto"
+    reasoning_parser: str = "auto"
     counters: Counters = field(default_factory=Counters)
 
     def __post_init__(self) -> None:
@@ -88,12 +101,27 @@ class Service:
             raise ValueError(f"--max-running must be >= 1 and --max-waiting >= 0, got {self.max_running}, "
                              f"{self.max_waiting}")
         self._slots = asyncio.Semaphore(self.max_running)
-        self._pool = ThreadPoolExecutor(self.max_running, thread_name_prefix="ft-gen")
-        self._engine_lock = threading.Lock()
+        self.parsers = resolve_parsers(self.backend.family, self.tool_parser, self.reasoning_parser)
+        self.grammars = Grammars(self.backend.chat.tok, self.backend.vocab_size, self.backend.stop_token_ids)
+        self.metrics = Metrics(self.counters, self.backend.stats)
+        self.scheduler = Scheduler(self.backend, self.metrics.decode_batch.observe)
+
+    def check_length(self, chars: int, param: str = "messages") -> None:
+        """Before any rendering or tokenizing: text that cannot fit in the context whatever its tokens."""
+        ctx, per_token = self.backend.max_context, self.backend.chat.max_token_chars
+        if chars > ctx * per_token:
+            raise APIError(400, f"the prompt is {chars} characters, more than this model's context of {ctx} tokens "
+                                f"can hold ({per_token} characters per token at most)", param,
+                           "context_length_exceeded")
+
+    async def prepare(self, chat: ChatInput) -> Prompt:
+        """The rendered prompt (rendering and tokenizing off the event loop), after the cheap length check."""
+        self.check_length(sum(len(m.get("content") or "") for m in chat.messages))
+        return await asyncio.to_thread(self.prompt, chat)
 
     def render(self, chat: ChatInput) -> Prompt:
         try:
-            return self.backend.chat.render(chat.messages, chat.tools)
+            return self.backend.chat.render(chat.messages, chat.tools, **chat.template_kwargs)
         except ValueError as e:
             raise APIError(400, str(e), "messages")
         except Exception as e:  # a template that raises on these messages (jinja's own exception types)
@@ -102,15 +130,41 @@ class Service:
     def prompt(self, chat: ChatInput) -> Prompt:
         """The rendered prompt, if it leaves room to generate."""
         prompt = self.render(chat)
+        self.check_room(prompt)
+        return prompt
+
+    def check_room(self, prompt: Prompt, param: str = "messages") -> None:
         n, ctx = len(prompt.tokens), self.backend.max_context
         if n >= ctx:
             raise APIError(400, f"the prompt is {n} tokens; this model's context is {ctx} tokens, "
-                                f"leaving no room to generate", "messages", "context_length_exceeded")
-        return prompt
+                                f"leaving no room to generate", param, "context_length_exceeded")
+
+    def decoder(self, chat: ChatInput) -> Decoder:
+        """The request's sampling (unset fields from generation_config.json) and grammar."""
+        p = chat.params
+        for token in p.logit_bias:
+            if not 0 <= token < self.backend.vocab_size:
+                raise APIError(400, f"logit_bias: token id {token} is not in the vocabulary of "
+                                    f"{self.backend.vocab_size}", "logit_bias")
+        from freetoken.engine.sampling import sampling_params
+
+        try:
+            sampling = sampling_params(self.backend.generation_defaults, p.temperature, p.top_p, p.top_k, seed=p.seed)
+        except ValueError as e:
+            raise APIError(400, str(e))
+        grammar = None
+        if p.json_schema is not None:
+            try:
+                grammar = GrammarMask(self.grammars.compile(p.json_schema), self.backend.vocab_size)
+            except ValueError as e:
+                raise APIError(400, f"{chat.schema_param}: {e}", chat.schema_param)
+        return Decoder(p, sampling, grammar)
 
     async def run(self, chat: ChatInput, prompt: Prompt | None = None) -> AsyncIterator[Delta | Done]:
         """Deltas of text, then one Done. Raises APIError before the first event for bad or unservable requests."""
-        prompt = prompt or self.prompt(chat)
+        arrived = time.perf_counter()
+        prompt = prompt or await self.prepare(chat)
+        decoder = await asyncio.to_thread(self.decoder, chat)  # a schema's grammar compiles off the event loop
         room = self.backend.max_context - len(prompt.tokens)
         max_new = room if chat.params.max_tokens is None else min(chat.params.max_tokens, room)
         if self.counters.waiting >= self.max_waiting and self._slots.locked():
@@ -125,74 +179,57 @@ class Service:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
-        release = self._release_slot
-        gen: Generation | None = None
-
-        def work():
-            try:
-                try:
-                    while not cancel.is_set():
-                        with self._engine_lock:
-                            tok = next(gen, _END)
-                        loop.call_soon_threadsafe(queue.put_nowait, tok)
-                        if tok is _END:
-                            break
-                finally:
-                    with self._engine_lock:
-                        gen.close()
-            except BaseException as e:  # surfaced to the request, never lost in the thread
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-            finally:
-                loop.call_soon_threadsafe(release)
-
+        release = lambda: loop.call_soon_threadsafe(self._release_slot)  # noqa: E731
         try:
-            gen = self.backend.generate(prompt, chat.params, max_new)
-            self._pool.submit(work)
+            gen = self.backend.generate(prompt, decoder, max_new)
         except BaseException:
-            release()
+            self._release_slot()
             raise
+        self.scheduler.submit(Job(gen, lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
+                                  lambda: decoder.logprob, cancel, release))
         stop_ids = self.backend.stop_token_ids
-        stream = TextStream(self.backend.chat.decode, chat.params.stop, [TOOL_OPEN] if chat.tools else [])
-        finish, generated, finished = "length", 0, False
+        out = RequestOutput(chat, self.backend.chat, prompt.tokens, self.parsers, decoder)
+        finish, generated, finished, last = "length", 0, False, None
         try:
             while True:
-                tok = await queue.get()
-                if isinstance(tok, BaseException):
-                    raise tok
-                if tok is _END:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is END:
                     break
+                tok, logprob = item
+                now = time.perf_counter()
+                if last is None:
+                    self.metrics.ttft.observe(now - arrived)
+                else:
+                    self.metrics.inter_token.observe(now - last)
+                last = now
                 generated += 1
                 if tok in stop_ids:
                     finish = "stop"
                     break
-                delta = stream.push(tok)
-                if delta:
-                    yield Delta(delta)
-                if stream.stop is not None:
+                for delta in out.push(tok, logprob):
+                    yield delta
+                if out.stopped:
                     finish = "stop"
                     break
                 if generated >= max_new:
                     break
             cancel.set()
-            rest = stream.finish()
-            if rest:
-                yield Delta(rest)
-            text, calls = stream.text, []
-            if stream.held:  # output from a tool-call tag on, kept back from the text deltas
-                content, calls = parse_tool_calls(stream.text)
-                if calls:
-                    text, finish = content, "tool_calls"
-                else:  # not a well-formed call after all: it is text
-                    yield Delta(stream.held)
+            for delta in out.finish():
+                yield delta
+            finish = "tool_calls" if out.calls else finish
             self.counters.served += 1
+            self.metrics.finished(finish, len(prompt.tokens), generated)
             finished = True
-            yield Done(text, finish, stream.stop, calls, len(prompt.tokens), generated, gen.reused_tokens)
+            yield Done(out.text, finish, out.stream.stop, out.calls, len(prompt.tokens), generated,
+                       gen.reused_tokens, out.reasoning, out.logprobs, gen.prompt_logprobs)
         finally:
             cancel.set()
             self.counters.cancelled += not finished
 
-    async def complete(self, chat: ChatInput) -> Done:
-        events = [event async for event in self.run(chat)]
+    async def complete(self, chat: ChatInput, prompt: Prompt | None = None) -> Done:
+        events = [event async for event in self.run(chat, prompt)]
         return events[-1]
 
     def _release_slot(self) -> None:
@@ -204,4 +241,4 @@ class Service:
                 "max_running": self.max_running, **self.counters.to_dict(), "engine": self.backend.stats()}
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.shutdown()

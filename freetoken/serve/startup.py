@@ -70,6 +70,12 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     return backend, plan
 
 
+def build_service(backend, cfg: ServeConfig):
+    from freetoken.serve.service import Service
+
+    return Service(backend, cfg.max_running, cfg.max_waiting, cfg.tool_parser, cfg.reasoning_parser)
+
+
 def resolve_model(cfg: ServeConfig) -> tuple[Path, str]:
     if cfg.model is not None:
         return cfg.model, cfg.served_name or cfg.model.resolve().name

@@ -44,13 +44,12 @@ def start_server(model_dir: Path | None, backend: str = "engine", **overrides):
     from freetoken.serve.app import build_app
     from freetoken.serve.config import ServeConfig
     from freetoken.serve.server import Server
-    from freetoken.serve.service import Service
-    from freetoken.serve.startup import load
+    from freetoken.serve.startup import build_service, load
 
     cfg = ServeConfig(model=model_dir, backend=backend, port=0, device_budget_gb=1.0, **overrides)
     backend_obj, _ = load(cfg, log=lambda s: None)
-    service = Service(backend_obj, cfg.max_running, cfg.max_waiting)
-    server = Server(build_app(service), "127.0.0.1", 0, announce=False)
+    service = build_service(backend_obj, cfg)
+    server = Server(build_app(service, cfg), "127.0.0.1", 0, announce=False)
     thread = server.start_in_thread()
     return server, thread, service
 

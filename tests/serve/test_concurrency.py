@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import TIMEOUT, start_server
+from conftest import TIMEOUT, running, start_server
 
 
 def test_concurrent_clients_get_correct_answers(served, model_id, greedy):
@@ -71,3 +71,30 @@ def test_disconnect_mid_stream_frees_the_slot(one_slot, model_id):
     r = httpx.post(url + "/v1/chat/completions", timeout=TIMEOUT,
                    json={**body, "stream": False, "max_tokens": 3})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_four_concurrent_requests_decode_together_and_equal_their_solo_runs(greedy):
+    """Continuous batching: 4 requests in flight decode in shared steps (the batch-size histogram shows batches
+    > 1), and each answer equals `ft generate` on its prompt alone."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prompts = [f"tell me about expert {i}" for i in range(4)]
+    expect = [greedy(p, 24) for p in prompts]
+    with running(None, max_running=4) as (url, service):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+
+        def ask(p):
+            r = client.chat.completions.create(model=service.backend.model_id, max_tokens=24, temperature=0,
+                                               messages=[{"role": "user", "content": p}])
+            return r.choices[0].message.content, r.usage.completion_tokens
+
+        with ThreadPoolExecutor(4) as pool:
+            got = list(pool.map(ask, prompts))
+        samples = {(s.name, s.labels.get("le")): s.value for fam in text_string_to_metric_families(
+            httpx.get(url + "/metrics", timeout=TIMEOUT).text) for s in fam.samples}
+    assert got == [(g.text, len(g.out)) for g in expect]
+    steps = samples[("freetoken_decode_batch_size_count", None)]
+    single = samples[("freetoken_decode_batch_size_bucket", "1.0")]
+    assert steps - single > 0  # decode steps of more than one sequence
+    decoded = sum(n - 1 for _, n in got)  # every decode step's sequences add up to the decoded tokens
+    assert samples[("freetoken_decode_batch_size_sum", None)] == decoded and steps < decoded

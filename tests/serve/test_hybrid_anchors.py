@@ -57,6 +57,7 @@ def test_second_turn_prefills_only_the_new_tokens(client, hybrid_served, hybrid_
     assert after["reused_tokens"] - before["reused_tokens"] == len(computed_in_turn1)  # the state at turn 1's end
     assert after["computed_tokens"] - before["computed_tokens"] == len(ids2) - len(computed_in_turn1)
     assert after["anchor_hits"] - before["anchor_hits"] == 1
+    assert after["snapshot_hits"] - before["snapshot_hits"] == 1  # resumed from the recurrent state kept there
     assert r2.choices[0].message.content == text2  # same as the cold run
 
 
@@ -88,7 +89,9 @@ def test_an_edit_resumes_from_the_anchor_before_it(client, hybrid_served, hybrid
 def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hybrid_engine):
     """transformers' cache of a hybrid model cannot be cut into KV pieces: the HF backend runs it uncached, and its
     greedy answer is the engine's."""
+    from freetoken.engine import SamplingParams
     from freetoken.serve.chat import Params, Prompt
+    from freetoken.serve.decoding import Decoder
     from freetoken.serve.hf_backend import HFBackend
     from freetoken.placement.memory import ModelMemory, plan_memory
 
@@ -96,7 +99,7 @@ def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hyb
     backend.use_plan(plan_memory(ModelMemory(0, 1, 1, 1, 0, 64), 10**6, kv_floor=64))
     assert backend.prefix_cache is None
     ids, _, out = cold(hybrid_engine, [{"role": "user", "content": "hi there"}], 4)
-    gen = backend.generate(Prompt(ids, []), Params(max_tokens=4, temperature=0.0), 4)
+    gen = backend.generate(Prompt(ids, []), Decoder(Params(max_tokens=4), SamplingParams(greedy=True)), 4)
     got = [t for _, t in zip(range(4), gen)]
     gen.close()
     assert got == out[:len(got)]

@@ -32,7 +32,7 @@ def test_resumes_only_where_a_state_was_kept():
     edited = cache.match(SEQ[:5] + [0, 0, 0])  # KV shared to 5, the last state at 3
     assert edited.length == 3 and [p[0] for p in edited.kv] == [[0, 1, 2]]
     assert cache.match([7, 7, 7]).length == 0
-    assert cache.stats.anchor_hits == 2 and cache.stats.reused_tokens == 12
+    assert cache.stats.snapshot_hits == 2 and cache.stats.anchor_hits == 2 and cache.stats.reused_tokens == 12
 
 
 def test_a_prefix_without_states_is_not_reused():

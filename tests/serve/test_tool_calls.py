@@ -22,9 +22,15 @@ class Replay:
     def __init__(self, ids):
         self._it = iter(ids)
         self.reused_tokens = 0
+        self.prompt_logprobs = None
+        self.started, self.finished = True, False  # no prefill: every step yields a token
 
     def __next__(self):
-        return next(self._it)
+        try:
+            return next(self._it)
+        except StopIteration:
+            self.finished = True
+            raise
 
     def close(self):
         pass
@@ -34,12 +40,15 @@ class ReplayBackend:
     def __init__(self, tokenizer, answer: str):
         from freetoken.serve.chat import ChatTokenizer
 
+        from freetoken.models.generation_config import GenerationDefaults
+
         self.model_id, self.max_context = "replay", 1024
         self.chat = ChatTokenizer(tokenizer)
         self.stop_token_ids = {tokenizer.eos_token_id}
         self.ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+        self.family, self.vocab_size, self.generation_defaults = "qwen3_moe", len(tokenizer), GenerationDefaults()
 
-    def generate(self, prompt, params, max_new):
+    def generate(self, prompt, decoder, max_new):
         return Replay(self.ids[:max_new])
 
     def stats(self):
@@ -113,3 +122,42 @@ def test_responses_function_call(replay):
             assert resp.output_text == "Let me look."
         else:
             assert calls == [] and resp.output_text == answer
+
+
+THINK = "<think>look in /tmp</think>\n\nIt is empty."
+
+
+@pytest.fixture(scope="module")
+def think_replay(tiny_engine):
+    """A Qwen3-family answer with reasoning (the family's parser: <think> blocks)."""
+    from freetoken.serve.app import build_app
+    from freetoken.serve.server import Server
+    from freetoken.serve.service import Service
+
+    service = Service(ReplayBackend(tiny_engine.tokenizer, THINK))
+    server = Server(build_app(service), "127.0.0.1", 0, announce=False)
+    thread = server.start_in_thread()
+    yield server.url
+    server.stop(thread)
+    service.shutdown()
+
+
+def test_reasoning_reaches_each_api_in_its_own_field(think_replay):
+    url = think_replay
+    c = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    kw = dict(model="replay", messages=[{"role": "user", "content": "ls"}])
+    msg = c.chat.completions.create(**kw).choices[0].message
+    assert (msg.reasoning_content, msg.content) == ("look in /tmp", "It is empty.")
+    chunks = [ch.choices[0].delta for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in chunks) == "look in /tmp"
+    assert "".join(d.content or "" for d in chunks) == "It is empty."
+    a = anthropic.Anthropic(base_url=url, api_key="x", timeout=TIMEOUT, max_retries=0)
+    akw = dict(model="replay", max_tokens=200, messages=[{"role": "user", "content": "ls"}])
+    on = dict(thinking={"type": "enabled", "budget_tokens": 100})
+    with a.messages.stream(**akw, **on) as s:
+        streamed = s.get_final_message()
+    for m in (a.messages.create(**akw, **on), streamed):
+        assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content] == [
+            ("thinking", "look in /tmp"), ("text", "It is empty.")]
+    m = a.messages.create(**akw)  # thinking not enabled: no thinking block
+    assert [(b.type, b.text) for b in m.content] == [("text", "It is empty.")]
