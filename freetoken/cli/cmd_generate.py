@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from freetoken.paths import DEMO_MODEL
 from freetoken.cli.common import add_split_args, split_from_args
@@ -37,7 +38,9 @@ def register(sub) -> None:
     p.add_argument("--profile-trace", help="frequency: trace whose expert counts choose the pinned experts")
     p.add_argument("--future-trace", help="belady: a trace recorded on the same input (the future it needs)")
     p.add_argument("--prefill-chunk", type=int, default=2048)
-    p.add_argument("--kernels", choices=["triton", "reference"], default="triton")
+    p.add_argument("--kernels", choices=["auto", "triton", "reference"], default="auto",
+                   help="auto (default): Triton with CUDA, the torch kernels on a CPU-only machine (Triton would only "
+                        "interpret there); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")
@@ -56,6 +59,7 @@ def build_engine(args: argparse.Namespace):
     import torch
 
     from freetoken.engine import CacheConfig, Engine
+    from freetoken.engine.kernelset import resolve_kernels
     from freetoken.trace.stats import expert_counts
     from sim.calls import trace_key_stream
     from freetoken.trace import load
@@ -73,6 +77,7 @@ def build_engine(args: argparse.Namespace):
     fraction = 0.5 if args.capacity is None and args.fraction is None else args.fraction
     cache = CacheConfig(args.policy, capacity=args.capacity, fraction=fraction, split=split, options=options)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
                                   prefill_chunk=args.prefill_chunk)
 
@@ -112,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     ids = prompt_ids(args, engine)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     store = engine.store
-    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
+    if Path(args.model).resolve() == DEMO_MODEL.resolve():
+        sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
+    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}\n")
     tok = engine.tokenizer
     out: list[int] = []
     shown = ""

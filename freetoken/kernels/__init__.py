@@ -19,13 +19,14 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
 from freetoken.kernels.attention import attention, attention_ref  # noqa: E402
 from freetoken.kernels.expert_ffn import expert_ffn, expert_ffn_ref  # noqa: E402
 from freetoken.kernels.expert_ffn_quant import expert_ffn_quant, expert_ffn_quant_ref  # noqa: E402
+from freetoken.kernels.host import attention_host, expert_ffn_host, expert_ffn_quant_host  # noqa: E402
 from freetoken.kernels.linear import linear, linear_ref  # noqa: E402
 from freetoken.kernels.rmsnorm import rms_norm, rms_norm_ref  # noqa: E402
 from freetoken.kernels.rope import apply_rope, apply_rope_ref  # noqa: E402
 from freetoken.kernels.router import router_topk, router_topk_ref  # noqa: E402
 
 __all__ = [
-    "apply_rope", "apply_rope_ref", "attention", "attention_ref", "expert_ffn", "expert_ffn_quant",
-    "expert_ffn_quant_ref", "expert_ffn_ref",
+    "apply_rope", "apply_rope_ref", "attention", "attention_host", "attention_ref", "expert_ffn", "expert_ffn_host", "expert_ffn_quant",
+    "expert_ffn_quant_host", "expert_ffn_quant_ref", "expert_ffn_ref",
     "linear", "linear_ref", "rms_norm", "rms_norm_ref", "router_topk", "router_topk_ref",
 ]

@@ -103,11 +103,12 @@ class EngineBackend:
         """Builds the engine with the planned expert slots and the resolved miss split."""
         from freetoken.calibrate.mode import resolve_split
         from freetoken.engine import CacheConfig, Engine
+        from freetoken.engine.kernelset import resolve_kernels
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
-        kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
+        kernels = resolve_kernels(kernels or "auto")
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
         cache = CacheConfig(policy, capacity=slots, split=resolved.split, staging=staging)
         self.cache_note = f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging"
