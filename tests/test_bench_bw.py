@@ -132,3 +132,27 @@ def test_bad_geometry_is_refused(capsys):
     assert "expert format 'int3'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="positive"):
         Geometry(0, 768)
+
+
+def test_model_flag_writes_the_profile_serve_reads(tmp_path, capsys):
+    """`ft bench bw --model DIR` measures DIR's expert geometry and format, and writes the file that the server's
+    `--split auto` looks up for that checkpoint (the demo's fp32 experts, not the bf16 default)."""
+    from freetoken.models.checkpoint import load_checkpoint
+    from freetoken.paths import DEMO_MODEL
+    from freetoken.serve.engine_backend import expert_format
+
+    assert main(["bench", "bw", "--model", str(DEMO_MODEL), "--quick", "--no-probe", "--seconds", "0.05",
+                 "--cache-dir", str(tmp_path), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    fmt = expert_format(load_checkpoint(DEMO_MODEL))
+    assert fmt == "fp32" and printed["path"] == str(profile_path(None, fmt, tmp_path))
+    assert printed["geometry"]["hidden"] == 64 and printed["geometry"]["intermediate"] == 32
+    resolved = resolve_split("auto", None, fmt, tmp_path)
+    assert "no bandwidth profile" not in resolved.reason and "profile says cpu" in resolved.reason
+
+
+def test_model_flag_excludes_geometry_flags(capsys):
+    from freetoken.paths import DEMO_MODEL
+
+    assert main(["bench", "bw", "--model", str(DEMO_MODEL), "--hidden", "64", "--no-save"]) == 2
+    assert "--model sets the expert geometry" in capsys.readouterr().err

@@ -67,8 +67,10 @@ def resolve_split(mode: str, gpu: str | None, expert_format: str, directory: Pat
     where = profile_path(gpu, expert_format, directory)
     if profile is None:
         if mode == "hybrid":
-            raise ValueError(f"split hybrid needs measured bandwidths: no profile at {where}; run `ft bench bw`")
-        return ResolvedSplit(Split("offload"), f"offload (auto: no bandwidth profile at {where})")
+            raise ValueError(f"split hybrid needs measured bandwidths: no profile at {where}; run `ft bench bw` "
+                             f"with --model DIR (the checkpoint served) on this machine")
+        return ResolvedSplit(Split("offload"), f"offload (auto: no bandwidth profile at {where}; "
+                                                      f"`ft bench bw --model DIR` writes it)")
     rec = profile["recommendation"]
     if mode == "auto" and rec["mode"] != "hybrid":
         return ResolvedSplit(Split("offload"), f"offload (auto: profile says {rec['mode']}: {rec['reason']})")

@@ -13,15 +13,37 @@ def register(sub) -> None:
     p = sub.add_parser("bw", help="host, CPU-lane and PCIe bandwidths; writes the profile `--split auto` reads")
     p.add_argument("--quick", action="store_true", help="short runs over buffers just past the cache (~5 s)")
     p.add_argument("--seconds", type=float, help="seconds per measurement (default 3, --quick 0.75)")
-    p.add_argument("--hidden", type=int, default=2048, help="expert geometry: hidden size D (Qwen3-30B-A3B: 2048)")
-    p.add_argument("--intermediate", type=int, default=768, help="expert intermediate size I (Qwen3-30B-A3B: 768)")
-    p.add_argument("--format", dest="fmt", default="bf16", help="expert weight format: bf16, fp16, fp32")
+    p.add_argument("--model", help="checkpoint directory: its expert geometry and weight format (the profile "
+                                   "`ft serve --model DIR --split auto` then reads); replaces the next three flags")
+    p.add_argument("--hidden", type=int, help="expert geometry: hidden size D (default: Qwen3-30B-A3B's 2048)")
+    p.add_argument("--intermediate", type=int, help="expert intermediate size I (default: Qwen3-30B-A3B's 768)")
+    p.add_argument("--format", dest="fmt", help="expert weight format: bf16 (default), fp16, fp32")
     p.add_argument("--misses-per-call", type=int, default=4, help="missing experts per decode layer call")
     p.add_argument("--no-probe", action="store_true", help="skip the end-to-end decode probe")
     p.add_argument("--cache-dir", type=Path, help="where the profile goes (default $XDG_CACHE_HOME/freetoken)")
     p.add_argument("--no-save", action="store_true", help="measure and print only")
     p.add_argument("--json", action="store_true", help="print the profile as one JSON object")
     p.set_defaults(run=run)
+
+
+def geometry_of(model: str):
+    """The expert geometry and weight format a checkpoint directory's engine runs (config.json only)."""
+    import json
+    from pathlib import Path
+
+    from freetoken.calibrate.lanes import Geometry
+    from freetoken.sim.model_card import load_model_card
+
+    card = load_model_card(model)
+    if card.expert_format is not None:
+        raise ValueError(f"--model {model}: packed experts ({card.expert_format.method} {card.expert_format.kind}); `ft bench bw` measures "
+                         f"bf16 / fp16 / fp32 experts only")
+    raw = json.loads((Path(model) / "config.json").read_text())
+    dtype = raw.get("dtype") or raw.get("torch_dtype") or "bfloat16"
+    fmt = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype)
+    if fmt is None:
+        raise ValueError(f"--model {model}: config.json dtype {dtype!r} is not one of float32, bfloat16, float16")
+    return Geometry(card.hidden_size, card.expert_intermediate_size, fmt)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.calibrate.lanes import Geometry
     from freetoken.calibrate.profile import profile_path, save_profile
 
-    geo = Geometry(args.hidden, args.intermediate, args.fmt)
+    if args.model and any(v is not None for v in (args.hidden, args.intermediate, args.fmt)):
+        raise ValueError("--model sets the expert geometry and format: drop --hidden / --intermediate / --format")
+
+    geo = geometry_of(args.model) if args.model else Geometry(args.hidden or 2048, args.intermediate or 768,
+                                                               args.fmt or "bf16")
     cfg = BenchConfig.quick(geo) if args.quick else BenchConfig(geo)
     cfg = replace(cfg, misses_per_call=args.misses_per_call, probe=cfg.probe and not args.no_probe,
                   **({"seconds": args.seconds} if args.seconds is not None else {}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from freetoken.paths import DEMO_MODEL
 from freetoken.cli.common import add_cache_args, cache_config_from_args
@@ -31,7 +32,9 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
     p.add_argument("--max-context", type=int, help="context length the KV cache holds (default: the model's, at "
                                                    "most 4096)")
-    p.add_argument("--kernels", choices=["triton", "reference"], default="triton")
+    p.add_argument("--kernels", choices=["auto", "triton", "reference"], default="auto",
+                   help="auto (default): Triton with CUDA, the torch kernels on a CPU-only machine (Triton would only "
+                        "interpret there); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")
@@ -52,6 +55,7 @@ def build_engine(args: argparse.Namespace):
     from dataclasses import replace
 
     from freetoken.engine import Engine
+    from freetoken.engine.kernelset import resolve_kernels
     from freetoken.placement.config import policy_options
     from freetoken.sim.run import future_stream
 
@@ -65,6 +69,7 @@ def build_engine(args: argparse.Namespace):
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     if args.max_context is not None and args.max_context <= 0:
         raise ValueError(f"--max-context must be positive, got {args.max_context}")
+    args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
                                   max_context=args.max_context)
 
@@ -106,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
     store = engine.store
     for note in engine.checkpoint.notes:  # what loading left out (a multimodal checkpoint's vision tower)
         sys.stderr.write(note + "\n")
-    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
+    if Path(args.model).resolve() == DEMO_MODEL.resolve():
+        sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
+    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}\n")
     tok = engine.tokenizer
     out: list[int] = []
     shown = ""

@@ -1,7 +1,9 @@
 """Which implementation of the kernel API the engine calls: the Triton kernels, or their torch references.
 
-The device path uses only these functions. The references exist so the many cache-correctness tests can run
-fast on CPU while a smaller set runs the Triton kernels (compiled on CUDA, interpreted on CPU).
+The device path uses only these functions. The torch set is what a CPU-only machine runs (Triton there only
+interprets) and what lets the many cache-correctness tests run fast while a smaller set runs the Triton kernels
+(compiled on CUDA, interpreted on CPU). Its expert FFN groups pairs by slot and its attention is torch's SDPA
+(kernels/host.py), not the per-pair gather and explicit scores of the references, which stay the kernels' oracles.
 """
 
 from __future__ import annotations
@@ -35,16 +37,26 @@ def _build(name: str) -> KernelSet:
         return KernelSet(name, k.rms_norm, k.apply_rope, k.attention, k.router_topk, k.linear, k.expert_ffn,
                          k.expert_ffn_quant, k.causal_conv1d, k.causal_conv1d_update, k.gated_delta_chunk,
                          k.gated_delta_step, k.rms_norm_gated)
-    return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_ref, k.router_topk_ref, k.linear_ref,
-                     k.expert_ffn_ref, k.expert_ffn_quant_ref, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
+    return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_host, k.router_topk_ref, k.linear_ref,
+                     k.expert_ffn_host, k.expert_ffn_quant_host, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
                      k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref)
 
 
 KERNEL_SETS = ("triton", "reference")
+KERNEL_CHOICES = ("auto", *KERNEL_SETS)
+
+
+def resolve_kernels(name: str) -> str:
+    """auto: Triton where CUDA is, else the torch set (Triton on a CPU only interprets: tens of times slower)."""
+    if name not in KERNEL_CHOICES:
+        raise ValueError(f"kernels {name!r} is not one of {', '.join(KERNEL_CHOICES)}")
+    if name != "auto":
+        return name
+    import torch
+
+    return "triton" if torch.cuda.is_available() else "reference"
 
 
 
 def kernel_set(name: str) -> KernelSet:
-    if name not in KERNEL_SETS:
-        raise ValueError(f"kernels {name!r} is not one of {', '.join(KERNEL_SETS)}")
-    return _build(name)
+    return _build(resolve_kernels(name))

@@ -23,6 +23,7 @@ from freetoken.kernels.expert_ffn import expert_ffn, expert_ffn_ref  # noqa: E40
 from freetoken.kernels.expert_ffn_quant import expert_ffn_quant, expert_ffn_quant_ref  # noqa: E402
 from freetoken.kernels.gated_delta_chunk import gated_delta_chunk, gated_delta_chunk_ref  # noqa: E402
 from freetoken.kernels.gated_delta_step import gated_delta_step, gated_delta_step_ref  # noqa: E402
+from freetoken.kernels.host import attention_host, expert_ffn_host, expert_ffn_quant_host  # noqa: E402
 from freetoken.kernels.linear import linear, linear_ref  # noqa: E402
 from freetoken.kernels.rmsnorm import rms_norm, rms_norm_ref  # noqa: E402
 from freetoken.kernels.rmsnorm_gated import rms_norm_gated, rms_norm_gated_ref  # noqa: E402
@@ -30,9 +31,9 @@ from freetoken.kernels.rope import apply_rope, apply_rope_ref  # noqa: E402
 from freetoken.kernels.router import router_topk, router_topk_ref  # noqa: E402
 
 __all__ = [
-    "apply_rope", "apply_rope_ref", "attention", "attention_ref", "causal_conv1d", "causal_conv1d_ref",
-    "causal_conv1d_update", "causal_conv1d_update_ref", "expert_ffn", "expert_ffn_quant",
-    "expert_ffn_quant_ref", "expert_ffn_ref", "gated_delta_chunk", "gated_delta_chunk_ref", "gated_delta_step",
+    "apply_rope", "apply_rope_ref", "attention", "attention_host", "attention_ref", "causal_conv1d", "causal_conv1d_ref",
+    "causal_conv1d_update", "causal_conv1d_update_ref", "expert_ffn", "expert_ffn_host", "expert_ffn_quant",
+    "expert_ffn_quant_host", "expert_ffn_quant_ref", "expert_ffn_ref", "gated_delta_chunk", "gated_delta_chunk_ref", "gated_delta_step",
     "gated_delta_step_ref", "rms_norm_gated", "rms_norm_gated_ref",
     "linear", "linear_ref", "rms_norm", "rms_norm_ref", "router_topk", "router_topk_ref",
 ]

@@ -113,11 +113,12 @@ class EngineBackend:
         from freetoken.engine import Engine
         from freetoken.placement import cache_config
         from freetoken.serve.config import SERVE_NAMES
+        from freetoken.engine.kernelset import resolve_kernels
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
-        kernels = kernels or ("triton" if torch.cuda.is_available() else "reference")
+        kernels = resolve_kernels(kernels or "auto")
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
         if capacity is not None or fraction is not None:
             cfg = self.ckpt.config
