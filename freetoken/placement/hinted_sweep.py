@@ -25,7 +25,6 @@ evictions and then its prefetches; keys of layers outside (call.layer, call.laye
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 
@@ -153,35 +152,15 @@ class HintedSweep(LayerSweep):
         r, p = self._posterior(key)
         return d + (1.0 - r) * L / p
 
-    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        """The unprotected resident with the longest wait (ties: lowest key); None when `key` (a demand miss under
-        bypass, or any prefetch) waits longer still. Walks layer_sweep's heap from the least likely key; a
-        hint adds at most L to a wait, so no key after one of rate p waits longer than L + L / p."""
-        heap, zs, L, E = self._heap, self._z, self.num_layers, self.num_experts
-        shift = self._most_visits * self._log_decay
-        prefetch = key in self._predicted and key // E in self._hinted
-        to_beat = self.wait(key) if (self.bypass or prefetch) else -math.inf
-        seen, best, best_wait = [], None, -math.inf
-        budget = self.scan
-        while heap and budget:
-            z, k = heap[0]
-            if zs.get(k) != z:
-                heapq.heappop(heap)
-                continue
-            log_p = z + shift
-            if log_p > -700.0 and L * (1.0 + math.exp(-log_p)) * _SLACK < max(best_wait, to_beat):
-                break
-            seen.append(heapq.heappop(heap))
-            if k not in protected:
-                budget -= 1
-                w = self.wait(k)
-                if w > best_wait or (w == best_wait and k < best):
-                    best, best_wait = k, w
-        for item in seen:
-            if item[1] != best:
-                heapq.heappush(heap, item)
-        if best is None or to_beat > best_wait:
-            if best is not None:
-                heapq.heappush(heap, (zs[best], best))
-            return None
-        return best
+    # the victim: layer_sweep's heap walk, with the hint in the waits. A hint adds at most L to a wait, so no
+    # key after one of rate p waits longer than L + L / p; a prefetch (a predicted key of a hinted layer) is
+    # always weighed against the victim, a demand miss only under bypass.
+    def _to_beat(self, key: int) -> float:
+        prefetch = key in self._predicted and key // self.num_experts in self._hinted
+        return self.wait(key) if (self.bypass or prefetch) else -math.inf
+
+    def _bound(self, log_p: float) -> float:
+        return self.num_layers * (1.0 + math.exp(-log_p)) * _SLACK if log_p > -700.0 else math.inf
+
+    def _resident_wait(self, key: int) -> float:
+        return self.wait(key)
