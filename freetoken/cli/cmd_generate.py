@@ -7,8 +7,7 @@ import sys
 import time
 
 from freetoken.paths import DEMO_MODEL
-from freetoken.cli.common import add_split_args, split_from_args
-from freetoken.placement import POLICIES
+from freetoken.cli.common import LazyChoices, add_split_args, split_from_args
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -28,7 +27,9 @@ def register(sub) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
-    p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
+    p.add_argument("--policy", default="lru", metavar="NAME",
+                   choices=LazyChoices("freetoken.placement", "POLICIES", sort=True),
+                   help="placement policy: %(choices)s")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--capacity", type=int, help="GPU expert slots")
     size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts "

@@ -5,21 +5,19 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from freetoken.cli.common import print_json, progress
+from freetoken.cli.common import LazyChoices, print_json, progress
+
+LATE_DEFAULTS = {  # flag -> (module, constant): read when the command runs, so building the parser stays light
+    "prompt_tokens": ("sim.predict", "DEFAULT_PROMPT"),
+    "decode_tokens": ("sim.predict", "DEFAULT_DECODE"),
+    "skew": ("sim.predict", "SYNTH_SKEW"),
+    "reuse": ("sim.predict", "SYNTH_REUSE"),
+    "window": ("sim.predict", "SYNTH_WINDOW"),
+    "min_context": ("freetoken.serve.memory", "DEFAULT_KV_FLOOR"),
+}
 
 
 def register(sub) -> None:
-    from sim.engines import ENGINES
-    from sim.lanes import HOST_MODES
-    from sim.planner import DEFAULT_KV_FLOOR
-    from sim.predict import (
-        DEFAULT_DECODE,
-        DEFAULT_PROMPT,
-        SYNTH_REUSE,
-        SYNTH_SKEW,
-        SYNTH_WINDOW,
-    )
-
     p = sub.add_parser("predict", help="predict throughput and latency from a model card, a hardware profile "
                                        "and an engine (cost model over a replayed trace)")
     p.add_argument("--model", help="a name in conf/model (e.g. qwen3.5-122b-a10b), a .yaml path, or a local HF "
@@ -27,23 +25,24 @@ def register(sub) -> None:
     p.add_argument("--expert-format", help="size the routed experts as this packed format (gptq-g128, fp8-block, "
                                            "nvfp4, ... freetoken.quant.FORMAT_SPECS) or bits name (int4, ...)")
     p.add_argument("--hardware", help="a name in conf/hardware (e.g. rtx5090-ryzen) or a .yaml path")
-    p.add_argument("--engine", default="freetoken-offload", choices=list(ENGINES))
+    p.add_argument("--engine", default="freetoken-offload", metavar="ENGINE",
+                   choices=LazyChoices("sim.engines", "ENGINES"), help="one of %(choices)s")
     p.add_argument("--rule", choices=["balanced", "paper"],
                    help="hybrid engines: how many misses to fetch (balanced lanes, or the paper's q* = m BP / BH)")
     p.add_argument("--trace", help="routing trace of this model (.safetensors); default: a synthetic one of its shape")
-    p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT, help="synthetic: prompt length")
-    p.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE, help="synthetic: tokens generated")
+    p.add_argument("--prompt-tokens", type=int, help="synthetic: prompt length")
+    p.add_argument("--decode-tokens", type=int, help="synthetic: tokens generated")
     p.add_argument("--warmup-decode", type=int, default=0,
                    help="replay this many decode steps first, unreported, so the request meets the cache of a "
                         "running server (synthetic: more of the same routing; --trace: its last decode steps)")
-    p.add_argument("--skew", type=float, default=SYNTH_SKEW, help="synthetic: Zipf exponent of expert popularity")
-    p.add_argument("--reuse", type=float, default=SYNTH_REUSE, help="synthetic: probability a pick reuses a recent one")
-    p.add_argument("--window", type=int, default=SYNTH_WINDOW, help="synthetic: tokens back a reuse looks")
+    p.add_argument("--skew", type=float, help="synthetic: Zipf exponent of expert popularity")
+    p.add_argument("--reuse", type=float, help="synthetic: probability a pick reuses a recent one")
+    p.add_argument("--window", type=int, help="synthetic: tokens back a reuse looks")
     p.add_argument("--bw-profile", help="an `ft bench bw` profile (JSON) whose measured PCIe, CPU-lane and host "
                                         "bandwidths replace the hardware profile's")
-    p.add_argument("--min-context", type=int, default=DEFAULT_KV_FLOOR, help="KV-cache floor in tokens")
-    p.add_argument("--host", default="shared", choices=HOST_MODES,
-                   help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently")
+    p.add_argument("--min-context", type=int, help="KV-cache floor in tokens")
+    p.add_argument("--host", default="shared", metavar="MODE", choices=LazyChoices("sim.lanes", "HOST_MODES"),
+                   help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently (%(choices)s)")
     p.add_argument("--capacity", type=int, help="expert slots (default: what VRAM holds after dense weights and KV)")
     p.add_argument("--n-cpu-moe", type=int, help="llamacpp-ncmoe: MoE layers on the CPU (default: from VRAM)")
     p.add_argument("--anchors", action="store_true",
@@ -59,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
         return anchors_main([])
     if not args.model or not args.hardware:
         raise ValueError("--model and --hardware are required (or --anchors)")
+    import importlib
+
+    for flag, (module, name) in LATE_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(importlib.import_module(module), name))
     from freetoken.trace import load
     from sim.calls import num_calls
     from sim.engines import get_engine

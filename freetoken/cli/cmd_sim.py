@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from freetoken.cli.common import add_split_args, print_json, progress, split_from_args
+from freetoken.cli.common import LazyChoices, add_split_args, print_json, progress, split_from_args
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.placement import POLICIES
-from freetoken.trace import load
 
 
 def register(sub) -> None:
     p = sub.add_parser("sim", help="replay a routing trace through a policy, a split and a cache capacity")
     p.add_argument("--trace", default=str(DEFAULT_TRACE),
                    help="trace file (.safetensors, see `ft trace import`); default: the shipped synthetic trace")
-    p.add_argument("--policy", default="lru", choices=sorted(POLICIES))
+    p.add_argument("--policy", default="lru", metavar="NAME",
+                   choices=LazyChoices("freetoken.placement", "POLICIES", sort=True),
+                   help="placement policy: %(choices)s")
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--capacity", type=int, help="GPU expert slots")
     size.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
@@ -31,6 +31,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freetoken.trace import load
     from sim.calls import num_calls
     from sim.run import SimConfig, simulate
 
