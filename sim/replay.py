@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.placement import DECODE, Call, PlacementPolicy, Plan, Split
+from freetoken.placement import DECODE, Call, CallStream, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
@@ -85,8 +85,39 @@ class ReplayResult:
         return out
 
 
+PROGRESS_STEPS = 100  # a compiled replay returns to Python this many times, to draw progress
+
+
+def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
+                  keep_plans: bool = False, on_call: Callable[..., None] | None = None) -> ReplayResult:
+    """Replay a CallStream. A compiled policy runs it in compiled code, filling the log's columns in place (a few
+    returns to Python for progress); any other policy (or keep_plans) goes call by call through policy.plan."""
+    from freetoken.placement.compiled import CompiledPolicy
+
+    if keep_plans or not isinstance(policy, CompiledPolicy):
+        return replay(stream.calls(), policy, split, expert_bytes=expert_bytes, keep_plans=keep_plans,
+                      on_call=on_call)
+    C = stream.num_calls
+    if stream.num_experts != policy.num_experts or (C and int(stream.layer.max()) >= policy.num_layers):
+        raise ValueError(f"the calls need {int(stream.layer.max()) + 1 if C else 0} layers x {stream.num_experts} "
+                         f"experts; the policy has {policy.num_layers} x {policy.num_experts}")
+    counts = np.zeros((8, C), np.int64)  # hits .. cpu_tokens, filled by the compiled loop
+    step = max(1, -(-C // PROGRESS_STEPS))
+    for c0 in range(0, C, step):
+        c1 = min(C, c0 + step)
+        policy.replay(stream, split, c0, c1, counts)
+        if on_call is not None:
+            on_call(c1 - c0)
+    sizes = stream.sizes()
+    running = np.concatenate([[0], np.cumsum(stream.tokens)])
+    tokens = running[stream.offsets[1:]] - running[stream.offsets[:-1]]  # [C] (token, expert) pairs per call
+    log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, sizes, tokens, *counts)
+    mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
+    return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes)
+
+
 def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
-           keep_plans: bool = False, on_call: Callable[[], None] | None = None) -> ReplayResult:
+           keep_plans: bool = False, on_call: Callable[..., None] | None = None) -> ReplayResult:
     """Run every call through policy.plan and log what the plan moves. on_call: progress hook, once per call."""
     rows: list[tuple[int, ...]] = []  # one row of COLUMNS per call (a single append on the hot path)
     row = rows.append

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from freetoken.placement import POLICIES, Split, make_policy
 from freetoken.trace import RoutingTrace
 from freetoken.trace.stats import expert_counts
-from sim.calls import DEFAULT_PREFILL_CHUNK, trace_calls, trace_key_stream
-from sim.replay import ReplayResult, replay
+from sim.calls import DEFAULT_PREFILL_CHUNK, trace_stream
+from sim.replay import ReplayResult, replay_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +52,9 @@ def simulate(trace: RoutingTrace, config: SimConfig, profile: RoutingTrace | Non
     cls = POLICIES[config.policy]
     if config.policy == "frequency" and "profile" not in options:
         options["profile"] = expert_counts(profile if profile is not None else trace)
+    stream = trace_stream(trace, config.prefill_chunk)  # built once: the replay's calls and belady's future
     if cls.needs_future and "future" not in options:
-        options["future"] = trace_key_stream(trace, config.prefill_chunk)
+        options["future"] = stream.key_stream()
     policy = make_policy(config.policy, capacity, trace.num_layers, trace.num_experts, **options)
-    return replay(trace_calls(trace, config.prefill_chunk), policy, config.split,
-                  expert_bytes=config.expert_bytes, keep_plans=keep_plans, on_call=on_call)
+    return replay_stream(stream, policy, config.split, expert_bytes=config.expert_bytes, keep_plans=keep_plans,
+                         on_call=on_call)

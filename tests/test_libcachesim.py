@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from freetoken.cli.bench_sim import libcachesim_misses, libcachesim_misses_per_request
-from freetoken.placement import LRU, Belady, KeyStream, Split, key_stream
+from freetoken.placement import LRU, Belady, KeyStream, Split, key_stream, make_policy
 from freetoken.trace import DECODE, RoutingTrace
 from freetoken.trace.importers import import_trace
-from sim.calls import trace_calls
+from sim.calls import trace_calls, trace_stream
 from sim.mrc import stack_depths
-from sim.replay import replay
+from sim.replay import replay, replay_stream
 
 OFFLOAD = Split("offload")
 
@@ -57,13 +57,18 @@ def calls_of(trace: RoutingTrace) -> list:
 
 
 def ours(trace: RoutingTrace, capacity: int, policy: str = "lru", bypass: bool = False) -> int:
+    """Misses of the reference class; the compiled policy's stream replay must count the same."""
     calls = calls_of(trace)
     L, E = trace.num_layers, trace.num_experts
+    options = {} if policy == "lru" else {"future": key_stream(calls, E), "bypass": bypass}
     if policy == "lru":
         pol = LRU(capacity, L, E)
     else:
-        pol = Belady(capacity, L, E, future=key_stream(calls, E), bypass=bypass)
-    return replay(calls, pol, OFFLOAD).total.misses
+        pol = Belady(capacity, L, E, **options)
+    misses = replay(calls, pol, OFFLOAD).total.misses
+    compiled = replay_stream(trace_stream(trace), make_policy(policy, capacity, L, E, **options), OFFLOAD)
+    assert compiled.total.misses == misses
+    return misses
 
 
 def keys_of(trace: RoutingTrace) -> KeyStream:

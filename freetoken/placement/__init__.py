@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from freetoken.placement.belady import Belady
-from freetoken.placement.call import DECODE, PREFILL, Call, Plan, make_call
+from freetoken.placement.call import DECODE, PREFILL, Call, Plan
+from freetoken.placement.callstream import CallStream, call_stream, make_call
 from freetoken.placement.counts import Counts
 from freetoken.placement.frequency import Frequency
 from freetoken.placement.hinted_sweep import HintedSweep
@@ -28,8 +29,15 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
 }
 
 
-def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, **options) -> PlacementPolicy:
-    """Build a policy by name. options go to its constructor (profile=, future=, n_cpu_layers=, scope=, ...)."""
+BUILTIN = dict(POLICIES)  # the shipped classes: the ones with a compiled decision
+
+
+def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, reference: bool = False,
+                **options) -> PlacementPolicy:
+    """Build a policy by name. options go to its constructor (profile=, future=, n_cpu_layers=, scope=, ...).
+
+    A built-in policy with a compiled decision comes back as a CompiledPolicy (same Plans, compiled speed);
+    reference=True, or a class registered in POLICIES by a user, gives the interpreted Python class."""
     try:
         cls = POLICIES[name]
     except KeyError:
@@ -41,11 +49,22 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, **o
     if unknown:
         raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
                          f"it takes: {', '.join(sorted(accepted)) or 'none'}")
+    if not reference and is_compiled(name):
+        from freetoken.placement.compiled import CompiledPolicy
+
+        return CompiledPolicy(name, capacity, num_layers, num_experts, **options)
     return cls(capacity, num_layers, num_experts, **options)
 
 
+def is_compiled(name: str) -> bool:
+    """Whether make_policy(name, ...) decides in compiled code (a built-in class with a compiled twin)."""
+    from freetoken.placement.compiled.policy import COMPILED
+
+    return name in COMPILED and POLICIES.get(name) is BUILTIN.get(name)
+
+
 __all__ = [
-    "Belady", "Call", "Counts", "DECODE", "FETCH_ORDERS", "Frequency", "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES",
-    "PREFILL", "PlacementPolicy", "Plan", "Split", "StaticLayers", "balanced_fetch_count", "key_stream",
+    "BUILTIN", "Belady", "Call", "CallStream", "Counts", "DECODE", "FETCH_ORDERS", "Frequency", "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES",
+    "PREFILL", "PlacementPolicy", "Plan", "Split", "StaticLayers", "balanced_fetch_count", "call_stream", "is_compiled", "key_stream",
     "make_call", "make_policy", "paper_fetch_count",
 ]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 PREFILL, DECODE = 0, 1
 
 
@@ -22,20 +20,6 @@ class Call:
     tokens: list[int]  # [A] tokens routed to each
     phase: int = DECODE
     request: int = 0
-
-
-def make_call(layer: int, topk: np.ndarray, phase: int, request: int = 0) -> Call:
-    """The one place that turns router picks into a Call; the simulator and the live engine both use it.
-
-    topk: [T, K] expert ids of T tokens (T = 1 in decode). Experts keep first-use order
-    (token-major, then top-k rank), so a decode call lists the router's top-k as ranked.
-    """
-    flat = np.asarray(topk).reshape(-1)
-    if flat.size and flat.size == np.asarray(topk).shape[-1]:  # one token: ids are already distinct
-        return Call(layer, [int(e) for e in flat], [1] * flat.size, phase, request)
-    ids, first, counts = np.unique(flat, return_index=True, return_counts=True)
-    order = np.argsort(first, kind="stable")
-    return Call(layer, ids[order].tolist(), counts[order].tolist(), phase, request)
 
 
 @dataclass(slots=True)

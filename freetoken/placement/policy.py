@@ -31,17 +31,21 @@ from freetoken.placement.split import Split
 NOT_RESIDENT = -1
 
 
+def check_size(capacity: int, num_layers: int, num_experts: int) -> None:
+    if num_layers <= 0 or num_experts <= 0:
+        raise ValueError(f"num_layers and num_experts must be positive, got {num_layers}, {num_experts}")
+    if not 0 <= capacity <= num_layers * num_experts:
+        raise ValueError(f"capacity must lie in [0, {num_layers * num_experts}] expert slots "
+                         f"({num_layers} layers x {num_experts} experts), got {capacity}")
+
+
 class PlacementPolicy:
     name = "base"
     admits = True  # False: residency is fixed (pinned); fetched experts are used once from staging
     needs_future = False  # True: offline policy that must be given the whole future key stream
 
     def __init__(self, capacity: int, num_layers: int, num_experts: int):
-        if num_layers <= 0 or num_experts <= 0:
-            raise ValueError(f"num_layers and num_experts must be positive, got {num_layers}, {num_experts}")
-        if not 0 <= capacity <= num_layers * num_experts:
-            raise ValueError(f"capacity must lie in [0, {num_layers * num_experts}] expert slots "
-                             f"({num_layers} layers x {num_experts} experts), got {capacity}")
+        check_size(capacity, num_layers, num_experts)
         self.capacity = capacity
         self.num_layers = num_layers
         self.num_experts = num_experts

@@ -1,0 +1,161 @@
+"""Router picks -> calls, in compiled code: the one call builder of the simulator and the live engine.
+
+A CallStream holds every MoE-layer call of a run as flat columns (no Python object per call): call c needs the keys
+keys[offsets[c]:offsets[c+1]] (key = layer * E + expert) in first-use order (token-major, then top-k rank), and
+tokens[...] counts the (token, expert) pairs routed to each. Prefill runs are cut into chunks of `prefill_chunk`
+tokens, one call per layer per chunk; decode is one call per layer per token. Built in one linear pass over the
+trace with a per-call `seen` stamp array (no sort over the (token, expert) pairs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+import numba as nb
+import numpy as np
+
+from freetoken.placement.call import DECODE, PREFILL, Call
+from freetoken.placement.stream import KeyStream
+
+
+@nb.njit(cache=True, nogil=True)
+def fill_call(experts, lo, hi, layer, base, seen, pos, stamp, keys, tokens, w):
+    """Distinct experts of experts[lo:hi, layer, :] in first-use order, written at keys[w:] as base + expert with
+    their token counts; seen / pos are [E] scratch (seen[e] == stamp: e already written, at pos[e]). Returns the
+    new write index."""
+    K = experts.shape[2]
+    for t in range(lo, hi):
+        for k in range(K):
+            e = experts[t, layer, k]
+            if seen[e] != stamp:
+                seen[e] = stamp
+                pos[e] = w
+                keys[w] = base + e
+                tokens[w] = 1
+                w += 1
+            else:
+                tokens[pos[e]] += 1
+    return w
+
+
+@nb.njit(cache=True, nogil=True)
+def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets, call_layer, call_seg, fill):
+    """One pass over the segments; with fill=False only counts (returns calls, accesses) so the caller can size."""
+    L = experts.shape[1]
+    K = experts.shape[2]
+    seen = np.full(E, -1, np.int64)
+    pos = np.zeros(E, np.int64)
+    c = 0
+    w = 0
+    for s in range(seg_lo.size):
+        step = chunk if seg_prefill[s] else 1
+        for lo in range(seg_lo[s], seg_hi[s], step):
+            hi = min(lo + step, seg_hi[s])
+            for layer in range(L):
+                if fill:
+                    offsets[c] = w
+                    call_layer[c] = layer
+                    call_seg[c] = s
+                    w = fill_call(experts, lo, hi, layer, layer * E, seen, pos, c, keys, tokens, w)
+                elif step == 1:
+                    w += K
+                else:
+                    for t in range(lo, hi):
+                        for k in range(K):
+                            e = experts[t, layer, k]
+                            if seen[e] != c:
+                                seen[e] = c
+                                w += 1
+                c += 1
+    if fill:
+        offsets[c] = w
+    return c, w
+
+
+@dataclass(frozen=True, slots=True)
+class CallStream:
+    """Every call of a run as columns. keys [N] int64, tokens [N] int64, offsets [C + 1]; per call: layer, phase,
+    request [C]."""
+
+    keys: np.ndarray
+    tokens: np.ndarray
+    offsets: np.ndarray
+    layer: np.ndarray
+    phase: np.ndarray
+    request: np.ndarray
+    num_experts: int
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def num_accesses(self) -> int:
+        return int(self.keys.size)
+
+    def sizes(self) -> np.ndarray:
+        """[C]: distinct experts per call."""
+        return np.diff(self.offsets)
+
+    def key_stream(self) -> KeyStream:
+        return KeyStream(self.keys, self.offsets)
+
+    def call(self, c: int) -> Call:
+        lo, hi = self.offsets[c], self.offsets[c + 1]
+        layer = int(self.layer[c])
+        return Call(layer, (self.keys[lo:hi] - layer * self.num_experts).tolist(), self.tokens[lo:hi].tolist(),
+                    int(self.phase[c]), int(self.request[c]))
+
+    def calls(self) -> Iterator[Call]:
+        """Call objects, one by one (the interpreted path); experts are ids within the call's layer."""
+        E = self.num_experts
+        off = self.offsets.tolist()
+        layer, phase, request = self.layer.tolist(), self.phase.tolist(), self.request.tolist()
+        for c in range(self.num_calls):
+            lo, hi = off[c], off[c + 1]
+            keys = self.keys[lo:hi]
+            base = layer[c] * E
+            yield Call(layer[c], (keys - base).tolist(), self.tokens[lo:hi].tolist(), phase[c], request[c])
+
+
+def segments_of(request: np.ndarray, turn: np.ndarray, phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[start, end) of each run of consecutive tokens with the same request, turn and phase."""
+    T = len(request)
+    if T == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    change = (np.diff(request) != 0) | (np.diff(turn) != 0) | (np.diff(phase) != 0)
+    cuts = np.concatenate([[0], np.flatnonzero(change) + 1, [T]]).astype(np.int64)
+    return cuts[:-1], cuts[1:]
+
+
+def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn: np.ndarray, phase: np.ndarray,
+                prefill_chunk: int) -> CallStream:
+    """experts [T, L, K] of a run (with per-token request / turn / phase [T]) -> its CallStream."""
+    if prefill_chunk <= 0:
+        raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+    lo, hi = segments_of(request, turn, phase)
+    prefill = np.asarray(phase)[lo] == PREFILL if lo.size else np.zeros(0, bool)
+    args = (experts, lo, hi, prefill, int(prefill_chunk), int(num_experts))
+    empty = np.zeros(0, np.int64)
+    C, N = _build(*args, empty, empty, empty, empty, empty, False)
+    keys, tokens = np.empty(N, np.int64), np.empty(N, np.int64)
+    offsets, layer, seg = np.empty(C + 1, np.int64), np.empty(C, np.int64), np.empty(C, np.int64)
+    _build(*args, keys, tokens, offsets, layer, seg, True)
+    return CallStream(keys, tokens, offsets, layer, np.where(prefill[seg], PREFILL, DECODE).astype(np.int8),
+                      np.asarray(request, np.int64)[lo][seg], int(num_experts))
+
+
+def make_call(layer: int, topk: np.ndarray, phase: int, request: int = 0) -> Call:
+    """The live engine's call for one MoE layer: topk [T, K] expert ids of T tokens (T = 1 in decode), built by the
+    same fill_call as the simulator's stream."""
+    ids = np.asarray(topk, np.int64)
+    ids = ids.reshape(-1, ids.shape[-1] if ids.ndim else 1)[:, None, :]  # [T, 1, K]
+    n = ids.shape[0] * ids.shape[2]
+    if ids.shape[0] == 1:  # one token: ids are already distinct, in rank order
+        flat = ids.reshape(-1).tolist()
+        return Call(layer, flat, [1] * n, phase, request)
+    E = int(ids.max()) + 1 if n else 1
+    keys, tokens = np.empty(n, np.int64), np.empty(n, np.int64)
+    w = fill_call(ids, 0, ids.shape[0], 0, 0, np.full(E, -1, np.int64), np.zeros(E, np.int64), 0, keys, tokens, 0)
+    return Call(layer, keys[:w].tolist(), tokens[:w].tolist(), phase, request)

@@ -1,0 +1,38 @@
+"""Compiled placement: built-in policies decide in numba code on one flat array state, equal to their Python
+reference (freetoken.placement.<policy>) Plan by Plan. make_policy returns a CompiledPolicy for the names in
+COMPILED; a Python PlacementPolicy subclass keeps working everywhere, interpreted.
+
+Layout
+    base.py        the core state (slot_of, key_of_slot, free-slot stack, last_use, protection marks, clocks) and
+                   the default no-op hooks
+    split.py       the miss split (every mode, rule and fetch order) as compiled code
+    driver.py      the generic decision: apply_call (one call -> Plan arrays) and replay_calls (a CallStream ->
+                   ReplayLog columns), written once against a `hooks` module
+    specialise.py  copies driver.py per policy (its hooks import rewritten) so numba inlines and caches each one
+    policy.py      CompiledPolicy (the PlacementPolicy the engine and the simulator hold) and COMPILED
+    lru.py, pinned.py (static_layers, frequency), belady.py: one module per policy
+
+How to add a compiled policy `foo` (its Python reference freetoken/placement/foo.py already exists):
+    1. Write freetoken/placement/compiled/foo.py with
+         def setup(name, capacity, num_layers, num_experts, **options) -> Setup
+             validate options (one-line ValueError, as the reference), build the policy's arrays as a tuple
+             `state` (every hook gets it as `p`), and say admits / orders_admission / prefetches / pinned.
+         the hooks it needs, each @numba.njit(cache=True), and `from ...compiled.base import ...` for the rest:
+             begin_call(p, st, c, keys)        call c's keys [n], before any is applied
+             on_hit(p, key, now) / on_miss(p, key, now) / on_admit(p, key, now) / on_evict(p, key)
+             victim(p, st, key, now) -> int    a resident key with not base.is_protected(st, k), or -1 (bypass)
+             admission_order(p, keys) -> idx   (orders_admission) the fetched keys' order of slot offers
+             prefetch_for(p, st, c, keys) -> int64[:]   (prefetches) keys to copy ahead, most wanted first
+             on_prefetch(p, key, now)
+       The core state `st` is read-only to hooks except through these calls (the driver owns slots and clocks).
+    2. Add "foo": "freetoken.placement.compiled.foo" to COMPILED in policy.py.
+    3. Add foo to the policy list of tests/test_compiled_policies.py: it checks compiled == reference Plan by Plan
+       over splits x fetch orders x capacities on real and synthetic traces, and the stream log == per-call plans.
+The first use of each policy compiles its driver (seconds; said once on stderr) and caches it on disk
+($FT_CACHE_DIR or ~/.cache/freetoken/compiled); any edit to this package gives a fresh compile.
+"""
+
+from freetoken.placement.compiled.policy import COMPILED, CompiledPolicy
+from freetoken.placement.compiled.setup import Setup
+
+__all__ = ["COMPILED", "CompiledPolicy", "Setup"]

@@ -1,0 +1,121 @@
+"""CompiledPolicy: a built-in policy whose plan() runs the compiled decision on its array state.
+
+It is a PlacementPolicy (the engine and the simulator hold it like any other), built by make_policy for the names
+in COMPILED; `replay` runs a whole CallStream through the same state without returning to Python per call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+
+import numpy as np
+
+from freetoken.placement.call import Call, Plan
+from freetoken.placement.compiled.base import CALLS, CLOCK, new_core
+from freetoken.placement.compiled.specialise import cache_dir, driver_for
+from freetoken.placement.compiled.split import split_array
+from freetoken.placement.policy import NOT_RESIDENT, PlacementPolicy, check_size
+from freetoken.placement.split import Split
+
+COMPILED: dict[str, str] = {  # policy name -> module of its hooks and setup()
+    "lru": "freetoken.placement.compiled.lru",
+    "static_layers": "freetoken.placement.compiled.pinned",
+    "frequency": "freetoken.placement.compiled.pinned",
+    "belady": "freetoken.placement.compiled.belady",
+}
+_REPORTED: set[str] = set()
+
+
+def _timed_first(module: str, fn, *args):
+    """Run fn; the first time in this process that it had to compile (no usable disk cache), say so once."""
+    if module in _REPORTED:
+        return fn(*args)
+    t0 = time.perf_counter()
+    out = fn(*args)
+    _REPORTED.add(module)
+    if fn.stats.cache_misses:
+        print(f"note: compiled placement driver {module.rsplit('.', 1)[-1]} in {time.perf_counter() - t0:.1f} s "
+              f"(once; cached in {cache_dir()})", file=sys.stderr, flush=True)
+    return out
+
+
+class CompiledPolicy(PlacementPolicy):
+    def __init__(self, name: str, capacity: int, num_layers: int, num_experts: int, **options):
+        check_size(capacity, num_layers, num_experts)
+        module = COMPILED[name]
+        s = importlib.import_module(module).setup(name, capacity, num_layers, num_experts, **options)
+        self.name, self.capacity, self.num_layers, self.num_experts = name, capacity, num_layers, num_experts
+        self.admits = s.admits
+        self.state = s.state
+        self.core = new_core(capacity, num_layers, num_experts, s.pinned)
+        self.flags = np.array([s.admits, s.orders_admission, s.prefetches], np.int64)
+        self._module = module
+        self._driver = driver_for(module)
+        self._kind = np.empty(num_experts, np.int64)  # a call holds at most one layer's experts
+        self._slot = np.empty(num_experts, np.int64)
+        self._ev = np.empty(num_experts + capacity, np.int64)
+        self._pf = np.empty(capacity + 1, np.int64)
+
+    # the decision
+    def plan(self, call: Call, split: Split) -> Plan:
+        E = self.num_experts
+        experts = call.experts
+        n = len(experts)
+        if not 0 <= call.layer < self.num_layers:
+            raise ValueError(f"call layer {call.layer} is out of range [0, {self.num_layers})")
+        ids = np.asarray(experts, np.int64)
+        if n and (ids.min() < 0 or ids.max() >= E):
+            raise ValueError(f"call experts {experts} are out of range [0, {E})")
+        keys = ids + call.layer * E
+        tokens = np.asarray(call.tokens, np.int64)
+        kind, slot = self._kind, self._slot
+        ne, npf = _timed_first(self._module, self._driver.apply_call, self.state, self.core, keys, tokens,
+                               call.phase, split_array(split), self.flags, kind, slot, self._ev, self._pf)
+        kinds, slots = kind[:n].tolist(), slot[:n].tolist()
+        hits, hit_slots, fetch, fetch_slots, cpu = [], [], [], [], []
+        for e, k, s in zip(experts, kinds, slots):
+            if k == 0:
+                hits.append(e)
+                hit_slots.append(s)
+            elif k == 1:
+                fetch.append(e)
+                fetch_slots.append(s)
+            else:
+                cpu.append(e)
+        evict = [divmod(k, E) for k in self._ev[:ne].tolist()]
+        prefetch = [divmod(k, E) for k in self._pf[:npf].tolist()]
+        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, prefetch)
+
+    def replay(self, stream, split: Split, c0: int = 0, c1: int | None = None, log: np.ndarray | None = None):
+        """Calls c0..c1-1 of a CallStream in compiled code; fills log [8, C] (see driver.replay_calls)."""
+        c1 = stream.num_calls if c1 is None else c1
+        if log is None:
+            log = np.zeros((8, stream.num_calls), np.int64)
+        _timed_first(self._module, self._driver.replay_calls, self.state, self.core, stream.keys, stream.tokens,
+                     stream.offsets, stream.phase, c0, c1, split_array(split), self.flags, log)
+        return log
+
+    # inspection (the reference's attributes, read from the arrays)
+    @property
+    def slot_of(self) -> dict[int, int]:
+        slot_of = self.core[0]
+        keys = np.flatnonzero(slot_of >= 0)
+        return dict(zip(keys.tolist(), slot_of[keys].tolist()))
+
+    def slot(self, layer: int, expert: int) -> int:
+        s = int(self.core[0][layer * self.num_experts + expert])
+        return s if s >= 0 else NOT_RESIDENT
+
+    @property
+    def clock(self) -> int:
+        return int(self.core[5][CLOCK])
+
+    @property
+    def calls_planned(self) -> int:
+        return int(self.core[5][CALLS])
+
+    @property
+    def last_use(self) -> list[int]:
+        return self.core[3].tolist()

@@ -1,0 +1,19 @@
+"""What a compiled policy module's `setup(capacity, num_layers, num_experts, **options)` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """state: the policy's own arrays (a tuple, passed to every hook as `p`); pinned: keys resident before the
+    first call, given slots 0, 1, ... in this order; admits: False = residency is fixed (fetches use staging);
+    orders_admission: fetched keys are offered slots after the call's accesses, in hooks.admission_order;
+    prefetches: hooks.prefetch_for is called after each call."""
+
+    state: tuple
+    pinned: tuple = ()
+    admits: bool = True
+    orders_admission: bool = False
+    prefetches: bool = False
