@@ -33,7 +33,8 @@ SPLITS = {
 }
 # a trace's slice: real ones are kept small so the whole file stays fast with the interpreted reference
 POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_layer"}),
-            ("frequency", {"scope": "global"}), ("belady", {"bypass": True}), ("belady", {"bypass": False})]
+            ("frequency", {"scope": "global"}), ("belady", {"bypass": True}), ("belady", {"bypass": False}),
+            ("s3fifo", {}), ("s3fifo", {"small": 0.3})]
 
 
 def synthetic(seed: int, T: int = 36, L: int = 4, E: int = 8, K: int = 3) -> RoutingTrace:

@@ -24,6 +24,7 @@ COMPILED: dict[str, str] = {  # policy name -> module of its hooks and setup()
     "static_layers": "freetoken.placement.compiled.pinned",
     "frequency": "freetoken.placement.compiled.pinned",
     "belady": "freetoken.placement.compiled.belady",
+    "s3fifo": "freetoken.placement.compiled.s3fifo",
 }
 _REPORTED: set[str] = set()
 
