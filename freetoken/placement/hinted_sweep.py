@@ -32,6 +32,7 @@ import numpy as np
 
 from freetoken.placement.call import Call
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK, LayerSweep
+from freetoken.placement.lookahead import noisy_keys
 from freetoken.placement.stream import KeyStream
 
 PRIOR_FLOOR = 0.25  # share of the uniform rate n / E a key's prior odds never fall under
@@ -48,23 +49,22 @@ def accuracies(accuracy: float | Sequence[float], depth: int) -> tuple[float, ..
     return acc
 
 
+def distance_predictions(future: KeyStream, num_experts: int, acc: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Per distance j = 1..len(acc): [N] the key predicted j calls ahead for each access of the future."""
+    if num_experts < 2 and min(acc) < 1:
+        raise ValueError("hinted_sweep accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
+    rng = np.random.default_rng(seed)
+    return [noisy_keys(future.keys, num_experts, a, rng) for a in acc]
+
+
 class DistanceOracle:
     """Router hints from a recorded future: the true experts of the next calls of the same sweep, each one at
     distance j replaced by a uniformly drawn other expert of its layer with probability 1 - acc[j - 1]. Every
     (call, distance) pair draws its own noise (a later, nearer prediction of the same call is redrawn)."""
 
     def __init__(self, future: KeyStream, num_experts: int, acc: Sequence[float], seed: int = 0):
-        if num_experts < 2 and min(acc) < 1:
-            raise ValueError("hinted_sweep accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
         keys, E = future.keys, num_experts
-        rng = np.random.default_rng(seed)
-        expert = keys % E
-        self._predicted = []  # per distance: [N] the key predicted for each access
-        for a in acc:
-            wrong = rng.random(keys.size) >= a
-            other = rng.integers(0, max(E - 1, 1), size=keys.size)
-            other = other + (other >= expert)
-            self._predicted.append(np.where(wrong, keys - expert + other, keys))
+        self._predicted = distance_predictions(future, num_experts, acc, seed)  # per distance: [N]
         self._offsets = future.offsets.tolist()
         self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
         self._call = 0
