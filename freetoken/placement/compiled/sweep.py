@@ -2,9 +2,10 @@
 one driver, the policy chosen by ints[MODE].
 
 Residents sit in an indexed min-heap by (z, key), z = log p - stamp log(decay) as the reference's heap entries (one
-live entry per resident; the reference's stale entries never count). The victim walk visits residents in that
-order without moving them (a best-first walk of the heap tree over a small frontier heap), with the reference's
-stop rules: its bound, and `scan` unprotected keys. The hints come from the reference's own oracle draws
+live entry per resident; the reference's stale entries never count). The victim walk pops residents in that order
+with the reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, keeps what it
+popped for the call's later evictions (only the call's own, protected, keys change in between); the walk's keys go
+back on the heap when the next call begins, or when lookahead's pending keys (protected too) change. The hints come from the reference's own oracle draws
 (lookahead.noisy_future, hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
 Floating point follows the reference's operations in order (pow, exp, log are the same libm calls).
 """
@@ -24,7 +25,8 @@ from freetoken.placement.layer_sweep import _FLOOR, _SLACK
 SWEEP, LOOKAHEAD, HINTED = 0, 1, 2
 MODES = {"layer_sweep": SWEEP, "lookahead": LOOKAHEAD, "hinted_sweep": HINTED}
 # ints
-HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED = range(11)
+HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NHELD = range(13)
+HELD = -2  # pos[key] of a resident the current call's walk took off the heap
 # floats
 DECAY, LOG_DECAY, MIN_CONF = range(3)
 
@@ -68,19 +70,23 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
                 np.zeros((depth, 0), np.int64)
         predicted = np.ascontiguousarray(predicted, np.int64)
     warm = sorted(ref.slot_of, key=ref.slot_of.__getitem__)  # slot order
-    ints = np.zeros(11, np.int64)
+    ints = np.zeros(13, np.int64)
     ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
     ints[DEPTH] = depth
     floats = np.array([decay, math.log(decay), min_confidence], np.float64)
     state = (np.asarray(ref._p, np.float64), np.zeros(K, np.int64), np.zeros(num_layers, np.int64),
              np.zeros(K, np.float64),  # rates, their stamps, visits per layer, z of residents
              np.zeros(capacity + 1, np.int64), np.full(K, -1, np.int64),  # heap of residents, position in it
-             np.zeros(capacity + 2, np.int64),  # scratch: the walk's frontier
+             # the walk: protected keys it took off the heap (one may come back on and off again: once per key
+             # the call hits, admits or prefetches)
+             np.zeros(capacity + (depth + 1) * num_experts + 1, np.int64),
              ints, floats, offsets, call_layer, predicted, acc,
              np.full(K, -1, np.int64),  # mark == ints[STAMP]: pending (lookahead) or predicted (hinted)
              np.full(num_layers, -1, np.int64), np.zeros(num_layers, np.float64), np.zeros(num_layers, np.float64),
              np.zeros(num_layers, np.int64),  # hinted layers: stamp, accuracy a, chance q, count n
-             np.zeros(K, np.int64))  # hinted: the predicted keys, nearest first
+             np.zeros(K, np.int64),  # hinted: the predicted keys, nearest first
+             np.zeros(capacity + 1, np.int64), np.zeros(capacity + 1, np.float64),
+             np.zeros(capacity + 1, np.float64))  # the walk: unprotected residents found, their bounds and waits
     for k in warm:
         _push(state, k)
     return Setup(state, tuple(warm), prefetches=mode != SWEEP)
@@ -92,7 +98,7 @@ def _less(z, a, b):
     return z[a] < z[b] or (z[a] == z[b] and a < b)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _sift_up(p, i):
     z, heap, pos = p[3], p[4], p[5]
     key = heap[i]
@@ -107,7 +113,7 @@ def _sift_up(p, i):
     pos[key] = i
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _sift_down(p, i):
     z, heap, pos, n = p[3], p[4], p[5], p[7][HEAP_N]
     key = heap[i]
@@ -126,7 +132,7 @@ def _sift_down(p, i):
     pos[key] = i
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _push(p, key):
     """(Re)file `key` under its z now."""
     rate, stamp, z, heap, pos, ints, floats = p[0], p[1], p[3], p[4], p[5], p[7], p[8]
@@ -138,6 +144,36 @@ def _push(p, key):
         ints[HEAP_N] += 1
     _sift_up(p, i)
     _sift_down(p, pos[key])
+
+
+@nb.njit(cache=True, inline="always")
+def _pop(p):
+    """Take the least (z, key) off the heap; it is marked HELD."""
+    heap, pos, ints = p[4], p[5], p[7]
+    key = heap[0]
+    ints[HEAP_N] -= 1
+    n = ints[HEAP_N]
+    if n > 0:
+        heap[0] = heap[n]
+        pos[heap[0]] = 0
+        _sift_down(p, 0)
+    pos[key] = HELD
+    return key
+
+
+@nb.njit(cache=True)
+def _end_walk(p):
+    """Put the walk's keys that are still resident and off the heap back on it."""
+    pos, ints = p[5], p[7]
+    held, found = p[6], p[19]
+    for i in range(ints[NHELD]):
+        if pos[held[i]] == HELD:
+            _push(p, held[i])
+    for i in range(ints[NFOUND]):
+        if pos[found[i]] == HELD:
+            _push(p, found[i])
+    ints[NHELD] = 0
+    ints[NFOUND] = 0
 
 
 # the estimate
@@ -153,7 +189,7 @@ def _distance(p, key):
     return (key // ints[NUM_E] - ints[LAYER] - 1) % ints[NUM_L] + 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _sweep_wait(p, key):
     return _distance(p, key) + p[7][NUM_L] * (1.0 / max(_rate(p, key), _FLOOR) - 1.0)
 
@@ -197,6 +233,7 @@ def begin_call(p, st, c, keys):
     ints = p[7]
     mode = ints[MODE]
     E = ints[NUM_E]
+    _end_walk(p)  # waits move with the layer
     if keys.size == 0:
         return
     layer = keys[0] // E
@@ -255,7 +292,7 @@ def _take_hint(p, c, layer):
         q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _use(p, key):
     rate, stamp, floats = p[0], p[1], p[8]
     v = p[2][key // p[7][NUM_E]]
@@ -285,6 +322,8 @@ def on_evict(p, key):
     heap, pos, ints = p[4], p[5], p[7]
     i = pos[key]
     pos[key] = -1
+    if i == HELD:  # the victim: victim() took it out of the walk already
+        return
     ints[HEAP_N] -= 1
     n = ints[HEAP_N]
     if i == n:
@@ -300,6 +339,7 @@ def on_evict(p, key):
 def prefetch_for(p, st, c, keys):
     ints = p[7]
     if ints[MODE] == LOOKAHEAD:
+        _end_walk(p)  # the pending keys (protected) change
         out = np.empty(p[13].size, np.int64)
         n = _upcoming(p, c, keys[0] // ints[NUM_E], out) if keys.size else 0
         return out[:n]
@@ -315,69 +355,58 @@ def prefetch_for(p, st, c, keys):
     return np.zeros(0, np.int64)
 
 
-@nb.njit(cache=True, inline="always")
-def _frontier_less(z, heap, a, b):
-    return _less(z, heap[a], heap[b])
+@nb.njit(cache=True)
+def _walk_on(p, st, shift):
+    """Pop the heap up to the next unprotected resident and append it to the walk's found list; False at the end."""
+    ints, z = p[7], p[3]
+    mode, L = ints[MODE], ints[NUM_L]
+    held, found, bounds, waits = p[6], p[19], p[20], p[21]
+    while ints[HEAP_N] > 0:
+        k = _pop(p)
+        if is_protected(st, k) or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
+            if ints[NHELD] == held.size:
+                raise RuntimeError("sweep: the walk's held list overflowed (a bug: it is sized for every case)")
+            held[ints[NHELD]] = k
+            ints[NHELD] += 1
+            continue
+        log_p = z[k] + shift
+        bound = np.inf
+        if log_p > -700.0:
+            bound = L * (1.0 + math.exp(-log_p)) * _SLACK if mode == HINTED else L * math.exp(-log_p) * _SLACK
+        i = ints[NFOUND]
+        found[i], bounds[i] = k, bound
+        waits[i] = _wait(p, k) if mode == HINTED else _sweep_wait(p, k)
+        ints[NFOUND] = i + 1
+        return True
+    return False
 
 
 @nb.njit(cache=True)
 def victim(p, st, key, now):
     """The unprotected resident with the longest wait (ties: lowest key), walked from the least likely; -1 when
     `key` waits longer still (bypass, or a hinted prefetch)."""
-    z, heap, front, ints, floats = p[3], p[4], p[6], p[7], p[8]
-    mode, L, E, n = ints[MODE], ints[NUM_L], ints[NUM_E], ints[HEAP_N]
+    ints, floats = p[7], p[8]
+    found, bounds, waits = p[19], p[20], p[21]
+    mode, E = ints[MODE], ints[NUM_E]
     if mode == HINTED:
         weigh = ints[BYPASS] != 0 or (p[13][key] == ints[STAMP] and p[14][key // E] == ints[STAMP])
     else:
         weigh = ints[BYPASS] != 0
     to_beat = _wait(p, key) if weigh else -np.inf
     shift = ints[MOST_VISITS] * floats[LOG_DECAY]
-    best, best_wait = -1, -np.inf
-    budget = ints[SCAN]
-    nf = 0
-    if n > 0:
-        front[0] = 0
-        nf = 1
-    while nf > 0 and budget > 0:
-        i = front[0]  # pop the frontier's least (z, key)
-        nf -= 1
-        if nf > 0:
-            last = front[nf]
-            j = 0
-            while True:
-                ch = 2 * j + 1
-                if ch >= nf:
-                    break
-                if ch + 1 < nf and _frontier_less(z, heap, front[ch + 1], front[ch]):
-                    ch += 1
-                if not _frontier_less(z, heap, front[ch], last):
-                    break
-                front[j] = front[ch]
-                j = ch
-            front[j] = last
-        k = heap[i]
-        log_p = z[k] + shift
-        if log_p > -700.0:
-            bound = L * (1.0 + math.exp(-log_p)) * _SLACK if mode == HINTED else L * math.exp(-log_p) * _SLACK
-            if bound < (best_wait if best_wait > to_beat else to_beat):
-                break  # heap order is ascending p: no later key waits longer
-        for child in (2 * i + 1, 2 * i + 2):  # the node's children join the frontier
-            if child < n:
-                j = nf
-                nf += 1
-                while j > 0:
-                    up = (j - 1) >> 1
-                    if not _frontier_less(z, heap, child, front[up]):
-                        break
-                    front[j] = front[up]
-                    j = up
-                front[j] = child
-        if is_protected(st, k) or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
-            continue
-        budget -= 1
-        w = _wait(p, k) if mode == HINTED else _sweep_wait(p, k)
+    best, best_wait, at = -1, -np.inf, -1
+    for i in range(ints[SCAN]):  # protected keys do not count
+        if i == ints[NFOUND] and not _walk_on(p, st, shift):
+            break
+        if bounds[i] < (best_wait if best_wait > to_beat else to_beat):
+            break  # heap order is ascending p: no later key waits longer
+        w, k = waits[i], found[i]
         if w > best_wait or (w == best_wait and k < best):
-            best, best_wait = k, w
+            best, best_wait, at = k, w, i
     if best < 0 or to_beat > best_wait:
         return -1
+    n = ints[NFOUND] - 1  # the victim leaves the walk (on_evict sees it HELD and leaves the heap alone)
+    for i in range(at, n):
+        found[i], bounds[i], waits[i] = found[i + 1], bounds[i + 1], waits[i + 1]
+    ints[NFOUND] = n
     return best
