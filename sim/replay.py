@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from freetoken.placement import DECODE, Call, CallStream, PlacementPolicy, Plan, Split
-from freetoken.placement.counts import Counts
+from freetoken.placement.counts import Counts, count
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
            "hit_tokens", "fetch_tokens", "cpu_tokens")
@@ -38,22 +38,6 @@ class ReplayLog:
 
     def __len__(self) -> int:
         return len(self.layer)
-
-
-def count(log: ReplayLog, mask: np.ndarray | None = None, expert_bytes: int = 0) -> Counts:
-    sel = slice(None) if mask is None else mask
-    hits, fetched, cpu = (int(getattr(log, c)[sel].sum()) for c in ("hits", "fetched", "cpu"))
-    prefetched = int(log.prefetched[sel].sum())
-    return Counts(
-        calls=int(np.count_nonzero(mask)) if mask is not None else len(log),
-        hits=hits,
-        fetched=fetched,
-        cpu=cpu,
-        evictions=int(log.evictions[sel].sum()),
-        prefetched=prefetched,
-        cpu_tokens=int(log.cpu_tokens[sel].sum()),
-        fetched_bytes=(fetched + prefetched) * expert_bytes,
-    )
 
 
 @dataclass(slots=True)

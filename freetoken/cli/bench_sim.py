@@ -104,49 +104,77 @@ def _speed(misses: int, wall: float, cpu: float, n: int) -> dict:
             "accesses_per_cpu_s": n / cpu if cpu else float("inf")}
 
 
+CLASSIC = ("lru", "static_layers", "frequency", "belady", "layer_sweep", "s3fifo")  # the end-to-end target set
+
+
 def run_bench(trace, capacities: int = 20, prefill_chunk: int = 2048, fraction: float = 0.25,
-              per_request: bool = True, repeat: int = 3, log=lambda s: None) -> dict:
+              per_request: bool = True, repeat: int = 3, policies: list[str] | None = None,
+              log=lambda s: None) -> dict:
     import numpy as np
 
-    from freetoken.placement import LRU, Split, key_stream
-    from sim.calls import trace_calls
+    from freetoken.placement import POLICIES, Split, is_compiled, make_policy
+    from sim.calls import trace_stream
     from sim.mrc import lru_mrc
-    from sim.replay import replay
+    from sim.replay import replay_stream
 
     if capacities < 1:
         raise ValueError(f"--capacities must be >= 1, got {capacities}")
     if repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {repeat}")
+    unknown = sorted(set(policies or ()) - set(POLICIES))
+    if unknown:
+        raise ValueError(f"--policies: unknown {', '.join(unknown)}; valid: {', '.join(sorted(POLICIES))}")
     L, E = trace.num_layers, trace.num_experts
-    calls, t_calls, _ = _timed(lambda: list(trace_calls(trace, prefill_chunk)))  # the input both sides start from
-    n = sum(len(c.experts) for c in calls)
+    stream, t_calls, _ = _timed(lambda: trace_stream(trace, prefill_chunk))  # the input both sides start from
+    n = stream.num_accesses
     if n == 0:
         raise ValueError("the trace has no expert accesses")
-    capacity = max(max(len(c.experts) for c in calls), int(round(fraction * trace.num_keys)))
+    capacity = max(int(stream.sizes().max()), int(round(fraction * trace.num_keys)))
     split = Split("offload")
-    out = {"trace": trace.source, "model": trace.model, "accesses": n, "calls": len(calls), "top_k": trace.top_k,
-           "capacity": capacity, "build_calls_s": t_calls, "repeat": repeat}
+    out = {"trace": trace.source, "model": trace.model, "accesses": n, "calls": stream.num_calls,
+           "top_k": trace.top_k, "capacity": capacity, "build_calls_s": t_calls, "repeat": repeat}
 
-    # replay speed on the same key stream; libCacheSim's time includes building its input from the calls
-    log(f"replaying {n} accesses through lru at capacity {capacity} (best of {repeat})")
-    out["ours"] = _speed(*_timed(lambda: replay(calls, LRU(capacity, L, E), split).total.misses, repeat), n)
+    def lru_misses(cap: int) -> int:
+        return replay_stream(stream, make_policy("lru", cap, L, E), split).total.misses
+
+    # replay speed on the same key stream; libCacheSim's time includes writing its input file
+    lru_misses(capacity)  # loads (or, the first time ever, compiles) the compiled driver outside the timing
+    log(f"replaying {n} accesses through compiled lru at capacity {capacity} (best of {repeat})")
+    out["ours"] = _speed(*_timed(lambda: lru_misses(capacity), repeat), n)
     log("libcachesim: oracleGeneral file + C reader + process_trace")
-    out["libcachesim"] = _speed(*_timed(lambda: libcachesim_misses(key_stream(calls, E).keys, capacity), repeat), n)
+    out["libcachesim"] = _speed(*_timed(lambda: libcachesim_misses(stream.keys, capacity), repeat), n)
     if per_request:
         log("libcachesim: one Request at a time from Python")
         out["libcachesim_per_request"] = _speed(*_timed(
-            lambda: libcachesim_misses_per_request(key_stream(calls, E).keys, capacity), repeat), n)
+            lambda: libcachesim_misses_per_request(stream.keys, capacity), repeat), n)
+
+    # every policy, end to end as `ft sim` runs it (calls built, options derived, replayed)
+    from sim.run import SimConfig, simulate
+
+    out["policies"] = {}
+    head = trace.select(np.arange(trace.num_tokens) < min(trace.num_tokens, 64))  # loads compiled code, untimed
+    for name in policies if policies is not None else sorted(POLICIES):
+        if is_compiled(name):
+            simulate(head, SimConfig(name, split, fraction=fraction, prefill_chunk=prefill_chunk))
+        log(f"policy {name}: end to end at capacity {capacity}")
+        result, wall, cpu = _timed(lambda: simulate(trace, SimConfig(name, split, capacity=capacity,
+                                                                     prefill_chunk=prefill_chunk)))
+        out["policies"][name] = {**_speed(result.total.misses, wall, cpu, n), "compiled": is_compiled(name)}
+    done = [out["policies"][p] for p in CLASSIC if p in out["policies"]]
+    if len(done) == len(CLASSIC):
+        out["classic_seconds"] = sum(r["seconds"] for r in done)
+        out["classic_cpu_seconds"] = sum(r["cpu_seconds"] for r in done)
 
     # one pass vs replays
     log("one-pass miss-ratio curve")
-    curve, t_mrc, c_mrc = _timed(lambda: lru_mrc(key_stream(calls, E)))
+    curve, t_mrc, c_mrc = _timed(lambda: lru_mrc(stream.key_stream()))
     hi = max(min(trace.num_keys, len(curve.capacities) - 1), curve.min_exact_capacity)
     grid = np.unique(np.linspace(curve.min_exact_capacity, hi, capacities).round().astype(int)).tolist()
     wall = cpu = 0.0
     agree = True
     with progress(len(grid), f"replaying {len(grid)} capacities") as advance:
         for cap in grid:
-            misses, w, c = _timed(lambda: replay(calls, LRU(cap, L, E), split).total.misses)
+            misses, w, c = _timed(lambda: lru_misses(cap))
             wall, cpu = wall + w, cpu + c
             agree &= misses == curve.misses_at(cap)
             advance()
@@ -169,6 +197,9 @@ def register(sub) -> None:
     p.add_argument("--fraction", type=float, default=0.25, help="cache size for the speed race, of all experts")
     p.add_argument("--no-per-request", action="store_true", help="skip libCacheSim's per-request path")
     p.add_argument("--repeat", type=int, default=3, help="runs of each speed measurement (the best counts)")
+    p.add_argument("--policies", help="comma-separated policies to time end to end (default: all)")
+    p.add_argument("--rss", action="store_true",
+                   help="also measure peak RSS: `ft sim` (lru) vs a process that only runs libCacheSim on the keys")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -192,15 +223,21 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--trace {args.trace}: no such file")
     trace = load_any(args.trace)
     log = (lambda s: None) if args.json else (lambda s: print(f"  {s}", flush=True))
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None
     out = run_bench(trace, args.capacities, args.prefill_chunk, args.fraction, not args.no_per_request,
-                    args.repeat, log)
+                    args.repeat, policies, log)
+    if args.rss:
+        from freetoken.cli.peak_rss import peak_rss
+
+        log("peak RSS: ft sim vs libCacheSim alone, each in a fresh process")
+        out["rss"] = peak_rss(trace, args.trace, out["capacity"], args.prefill_chunk)
     out["trace"] = args.trace
     if args.json:
         print_json(out)
         return 0
     print(f"{args.trace}: {out['accesses']} accesses in {out['calls']} calls (top-{out['top_k']}), "
           f"LRU capacity {out['capacity']}; wall (CPU) seconds, best of {out['repeat']}")
-    rows = [("ours: sim.replay + LRU policy", "ours"), ("libcachesim: file + C reader", "libcachesim"),
+    rows = [("ours: compiled LRU replay", "ours"), ("libcachesim: file + C reader", "libcachesim"),
             ("libcachesim: Request per key", "libcachesim_per_request")]
     for label, key in rows:
         if key in out:
@@ -209,6 +246,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{r['accesses_per_s'] / 1e6:6.2f} M accesses/s  misses {r['misses']}")
     if out["top_k"] > 1:
         print("  (top-k: libcachesim is a sequential cache, ours the set-access model; misses differ, see docs/sim.md)")
+    for name, r in out["policies"].items():
+        print(f"  policy {name:14s} {'compiled' if r['compiled'] else 'interpreted':11s} {r['seconds']:8.3f} s "
+              f"({r['cpu_seconds']:.3f})  {r['accesses_per_s'] / 1e6:7.2f} M accesses/s end to end  "
+              f"misses {r['misses']}")
+    if "classic_seconds" in out:
+        print(f"  six classic policies ({', '.join(CLASSIC)}) end to end: {out['classic_seconds']:.2f} s "
+              f"({out['classic_cpu_seconds']:.2f} CPU s)")
     m = out["mrc"]
     print(f"  one-pass MRC {m['seconds']:.3f} s ({m['cpu_seconds']:.3f}) vs {m['capacities']} replays "
           f"{m['replays_seconds']:.3f} s ({m['replays_cpu_seconds']:.3f}); equal at every capacity: "
@@ -218,4 +262,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"ratio replay speed ours / {key}: {out[f'ours_vs_{key}']:.2f}x wall, "
                   f"{out[f'ours_vs_{key}_cpu']:.2f}x CPU")
     print(f"ratio {m['capacities']} replays / one-pass MRC: {m['speedup']:.1f}x wall, {m['cpu_speedup']:.1f}x CPU")
+    if "rss" in out:
+        r = out["rss"]
+        print(f"ratio peak RSS ft sim / libcachesim alone: {r['ratio']:.2f}x ({r['ft_sim_mib']:.0f} MiB vs "
+              f"{r['libcachesim_mib']:.0f} MiB)")
     return 0

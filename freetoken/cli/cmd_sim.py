@@ -31,6 +31,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freetoken.placement import is_compiled
     from freetoken.trace import load
     from sim.calls import num_calls
     from sim.run import SimConfig, simulate
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     split = split_from_args(args)
     config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
                        options)
+    if not is_compiled(args.policy) and not args.json:
+        print(f"note: policy {args.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
     n_calls = num_calls(trace, args.prefill_chunk)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
         result = simulate(trace, config, profile, on_call=None if args.json else advance)

@@ -72,8 +72,7 @@ class ExpertCache:
         """A fresh policy (empty or warm-started as at construction); counters and plans restart too."""
         self.policy = self._new_policy()
         ex = self.executor
-        ex.counters = type(ex.counters)()
-        ex.phase_counters = (type(ex.counters)(), type(ex.counters)())
+        ex.reset_counts()
         if ex.plans is not None:
             ex.plans = []
 

@@ -10,22 +10,23 @@ math beyond floating-point summation order.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
-from freetoken.placement import PREFILL, Plan
-from freetoken.placement.counts import Counts
+from freetoken.placement import DECODE, PREFILL, Plan
+from freetoken.placement.counts import Counts, count
 
 
 class LiveExecutor:
     def __init__(self, store: ExpertStore, pool: SlotPool, kernels: KernelSet, device: torch.device,
                  keep_plans: bool = False, pipeline: bool | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
-        self.counters = Counts()
-        self.phase_counters = (Counts(), Counts())  # prefill, decode
+        self.reset_counts()
         self.plans: list[Plan] | None = [] if keep_plans else None
         self.cuda = self.device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
@@ -73,8 +74,8 @@ class LiveExecutor:
                 y = part if y is None else y + part
         if plan.cpu:
             y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
-        self._count(self.counters, plan, ids)
-        self._count(self.phase_counters[phase], plan, ids)
+        self._calls.append((phase, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict),
+                            len(plan.prefetch), int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0))
         if self.plans is not None:
             self.plans.append(plan)
         return y
@@ -142,12 +143,29 @@ class LiveExecutor:
             out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
         return out
 
-    def _count(self, c: Counts, plan: Plan, ids: np.ndarray) -> None:
-        c.calls += 1
-        c.hits += len(plan.hits)
-        c.fetched += len(plan.fetch)
-        c.cpu += len(plan.cpu)
-        c.evictions += len(plan.evict)
-        c.prefetched += len(plan.prefetch)
-        c.cpu_tokens += int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0
-        c.fetched_bytes += (len(plan.fetch) + len(plan.prefetch)) * self.store.expert_bytes
+    # counts: one row per call, summed by placement.counts.count (the simulator's replay log sums the same way)
+    def reset_counts(self) -> None:
+        self._calls: list[tuple[int, ...]] = []  # phase, hits, fetched, cpu, evictions, prefetched, cpu_tokens
+
+    def _count(self, phase: int | None) -> Counts:
+        table = np.array(self._calls, np.int64).reshape(-1, 7).T  # [7, calls]
+        log = _CallColumns(*table[1:])
+        return count(log, None if phase is None else table[0] == phase, self.store.expert_bytes)
+
+    @property
+    def counters(self) -> Counts:
+        return self._count(None)
+
+    @property
+    def phase_counters(self) -> tuple[Counts, Counts]:
+        return self._count(PREFILL), self._count(DECODE)
+
+
+@dataclass(slots=True)
+class _CallColumns:
+    hits: np.ndarray
+    fetched: np.ndarray
+    cpu: np.ndarray
+    evictions: np.ndarray
+    prefetched: np.ndarray
+    cpu_tokens: np.ndarray

@@ -1,8 +1,11 @@
-"""What a run of Plans moved: one record for the simulator's replay and the live engine's counters alike."""
+"""What a run of Plans moved: one record for the simulator's replay and the live engine's counters alike, and the
+one function that sums it from per-call columns (sim.replay.ReplayLog, the engine executor's call log)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+
+import numpy as np
 
 
 @dataclass(slots=True)
@@ -33,3 +36,22 @@ class Counts:
         d.update(misses=self.misses, accesses=self.accesses, hit_rate=self.hit_rate,
                  miss_rate=1.0 - self.hit_rate if self.accesses else 0.0)
         return d
+
+
+def count(log, mask: np.ndarray | None = None, expert_bytes: int = 0) -> Counts:
+    """Sum per-call columns (hits, fetched, cpu, evictions, prefetched, cpu_tokens: [calls] arrays on `log`) over
+    the calls where mask is true (all when None)."""
+    sel = slice(None) if mask is None else mask
+    hits, fetched, cpu, evictions, prefetched, cpu_tokens = (
+        int(np.asarray(getattr(log, c))[sel].sum()) for c in ("hits", "fetched", "cpu", "evictions", "prefetched",
+                                                              "cpu_tokens"))
+    return Counts(
+        calls=int(np.count_nonzero(mask)) if mask is not None else len(log.hits),
+        hits=hits,
+        fetched=fetched,
+        cpu=cpu,
+        evictions=evictions,
+        prefetched=prefetched,
+        cpu_tokens=cpu_tokens,
+        fetched_bytes=(fetched + prefetched) * expert_bytes,
+    )

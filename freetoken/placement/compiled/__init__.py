@@ -17,14 +17,19 @@ How to add a compiled policy `foo` (its Python reference freetoken/placement/foo
          def setup(name, capacity, num_layers, num_experts, **options) -> Setup
              validate options (one-line ValueError, as the reference), build the policy's arrays as a tuple
              `state` (every hook gets it as `p`), and say admits / orders_admission / prefetches / pinned.
-         the hooks it needs, each @numba.njit(cache=True), and `from ...compiled.base import ...` for the rest:
+         the hooks it needs, each @numba.njit(cache=True, inline="always") (helpers they call too), and
+         `from freetoken.placement.compiled.base import ...` for the rest (the driver imports all nine by name):
              begin_call(p, st, c, keys)        call c's keys [n], before any is applied
              on_hit(p, key, now) / on_miss(p, key, now) / on_admit(p, key, now) / on_evict(p, key)
              victim(p, st, key, now) -> int    a resident key with not base.is_protected(st, k), or -1 (bypass)
-             admission_order(p, keys) -> idx   (orders_admission) the fetched keys' order of slot offers
-             prefetch_for(p, st, c, keys) -> int64[:]   (prefetches) keys to copy ahead, most wanted first
+             admission_order(p, keys, n, order)   (orders_admission) fill order[:n]: the fetched keys[:n]'s
+                                               order of slot offers
+             prefetch_for(p, st, c, keys, out) -> int   (prefetches) write keys to copy ahead into out, most wanted
+                                               first; return how many
              on_prefetch(p, key, now)
-       The core state `st` is read-only to hooks except through these calls (the driver owns slots and clocks).
+       The driver runs without numba's reference counting, so hooks must not allocate (numba refuses to compile
+       it): keep every array the policy needs in `state`, sized in setup(). The core state `st` is read-only to
+       hooks (the driver owns slots, clocks and protection marks).
     2. Add "foo": "freetoken.placement.compiled.foo" to COMPILED in policy.py.
     3. Add foo to the policy list of tests/test_compiled_policies.py: it checks compiled == reference Plan by Plan
        over splits x fetch orders x capacities on real and synthetic traces, and the stream log == per-call plans.

@@ -37,50 +37,52 @@ def is_protected(st, key):
 
 
 # default hooks (a policy module imports the ones it does not override)
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def begin_call(p, st, c, keys):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_miss(p, key, now):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_evict(p, key):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_prefetch(p, key, now):
     pass
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     """A resident, unprotected key to evict for `key`; -1 = do not cache `key`."""
     return -1
 
 
-@nb.njit(cache=True)
-def admission_order(p, keys):
-    """Order (indices into keys, the call's fetched keys) in which they are offered a slot; used only when the
-    policy's Setup says orders_admission."""
-    return np.arange(keys.size)
+@nb.njit(cache=True, inline="always")
+def admission_order(p, keys, n, order):
+    """Fill order[:n] with the order (indices into keys[:n], the call's fetched keys) in which they are offered a
+    slot; used only when the policy's Setup says orders_admission."""
+    for i in range(n):
+        order[i] = i
 
 
-@nb.njit(cache=True)
-def prefetch_for(p, st, c, keys):
-    """Keys to copy ahead of need after call c's accesses, most wanted first; used only when Setup.prefetches."""
-    return np.zeros(0, np.int64)
+@nb.njit(cache=True, inline="always")
+def prefetch_for(p, st, c, keys, out):
+    """Write the keys to copy ahead of need after call c's accesses into out (most wanted first, at most out.size)
+    and return how many; used only when Setup.prefetches."""
+    return 0

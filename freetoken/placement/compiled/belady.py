@@ -33,7 +33,7 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
     return Setup(state, orders_admission=bool(bypass))
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def due_pairs(keys, offsets, num_keys):
     """[N] each access's next uses as (hi: call of the next use, lo: calls of the two after as one int); a use
     that never comes counts as call C (after every call)."""
@@ -74,7 +74,7 @@ def _above(p, a, b):
     return a < b
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _sift_up(p, i):
     heap, pos = p[8], p[9]
     key = heap[i]
@@ -89,7 +89,7 @@ def _sift_up(p, i):
     pos[key] = i
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _sift_down(p, i):
     heap, pos, n = p[8], p[9], p[11][0]
     key = heap[i]
@@ -108,7 +108,7 @@ def _sift_down(p, i):
     pos[key] = i
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def begin_call(p, st, c, keys):
     fut, offsets, hi, lo, now_hi, now_lo = p[0], p[1], p[2], p[3], p[4], p[5]
     if c >= offsets.size - 1:
@@ -124,7 +124,7 @@ def begin_call(p, st, c, keys):
         now_lo[k] = lo[start + i]
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _remember(p, key):
     p[6][key] = p[4][key]
     p[7][key] = p[5][key]
@@ -138,17 +138,17 @@ def _remember(p, key):
     _sift_down(p, pos[key])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     _remember(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
     _remember(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_evict(p, key):
     heap, pos, size = p[8], p[9], p[11]
     i = pos[key]
@@ -164,7 +164,7 @@ def on_evict(p, key):
     _sift_down(p, pos[moved])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     heap, stack, n = p[8], p[10], p[11][0]
     best = -1
@@ -189,12 +189,12 @@ def victim(p, st, key, now):
     return best
 
 
-@nb.njit(cache=True)
-def admission_order(p, keys):
+@nb.njit(cache=True, inline="always")
+def admission_order(p, keys, n, order):
     """Soonest next use first, ties to the lower key (insertion sort: a call's fetches are few)."""
     now_hi, now_lo = p[4], p[5]
-    n = keys.size
-    order = np.arange(n)
+    for a in range(n):
+        order[a] = a
     for a in range(1, n):
         j = order[a]
         b = a - 1
@@ -206,4 +206,3 @@ def admission_order(p, keys):
             order[b + 1] = o
             b -= 1
         order[b + 1] = j
-    return order

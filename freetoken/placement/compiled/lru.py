@@ -37,29 +37,30 @@ def _append(p, key):
     prv[sentinel] = key
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     _unlink(p, key)
     _append(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
     _append(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_evict(p, key):
     _unlink(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     nxt = p[0]
+    mark, stamp = st[4], st[5][2]
     sentinel = nxt.size - 1
     k = nxt[sentinel]
     while k != sentinel:  # the call's own keys sit at the back: this stops at once unless all are
-        if not is_protected(st, k):
+        if mark[k] != stamp:
             return k
         k = nxt[k]
     return -1

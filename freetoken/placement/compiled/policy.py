@@ -45,6 +45,13 @@ def _timed_first(module: str, fn, *args):
     return out
 
 
+def scratch(num_experts: int, capacity: int, num_keys: int) -> tuple:
+    """The driver's buffers (it allocates nothing): kind, slot, miss, rank, order, fetched [E] (a call holds at most
+    one layer's experts); ev [E + C] (a call's fetches and prefetches evict at most that many); pf, want [K + 1]."""
+    E = num_experts
+    return tuple(np.empty(n, np.int64) for n in [E] * 6 + [E + capacity + 1, num_keys + 1, num_keys + 1])
+
+
 class CompiledPolicy(PlacementPolicy):
     def __init__(self, name: str, capacity: int, num_layers: int, num_experts: int, **options):
         check_size(capacity, num_layers, num_experts)
@@ -57,10 +64,7 @@ class CompiledPolicy(PlacementPolicy):
         self.flags = np.array([s.admits, s.orders_admission, s.prefetches], np.int64)
         self._module = module
         self._driver = driver_for(module)
-        self._kind = np.empty(num_experts, np.int64)  # a call holds at most one layer's experts
-        self._slot = np.empty(num_experts, np.int64)
-        self._ev = np.empty(num_experts + capacity, np.int64)
-        self._pf = np.empty(capacity + 1, np.int64)
+        self._buf = scratch(num_experts, capacity, num_layers * num_experts)
 
     # the decision
     def plan(self, call: Call, split: Split) -> Plan:
@@ -74,9 +78,10 @@ class CompiledPolicy(PlacementPolicy):
             raise ValueError(f"call experts {experts} are out of range [0, {E})")
         keys = ids + call.layer * E
         tokens = np.asarray(call.tokens, np.int64)
-        kind, slot = self._kind, self._slot
+        buf = self._buf
+        kind, slot, ev, pf = buf[0], buf[1], buf[6], buf[7]
         ne, npf = _timed_first(self._module, self._driver.apply_call, self.state, self.core, keys, tokens,
-                               call.phase, split_array(split), self.flags, kind, slot, self._ev, self._pf)
+                               call.phase, split_array(split), self.flags, buf)
         kinds, slots = kind[:n].tolist(), slot[:n].tolist()
         hits, hit_slots, fetch, fetch_slots, cpu = [], [], [], [], []
         for e, k, s in zip(experts, kinds, slots):
@@ -88,8 +93,8 @@ class CompiledPolicy(PlacementPolicy):
                 fetch_slots.append(s)
             else:
                 cpu.append(e)
-        evict = [divmod(k, E) for k in self._ev[:ne].tolist()]
-        prefetch = [divmod(k, E) for k in self._pf[:npf].tolist()]
+        evict = [divmod(k, E) for k in ev[:ne].tolist()]
+        prefetch = [divmod(k, E) for k in pf[:npf].tolist()]
         return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, prefetch)
 
     def replay(self, stream, split: Split, c0: int = 0, c1: int | None = None, log: np.ndarray | None = None):
@@ -98,7 +103,7 @@ class CompiledPolicy(PlacementPolicy):
         if log is None:
             log = np.zeros((8, stream.num_calls), np.int64)
         _timed_first(self._module, self._driver.replay_calls, self.state, self.core, stream.keys, stream.tokens,
-                     stream.offsets, stream.phase, c0, c1, split_array(split), self.flags, log)
+                     stream.offsets, stream.phase, c0, c1, split_array(split), self.flags, self._buf, log)
         return log
 
     # inspection (the reference's attributes, read from the arrays)

@@ -58,7 +58,7 @@ def _append(p, queue, key):
     ints[LEN0 + queue] += 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def begin_call(p, st, c, keys):
     call, ints = p[4], p[5]
     for i in range(keys.size):
@@ -66,14 +66,14 @@ def begin_call(p, st, c, keys):
     ints[NCALL] = keys.size
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     freq = p[3]
     if freq[key] < MAX_FREQ:
         freq[key] += 1
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
     p[3][key] = 0
     if p[2][key] == GHOST:
@@ -83,7 +83,7 @@ def on_admit(p, key, now):
         _append(p, SMALL, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_evict(p, key):
     ints = p[5]
     if p[2][key] == SMALL:
@@ -95,7 +95,7 @@ def on_evict(p, key):
         _unlink(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     nxt, where, freq, call, ints = p[0], p[2], p[3], p[4], p[5]
     held_s = 0  # protected keys stay in their queue while this runs

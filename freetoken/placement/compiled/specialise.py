@@ -1,4 +1,4 @@
-"""One driver per policy: a copy of driver.py whose `hooks` import names the policy's module, written once to a
+"""One driver per policy: a copy of driver.py whose hooks import names the policy's module, written once to a
 cache directory so numba's on-disk cache holds each policy's compiled loop.
 
 Why a file per policy: numba's cache cannot key a function on a dispatcher passed as an argument or closed over
@@ -19,7 +19,7 @@ from pathlib import Path
 import numba
 
 HERE = Path(__file__).resolve().parent
-TEMPLATE_IMPORT = "from freetoken.placement.compiled import lru as hooks"
+TEMPLATE_IMPORT = "from freetoken.placement.compiled.lru import ("
 _DRIVERS: dict[str, object] = {}
 
 
@@ -50,7 +50,7 @@ def driver_for(module: str):
     template = (HERE / "driver.py").read_text()
     if TEMPLATE_IMPORT not in template:
         raise RuntimeError(f"{HERE / 'driver.py'}: the hooks import line {TEMPLATE_IMPORT!r} is missing")
-    source = template.replace(TEMPLATE_IMPORT, f"import {module} as hooks")
+    source = template.replace(TEMPLATE_IMPORT, f"from {module} import (")
     short = module.rsplit(".", 1)[-1]
     name = f"ft_driver_{short}_{_sources_digest()}"
     path = cache_dir() / f"{name}.py"

@@ -48,11 +48,11 @@ def fetch_count(split, m):
     return min(m, int(split[4]))
 
 
-@nb.njit(cache=True)
-def choose(split, keys, tokens, last_use, miss, m, num_keys, kind):
+@nb.njit(cache=True, inline="always")
+def choose(split, keys, tokens, last_use, miss, m, num_keys, kind, rank, order):
     """Marks kind[miss[j]] = 1 (fetch) for the misses the split fetches; the others stay 2 (cpu).
-    miss[:m]: indices of the call's misses in call order. Ranks as split.FETCH_ORDERS (keys of one call share a
-    layer, so key order is expert-id order)."""
+    miss[:m]: indices of the call's misses in call order; rank, order: [>= m] scratch. Ranks as split.FETCH_ORDERS
+    (keys of one call share a layer, so key order is expert-id order); no allocation (the driver runs without NRT)."""
     if m == 0:
         return
     q = -1
@@ -71,16 +71,19 @@ def choose(split, keys, tokens, last_use, miss, m, num_keys, kind):
         return
     if q == 0:
         return
-    order = int(split[5])
-    rank = np.empty(m, np.int64)
+    by = int(split[5])
     for j in range(m):
         i = miss[j]
-        if order == 0:
+        if by == 0:
             rank[j] = -tokens[i] * num_keys + keys[i]
-        elif order == 1:
+        elif by == 1:
             rank[j] = -last_use[keys[i]] * num_keys + keys[i]
         else:
             rank[j] = keys[i]
-    picks = np.argsort(rank)
+        b = j - 1  # insertion sort of order[:j + 1] by rank (ranks are distinct)
+        while b >= 0 and rank[order[b]] > rank[j]:
+            order[b + 1] = order[b]
+            b -= 1
+        order[b + 1] = j
     for j in range(q):
-        kind[miss[picks[j]]] = 1
+        kind[miss[order[j]]] = 1

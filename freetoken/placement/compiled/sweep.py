@@ -98,7 +98,7 @@ def _less(z, a, b):
     return z[a] < z[b] or (z[a] == z[b] and a < b)
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _sift_up(p, i):
     z, heap, pos = p[3], p[4], p[5]
     key = heap[i]
@@ -113,7 +113,7 @@ def _sift_up(p, i):
     pos[key] = i
 
 
-@nb.njit(cache=True, inline="always")
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _sift_down(p, i):
     z, heap, pos, n = p[3], p[4], p[5], p[7][HEAP_N]
     key = heap[i]
@@ -161,7 +161,7 @@ def _pop(p):
     return key
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _end_walk(p):
     """Put the walk's keys that are still resident and off the heap back on it."""
     pos, ints = p[5], p[7]
@@ -194,7 +194,7 @@ def _sweep_wait(p, key):
     return _distance(p, key) + p[7][NUM_L] * (1.0 / max(_rate(p, key), _FLOOR) - 1.0)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _posterior(p, key):
     """hinted_sweep: (r, p) of `key` given the standing hint."""
     ints = p[7]
@@ -214,7 +214,7 @@ def _posterior(p, key):
     return (num / den if den > 0 else 0.0), rate
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def _wait(p, key):
     """The policy's own wait of `key` (lookahead: a pending key waits only its distance)."""
     ints = p[7]
@@ -228,7 +228,7 @@ def _wait(p, key):
 
 
 # hooks
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def begin_call(p, st, c, keys):
     ints = p[7]
     mode = ints[MODE]
@@ -249,7 +249,7 @@ def begin_call(p, st, c, keys):
     ints[MOST_VISITS] = max(ints[MOST_VISITS], visits[layer])
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _upcoming(p, c, layer, out):
     """The oracle's keys for the calls after c in the same sweep, nearest first, each once; returns the count."""
     ints, offsets, call_layer, predicted, mark = p[7], p[9], p[10], p[11], p[13]
@@ -269,7 +269,7 @@ def _upcoming(p, c, layer, out):
     return n
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _take_hint(p, c, layer):
     """hinted_sweep: the oracle's keys for the next `depth` layers, per hinted layer its accuracy and chance q."""
     ints, acc = p[7], p[12]
@@ -301,23 +301,23 @@ def _use(p, key):
     stamp[key] = v
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     _use(p, key)
     _push(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_miss(p, key, now):
     _use(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
     _push(p, key)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def on_evict(p, key):
     heap, pos, ints = p[4], p[5], p[7]
     i = pos[key]
@@ -335,27 +335,23 @@ def on_evict(p, key):
     _sift_down(p, pos[moved])
 
 
-@nb.njit(cache=True)
-def prefetch_for(p, st, c, keys):
+@nb.njit(cache=True, inline="always")
+def prefetch_for(p, st, c, keys, out):
     ints = p[7]
     if ints[MODE] == LOOKAHEAD:
         _end_walk(p)  # the pending keys (protected) change
-        out = np.empty(p[13].size, np.int64)
-        n = _upcoming(p, c, keys[0] // ints[NUM_E], out) if keys.size else 0
-        return out[:n]
+        return _upcoming(p, c, keys[0] // ints[NUM_E], out) if keys.size else 0
+    n = 0
     if ints[MODE] == HINTED:
         order, min_conf = p[18], p[8][MIN_CONF]
-        out = np.empty(ints[NPRED], np.int64)
-        n = 0
         for i in range(ints[NPRED]):
             if _posterior(p, order[i])[0] >= min_conf:
                 out[n] = order[i]
                 n += 1
-        return out[:n]
-    return np.zeros(0, np.int64)
+    return n
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _walk_on(p, st, shift):
     """Pop the heap up to the next unprotected resident and append it to the walk's found list; False at the end."""
     ints, z = p[7], p[3]
@@ -381,7 +377,7 @@ def _walk_on(p, st, shift):
     return False
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     """The unprotected resident with the longest wait (ties: lowest key), walked from the least likely; -1 when
     `key` waits longer still (bypass, or a hinted prefetch)."""
