@@ -41,11 +41,12 @@ def test_sim_trace_and_bench_sim_run_without_torch(tmp_path, shared_traces):
     log = shared_traces / "mixtral-8x7b" / "humaneval_1_routing.jsonl"
     imported, synth = tmp_path / "h1.safetensors", tmp_path / "synth.safetensors"
     commands = [
-        ["sim", "--trace", str(DEFAULT_TRACE), "--policy", "s3fifo", "--capacity", "16", "--json"],
+        ["sim", "--trace", str(DEFAULT_TRACE), "--policy", "lru", "--capacity", "16", "--json"],
         ["trace", "import", str(log), str(imported)],
         ["trace", "info", str(imported), "--json"],
         ["trace", "synth", str(synth), "--layers", "2", "--experts", "4", "--top-k", "2", "--tokens", "16"],
-        ["bench", "sim", "--trace", str(imported), "--capacities", "2", "--repeat", "1", "--no-per-request", "--json"],
+        ["bench", "sim", "--trace", str(imported), "--capacities", "2", "--repeat", "1", "--no-per-request",
+         "--policies", "lru", "--json"],
     ]
     got = _run(f"""
 import contextlib, io, json, sys
