@@ -86,7 +86,7 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
         raise ValueError(f"the calls need {int(stream.layer.max()) + 1 if C else 0} layers x {stream.num_experts} "
                          f"experts; the policy has {policy.num_layers} x {policy.num_experts}")
     counts = np.zeros((8, C), np.int64)  # hits .. cpu_tokens, filled by the compiled loop
-    step = max(1, -(-C // PROGRESS_STEPS))
+    step = max(1, -(-C // PROGRESS_STEPS)) if on_call is not None else max(C, 1)
     for c0 in range(0, C, step):
         c1 = min(C, c0 + step)
         policy.replay(stream, split, c0, c1, counts)

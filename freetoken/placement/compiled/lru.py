@@ -56,11 +56,10 @@ def on_evict(p, key):
 @nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     nxt = p[0]
-    mark, stamp = st[4], st[5][2]
     sentinel = nxt.size - 1
     k = nxt[sentinel]
     while k != sentinel:  # the call's own keys sit at the back: this stops at once unless all are
-        if mark[k] != stamp:
+        if not is_protected(st, k):
             return k
         k = nxt[k]
     return -1
