@@ -24,6 +24,7 @@ AGENT_WORKLOADS: dict[str, list[tuple[int, int]]] = {
     "coding-session": [(12000, 800)] + [(4500, 800)] * 9,
     "tool-use": [(6000, 150)] + [(700, 150)] * 12,
 }
+WORKLOADS = ("single", *AGENT_WORKLOADS)  # ft predict --workload: one prompt and answer, or an agent session
 
 
 def workload_turns(name: str) -> list[tuple[int, int]]:

@@ -16,6 +16,7 @@ import pytest
 
 from freetoken.placement import DECODE, PREFILL, Split, make_policy
 from freetoken.placement.compiled import COMPILED, CompiledPolicy
+from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
 from freetoken.trace.importers import import_trace
 from freetoken.trace.stats import expert_counts
@@ -33,7 +34,13 @@ SPLITS = {
 }
 # a trace's slice: real ones are kept small so the whole file stays fast with the interpreted reference
 POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_layer"}),
-            ("frequency", {"scope": "global"}), ("belady", {"bypass": True}), ("belady", {"bypass": False})]
+            ("frequency", {"scope": "global"}), ("belady", {"bypass": True}), ("belady", {"bypass": False}),
+            ("s3fifo", {}), ("s3fifo", {"small": 0.3}),
+            ("layer_sweep", {}), ("layer_sweep", {"decay": 0.7, "scan": 3, "bypass": False}),
+            ("layer_sweep", {"prior": "visit_rates"}),
+            ("lookahead", {"accuracy": 0.7, "depth": 2, "scan": 4}), ("lookahead", {"accuracy": 1.0, "decay": 0.8}),
+            ("hinted_sweep", {"accuracy": 0.8, "depth": 2, "min_confidence": 0.4}),
+            ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"})]
 
 
 def synthetic(seed: int, T: int = 36, L: int = 4, E: int = 8, K: int = 3) -> RoutingTrace:
@@ -101,8 +108,10 @@ def build(policy: str, options: dict, capacity: int, trace: RoutingTrace, stream
     opts = dict(options)
     if policy == "frequency":
         opts["profile"] = expert_counts(trace)
-    if policy == "belady":
+    if policy in ("belady", "lookahead", "hinted_sweep"):
         opts["future"] = stream.key_stream()
+    if opts.get("prior") == "visit_rates":  # a warm start from the trace's own per-visit use rates
+        opts["prior"] = visit_rates(stream.calls(), trace.num_layers, trace.num_experts)
     if policy == "static_layers" and capacity < trace.num_experts:
         opts["n_cpu_layers"] = trace.num_layers  # all layers on the CPU: the only split that fits
     return make_policy(policy, capacity, trace.num_layers, trace.num_experts, reference=reference, **opts)

@@ -14,15 +14,17 @@ import os
 import tempfile
 import time
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from freetoken.cli.common import print_json, progress
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.placement.config import DEFAULT_PREFILL_CHUNK
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK
 
-ORACLE_GENERAL = np.dtype([("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
-                           ("next_access_vtime", "<i8")])  # libCacheSim's oracleGeneral record, 24 bytes
+if TYPE_CHECKING:
+    import numpy as np
+
+ORACLE_GENERAL = [("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
+                  ("next_access_vtime", "<i8")]  # numpy dtype fields of libCacheSim's oracleGeneral record, 24 bytes
 
 
 def _libcachesim():
@@ -37,9 +39,11 @@ def _libcachesim():
 def write_oracle_general(path: str | os.PathLike, keys: np.ndarray, with_next_access: bool) -> None:
     """One request per key, size 1 (so cache_size counts objects). next_access_vtime: the index of the
     key's next request, -1 for none (Belady needs it; LRU ignores it)."""
+    import numpy as np
+
     from freetoken.placement.stream import NEVER, next_occurrence
 
-    rec = np.zeros(len(keys), ORACLE_GENERAL)
+    rec = np.zeros(len(keys), np.dtype(ORACLE_GENERAL))
     rec["clock_time"] = np.arange(1, len(keys) + 1)
     rec["obj_id"] = keys
     rec["obj_size"] = 1
@@ -53,6 +57,8 @@ def write_oracle_general(path: str | os.PathLike, keys: np.ndarray, with_next_ac
 
 def libcachesim_misses(keys: np.ndarray, capacity: int, algorithm: str = "LRU") -> int:
     """Misses of libCacheSim's `algorithm` (LRU, Belady, ...) with `capacity` objects on a sequential key stream."""
+    import numpy as np
+
     lcs = _libcachesim()
     keys = np.asarray(keys, np.int64)
     if keys.size == 0:
@@ -105,6 +111,8 @@ CLASSIC = ("lru", "static_layers", "frequency", "belady", "layer_sweep", "s3fifo
 def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, fraction: float = 0.25,
               per_request: bool = True, repeat: int = 3, policies: list[str] | None = None,
               log=lambda s: None) -> dict:
+    import numpy as np
+
     from freetoken.placement import POLICIES, Split, is_compiled, make_policy
     from freetoken.sim.calls import trace_stream
     from freetoken.sim.mrc import lru_mrc

@@ -7,16 +7,15 @@ import json
 import os
 import shutil
 import sys
-import urllib.request
 from pathlib import Path
 
-from freetoken.launch import AGENTS, Target, plan
-from freetoken.launch.agents import origin
+from freetoken.cli.common import LazyChoices
 
 
 def register(sub) -> None:
     p = sub.add_parser("launch", help="point a coding agent (claude, codex, opencode) at the local server")
-    p.add_argument("agent", choices=sorted(AGENTS))
+    p.add_argument("agent", metavar="AGENT", choices=LazyChoices("freetoken.launch", "AGENTS", sort=True),
+                   help="%(choices)s")
     p.add_argument("--dry-run", action="store_true", help="print the diff of every file, write nothing")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=1919)
@@ -30,6 +29,8 @@ def register(sub) -> None:
 
 def served_model(origin: str) -> str | None:
     """The first model id a running server lists, or None if none answers within a second."""
+    import urllib.request
+
     try:
         with urllib.request.urlopen(f"{origin}/v1/models", timeout=1.0) as r:
             return json.load(r)["data"][0]["id"]
@@ -38,6 +39,9 @@ def served_model(origin: str) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freetoken.launch import Target, plan
+    from freetoken.launch.agents import origin
+
     model = args.model or served_model(origin(args.host, args.port))
     if model is None:
         from freetoken.serve.config import DEMO_MODEL_ID

@@ -5,22 +5,20 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from freetoken.cli.common import add_size_args, print_json, progress
+from freetoken.cli.common import LazyChoices, add_size_args, print_json, progress
+
+
+LATE_DEFAULTS = {  # flag -> (module, constant): read when the command runs, so building the parser stays light
+    "prompt_tokens": ("freetoken.sim.predict", "DEFAULT_PROMPT"),
+    "decode_tokens": ("freetoken.sim.predict", "DEFAULT_DECODE"),
+    "skew": ("freetoken.sim.predict", "SYNTH_SKEW"),
+    "reuse": ("freetoken.sim.predict", "SYNTH_REUSE"),
+    "window": ("freetoken.sim.predict", "SYNTH_WINDOW"),
+    "kv_floor": ("freetoken.sim.planner", "DEFAULT_KV_FLOOR"),
+}
 
 
 def register(sub) -> None:
-    from freetoken.sim.agent import AGENT_WORKLOADS
-    from freetoken.sim.engines import ENGINES
-    from freetoken.sim.lanes import HOST_MODES
-    from freetoken.sim.planner import DEFAULT_KV_FLOOR
-    from freetoken.sim.predict import (
-        DEFAULT_DECODE,
-        DEFAULT_PROMPT,
-        SYNTH_REUSE,
-        SYNTH_SKEW,
-        SYNTH_WINDOW,
-    )
-
     p = sub.add_parser("predict", help="predict throughput and latency from a model card, a hardware profile "
                                        "and an engine (cost model over a replayed trace)")
     p.add_argument("--model", help="a name in conf/model (e.g. qwen3.5-122b-a10b), a .yaml path, or a local HF "
@@ -28,27 +26,29 @@ def register(sub) -> None:
     p.add_argument("--expert-format", help="size the routed experts as this packed format (gptq-g128, fp8-block, "
                                            "nvfp4, ... freetoken.quant.FORMAT_SPECS) or bits name (int4, ...)")
     p.add_argument("--hardware", help="a name in conf/hardware (e.g. rtx5090-ryzen) or a .yaml path")
-    p.add_argument("--engine", default="freetoken-offload", choices=list(ENGINES))
+    p.add_argument("--engine", default="freetoken-offload", metavar="ENGINE",
+                   choices=LazyChoices("freetoken.sim.engines", "ENGINES"), help="one of %(choices)s")
     p.add_argument("--rule", choices=["balanced", "paper"],
                    help="hybrid engines: how many misses to fetch (balanced lanes, or the paper's q* = m BP / BH)")
     p.add_argument("--trace", help="routing trace of this model (.safetensors); default: a synthetic one of its shape")
-    p.add_argument("--workload", default="single", choices=["single", *AGENT_WORKLOADS],
+    p.add_argument("--workload", default="single", metavar="WORKLOAD",
+                   choices=LazyChoices("freetoken.sim.agent", "WORKLOADS"),
                    help="synthetic workload: single (one prompt, one answer: --prompt-tokens, --decode-tokens) or "
                         "a turn-structured agent session with KV reuse (sim.agent)")
-    p.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT, help="synthetic: prompt length")
-    p.add_argument("--decode-tokens", type=int, default=DEFAULT_DECODE, help="synthetic: tokens generated")
+    p.add_argument("--prompt-tokens", type=int, help="synthetic: prompt length")
+    p.add_argument("--decode-tokens", type=int, help="synthetic: tokens generated")
     p.add_argument("--warmup-decode", type=int, default=0,
                    help="replay this many decode steps first, unreported, so the request meets the cache of a "
                         "running server (synthetic: more of the same routing; --trace: its last decode steps)")
-    p.add_argument("--skew", type=float, default=SYNTH_SKEW, help="synthetic: Zipf exponent of expert popularity")
-    p.add_argument("--reuse", type=float, default=SYNTH_REUSE, help="synthetic: probability a pick reuses a recent one")
-    p.add_argument("--window", type=int, default=SYNTH_WINDOW, help="synthetic: tokens back a reuse looks")
+    p.add_argument("--skew", type=float, help="synthetic: Zipf exponent of expert popularity")
+    p.add_argument("--reuse", type=float, help="synthetic: probability a pick reuses a recent one")
+    p.add_argument("--window", type=int, help="synthetic: tokens back a reuse looks")
     p.add_argument("--bw-profile", help="an `ft bench bw` profile (JSON) whose measured PCIe, CPU-lane and host "
                                         "bandwidths replace the hardware profile's")
-    p.add_argument("--kv-floor", "--min-context", dest="kv_floor", type=int, default=DEFAULT_KV_FLOOR,
+    p.add_argument("--kv-floor", "--min-context", dest="kv_floor", type=int,
                    help="KV tokens reserved before any expert slot")
-    p.add_argument("--host", default="shared", choices=HOST_MODES,
-                   help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently")
+    p.add_argument("--host", default="shared", metavar="MODE", choices=LazyChoices("freetoken.sim.lanes", "HOST_MODES"),
+                   help="PCIe DMA and CPU lane: share host DRAM bandwidth, or run independently (%(choices)s)")
     add_size_args(p, "what VRAM holds after dense weights and the KV floor")
     cpu = p.add_mutually_exclusive_group()
     cpu.add_argument("--cpu-moe", action="store_true", help="llamacpp engines: every MoE layer's experts on the CPU")
@@ -119,6 +119,16 @@ def run(args: argparse.Namespace) -> int:
         return anchors_main([])
     if not args.model or not args.hardware:
         raise ValueError("--model and --hardware are required (or --anchors)")
+    import importlib
+
+    for flag, (module, name) in LATE_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(importlib.import_module(module), name))
+    import importlib
+
+    for flag, (module, name) in LATE_DEFAULTS.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, getattr(importlib.import_module(module), name))
     from freetoken.trace import load
     from freetoken.sim.calls import num_calls
     from freetoken.sim.hardware import load_hardware

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from freetoken.calibrate.mode import SPLIT_MODES
-from freetoken.cli.common import add_policy_args, add_size_args
+from freetoken.cli.common import LazyChoices, add_policy_args, add_size_args
 from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_PORT, ServeConfig
 
 
@@ -26,9 +25,9 @@ def register(sub) -> None:
                    help="GiB of device memory to plan against (default: the GPU's; on CPU, half the free RAM)")
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (default: the plan's KV)")
     p.add_argument("--max-context", type=int, help="context length (default: the model's)")
-    add_policy_args(p, policies=online_policies(), future=False)
+    add_policy_args(p, online=True, future=False)
     add_size_args(p, "what the memory plan leaves after dense weights and the KV floor")
-    p.add_argument("--split", choices=SPLIT_MODES,
+    p.add_argument("--split", metavar="MODE", choices=LazyChoices("freetoken.calibrate.mode", "SPLIT_MODES"),
                    help="miss split: auto (the default: offload; hybrid only when `ft bench bw` recommended it on "
                         "this machine), offload, hybrid, cpu (the default with --cpu-moe / --n-cpu-moe)")
     p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
@@ -41,12 +40,6 @@ def register(sub) -> None:
     p.add_argument("--reasoning-parser", default="auto", help="reasoning format: auto (the model family's), think, "
                                                               "harmony, none")
     p.set_defaults(run=run)
-
-
-def online_policies() -> list[str]:
-    from freetoken.placement import POLICIES
-
-    return sorted(k for k, v in POLICIES.items() if not v.needs_future)
 
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:

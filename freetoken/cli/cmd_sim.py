@@ -6,8 +6,6 @@ import argparse
 
 from freetoken.cli.common import add_cache_args, cache_config_from_args, print_json, progress
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.placement import is_compiled
-from freetoken.trace import load
 
 
 def register(sub) -> None:
@@ -23,8 +21,10 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freetoken.placement import is_compiled
     from freetoken.sim.calls import num_calls
     from freetoken.sim.run import SimConfig, simulate
+    from freetoken.trace import load
 
     config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes, batch=args.batch)  # flags checked before any loading
     trace = load(args.trace)

@@ -5,25 +5,28 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from freetoken.cli.common import print_json, progress
-from freetoken.placement.config import DEFAULT_PREFILL_CHUNK
-from freetoken.trace import DECODE, PREFILL, RoutingTrace, load, save
+from freetoken.cli.common import LazyChoices, print_json, progress
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK
+
+if TYPE_CHECKING:
+    from freetoken.trace import RoutingTrace
 
 
 def register(sub) -> None:
     p = sub.add_parser("trace", help="routing traces: import, info, synth")
     tsub = p.add_subparsers(dest="trace_command", metavar="ACTION")
     tsub.required = True
-    from freetoken.trace.importers import IMPORTERS
-    from freetoken.trace.importers.mixtral_jsonl import INCOMPLETE
-
     imp = tsub.add_parser("import", help="convert a routing log (JSONL, JSON, NPZ) to a .safetensors trace")
     imp.add_argument("src", help="routing log")
     imp.add_argument("out", help="trace file to write (.safetensors)")
-    imp.add_argument("--format", choices=sorted(IMPORTERS), help="source format (default: read from the file)")
-    imp.add_argument("--incomplete", choices=INCOMPLETE,
-                     help="mixtral_jsonl: tokens lacking some layers are dropped (default, counted) or an error")
+    imp.add_argument("--format", metavar="FORMAT", choices=LazyChoices("freetoken.trace.importers", "IMPORTERS", True),
+                     help="source format, one of %(choices)s (default: read from the file)")
+    imp.add_argument("--incomplete", metavar="WHAT",
+                     choices=LazyChoices("freetoken.trace.importers.mixtral_jsonl", "INCOMPLETE"),
+                     help="mixtral_jsonl: tokens lacking some layers are dropped (default, counted) or an error "
+                          "(%(choices)s)")
     imp.add_argument("--phase", choices=["prefill", "decode"],
                      help="mixtral_jsonl (its rows do not record the phase): the phase of every token (default "
                           "decode: the logs are one router decision per generated token)")
@@ -59,6 +62,7 @@ def register(sub) -> None:
 
 # import
 def run_import(args: argparse.Namespace) -> int:
+    from freetoken.trace import save
     from freetoken.trace.importers import detect_format, import_trace
 
     _check_out(args.out)
@@ -90,6 +94,8 @@ def run_import(args: argparse.Namespace) -> int:
 def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> dict:
     import numpy as np
 
+    from freetoken.trace import DECODE, PREFILL
+
     from freetoken.trace.stats import popularity_skew
     from freetoken.sim.reuse import reuse_stats
 
@@ -115,6 +121,8 @@ def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) 
 
 
 def run_info(args: argparse.Namespace) -> int:
+    from freetoken.trace import load
+
     info = trace_info(load(args.path), args.prefill_chunk)
     if args.json:
         print_json(info)
@@ -148,6 +156,7 @@ def run_synth(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from freetoken.sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
+    from freetoken.trace import save
 
     _check_out(args.out)
     shape = {"num_layers": args.layers, "num_experts": args.experts, "top_k": args.top_k,
@@ -189,6 +198,7 @@ def _parse_skew(text: str) -> float | tuple[float, ...]:
 
 def _load_any(path: str) -> RoutingTrace:
     """A saved trace, or any routing log an importer reads."""
+    from freetoken.trace import load
     from freetoken.trace.importers import import_trace
 
     return load(path) if path.endswith(".safetensors") else import_trace(path)
@@ -203,6 +213,8 @@ def _check_out(out: str) -> None:
 
 def _shape_line(trace: RoutingTrace) -> str:
     import numpy as np
+
+    from freetoken.trace import DECODE
 
     n_dec = int((trace.phase == DECODE).sum())
     return (f"{trace.num_tokens} tokens ({trace.num_tokens - n_dec} prefill, {n_dec} decode), "

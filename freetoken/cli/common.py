@@ -1,12 +1,41 @@
-"""Small helpers shared by the subcommands."""
+"""Small helpers shared by the subcommands.
+
+Building the parser imports nothing heavy (no numpy, numba or torch: `ft --help` is instant); a command imports
+what it needs when it runs, and flags whose choices live in a registry take them through LazyChoices.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from contextlib import contextmanager
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+class LazyChoices:
+    """argparse choices read from `module`.`name` (any iterable of names) the first time they are needed: checking
+    a value, or a help page (give the flag a metavar, and %(choices)s in its help to list them)."""
+
+    def __init__(self, module: str, name: str, sort: bool = False, where=None):
+        """where: for a mapping, keep the keys whose value passes it (e.g. the policies needing no future)."""
+        self._module, self._name, self._sort, self._where = module, name, sort, where
+        self._names: list[str] | None = None
+
+    def _get(self) -> list[str]:
+        if self._names is None:
+            found = getattr(importlib.import_module(self._module), self._name)
+            names = [k for k, v in found.items() if self._where(v)] if self._where else list(found)
+            self._names = sorted(names) if self._sort else names
+        return self._names
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __contains__(self, value) -> bool:
+        return value in self._get()
+
+    def __len__(self) -> int:
+        return len(self._get())
 
 
 def print_json(obj) -> None:
@@ -30,6 +59,8 @@ def progress(total: int, description: str, enabled: bool = True):
     if not enabled or not sys.stderr.isatty():
         yield lambda n=1: None
         return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=True) as bar:
         task = bar.add_task(description, total=total)
@@ -38,8 +69,6 @@ def progress(total: int, description: str, enabled: bool = True):
 
 def add_split_args(p) -> None:
     """The miss-split flags, one definition for `ft sim` and `ft generate` so the two cannot drift."""
-    from freetoken.placement import FETCH_ORDERS
-
     p.add_argument("--split", choices=["offload", "hybrid", "cpu"],
                    help="misses: fetch over PCIe (offload, the default), compute on the CPU (cpu), or both (hybrid)")
     p.add_argument("--rule", choices=["balanced", "paper", "max_fetch"],
@@ -47,7 +76,9 @@ def add_split_args(p) -> None:
     p.add_argument("--bp", type=float, help="hybrid: pinned PCIe bandwidth, GB/s")
     p.add_argument("--bh", type=float, help="hybrid: host expert-processing bandwidth, GB/s")
     p.add_argument("--max-fetch", type=int, help="hybrid --rule max_fetch: fetch at most this many")
-    p.add_argument("--fetch-order", default="most_tokens", choices=sorted(FETCH_ORDERS))
+    p.add_argument("--fetch-order", default="most_tokens", metavar="ORDER",
+                   choices=LazyChoices("freetoken.placement.split", "FETCH_ORDERS", sort=True),
+                   help="hybrid: which misses are fetched first: %(choices)s")
     p.add_argument("--stream-prefill", action="store_true",
                    help="prefill fetches stream through staging and leave the cache as decode left it")
 
@@ -73,12 +104,12 @@ SPLIT_FLAGS = {"rule": "--rule", "bp": "--bp", "bh": "--bh", "max_fetch": "--max
 SPLIT_DEFAULTS = {"rule": "balanced", "bp": 0.0, "bh": 0.0, "max_fetch": 0}
 
 
-def add_policy_args(p, *, policies=None, future: bool = True) -> None:
-    """--policy and its options; `policies`: the names this command runs (default: every policy)."""
-    from freetoken.placement import POLICIES
-
-    p.add_argument("--policy", choices=sorted(policies or POLICIES),
-                   help="expert placement policy (default lru; static_layers with --cpu-moe / --n-cpu-moe)")
+def add_policy_args(p, *, online: bool = False, future: bool = True) -> None:
+    """--policy and its options; online: only the policies that read no future (a server's)."""
+    keep = (lambda cls: not cls.needs_future) if online else None
+    p.add_argument("--policy", metavar="NAME", choices=LazyChoices("freetoken.placement", "POLICIES", True, keep),
+                   help="expert placement policy, one of %(choices)s (default lru; static_layers with --cpu-moe / "
+                        "--n-cpu-moe)")
     cpu = p.add_mutually_exclusive_group()
     cpu.add_argument("--cpu-moe", action="store_true",
                      help="as llama.cpp: every routed expert on the CPU (static_layers, --split cpu unless given)")
@@ -105,7 +136,7 @@ def add_size_args(p, default: str) -> None:
 
 def add_cache_args(p, *, future: bool = True) -> None:
     """Everything of the one cache config: policy + options, size, split, prefill chunk (ft sim, ft generate)."""
-    from freetoken.placement import DEFAULT_PREFILL_CHUNK
+    from freetoken.defaults import DEFAULT_PREFILL_CHUNK
 
     add_policy_args(p, future=future)
     add_size_args(p, f"a fraction of {DEFAULT_FRACTION}; --cpu-moe: 0; --n-cpu-moe: every GPU layer's experts")

@@ -50,7 +50,7 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
     if unknown:
         raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
                          f"it takes: {', '.join(sorted(accepted)) or 'none'}")
-    if not reference and is_compiled(name):
+    if not reference and is_compiled(name) and options.get("hint") is None:  # a live hint: a Python object
         from freetoken.placement.compiled import CompiledPolicy
 
         return CompiledPolicy(name, capacity, num_layers, num_experts, **options)

@@ -17,6 +17,7 @@ import heapq
 import numpy as np
 
 from freetoken.placement.policy import PlacementPolicy
+from freetoken.placement.protected import ProtectedMemo
 from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
 
 TIE_DEPTH = 3  # uses compared: the next call, then the two after it
@@ -56,6 +57,8 @@ class Belady(PlacementPolicy):
         self._due_now: dict[int, int] = {}  # key of the current call -> its next uses (as _due_codes)
         self._heap: list[tuple[int, int]] = []  # (-due, key), lazily invalidated
         self._due: dict[int, int] = {}  # resident key -> its due
+        self._held: list[tuple[int, int]] = []  # heap entries of protected keys, set aside (see victim)
+        self._protected = ProtectedMemo()  # the protected set they were set aside for
 
     def begin_call(self, keys: list[int]) -> None:
         c = self._call
@@ -86,19 +89,30 @@ class Belady(PlacementPolicy):
         del self._due[key]
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        heap, due = self._heap, self._due
-        held, out = [], None
+        """The resident, not protected, used furthest in the future (ties: lowest key).
+
+        Protected keys met at the heap's top are set aside and stay aside while the same protected set comes
+        back (the evictions of one call): each moves once per call, not once per eviction. The heap and the
+        set-aside entries together always hold every live entry, and a set-aside one is of a protected key,
+        never the answer while that set is the one given."""
+        if not self._protected.same(protected):
+            self._restore_held()
+        heap, due, held_for = self._heap, self._due, self._protected.keys
+        out = None
         while heap:
             neg, k = heap[0]
             if due.get(k) != -neg:  # stale: evicted, or re-used since
                 heapq.heappop(heap)
-            elif k in protected:
-                held.append(heapq.heappop(heap))
+            elif k in held_for:
+                self._held.append(heapq.heappop(heap))
             else:
                 out = k
                 break
-        for item in held:
-            heapq.heappush(heap, item)
         if out is not None and self.bypass and self._due_now[key] >= due[out]:
             return None
         return out
+
+    def _restore_held(self) -> None:
+        for item in self._held:
+            heapq.heappush(self._heap, item)
+        self._held = []

@@ -18,7 +18,7 @@ from typing import Mapping
 from freetoken.placement.policy import PlacementPolicy
 from freetoken.placement.split import Split
 
-DEFAULT_PREFILL_CHUNK = 2048  # tokens per prefill call: one chunk = one MoE call per layer
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
 SOURCE_OPTIONS = ("profile", "future", "hint")  # options built from data (a trace, the live router), not typed in
 
 

@@ -25,7 +25,6 @@ evictions and then its prefetches; keys of layers outside (call.layer, call.laye
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 
@@ -33,6 +32,7 @@ import numpy as np
 
 from freetoken.placement.call import Call
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK, LayerSweep
+from freetoken.placement.lookahead import noisy_keys
 from freetoken.placement.stream import KeyStream
 
 PRIOR_FLOOR = 0.25  # share of the uniform rate n / E a key's prior odds never fall under
@@ -49,23 +49,22 @@ def accuracies(accuracy: float | Sequence[float], depth: int) -> tuple[float, ..
     return acc
 
 
+def distance_predictions(future: KeyStream, num_experts: int, acc: Sequence[float], seed: int) -> list[np.ndarray]:
+    """Per distance j = 1..len(acc): [N] the key predicted j calls ahead for each access of the future."""
+    if num_experts < 2 and min(acc) < 1:
+        raise ValueError("hinted_sweep accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
+    rng = np.random.default_rng(seed)
+    return [noisy_keys(future.keys, num_experts, a, rng) for a in acc]
+
+
 class DistanceOracle:
     """Router hints from a recorded future: the true experts of the next calls of the same sweep, each one at
     distance j replaced by a uniformly drawn other expert of its layer with probability 1 - acc[j - 1]. Every
     (call, distance) pair draws its own noise (a later, nearer prediction of the same call is redrawn)."""
 
     def __init__(self, future: KeyStream, num_experts: int, acc: Sequence[float], seed: int = 0):
-        if num_experts < 2 and min(acc) < 1:
-            raise ValueError("hinted_sweep accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
         keys, E = future.keys, num_experts
-        rng = np.random.default_rng(seed)
-        expert = keys % E
-        self._predicted = []  # per distance: [N] the key predicted for each access
-        for a in acc:
-            wrong = rng.random(keys.size) >= a
-            other = rng.integers(0, max(E - 1, 1), size=keys.size)
-            other = other + (other >= expert)
-            self._predicted.append(np.where(wrong, keys - expert + other, keys))
+        self._predicted = distance_predictions(future, num_experts, acc, seed)  # per distance: [N]
         self._offsets = future.offsets.tolist()
         self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
         self._call = 0
@@ -153,35 +152,15 @@ class HintedSweep(LayerSweep):
         r, p = self._posterior(key)
         return d + (1.0 - r) * L / p
 
-    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        """The unprotected resident with the longest wait (ties: lowest key); None when `key` (a demand miss under
-        bypass, or any prefetch) waits longer still. Walks layer_sweep's heap from the least likely key; a
-        hint adds at most L to a wait, so no key after one of rate p waits longer than L + L / p."""
-        heap, zs, L, E = self._heap, self._z, self.num_layers, self.num_experts
-        shift = self._most_visits * self._log_decay
-        prefetch = key in self._predicted and key // E in self._hinted
-        to_beat = self.wait(key) if (self.bypass or prefetch) else -math.inf
-        seen, best, best_wait = [], None, -math.inf
-        budget = self.scan
-        while heap and budget:
-            z, k = heap[0]
-            if zs.get(k) != z:
-                heapq.heappop(heap)
-                continue
-            log_p = z + shift
-            if log_p > -700.0 and L * (1.0 + math.exp(-log_p)) * _SLACK < max(best_wait, to_beat):
-                break
-            seen.append(heapq.heappop(heap))
-            if k not in protected:
-                budget -= 1
-                w = self.wait(k)
-                if w > best_wait or (w == best_wait and k < best):
-                    best, best_wait = k, w
-        for item in seen:
-            if item[1] != best:
-                heapq.heappush(heap, item)
-        if best is None or to_beat > best_wait:
-            if best is not None:
-                heapq.heappush(heap, (zs[best], best))
-            return None
-        return best
+    # the victim: layer_sweep's heap walk, with the hint in the waits. A hint adds at most L to a wait, so no
+    # key after one of rate p waits longer than L + L / p; a prefetch (a predicted key of a hinted layer) is
+    # always weighed against the victim, a demand miss only under bypass.
+    def _to_beat(self, key: int) -> float:
+        prefetch = key in self._predicted and key // self.num_experts in self._hinted
+        return self.wait(key) if (self.bypass or prefetch) else -math.inf
+
+    def _bound(self, log_p: float) -> float:
+        return self.num_layers * (1.0 + math.exp(-log_p)) * _SLACK if log_p > -700.0 else math.inf
+
+    def _resident_wait(self, key: int) -> float:
+        return self.wait(key)

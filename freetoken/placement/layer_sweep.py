@@ -22,7 +22,8 @@ Cost: all layers advance one visit per sweep, so ordering keys by decayed p need
 normalised to visit 0 (z = log p - visits * log decay), valid across layers up to one step. One heap over z
 (lazily invalidated) is walked from the least likely key until no later key can wait longer (its wait is at
 most L / p), or `scan` unprotected keys were examined: the exact argmax over all residents unless more than `scan` keys
-have nearly the same p (then the best of the `scan` least likely). O(log n) per hit, O(scan log n) per eviction.
+have nearly the same p (then the best of the `scan` least likely). O(log n) per hit; the walk is kept for the
+call's later evictions (only the call's own keys change in between), so a call pops each heap entry at most once.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import numpy as np
 
 from freetoken.placement.call import Call
 from freetoken.placement.policy import PlacementPolicy
+from freetoken.placement.protected import ProtectedMemo
 
 _FLOOR = 1e-300  # p of a key never used: never log(0)
 _SLACK = 1 - 1e-9  # rounding margin on the heap's bound
@@ -79,6 +81,7 @@ class LayerSweep(PlacementPolicy):
         self._layer = 0  # layer of the current call
         self._z: dict[int, float] = {}  # resident key -> its heap entry's z
         self._heap: list[tuple[float, int]] = []  # (z, key), lazily invalidated
+        self._walk: _Walk | None = None  # the current call's heap walk (see victim)
         if prior is not None:
             flat = np.asarray(self._p)
             warm = np.lexsort((np.arange(n), -flat))[:capacity]  # highest prior first, then lowest key
@@ -101,15 +104,19 @@ class LayerSweep(PlacementPolicy):
         return math.log(max(self._p[key], _FLOOR)) - self._stamp[key] * self._log_decay
 
     def _push(self, key: int) -> None:
+        if self._walk is not None and key not in self._walk.protected.keys:
+            self._end_walk()
         z = self._z_of(key)
         self._z[key] = z
         heapq.heappush(self._heap, (z, key))
-        if len(self._heap) > 4 * self.capacity + 64:  # drop stale entries
+        if len(self._heap) > 4 * self.capacity + 64:  # drop stale entries (the walk's live ones are in _z too)
+            self._walk = None
             self._heap = [(v, k) for k, v in self._z.items()]
             heapq.heapify(self._heap)
 
     # hooks
     def begin_call(self, keys: list[int]) -> None:
+        self._end_walk()  # waits move with the layer
         if keys:
             layer = keys[0] // self.num_experts
             self._layer = layer
@@ -117,6 +124,8 @@ class LayerSweep(PlacementPolicy):
             self._most_visits = max(self._most_visits, self._visits[layer])
 
     def _use(self, key: int) -> None:
+        if self._walk is not None and key not in self._walk.protected.keys:
+            self._end_walk()
         v = self._visits[key // self.num_experts]
         self._p[key] = self._p[key] * self.decay ** (v - self._stamp[key]) + (1.0 - self.decay)
         self._stamp[key] = v
@@ -132,40 +141,84 @@ class LayerSweep(PlacementPolicy):
         self._push(key)
 
     def on_evict(self, key: int) -> None:
-        del self._z[key]
+        del self._z[key]  # evictions come from victim(), which took the key's entry out of the walk
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        """The unprotected resident with the longest wait (ties: lowest key); None when `key` waits longer still."""
-        heap, zs, L, E = self._heap, self._z, self.num_layers, self.num_experts
-        p, stamp, visits, decay, layer = self._p, self._stamp, self._visits, self.decay, self._layer
-        shift = self._most_visits * self._log_decay  # exp(z + shift) <= the key's p now, for any layer
-        to_beat = self.wait(key) if self.bypass else -math.inf
-        seen, best, best_wait = [], None, -math.inf
-        pop, exp = heapq.heappop, math.exp
-        budget = self.scan
-        while heap and budget:
-            z, k = heap[0]
-            if zs.get(k) != z:  # stale: evicted, or used since
-                pop(heap)
-                continue
-            log_p = z + shift
-            # heap order is ascending p, so no key after this one waits longer than L / p_low
-            if log_p > -700.0 and L * exp(-log_p) * _SLACK < (best_wait if best_wait > to_beat else to_beat):
+        """The unprotected resident with the longest wait (ties: lowest key); None when `key` waits longer still.
+
+        The heap is walked from the least likely key; the walk of one call is kept (see _Walk) and later
+        evictions of the same call read it, extending it from the heap only as far as they need."""
+        walk = self._walk
+        if walk is None or not walk.protected.same(protected):
+            self._end_walk()
+            walk = self._walk = _Walk()
+            walk.protected.same(protected)
+        to_beat = self._to_beat(key)
+        found = walk.found
+        best, best_wait, at = None, -math.inf, -1
+        for i in range(self.scan):  # protected keys do not count: at most the call's (and hinted) keys
+            if i == len(found) and not self._walk_on(walk):
                 break
-            seen.append(pop(heap))
-            if k not in protected:  # protected keys do not count: at most the call's (and hinted) keys
-                budget -= 1
-                l = k // E
-                rate = p[k] * decay ** (visits[l] - stamp[k])
-                w = (l - layer - 1) % L + 1 + L * (1.0 / (rate if rate > _FLOOR else _FLOOR) - 1.0)  # = wait(k)
-                if w > best_wait or (w == best_wait and k < best):
-                    best, best_wait = k, w
-        push = heapq.heappush
-        for item in seen:
-            if item[1] != best:
-                push(heap, item)
+            bound, w, k, _ = found[i]
+            # heap order is ascending p, so no key after this one waits longer than its bound
+            if bound < (best_wait if best_wait > to_beat else to_beat):
+                break
+            if w > best_wait or (w == best_wait and k < best):
+                best, best_wait, at = k, w, i
         if best is None or to_beat > best_wait:
-            if best is not None:
-                push(heap, (zs[best], best))
             return None
+        del found[at]  # its heap entry goes with it: the key leaves
         return best
+
+    # the walk
+    def _to_beat(self, key: int) -> float:
+        """The wait a victim must exceed for `key` to be cached."""
+        return self.wait(key) if self.bypass else -math.inf
+
+    def _bound(self, log_p: float) -> float:
+        """An upper bound on the wait of any key of rate >= exp(log_p)."""
+        return self.num_layers * math.exp(-log_p) * _SLACK if log_p > -700.0 else math.inf
+
+    def _resident_wait(self, key: int) -> float:
+        return LayerSweep.wait(self, key)  # a resident's wait is layer_sweep's, whatever a subclass says of `key`
+
+    def _walk_on(self, walk: "_Walk") -> bool:
+        """Pop the heap up to the next live unprotected entry and append it to walk.found; False at the end."""
+        heap, zs, protected = self._heap, self._z, walk.protected.keys
+        shift = self._most_visits * self._log_decay  # exp(z + shift) <= the key's p now, for any layer
+        pop = heapq.heappop
+        while heap:
+            item = pop(heap)
+            z, k = item
+            if zs.get(k) != z:  # stale: evicted, or used since
+                continue
+            if k in protected:
+                walk.held.append(item)
+                continue
+            walk.found.append((self._bound(z + shift), self._resident_wait(k), k, z))
+            return True
+        return False
+
+    def _end_walk(self) -> None:
+        """Put the walk's entries back on the heap (the call is over, or an unprotected key changed)."""
+        walk, self._walk = self._walk, None
+        if walk is not None:
+            push, heap = heapq.heappush, self._heap
+            for item in walk.held:
+                push(heap, item)
+            for _, _, k, z in walk.found:
+                push(heap, (z, k))
+
+
+class _Walk:
+    """The heap walk of one call's evictions, ascending p. Between two evictions of a call only its own
+    (protected) keys change (their uses and admissions) and the evicted key leaves, so what the walk found stays
+    valid until the call ends or the protected set changes; its entries stay off the heap meanwhile.
+    held: popped entries of protected keys; found: (bound, wait, key, z) of unprotected residents, in heap order."""
+
+    __slots__ = ("protected", "held", "found")
+
+    def __init__(self) -> None:
+        self.protected = ProtectedMemo()
+        self.held: list[tuple[float, int]] = []
+        self.found: list[tuple[float, float, int, float]] = []

@@ -18,26 +18,36 @@ from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.stream import KeyStream
 
 
+def noisy_keys(keys: np.ndarray, num_experts: int, accuracy: float, rng: np.random.Generator) -> np.ndarray:
+    """[N] -> [N]: each key, or with probability 1 - accuracy a uniformly drawn other expert of its layer."""
+    wrong = rng.random(keys.size) >= accuracy  # [N]
+    other = rng.integers(0, max(num_experts - 1, 1), size=keys.size)  # [N] an expert id that skips the true one
+    expert = keys % num_experts
+    other = other + (other >= expert)
+    return np.where(wrong, keys - expert + other, keys)
+
+
+def noisy_future(future: KeyStream, num_experts: int, accuracy: float, depth: int, seed: int) -> np.ndarray:
+    """[N] the key the oracle predicts for each access of the future (validating its options)."""
+    if not 0 <= accuracy <= 1:
+        raise ValueError(f"lookahead accuracy must lie in [0, 1], got {accuracy}")
+    if depth < 1:
+        raise ValueError(f"lookahead depth must be >= 1, got {depth}")
+    if num_experts < 2 and accuracy < 1:
+        raise ValueError("lookahead accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
+    return noisy_keys(future.keys, num_experts, accuracy, np.random.default_rng(seed))
+
+
 class NoisyOracle:
     """Router hints from a recorded future, with a stated accuracy. Calls must come in the future's order."""
 
     def __init__(self, future: KeyStream, num_experts: int, accuracy: float = 0.8, depth: int = 1, seed: int = 0):
-        if not 0 <= accuracy <= 1:
-            raise ValueError(f"lookahead accuracy must lie in [0, 1], got {accuracy}")
-        if depth < 1:
-            raise ValueError(f"lookahead depth must be >= 1, got {depth}")
-        if num_experts < 2 and accuracy < 1:
-            raise ValueError("lookahead accuracy < 1 needs at least 2 experts per layer to draw a wrong one from")
+        predicted = noisy_future(future, num_experts, accuracy, depth, seed)
         self.accuracy, self.depth = accuracy, depth
         keys = future.keys
         E = num_experts
-        rng = np.random.default_rng(seed)
-        wrong = rng.random(keys.size) >= accuracy  # [N]
-        other = rng.integers(0, max(E - 1, 1), size=keys.size)  # [N] an expert id that skips the true one
-        expert = keys % E
-        other = other + (other >= expert)
         self._keys = keys.tolist()
-        self._predicted = np.where(wrong, keys - expert + other, keys).tolist()  # [N]
+        self._predicted = predicted.tolist()  # [N]
         self._offsets = future.offsets.tolist()
         self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
         self._call = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from freetoken.placement.policy import PlacementPolicy
+from freetoken.placement.protected import ProtectedMemo
 
 MAX_FREQ = 3
 
@@ -33,6 +34,9 @@ class S3FIFO(PlacementPolicy):
         self._m: OrderedDict[int, None] = OrderedDict()
         self._g: OrderedDict[int, None] = OrderedDict()
         self._freq: dict[int, int] = {}
+        self._protected = ProtectedMemo()  # the protected set the two counts below are of
+        self._held_s = 0  # protected keys in S
+        self._held_m = 0  # protected keys in M
 
     def on_hit(self, key: int, now: int) -> None:
         f = self._freq[key]
@@ -41,14 +45,22 @@ class S3FIFO(PlacementPolicy):
 
     def on_admit(self, key: int, now: int) -> None:
         self._freq[key] = 0
+        held = key in self._protected.keys
         if key in self._g:
             del self._g[key]
             self._m[key] = None
+            self._held_m += held
         else:
             self._s[key] = None
+            self._held_s += held
 
     def on_evict(self, key: int) -> None:
         del self._freq[key]
+        if key in self._protected.keys:
+            if key in self._s:
+                self._held_s -= 1
+            else:
+                self._held_m -= 1
         if key in self._s:
             del self._s[key]
             self._g[key] = None
@@ -59,8 +71,10 @@ class S3FIFO(PlacementPolicy):
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
         s, m, freq = self._s, self._m, self._freq
-        held_s = sum(1 for k in protected if k in s)  # protected keys stay in their queue while this runs
-        held_m = sum(1 for k in protected if k in m)
+        if not self._protected.same(protected):  # counted once per protected set (per call), then kept in step
+            self._held_s = sum(1 for k in protected if k in s)  # protected keys stay in their queue below
+            self._held_m = sum(1 for k in protected if k in m)
+        held_s, held_m = self._held_s, self._held_m
         if held_s + held_m >= len(s) + len(m):
             return None  # every resident is needed by this call
         while True:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # config parsing (and the simulator through it) needs no torch
+    import torch
 
 
 class QuantError(ValueError):
@@ -28,4 +31,6 @@ def as_bytes(name: str, t: torch.Tensor) -> torch.Tensor:
     """Raw bytes of a 1-byte tensor (fp8, e8m0, packed fp4) as uint8: the bits are decoded by hand."""
     if t.element_size() != 1:
         raise QuantError(f"tensor {name!r}: dtype {t.dtype} is not a 1-byte type")
+    import torch
+
     return t.contiguous().view(torch.uint8)

@@ -24,6 +24,10 @@ COMPILED: dict[str, str] = {  # policy name -> module of its hooks and setup()
     "static_layers": "freetoken.placement.compiled.pinned",
     "frequency": "freetoken.placement.compiled.pinned",
     "belady": "freetoken.placement.compiled.belady",
+    "s3fifo": "freetoken.placement.compiled.s3fifo",
+    "layer_sweep": "freetoken.placement.compiled.sweep",
+    "lookahead": "freetoken.placement.compiled.sweep",
+    "hinted_sweep": "freetoken.placement.compiled.sweep",
 }
 _REPORTED: set[str] = set()
 

@@ -1,0 +1,408 @@
+"""Compiled layer_sweep, lookahead and hinted_sweep (placement.layer_sweep / lookahead / hinted_sweep): one state,
+one driver, the policy chosen by ints[MODE].
+
+Residents sit in an indexed min-heap by (z, key), z = log p - stamp log(decay) as the reference's heap entries (one
+live entry per resident; the reference's stale entries never count). The victim walk pops residents in that order
+with the reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, keeps what it
+popped for the call's later evictions (only the call's own, protected, keys change in between); the walk's keys go
+back on the heap when the next call begins, or when lookahead's pending keys (protected too) change. The hints come from the reference's own oracle draws
+(lookahead.noisy_future, hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
+Floating point follows the reference's operations in order (pow, exp, log are the same libm calls).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch  # noqa: F401
+from freetoken.placement.compiled.setup import Setup
+from freetoken.placement.hinted_sweep import PRIOR_FLOOR
+from freetoken.placement.layer_sweep import _FLOOR, _SLACK
+
+SWEEP, LOOKAHEAD, HINTED = 0, 1, 2
+MODES = {"layer_sweep": SWEEP, "lookahead": LOOKAHEAD, "hinted_sweep": HINTED}
+# ints
+HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NHELD = range(13)
+HELD = -2  # pos[key] of a resident the current call's walk took off the heap
+# floats
+DECAY, LOG_DECAY, MIN_CONF = range(3)
+
+
+def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=None, accuracy=0.8, depth: int = 1,
+          min_confidence: float = 0.9, seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True,
+          prior=None, scan: int = 64) -> Setup:
+    from freetoken.placement.layer_sweep import LayerSweep
+
+    mode = MODES[name]
+    # the reference validates the sweep's options and gives the starting rates and the warm set
+    ref = LayerSweep(capacity, num_layers, num_experts, decay=decay, bypass=bypass, prior=prior, scan=scan)
+    K = num_layers * num_experts
+    acc = np.ones(1)
+    predicted = np.zeros((1, 0), np.int64)
+    offsets, call_layer = np.zeros(1, np.int64), np.zeros(0, np.int64)
+    if mode != SWEEP:
+        if mode == HINTED:
+            from freetoken.placement.hinted_sweep import accuracies
+
+            acc = np.asarray(accuracies(accuracy, depth), np.float64)
+        if hint is not None:
+            raise ValueError(f"{name}: a live hint object runs in the interpreted class (make_policy picks it)")
+        if future is None:
+            raise ValueError(f"{name} needs a router hint (live engine) or the future key stream (simulator) to "
+                             f"build a noisy oracle from")
+        keys = np.ascontiguousarray(future.keys, np.int64)
+        if keys.size and (keys.min() < 0 or keys.max() >= K):
+            raise ValueError(f"{name}: the future's keys must lie in [0, {K}) ({num_layers} layers x {num_experts} "
+                             f"experts), got [{keys.min()}, {keys.max()}]")
+        offsets = np.ascontiguousarray(future.offsets, np.int64)
+        call_layer = keys[offsets[:-1]] // num_experts if offsets.size > 1 else np.zeros(0, np.int64)
+        if mode == LOOKAHEAD:
+            from freetoken.placement.lookahead import noisy_future
+
+            predicted = noisy_future(future, num_experts, accuracy, depth, seed)[None, :]  # one row for every j
+        else:
+            from freetoken.placement.hinted_sweep import distance_predictions
+
+            predicted = np.stack(distance_predictions(future, num_experts, tuple(acc), seed)) if keys.size else \
+                np.zeros((depth, 0), np.int64)
+        predicted = np.ascontiguousarray(predicted, np.int64)
+    warm = sorted(ref.slot_of, key=ref.slot_of.__getitem__)  # slot order
+    ints = np.zeros(13, np.int64)
+    ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
+    ints[DEPTH] = depth
+    floats = np.array([decay, math.log(decay), min_confidence], np.float64)
+    state = (np.asarray(ref._p, np.float64), np.zeros(K, np.int64), np.zeros(num_layers, np.int64),
+             np.zeros(K, np.float64),  # rates, their stamps, visits per layer, z of residents
+             np.zeros(capacity + 1, np.int64), np.full(K, -1, np.int64),  # heap of residents, position in it
+             # the walk: protected keys it took off the heap (one may come back on and off again: once per key
+             # the call hits, admits or prefetches)
+             np.zeros(capacity + (depth + 1) * num_experts + 1, np.int64),
+             ints, floats, offsets, call_layer, predicted, acc,
+             np.full(K, -1, np.int64),  # mark == ints[STAMP]: pending (lookahead) or predicted (hinted)
+             np.full(num_layers, -1, np.int64), np.zeros(num_layers, np.float64), np.zeros(num_layers, np.float64),
+             np.zeros(num_layers, np.int64),  # hinted layers: stamp, accuracy a, chance q, count n
+             np.zeros(K, np.int64),  # hinted: the predicted keys, nearest first
+             np.zeros(capacity + 1, np.int64), np.zeros(capacity + 1, np.float64),
+             np.zeros(capacity + 1, np.float64))  # the walk: unprotected residents found, their bounds and waits
+    for k in warm:
+        _push(state, k)
+    return Setup(state, tuple(warm), prefetches=mode != SWEEP)
+
+
+# the heap of residents, by (z, key)
+@nb.njit(cache=True, inline="always")
+def _less(z, a, b):
+    return z[a] < z[b] or (z[a] == z[b] and a < b)
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _sift_up(p, i):
+    z, heap, pos = p[3], p[4], p[5]
+    key = heap[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _less(z, key, heap[parent]):
+            break
+        heap[i] = heap[parent]
+        pos[heap[i]] = i
+        i = parent
+    heap[i] = key
+    pos[key] = i
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _sift_down(p, i):
+    z, heap, pos, n = p[3], p[4], p[5], p[7][HEAP_N]
+    key = heap[i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and _less(z, heap[child + 1], heap[child]):
+            child += 1
+        if not _less(z, heap[child], key):
+            break
+        heap[i] = heap[child]
+        pos[heap[i]] = i
+        i = child
+    heap[i] = key
+    pos[key] = i
+
+
+@nb.njit(cache=True, inline="always")
+def _push(p, key):
+    """(Re)file `key` under its z now."""
+    rate, stamp, z, heap, pos, ints, floats = p[0], p[1], p[3], p[4], p[5], p[7], p[8]
+    z[key] = math.log(max(rate[key], _FLOOR)) - stamp[key] * floats[LOG_DECAY]
+    i = pos[key]
+    if i < 0:
+        i = ints[HEAP_N]
+        heap[i] = key
+        ints[HEAP_N] += 1
+    _sift_up(p, i)
+    _sift_down(p, pos[key])
+
+
+@nb.njit(cache=True, inline="always")
+def _pop(p):
+    """Take the least (z, key) off the heap; it is marked HELD."""
+    heap, pos, ints = p[4], p[5], p[7]
+    key = heap[0]
+    ints[HEAP_N] -= 1
+    n = ints[HEAP_N]
+    if n > 0:
+        heap[0] = heap[n]
+        pos[heap[0]] = 0
+        _sift_down(p, 0)
+    pos[key] = HELD
+    return key
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _end_walk(p):
+    """Put the walk's keys that are still resident and off the heap back on it."""
+    pos, ints = p[5], p[7]
+    held, found = p[6], p[19]
+    for i in range(ints[NHELD]):
+        if pos[held[i]] == HELD:
+            _push(p, held[i])
+    for i in range(ints[NFOUND]):
+        if pos[found[i]] == HELD:
+            _push(p, found[i])
+    ints[NHELD] = 0
+    ints[NFOUND] = 0
+
+
+# the estimate
+@nb.njit(cache=True, inline="always")
+def _rate(p, key):
+    E = p[7][NUM_E]
+    return p[0][key] * p[8][DECAY] ** float(p[2][key // E] - p[1][key])
+
+
+@nb.njit(cache=True, inline="always")
+def _distance(p, key):
+    ints = p[7]
+    return (key // ints[NUM_E] - ints[LAYER] - 1) % ints[NUM_L] + 1
+
+
+@nb.njit(cache=True, inline="always")
+def _sweep_wait(p, key):
+    return _distance(p, key) + p[7][NUM_L] * (1.0 / max(_rate(p, key), _FLOOR) - 1.0)
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _posterior(p, key):
+    """hinted_sweep: (r, p) of `key` given the standing hint."""
+    ints = p[7]
+    E = ints[NUM_E]
+    layer = key // E
+    rate = _rate(p, key)
+    if p[14][layer] != ints[STAMP]:
+        return rate, max(rate, _FLOOR)
+    a, q, n = p[15][layer], p[16][layer], p[17][layer]
+    rate = min(max(rate, PRIOR_FLOOR * n / E), 1.0)
+    if p[13][key] == ints[STAMP]:
+        num = rate * a
+        den = rate * a + (1 - rate) * q
+    else:
+        num = rate * (1 - a)
+        den = rate * (1 - a) + (1 - rate) * (1 - q)
+    return (num / den if den > 0 else 0.0), rate
+
+
+@nb.njit(cache=True, inline="always")
+def _wait(p, key):
+    """The policy's own wait of `key` (lookahead: a pending key waits only its distance)."""
+    ints = p[7]
+    mode = ints[MODE]
+    if mode == LOOKAHEAD and p[13][key] == ints[STAMP]:
+        return float(_distance(p, key))
+    if mode == HINTED and p[14][key // ints[NUM_E]] == ints[STAMP]:
+        r, rate = _posterior(p, key)
+        return _distance(p, key) + (1.0 - r) * ints[NUM_L] / rate
+    return _sweep_wait(p, key)
+
+
+# hooks
+@nb.njit(cache=True, inline="always")
+def begin_call(p, st, c, keys):
+    ints = p[7]
+    mode = ints[MODE]
+    E = ints[NUM_E]
+    _end_walk(p)  # waits move with the layer
+    if keys.size == 0:
+        return
+    layer = keys[0] // E
+    if mode != SWEEP:
+        offsets, call_layer = p[9], p[10]
+        if c >= call_layer.size or call_layer[c] != layer or offsets[c + 1] - offsets[c] != keys.size:
+            raise ValueError("a call differs from the future the oracle was given (calls must come in its order)")
+        if mode == HINTED:
+            _take_hint(p, c, layer)
+    ints[LAYER] = layer
+    visits = p[2]
+    visits[layer] += 1
+    ints[MOST_VISITS] = max(ints[MOST_VISITS], visits[layer])
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _upcoming(p, c, layer, out):
+    """The oracle's keys for the calls after c in the same sweep, nearest first, each once; returns the count."""
+    ints, offsets, call_layer, predicted, mark = p[7], p[9], p[10], p[11], p[13]
+    ints[STAMP] += 1  # a fresh mark: the keys below are the standing pending / predicted set
+    stamp = ints[STAMP]
+    n = 0
+    for j in range(1, ints[DEPTH] + 1):
+        if c + j >= call_layer.size or call_layer[c + j] != layer + j:  # the sweep ends: next token unknown
+            break
+        row = predicted[0] if predicted.shape[0] == 1 else predicted[j - 1]
+        for i in range(offsets[c + j], offsets[c + j + 1]):
+            k = row[i]
+            if mark[k] != stamp:
+                mark[k] = stamp
+                out[n] = k
+                n += 1
+    return n
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _take_hint(p, c, layer):
+    """hinted_sweep: the oracle's keys for the next `depth` layers, per hinted layer its accuracy and chance q."""
+    ints, acc = p[7], p[12]
+    E = ints[NUM_E]
+    order = p[18]
+    n = _upcoming(p, c, layer, order)
+    ints[NPRED] = n
+    stamp = ints[STAMP]
+    seen, a_of, q_of, n_of = p[14], p[15], p[16], p[17]
+    for i in range(n):
+        hl = order[i] // E
+        if seen[hl] != stamp:
+            seen[hl] = stamp
+            n_of[hl] = 0
+        n_of[hl] += 1
+    for i in range(n):
+        hl = order[i] // E
+        a = acc[hl - layer - 1]
+        a_of[hl] = a
+        q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
+
+
+@nb.njit(cache=True, inline="always")
+def _use(p, key):
+    rate, stamp, floats = p[0], p[1], p[8]
+    v = p[2][key // p[7][NUM_E]]
+    decay = floats[DECAY]
+    rate[key] = rate[key] * decay ** float(v - stamp[key]) + (1.0 - decay)
+    stamp[key] = v
+
+
+@nb.njit(cache=True, inline="always")
+def on_hit(p, key, now):
+    _use(p, key)
+    _push(p, key)
+
+
+@nb.njit(cache=True, inline="always")
+def on_miss(p, key, now):
+    _use(p, key)
+
+
+@nb.njit(cache=True, inline="always")
+def on_admit(p, key, now):
+    _push(p, key)
+
+
+@nb.njit(cache=True, inline="always")
+def on_evict(p, key):
+    heap, pos, ints = p[4], p[5], p[7]
+    i = pos[key]
+    pos[key] = -1
+    if i == HELD:  # the victim: victim() took it out of the walk already
+        return
+    ints[HEAP_N] -= 1
+    n = ints[HEAP_N]
+    if i == n:
+        return
+    moved = heap[n]
+    heap[i] = moved
+    pos[moved] = i
+    _sift_up(p, i)
+    _sift_down(p, pos[moved])
+
+
+@nb.njit(cache=True, inline="always")
+def prefetch_for(p, st, c, keys, out):
+    ints = p[7]
+    if ints[MODE] == LOOKAHEAD:
+        _end_walk(p)  # the pending keys (protected) change
+        return _upcoming(p, c, keys[0] // ints[NUM_E], out) if keys.size else 0
+    n = 0
+    if ints[MODE] == HINTED:
+        order, min_conf = p[18], p[8][MIN_CONF]
+        for i in range(ints[NPRED]):
+            if _posterior(p, order[i])[0] >= min_conf:
+                out[n] = order[i]
+                n += 1
+    return n
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _walk_on(p, st, shift):
+    """Pop the heap up to the next unprotected resident and append it to the walk's found list; False at the end."""
+    ints, z = p[7], p[3]
+    mode, L = ints[MODE], ints[NUM_L]
+    held, found, bounds, waits = p[6], p[19], p[20], p[21]
+    while ints[HEAP_N] > 0:
+        k = _pop(p)
+        if is_protected(st, k) or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
+            if ints[NHELD] == held.size:
+                raise RuntimeError("sweep: the walk's held list overflowed (a bug: it is sized for every case)")
+            held[ints[NHELD]] = k
+            ints[NHELD] += 1
+            continue
+        log_p = z[k] + shift
+        bound = np.inf
+        if log_p > -700.0:
+            bound = L * (1.0 + math.exp(-log_p)) * _SLACK if mode == HINTED else L * math.exp(-log_p) * _SLACK
+        i = ints[NFOUND]
+        found[i], bounds[i] = k, bound
+        waits[i] = _wait(p, k) if mode == HINTED else _sweep_wait(p, k)
+        ints[NFOUND] = i + 1
+        return True
+    return False
+
+
+@nb.njit(cache=True, inline="always")
+def victim(p, st, key, now):
+    """The unprotected resident with the longest wait (ties: lowest key), walked from the least likely; -1 when
+    `key` waits longer still (bypass, or a hinted prefetch)."""
+    ints, floats = p[7], p[8]
+    found, bounds, waits = p[19], p[20], p[21]
+    mode, E = ints[MODE], ints[NUM_E]
+    if mode == HINTED:
+        weigh = ints[BYPASS] != 0 or (p[13][key] == ints[STAMP] and p[14][key // E] == ints[STAMP])
+    else:
+        weigh = ints[BYPASS] != 0
+    to_beat = _wait(p, key) if weigh else -np.inf
+    shift = ints[MOST_VISITS] * floats[LOG_DECAY]
+    best, best_wait, at = -1, -np.inf, -1
+    for i in range(ints[SCAN]):  # protected keys do not count
+        if i == ints[NFOUND] and not _walk_on(p, st, shift):
+            break
+        if bounds[i] < (best_wait if best_wait > to_beat else to_beat):
+            break  # heap order is ascending p: no later key waits longer
+        w, k = waits[i], found[i]
+        if w > best_wait or (w == best_wait and k < best):
+            best, best_wait, at = k, w, i
+    if best < 0 or to_beat > best_wait:
+        return -1
+    n = ints[NFOUND] - 1  # the victim leaves the walk (on_evict sees it HELD and leaves the heap alone)
+    for i in range(at, n):
+        found[i], bounds[i], waits[i] = found[i + 1], bounds[i + 1], waits[i + 1]
+    ints[NFOUND] = n
+    return best
