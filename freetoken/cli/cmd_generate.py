@@ -103,6 +103,7 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from freetoken.cli.common import print_json
     from freetoken.engine import SamplingParams
+    from freetoken.placement.device import placement_line
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     store = engine.store
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each\n")
+    sys.stderr.write(placement_line(engine.cache.policy) + "\n")
     tok = engine.tokenizer
     out: list[int] = []
     shown = ""

@@ -37,6 +37,15 @@ def device_form(policy: PlacementPolicy) -> str | None:
     return None
 
 
+def placement_line(policy: PlacementPolicy) -> str:
+    """What `ft generate` says about where the policy decides."""
+    reason = device_form(policy)
+    if reason is None:
+        return (f"placement: {policy.name} decides on the host (compiled); its device form "
+                f"(freetoken.placement.device) is not yet wired into the engine's decode step")
+    return reason.replace("placement ", "placement: ", 1)
+
+
 @functools.lru_cache(maxsize=64)
 def _fetch_counts(split: Split, num_experts: int) -> np.ndarray:
     """split.fetch_count(m) for m = 0..E (a call holds at most one layer's experts): the split's rule as a table."""

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from freetoken.placement import Call, Split, make_policy
-from freetoken.placement.device import DEVICE_FORMS, DevicePolicy, device_form
+from freetoken.placement.device import DEVICE_FORMS, DevicePolicy, device_form, placement_line
 from sim.calls import trace_stream
 from sim.replay import replay
 from tests.test_compiled_policies import SPLITS, build, capacities, real, synthetic
@@ -113,3 +113,5 @@ def test_host_path_named():
     assert "already planned" in device_form(pol)
     with pytest.raises(ValueError, match="no device form"):
         DevicePolicy(make_policy("s3fifo", 4, 2, 4))
+    assert placement_line(make_policy("s3fifo", 4, 2, 4)) == (
+        "placement: s3fifo has no device form (device: lru, static_layers, frequency); it decides on the host")
