@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from freetoken.engine.cpu_threads import physical_cores
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
@@ -41,7 +42,10 @@ class LiveExecutor:
         # the CPU lane on a worker thread, concurrent with the copies and the GPU lane (on a CPU-only engine both
         # lanes share the cores, so by default it runs inline, still issued first)
         self.overlap = self.cuda if overlap is None else overlap
-        self._cpu_worker = ThreadPoolExecutor(1, thread_name_prefix="cpu-lane") if self.overlap else None
+        self._cpu_worker = None
+        if self.overlap:  # the host's cores belong to the CPU lane here: one torch thread per physical core
+            torch.set_num_threads(physical_cores())
+            self._cpu_worker = ThreadPoolExecutor(1, thread_name_prefix="cpu-lane")
         self._reads_done = None  # CUDA event after the last expert FFN queued: what a slot's new copy must follow
 
     def run(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray, phase: int,

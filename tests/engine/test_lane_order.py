@@ -76,3 +76,21 @@ def test_no_cpu_experts_no_cpu_lane():
     x, weights = torch.randn(1, D), torch.rand(1, 2)
     ex.run(Plan(0, [], [], [0, 1], [0, 1], []), x, weights, ids, DECODE)
     assert "cpu issued" not in ex.log
+
+
+def test_cpu_lane_threads_are_physical_cores():
+    import psutil
+
+    from freetoken.engine.cpu_threads import physical_cores
+
+    assert physical_cores() == psutil.cpu_count(logical=False)
+    two_sockets_smt = "".join(f"processor\t: {i}\nphysical id\t: {i // 4}\ncore id\t: {i % 2}\n\n" for i in range(8))
+    assert physical_cores(two_sockets_smt) == 4  # 8 logical CPUs, 2 packages x 2 cores x 2 threads
+    store = _store()
+    before = torch.get_num_threads()
+    try:
+        RecordingExecutor(store, SlotPool(2, 0, store, "cpu"), kernel_set("reference"), torch.device("cpu"),
+                          overlap=True)
+        assert torch.get_num_threads() == psutil.cpu_count(logical=False)
+    finally:
+        torch.set_num_threads(before)
