@@ -73,7 +73,7 @@ class LiveExecutor:
         if not self.pipeline or not fetched:
             ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
             self._wait([ready, *events])
-            y = ffn(x, self._slots(slots), weights, *pool.weights, **pool.ffn_options)
+            y = ffn(x, self._slots(slots), weights, *pool.weights, max_experts=E, **pool.ffn_options)
         else:  # hits while the copies run; then each fetched group as soon as its copies land
             halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
             cut = -(-len(fetched) // halves)
@@ -85,7 +85,7 @@ class LiveExecutor:
                     continue
                 self._wait([event])
                 part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, *pool.weights,
-                           **pool.ffn_options)
+                           max_experts=E, **pool.ffn_options)
                 y = part if y is None else y + part
         if self.cuda:
             self._reads_done = torch.cuda.Event()
