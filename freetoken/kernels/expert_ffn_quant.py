@@ -105,8 +105,8 @@ def _down_quant_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_k[None, :], mask=rmask[:, None] & (offs_k[None, :] < I),
-                    other=0.0)  # [BM, BK]
+        h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_k[None, :],
+                    mask=rmask[:, None] & (offs_k[None, :] < I), other=0.0)  # [BM, BK] int64 rows: P * I > 2^31
         w = slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, offs_k, offs_n, D, I,
                       stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)  # [BK, BN]
