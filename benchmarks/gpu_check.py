@@ -7,6 +7,10 @@ the expert cache at 37% of all experts, for lru+offload, lru+hybrid, static_laye
 Per configuration: decode tok/s, hit rate, and the achieved fraction of the roofline: measured per-token time vs
 fetched bytes / PCIe BW + bytes the GPU reads (resident and fetched experts, dense weights) / HBM BW
 (+ CPU-lane expert bytes / host BW, shown apart), each bandwidth measured in this run.
+Verdict: every configuration's teacher-forced logits (the fully resident baseline's greedy continuation fed back
+token by token) are compared with that baseline's (max |delta|, argmax agreement, thresholds in TOLERANCE); any
+kernel failure or a configuration outside them exits 1, and the summary goes to $OUT/gpu_check.json when $OUT is set
+(or --json PATH).
 Weights are built directly in memory (no HF, no disk); by default every MoE layer shares one random host expert
 tensor (so the host needs one layer's experts, not 48): copies and CPU-lane reads still move real bytes.
 """
@@ -43,6 +47,9 @@ QWEN3_30B_A3B = Shape(48, 128, 8, 2048, 768, 32, 4, 128, 151936)
 TINY = Shape(2, 8, 2, 64, 32, 4, 2, 16, 128)
 CONFIGS = (("lru", "offload"), ("lru", "hybrid"), ("static_layers", "cpu"), ("frequency", "cpu"))
 FRACTION = 0.37
+# (max |logit delta| relative to the baseline's largest |logit|, least argmax agreement) per compute dtype: fp32 lanes
+# differ only in summation order; bf16 rounds each lane's partial sums, which can flip near-tied random logits
+TOLERANCE = {"float32": (1e-4, 1.0), "bfloat16": (2e-2, 0.95)}
 
 
 def random_checkpoint(shape: Shape, dtype: torch.dtype, device: str, distinct_layers: bool = False):
@@ -127,21 +134,37 @@ def dense_bytes_per_token(ckpt) -> int:
     return sum(t.numel() * t.element_size() for n, t in ckpt.dense.items() if n != "model.embed_tokens.weight")
 
 
-def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args, device: str) -> dict:
+def teacher_forced_logits(engine, prompt: list[int], continuation: list[int]) -> torch.Tensor:
+    """Logits [n, V] fp32 on the host: the prompt's last position, then after each continuation token but the last."""
+    kv = engine.new_kv(len(prompt) + len(continuation) + 8)
+    rows = [engine.prefill(prompt, kv, request=2)[-1]]
+    for token in continuation[:-1]:
+        rows.append(engine.decode(token, kv, request=2)[-1])
+    return torch.stack(rows).float().cpu()  # one host copy
+
+
+def compare_logits(got: torch.Tensor, base: torch.Tensor) -> dict:
+    return {"max_abs_delta": float((got - base).abs().max()), "scale": float(base.abs().max()),
+            "argmax_agreement": float((got.argmax(-1) == base.argmax(-1)).float().mean())}
+
+
+def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args, device: str,
+               forced: tuple[list[int], list[int]] | None = None, fraction: float = FRACTION) -> dict:
     from freetoken.engine import CacheConfig, Engine, SamplingParams
     from freetoken.placement import Split
 
     bp, bh = bw.get("pcie", 1.0), bw["host"]
     split = Split(split_mode, bp=bp, bh=bh) if split_mode == "hybrid" else Split(split_mode)
-    engine = Engine(ckpt, CacheConfig(policy, fraction=FRACTION, split=split, options=options),
+    engine = Engine(ckpt, CacheConfig(policy, fraction=fraction, split=split, options=options),
                     kernels=args.kernels, device=device, max_context=args.prompt + args.tokens + 8)
     prompt = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     sampling = SamplingParams(greedy=True)
     list(engine.generate(prompt.tolist(), sampling, max_tokens=2, stop_token_ids=[]))  # warm-up: compile, fill
     before = engine.cache.decode_counters.to_dict()
     engine.stats = type(engine.stats)()
-    n = len(list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
-                                 request=1)))
+    out_tokens = list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
+                                      request=1))
+    n = len(out_tokens)
     after = engine.cache.decode_counters.to_dict()
     d = {k: after[k] - before[k] for k in ("hits", "fetched", "cpu", "accesses", "fetched_bytes")}
     s = engine.stats
@@ -156,7 +179,8 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
     return {"policy": policy, "split": split_mode, "tokens": n, "tok_s": s.decode_tok_s,
             "hit_rate": d["hits"] / max(d["accesses"], 1), "decode_hits": d["hits"], "decode_accesses": d["accesses"], "capacity": engine.cache.capacity,
             "roofline_gpu": t_gpu / t_tok if t_tok else 0.0, "roofline_all": (t_gpu + t_cpu) / t_tok if t_tok else 0.0,
-            "trace": engine.trace()}
+            "trace": engine.trace(), "continuation": out_tokens,
+            "logits": None if forced is None else teacher_forced_logits(engine, *forced)}
 
 
 def quant_memory_check(device: str, dry_run: bool) -> list:
@@ -172,7 +196,9 @@ def quant_memory_check(device: str, dry_run: bool) -> list:
 
 
 def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
-              check_kernel_suite: bool = True, distinct_layers: bool = False) -> list[dict]:
+              check_kernel_suite: bool = True, distinct_layers: bool = False, failures: list | None = None) -> list[dict]:
+    """Rows per configuration; what failed is appended to `failures` (one line each)."""
+    failures = [] if failures is None else failures
     from freetoken.trace.stats import expert_counts
 
     device = "cpu" if dry_run else "cuda"
@@ -186,6 +212,7 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
         results = check_kernels(device, dtype, dry_run=dry_run)
         bad = [r.name for r in results if not r.ok]
         print(f"kernels: {len(results) - len(bad)}/{len(results)} ok" + (f"; FAIL: {', '.join(bad)}" if bad else ""))
+        failures += [f"kernel {name}" for name in bad]
     quant_memory_check(device, dry_run)
     t0 = time.perf_counter()
     ckpt = random_checkpoint(TINY if dry_run else QWEN3_30B_A3B, dtype, device, distinct_layers)
@@ -194,18 +221,54 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
     bw = bandwidths(ExpertStore(ckpt.experts), device)
     print(f"model built in {time.perf_counter() - t0:.1f} s; bandwidths GB/s: "
           + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
+    base = decode_run(ckpt, "lru", "offload", bw, {}, args, device, fraction=1.0)  # every expert resident
+    prompt_ids = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(2))
+    forced = (prompt_ids.tolist(), base["continuation"])
+    base_logits = teacher_forced_logits_of(ckpt, bw, args, device, forced)
+    rel_tol, min_agree = TOLERANCE[str(dtype).removeprefix("torch.")]
     rows, profile = [], None
     print(f"{'policy':14s} {'split':8s} {'slots':>6s} {'tok/s':>8s} {'hit rate':>9s} {'roofline':>9s} {'+cpu':>6s}")
     for policy, split in CONFIGS:
         options = {"profile": profile} if policy == "frequency" else {}
-        row = decode_run(ckpt, policy, split, bw, options, args, device)
+        row = decode_run(ckpt, policy, split, bw, options, args, device, forced)
         if profile is None:
             profile = expert_counts(row["trace"])  # frequency pins what the first run used most
-        del row["trace"]
+        row.update(compare_logits(row.pop("logits"), base_logits))
+        del row["trace"], row["continuation"]
+        if row["max_abs_delta"] > rel_tol * row["scale"] or row["argmax_agreement"] < min_agree:
+            failures.append(f"{policy}+{split}: logits vs resident max |delta| {row['max_abs_delta']:.3g} "
+                            f"(limit {rel_tol * row['scale']:.3g}), argmax agreement {row['argmax_agreement']:.3f} "
+                            f"(limit {min_agree})")
         rows.append(row)
         print(f"{policy:14s} {split:8s} {row['capacity']:6d} {row['tok_s']:8.2f} {row['hit_rate']:9.1%} "
-              f"{row['roofline_gpu']:9.1%} {row['roofline_all']:6.1%}", flush=True)
+              f"{row['roofline_gpu']:9.1%} {row['roofline_all']:6.1%}  logits |d| {row['max_abs_delta']:.2g} "
+              f"argmax {row['argmax_agreement']:.0%}", flush=True)
     return rows
+
+
+def teacher_forced_logits_of(ckpt, bw: dict, args, device: str, forced) -> torch.Tensor:
+    """The fully resident baseline's teacher-forced logits."""
+    return decode_run(ckpt, "lru", "offload", bw, {}, args, device, forced, fraction=1.0)["logits"]
+
+
+def summary_path(explicit: str | None) -> Path | None:
+    import os
+
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else None
+
+
+def versions() -> dict:
+    import platform
+
+    import triton
+
+    out = {"python": platform.python_version(), "torch": torch.__version__, "triton": triton.__version__,
+           "cpu": platform.processor() or platform.machine()}
+    if torch.cuda.is_available():
+        out.update(gpu=torch.cuda.get_device_name(), cuda=torch.version.cuda)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,13 +279,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", type=int, default=16, help="prompt tokens")
     p.add_argument("--skip-kernel-check", action="store_true")
     p.add_argument("--distinct-layers", action="store_true", help="separate host experts per layer (48x memory)")
+    p.add_argument("--json", metavar="PATH", help="summary JSON (default: $OUT/gpu_check.json when $OUT is set)")
     a = p.parse_args(argv)
+    failures: list[str] = []
     try:
-        run_check(a.dry_run, a.kernels, a.tokens, a.prompt, not a.skip_kernel_check, a.distinct_layers)
+        rows = run_check(a.dry_run, a.kernels, a.tokens, a.prompt, not a.skip_kernel_check, a.distinct_layers,
+                         failures)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
+    path = summary_path(a.json)
+    if path is not None:
+        import json
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"verdict": "FAIL" if failures else "PASS", "failures": failures,
+                                    "configs": rows, "versions": versions(), "dry_run": a.dry_run}, indent=1))
+    print(("FAIL:\n  " + "\n  ".join(failures)) if failures else "PASS", flush=True)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -99,6 +99,7 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from freetoken.cli.common import print_json
     from freetoken.engine.sampling import sampling_params
+    from freetoken.engine.device_placement import placement_line
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
@@ -114,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if Path(args.model).resolve() == DEMO_MODEL.resolve():
         sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}\n")
+    sys.stderr.write(placement_line(engine.cache.policy) + "\n")
     tok = engine.tokenizer
     out: list[int] = []
     shown = ""

@@ -1,5 +1,9 @@
 """The live executor: carries out one Plan of the placement policy for one MoE layer call.
 
+Lanes overlap: the CPU lane is issued first, as soon as the Plan (the router's picks) is known: x goes to the host
+before any expert FFN is queued and the host experts run on a worker thread (`overlap`, default on CUDA) while the
+main thread queues the copies and the GPU lane and waits on them; the CPU result is joined and added last.
+
 fetch: host -> slot copies (a side CUDA stream where CUDA exists; the GPU first computes the hits, then waits for
 the copies and computes the fetched experts, so transfers overlap compute; in prefill the fetches go in two
 halves, double-buffered: the first half computes while the second copies); hits and fetched experts run in
@@ -11,11 +15,13 @@ math beyond floating-point summation order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from freetoken.engine.host_counters import HostCounters
+from freetoken.engine.cpu_threads import physical_cores
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
@@ -25,7 +31,8 @@ from freetoken.placement.counts import Counts, count
 
 class LiveExecutor:
     def __init__(self, store: ExpertStore, pool: SlotPool, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False, pipeline: bool | None = None, host: HostCounters | None = None):
+                 keep_plans: bool = False, pipeline: bool | None = None, host: HostCounters | None = None,
+                 overlap: bool | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
         self.host = host if host is not None else HostCounters()
         self.reset_counts()
@@ -35,6 +42,14 @@ class LiveExecutor:
         # compute hits, then fetched groups as their copies land (default on CUDA; on CPU the same arithmetic,
         # in the same groups, with copies done up front: what tests check the grouping with)
         self.pipeline = self.cuda if pipeline is None else pipeline
+        # the CPU lane on a worker thread, concurrent with the copies and the GPU lane (on a CPU-only engine both
+        # lanes share the cores, so by default it runs inline, still issued first)
+        self.overlap = self.cuda if overlap is None else overlap
+        self._cpu_worker = None
+        if self.overlap:  # the host's cores belong to the CPU lane here: one torch thread per physical core
+            torch.set_num_threads(physical_cores())
+            self._cpu_worker = ThreadPoolExecutor(1, thread_name_prefix="cpu-lane")
+        self._reads_done = None  # CUDA event after the last expert FFN queued: what a slot's new copy must follow
 
     def run(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray, phase: int,
             prefetch_slots: list[int] | None = None) -> torch.Tensor:
@@ -56,11 +71,12 @@ class LiveExecutor:
             slot_of[e] = s
             fetched.append((e, s))
         slots = slot_of[ids]  # [T, K]
+        cpu_part = self._cpu_lane_start(layer, plan.cpu, x, weights, ids) if plan.cpu else None
         ffn = self.kernels.expert_ffn_quant if pool.packed else self.kernels.expert_ffn
         if not self.pipeline or not fetched:
             ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
             self._wait([ready, *events])
-            y = ffn(x, self._slots(slots), weights, *pool.weights, **pool.ffn_options)
+            y = ffn(x, self._slots(slots), weights, *pool.weights, max_experts=E, **pool.ffn_options)
         else:  # hits while the copies run; then each fetched group as soon as its copies land
             halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
             cut = -(-len(fetched) // halves)
@@ -72,10 +88,13 @@ class LiveExecutor:
                     continue
                 self._wait([event])
                 part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, *pool.weights,
-                           **pool.ffn_options)
+                           max_experts=E, **pool.ffn_options)
                 y = part if y is None else y + part
-        if plan.cpu:
-            y = y + self._cpu_lane(layer, plan.cpu, x, weights, ids).to(self.device, y.dtype)
+        if self.cuda:
+            self._reads_done = torch.cuda.Event()
+            self._reads_done.record(torch.cuda.current_stream(self.device))
+        if cpu_part is not None:
+            y = y + cpu_part.result().to(self.device, y.dtype)
             self.host.syncs += 1  # the activations reach the host
             self.host.copies += 2  # ... and the lane's result goes back
         self._totals[phase] += (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
@@ -103,7 +122,8 @@ class LiveExecutor:
                 pool.load(s, store, l, e)
             return None, [None] * len(groups)
         stream = self.copy_stream
-        stream.wait_stream(torch.cuda.current_stream(self.device))  # slots being replaced are no longer read
+        if self._reads_done is not None:  # slots being replaced are no longer read: only the FFNs read slots
+            stream.wait_event(self._reads_done)
         events = []
         with torch.cuda.stream(stream):
             ready = torch.cuda.Event()
@@ -123,15 +143,25 @@ class LiveExecutor:
             if event is not None:
                 torch.cuda.current_stream(self.device).wait_event(event)
 
-    def _cpu_lane(self, layer: int, experts: list[int], x: torch.Tensor, weights: torch.Tensor,
+    def _cpu_lane_start(self, layer: int, experts: list[int], x: torch.Tensor, weights: torch.Tensor,
+                        ids: np.ndarray) -> Future:
+        """Issue the CPU lane: x and the routing weights to the host now (they wait only for the router, as no FFN
+        is queued yet), the experts on the worker thread (or inline); .result() is the [T, D] fp32 sum."""
+        xh = x.to("cpu", self.store.dtype)  # [T, D]
+        wh = weights.to("cpu", torch.float32)  # [T, K]
+        if self._cpu_worker is not None:
+            return self._cpu_worker.submit(self._cpu_lane, layer, experts, xh, wh, ids)
+        done: Future = Future()
+        done.set_result(self._cpu_lane(layer, experts, xh, wh, ids))
+        return done
+
+    def _cpu_lane(self, layer: int, experts: list[int], xh: torch.Tensor, wh: torch.Tensor,
                   ids: np.ndarray) -> torch.Tensor:
         """sum over this call's cpu experts of w[t, k] * down(glu(gate x, up x)) on the host (biases added where the
         experts have them), in the store's dtype (torch accumulates in fp32, as the GPU kernel does), routing weights
         and the sum in fp32. Packed experts are dequantized one by one to that dtype first."""
         store = self.store
         I, dt = store.intermediate, store.dtype
-        xh = x.to("cpu", dt)  # [T, D]
-        wh = weights.to("cpu", torch.float32)  # [T, K]
         out = torch.zeros(xh.shape, dtype=torch.float32)
         for e in experts:
             tok, k = np.nonzero(ids == e)

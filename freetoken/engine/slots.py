@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from freetoken.engine.dequant_cache import DEFAULT_BUDGET_BYTES, DequantCache
 from freetoken.quant.packed import PackedWeight
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -28,9 +29,10 @@ class ExpertStore:
 
     def __init__(self, layers: list[tuple], dtype: torch.dtype | None = None, quant_format: str | None = None,
                  biases: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                 glu: tuple[str, float, float] = ("silu", 1.702, 7.0)):
+                 glu: tuple[str, float, float] = ("silu", 1.702, 7.0), cpu_cache_bytes: int = DEFAULT_BUDGET_BYTES):
         """biases: per layer (gate_up [E, 2I], down [E, D]), cast to the compute dtype; glu: (kind, alpha, limit)
-        of the experts' gated activation (kernels.expert_ffn.GLUS)."""
+        of the experts' gated activation (kernels.expert_ffn.GLUS); cpu_cache_bytes: host bytes kept of packed
+        experts the CPU lane has dequantized (dequant_cache.DequantCache; 0 = dequantize on every use)."""
         if not layers:
             raise ValueError("expert store: no MoE layer")
         self.packed = isinstance(layers[0][0], PackedWeight)
@@ -59,6 +61,7 @@ class ExpertStore:
                                      f"expected ({E}, {2 * I}) / ({E}, {D})")
             self.b_gate_up = [bgu.to(self.dtype) for bgu, _ in biases]
             self.b_down = [bd.to(self.dtype) for _, bd in biases]
+        self.dequantized = DequantCache(cpu_cache_bytes)
         kind, alpha, limit = glu
         self.glu = {"glu": kind, "alpha": float(alpha), "limit": float(limit)}  # expert_ffn's activation options
 
@@ -101,6 +104,9 @@ class ExpertStore:
         """(gate_up [2I, D], down [D, I]) of one expert in the store's dtype, on the host (the CPU lane's)."""
         if not self.packed:
             return self.gate_up[layer][expert], self.down[layer][expert]
+        return self.dequantized.get((layer, expert), lambda: self._dequantize(layer, expert))
+
+    def _dequantize(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up, down = (w[layer].to_float(expert).to(self.dtype) for w in (self.gate, self.up, self.down))
         return torch.cat([gate, up]), down
 

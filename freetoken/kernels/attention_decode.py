@@ -72,24 +72,33 @@ def _attention_decode_merge_kernel(
     # Meta-parameters
     SINKS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """Program per head: out = sum_s 2^(lse_s - max) * out_s / (sum_s 2^(lse_s - max) [+ 2^(sink - max)])."""
+    """Program per head: out = sum_s 2^(lse_s - max) * out_s / (sum_s 2^(lse_s - max) [+ 2^(sink - max)]), the
+    splits read BLOCK_S at a time (a fixed block: a growing context changes NUM_SPLITS, never the compiled kernel)."""
     h = tl.program_id(0)
-    offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    smask = offs_s < NUM_SPLITS
-    lse = tl.load(part_lse_ptr + h * stride_lh + offs_s, mask=smask, other=-float("inf"))  # [BS]
-    m = tl.max(lse, axis=0)
+    dmask = offs_d < Dh
+    m = tl.full([], -float("inf"), tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        lse = tl.load(part_lse_ptr + h * stride_lh + offs_s, mask=offs_s < NUM_SPLITS, other=-float("inf"))  # [BS]
+        m = tl.maximum(m, tl.max(lse, axis=0))
     if SINKS:
         sink = tl.load(sinks_ptr + h).to(tl.float32) * 1.4426950408889634  # base 2, like the lse
         m = tl.maximum(m, sink)
-    w = tl.exp2(lse - m)
-    part = tl.load(part_out_ptr + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
-                   mask=smask[:, None] & (offs_d[None, :] < Dh), other=0.0)  # [BS, BD]
-    denom = tl.sum(w, axis=0)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    denom = tl.zeros([], dtype=tl.float32)
+    for s0 in range(0, NUM_SPLITS, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        smask = offs_s < NUM_SPLITS
+        lse = tl.load(part_lse_ptr + h * stride_lh + offs_s, mask=smask, other=-float("inf"))  # [BS]
+        w = tl.exp2(lse - m)
+        part = tl.load(part_out_ptr + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+                       mask=smask[:, None] & dmask[None, :], other=0.0)  # [BS, BD]
+        acc += tl.sum(part * w[:, None], axis=0)
+        denom += tl.sum(w, axis=0)
     if SINKS:
         denom += tl.exp2(sink - m)
-    out = tl.sum(part * w[:, None], axis=0) / denom
-    tl.store(out_ptr + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < Dh)
+    tl.store(out_ptr + h * stride_oh + offs_d, (acc / denom).to(out_ptr.dtype.element_ty), mask=dmask)
 
 
 def decode_splits(kv_len: int, num_kv_heads: int, block_n: int) -> tuple[int, int]:
@@ -98,6 +107,12 @@ def decode_splits(kv_len: int, num_kv_heads: int, block_n: int) -> tuple[int, in
     splits = max(1, min(triton.cdiv(TARGET_PROGRAMS, num_kv_heads), max_splits))
     split_len = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
     return triton.cdiv(kv_len, split_len), split_len
+
+
+def merge_block(num_kv_heads: int) -> int:
+    """The merge kernel's BLOCK_S, fixed per head count whatever kv_len (a length-dependent power of two recompiled
+    the merge at each doubling): the most splits decode_splits can give, at most 64 (the kernel loops past that)."""
+    return max(min(triton.next_power_of_2(triton.cdiv(TARGET_PROGRAMS, num_kv_heads)), 64), 2)
 
 
 def attention_decode(
@@ -129,7 +144,7 @@ def attention_decode(
         part_out, part_lse, out, part_lse if sinks is None else sinks,
         num_splits, Dh,
         part_out.stride(0), part_out.stride(1), part_lse.stride(0), out.stride(1),
-        SINKS=sinks is not None, BLOCK_S=max(triton.next_power_of_2(num_splits), 2),
+        SINKS=sinks is not None, BLOCK_S=merge_block(Hkv),
         BLOCK_D=triton.next_power_of_2(Dh), num_warps=4,
     )
     return out

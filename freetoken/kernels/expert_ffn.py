@@ -99,7 +99,7 @@ def _gate_up_kernel(
     acc_g = add_bias(acc_g, b_ptr, slot, stride_bs, offs_n, I, HAS_BIAS)
     acc_u = add_bias(acc_u, b_ptr + I, slot, stride_bs, offs_n, I, HAS_BIAS)
     h = glu(acc_g, acc_u, GLU, alpha, limit)
-    tl.store(h_ptr + rows[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+    tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=rmask[:, None] & nmask[None, :])
 
 
@@ -123,7 +123,7 @@ def _down_kernel(
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < D
     offs_k = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + rows[:, None] * stride_hp + offs_k[None, :]  # [BM, BK]
+    h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_k[None, :]  # [BM, BK] int64: P * I can pass 2^31
     w_ptrs = w_ptr + slot.to(tl.int64) * stride_ws + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
@@ -189,7 +189,8 @@ class PairBlocks:
     route_w: torch.Tensor  # [T * K] routing weight per pair
 
 
-def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, S: int, I: int) -> PairBlocks:
+def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, S: int, I: int,
+                max_experts: int | None = None) -> PairBlocks:
     """Check slot ids (CPU only), then lay out the row blocks and allocate h / y."""
     if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
         raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
@@ -200,7 +201,7 @@ def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, 
         pairs = block_slot = slot_ids  # unused by the kernels in this mode
         num_blocks = num_rows = T * K
     else:
-        blocks = align_by_slot(slot_ids, S, block_m)
+        blocks = align_by_slot(slot_ids, S, block_m, max_experts)
         pairs, block_slot = blocks.pairs, blocks.block_slot
         num_blocks, num_rows = block_slot.shape[0], pairs.shape[0]
     h = torch.empty((num_rows, I), dtype=x.dtype, device=x.device)
@@ -230,10 +231,11 @@ def bias_args(b: torch.Tensor | None, stand_in: torch.Tensor) -> tuple[torch.Ten
 def expert_ffn(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
-    alpha: float = 1.702, limit: float = 7.0,
+    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None,
 ) -> torch.Tensor:
     """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, w_gate_up [S, 2I, D], w_down [S, D, I] -> [T, D].
-    Optional b_gate_up [S, 2I], b_down [S, D]; glu of GLUS (alpha, limit: the clamped one's gain and clamp)."""
+    Optional b_gate_up [S, 2I], b_down [S, D]; glu of GLUS (alpha, limit: the clamped one's gain and clamp);
+    max_experts: distinct slots one call can use (the layer's E), bounding prefill's padded rows."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
@@ -261,7 +263,7 @@ def expert_ffn(
     if T == 0 or K == 0:
         return out.zero_()
     slot_ids = slot_ids.contiguous()
-    blocks = pair_blocks(x, slot_ids, weights, S, I)
+    blocks = pair_blocks(x, slot_ids, weights, S, I, max_experts)
     one_pair, BLOCK_M, pairs, block_slot = blocks.one_pair, blocks.block_m, blocks.pairs, blocks.block_slot
     num_blocks, h, y, route_w = blocks.num_blocks, blocks.h, blocks.y, blocks.route_w
     # 3. launch
@@ -301,9 +303,10 @@ def glu_ref(gate: torch.Tensor, up: torch.Tensor, glu: str = "silu", alpha: floa
 def expert_ffn_ref(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
-    alpha: float = 1.702, limit: float = 7.0,
+    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None,
 ) -> torch.Tensor:
-    """gpt-fast style: gather each pair's slot weights, einsum in fp32, zero weight where the slot is -1."""
+    """gpt-fast style: gather each pair's slot weights, einsum in fp32, zero weight where the slot is -1.
+    (max_experts: the kernel's padding bound; nothing is padded here.)"""
     # T = tokens, K = picks, D = hidden, I = expert intermediate
     I = w_down.shape[2]
     resident = slot_ids >= 0  # [T, K]

@@ -77,7 +77,7 @@ def _gate_up_quant_kernel(
     acc_g = add_bias(acc_g, b_ptr, slot, stride_bs, offs_n, I, HAS_BIAS)
     acc_u = add_bias(acc_u, b_ptr + I, slot, stride_bs, offs_n, I, HAS_BIAS)
     h = glu(acc_g, acc_u, GLU, alpha, limit)
-    tl.store(h_ptr + rows[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
+    tl.store(h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
              mask=rmask[:, None] & (offs_n[None, :] < I))
 
 
@@ -105,8 +105,8 @@ def _down_quant_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        h = tl.load(h_ptr + rows[:, None] * stride_hp + offs_k[None, :], mask=rmask[:, None] & (offs_k[None, :] < I),
-                    other=0.0)  # [BM, BK]
+        h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_k[None, :],
+                    mask=rmask[:, None] & (offs_k[None, :] < I), other=0.0)  # [BM, BK] int64 rows: P * I > 2^31
         w = slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, offs_k, offs_n, D, I,
                       stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)  # [BK, BN]
@@ -173,10 +173,10 @@ def expert_ffn_quant(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
     gate: PackedWeight, up: PackedWeight, down: PackedWeight,
     b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
-    alpha: float = 1.702, limit: float = 7.0,
+    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None,
 ) -> torch.Tensor:
     """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, gate / up [S, I, D], down [S, D, I] packed -> [T, D].
-    Biases and glu / alpha / limit as in expert_ffn."""
+    Biases, glu / alpha / limit and max_experts as in expert_ffn."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
@@ -198,7 +198,7 @@ def expert_ffn_quant(
     if T == 0 or K == 0:
         return out.zero_()
     slot_ids = slot_ids.contiguous()
-    blocks = pair_blocks(x, slot_ids, weights, S, I)
+    blocks = pair_blocks(x, slot_ids, weights, S, I, max_experts)
     one_pair, BLOCK_M, pairs, block_slot = blocks.one_pair, blocks.block_m, blocks.pairs, blocks.block_slot
     num_blocks, h, y, route_w = blocks.num_blocks, blocks.h, blocks.y, blocks.route_w
     # 3. launch

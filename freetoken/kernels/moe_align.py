@@ -21,8 +21,9 @@ class SlotBlocks:
     block_m: int
 
 
-def align_by_slot(slot_ids: torch.Tensor, num_slots: int, block_m: int) -> SlotBlocks:
-    """slot_ids [T, K] (-1 = not resident, dropped) -> SlotBlocks."""
+def align_by_slot(slot_ids: torch.Tensor, num_slots: int, block_m: int, max_groups: int | None = None) -> SlotBlocks:
+    """slot_ids [T, K] (-1 = not resident, dropped) -> SlotBlocks. max_groups: at most this many distinct slots occur
+    (a call's experts: one layer's E), so the padding is bounded by the experts a call can touch, not the pool."""
     # T = tokens, K = picks per token, S = slots, P = padded pair rows
     TK = slot_ids.numel()
     S = num_slots
@@ -39,7 +40,8 @@ def align_by_slot(slot_ids: torch.Tensor, num_slots: int, block_m: int) -> SlotB
     valid = sorted_key < S
     slot_of_row = sorted_key.clamp(max=S - 1)
     rank = torch.arange(TK, device=dev) - raw_start[slot_of_row]
-    P = (TK + min(S, TK) * (block_m - 1) + block_m - 1) // block_m * block_m
+    groups = min(S, TK) if max_groups is None else min(S, TK, max_groups)
+    P = (TK + groups * (block_m - 1) + block_m - 1) // block_m * block_m
     dest = torch.where(valid, pad_start[slot_of_row] + rank, P)  # dropped pairs land in a spare last row
     pairs = torch.full((P + 1,), TK, dtype=torch.int32, device=dev)
     pairs.scatter_(0, dest, order.to(torch.int32))

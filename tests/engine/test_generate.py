@@ -140,6 +140,7 @@ def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
     assert main(base + ["--record-trace", str(trace)]) == 0
     cap = capsys.readouterr()
     assert cap.out.strip() and "tok/s decode" in cap.err and "hit rate" in cap.err
+    assert "placement: lru decides on the host (compiled); its device form" in cap.err
     lru = _ft(capsys, *base, "--json")
     belady = _ft(capsys, *base, "--json", "--policy", "belady", "--future-trace", str(trace))
     assert belady["token_ids"] == lru["token_ids"]  # the cache never changes the tokens

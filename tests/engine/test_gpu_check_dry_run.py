@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -26,3 +28,26 @@ def test_gpu_check_dry_run(capsys):
     assert all(r["decode_accesses"] == 3 * tiny.layers * tiny.top_k for r in rows)
     assert by[("frequency", "cpu")]["decode_hits"] > 0  # pins the experts the first run used most
     assert "lru" in out and "tok/s" in out
+
+
+def test_gpu_check_verdict_exit_code_and_json(tmp_path, capsys, monkeypatch):
+    """Within the stated tolerance: PASS, exit 0, JSON summary; a tolerance nothing can meet: FAIL, exit 1."""
+    import json
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCH))
+    argv = ["--dry-run", "--kernels", "reference", "--tokens", "3", "--prompt", "4", "--skip-kernel-check"]
+    assert gpu_check.main(argv + ["--json", str(tmp_path / "ok.json")]) == 0
+    ok = json.loads((tmp_path / "ok.json").read_text())
+    assert ok["verdict"] == "PASS" and ok["failures"] == [] and len(ok["configs"]) == len(gpu_check.CONFIGS)
+    assert all(r["argmax_agreement"] == 1.0 and r["max_abs_delta"] <= 1e-4 * r["scale"] for r in ok["configs"])
+    assert ok["versions"]["torch"] == torch.__version__
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.setitem(gpu_check.TOLERANCE, "float32", (-1.0, 1.0))  # a negative bound: every config fails
+    assert gpu_check.main(argv) == 1
+    bad = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert bad["verdict"] == "FAIL" and len(bad["failures"]) == len(gpu_check.CONFIGS)
+    assert capsys.readouterr().out.rstrip().splitlines()[-len(gpu_check.CONFIGS) - 1] == "FAIL:"

@@ -80,3 +80,23 @@ def test_overflowing_cache_is_refused():
         attention(q, k, v, 5, 0.25)
     with pytest.raises(ValueError, match="multiple"):
         attention(torch.randn(1, 3, 16), torch.randn(8, 2, 16), torch.randn(8, 2, 16), 0, 0.25)
+
+
+def test_decode_merge_block_does_not_follow_the_context_length():
+    """BLOCK_S of the merge depends on the kv head count only (one compiled merge as the context grows): 256 target
+    programs / Hkv splits at most, capped at 64 (the kernel loops past that)."""
+    from freetoken.kernels.attention_decode import merge_block
+
+    assert [merge_block(h) for h in (1, 4, 8, 64, 512)] == [64, 64, 32, 4, 2]
+    for hkv in (8, 64):  # here every split count fits one block
+        assert max(decode_splits(L, hkv, 64)[0] for L in range(1, 40_000, 97)) <= merge_block(hkv)
+
+
+def test_decode_merge_loops_over_more_splits_than_its_block():
+    """Hkv = 1 at a long context: 80 splits through a BLOCK_S of 64 equals the torch reference."""
+    g = torch.Generator().manual_seed(3)
+    L, H, Dh = 80 * 64, 2, 16
+    q = torch.randn(1, H, Dh, generator=g)
+    k, v = torch.randn(L, 1, Dh, generator=g), torch.randn(L, 1, Dh, generator=g)
+    assert decode_splits(L, 1, 64)[0] == 80
+    assert_close(attention(q, k, v, L - 1, Dh**-0.5), attention_ref(q, k, v, L - 1, Dh**-0.5))

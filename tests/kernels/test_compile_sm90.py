@@ -23,6 +23,7 @@ def _variants():
     from freetoken.kernels.attention_prefill import _attention_prefill_kernel
     from freetoken.kernels.expert_ffn import _down_kernel, _gate_up_kernel, _sum_pairs_kernel
     from freetoken.kernels.linear import TILE_CONFIGS, _linear_kernel
+    from freetoken.kernels.placement import _placement_kernel
     from freetoken.kernels.rmsnorm import _rms_norm_kernel
     from freetoken.kernels.rope import _rope_kernel
     from freetoken.kernels.router import _router_topk_kernel
@@ -75,6 +76,13 @@ def _variants():
                         dict(meta, GLU=glu, BLOCK_N=32 if one_pair else 64), 4, 3))
             out.append((f"expert down {tag}", _down_kernel,
                         dict(h_ptr=P, w_ptr=P, route_w_ptr=F, y_ptr=F, b_ptr=P, **slots), meta, 4, 3))
+    placement = {a: "*i32" for a in ("experts_ptr", "tokens_ptr", "slot_of_ptr", "key_of_slot_ptr", "fetch_count_ptr",
+                                     "kind_ptr", "slot_ptr", "copy_expert_ptr", "copy_slot_ptr", "evict_ptr")}
+    placement.update(last_use_ptr="*i64", ints_ptr="*i64", counts_ptr="*i64")
+    for admit in (True, False):
+        for order in (0, 1, 2):
+            out.append((f"placement admit={admit} order={order}", _placement_kernel, placement,
+                        dict(ADMIT=admit, ORDER=order, BLOCK_N=16, BLOCK_C=256), 4, 1))
     return out
 
 
