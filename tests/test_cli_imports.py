@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO
+from freetoken.paths import REPO_ROOT as REPO
 from freetoken.paths import DEFAULT_TRACE
 
 HEAVY = ("torch", "numba", "numpy", "rich", "triton", "transformers")
