@@ -34,7 +34,8 @@ SPLITS = {
 }
 # a trace's slice: real ones are kept small so the whole file stays fast with the interpreted reference
 POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_layer"}),
-            ("frequency", {"scope": "global"}), ("belady", {"bypass": True}), ("belady", {"bypass": False}),
+            ("frequency", {"scope": "global"}), ("frequency", {"strategy": "uniform"}),
+            ("frequency", {"strategy": "front_loading"}), ("belady", {"bypass": True}), ("belady", {"bypass": False}),
             ("s3fifo", {}), ("s3fifo", {"small": 0.3}),
             ("layer_sweep", {}), ("layer_sweep", {"decay": 0.7, "scan": 3, "bypass": False}),
             ("layer_sweep", {"prior": "visit_rates"}),

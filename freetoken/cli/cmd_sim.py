@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--n-cpu-layers", type=int, help="static_layers: MoE layers kept on the CPU "
                                                       "(default: derived from the capacity)")
     p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
+    p.add_argument("--strategy", choices=["frequency", "uniform", "front_loading"],
+                   help="frequency: KTransformers' placement strategy (uniform and front_loading need no profile)")
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
@@ -42,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         options["n_cpu_layers"] = args.n_cpu_layers
     if args.scope is not None:
         options["scope"] = args.scope
+    if args.strategy is not None:
+        options["strategy"] = args.strategy
     split = split_from_args(args)
     config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
                        options)
