@@ -41,7 +41,9 @@ POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_lay
             ("layer_sweep", {"prior": "visit_rates"}),
             ("lookahead", {"accuracy": 0.7, "depth": 2, "scan": 4}), ("lookahead", {"accuracy": 1.0, "decay": 0.8}),
             ("hinted_sweep", {"accuracy": 0.8, "depth": 2, "min_confidence": 0.4}),
-            ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"})]
+            ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"}),
+            ("ktransformers_dynamic", {"window": 2, "prefill_pairs": 8}),
+            ("ktransformers_dynamic", {"strategy": "frequency", "window": 5, "prefill_pairs": 10 ** 9})]
 
 
 def synthetic(seed: int, T: int = 36, L: int = 4, E: int = 8, K: int = 3) -> RoutingTrace:
@@ -107,7 +109,7 @@ def capacities(trace: RoutingTrace, stream) -> list[int]:
 
 def build(policy: str, options: dict, capacity: int, trace: RoutingTrace, stream, reference: bool):
     opts = dict(options)
-    if policy == "frequency":
+    if policy == "frequency" or opts.get("strategy") == "frequency":
         opts["profile"] = expert_counts(trace)
     if policy in ("belady", "lookahead", "hinted_sweep"):
         opts["future"] = stream.key_stream()

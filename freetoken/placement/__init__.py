@@ -8,6 +8,7 @@ from freetoken.placement.callstream import CallStream, call_stream, make_call
 from freetoken.placement.counts import Counts
 from freetoken.placement.frequency import Frequency
 from freetoken.placement.hinted_sweep import HintedSweep
+from freetoken.placement.ktransformers_dynamic import KTransformersDynamic
 from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.lookahead import Lookahead
 from freetoken.placement.lru import LRU
@@ -26,6 +27,7 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
     "s3fifo": S3FIFO,
     "lookahead": Lookahead,
     "hinted_sweep": HintedSweep,
+    "ktransformers_dynamic": KTransformersDynamic,
 }
 
 

@@ -47,6 +47,7 @@ def apply_call(p, st, keys, tokens, phase, split, flags, kind, slot, ev, pf):
     capacity = st[1].size
     c = ints[CALLS]
     hooks.begin_call(p, st, c, keys)
+    hooks.observe_call(p, st, c, keys, tokens, phase)
     ints[STAMP] += 1
     stamp = ints[STAMP]
     miss = np.empty(n, np.int64)

@@ -7,7 +7,7 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import (admission_order, begin_call, is_protected, on_miss,  # noqa: F401
-                                               on_prefetch, prefetch_for)
+                                               on_prefetch, prefetch_for, observe_call)
 from freetoken.placement.compiled.setup import Setup
 
 
