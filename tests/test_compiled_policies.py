@@ -43,7 +43,8 @@ POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_lay
             ("hinted_sweep", {"accuracy": 0.8, "depth": 2, "min_confidence": 0.4}),
             ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"}),
             ("ktransformers_dynamic", {"window": 2, "prefill_pairs": 8}),
-            ("ktransformers_dynamic", {"strategy": "frequency", "window": 5, "prefill_pairs": 10 ** 9})]
+            ("ktransformers_dynamic", {"strategy": "frequency", "window": 5, "prefill_pairs": 10 ** 9}),
+            ("moe_infinity", {}), ("moe_infinity", {"library": 2, "depth": 2, "width": 3})]
 
 
 def synthetic(seed: int, T: int = 36, L: int = 4, E: int = 8, K: int = 3) -> RoutingTrace:

@@ -12,6 +12,7 @@ from freetoken.placement.ktransformers_dynamic import KTransformersDynamic
 from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.lookahead import Lookahead
 from freetoken.placement.lru import LRU
+from freetoken.placement.moe_infinity import MoEInfinity
 from freetoken.placement.policy import NOT_RESIDENT, PlacementPolicy
 from freetoken.placement.s3fifo import S3FIFO
 from freetoken.placement.split import FETCH_ORDERS, Split, balanced_fetch_count, paper_fetch_count
@@ -28,6 +29,7 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
     "lookahead": Lookahead,
     "hinted_sweep": HintedSweep,
     "ktransformers_dynamic": KTransformersDynamic,
+    "moe_infinity": MoEInfinity,
 }
 
 

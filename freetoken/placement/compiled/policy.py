@@ -29,6 +29,7 @@ COMPILED: dict[str, str] = {  # policy name -> module of its hooks and setup()
     "lookahead": "freetoken.placement.compiled.sweep",
     "hinted_sweep": "freetoken.placement.compiled.sweep",
     "ktransformers_dynamic": "freetoken.placement.compiled.ktransformers_dynamic",
+    "moe_infinity": "freetoken.placement.compiled.moe_infinity",
 }
 _REPORTED: set[str] = set()
 
