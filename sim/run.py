@@ -46,11 +46,13 @@ class SimConfig:
 
 def simulate(trace: RoutingTrace, config: SimConfig, profile: RoutingTrace | None = None,
              keep_plans: bool = False, on_call=None) -> ReplayResult:
-    """profile: trace whose counts pin experts for `frequency` (default: the replayed trace itself, in-sample)."""
+    """profile: trace whose counts pin experts for `frequency`, strategy=frequency (ktransformers_dynamic)
+    and split=profile (lru) (default: the replayed trace itself, in-sample)."""
     capacity = config.slots_for(trace)
     options = dict(config.options)
     cls = POLICIES[config.policy]
-    if config.policy == "frequency" and "profile" not in options:
+    if "profile" not in options and (config.policy == "frequency" or options.get("strategy") == "frequency"
+                                     or options.get("split") == "profile"):
         options["profile"] = expert_counts(profile if profile is not None else trace)
     stream = trace_stream(trace, config.prefill_chunk)  # built once: the replay's calls and belady's future
     if cls.needs_future and "future" not in options:

@@ -44,7 +44,8 @@ POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_lay
             ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"}),
             ("ktransformers_dynamic", {"window": 2, "prefill_pairs": 8}),
             ("ktransformers_dynamic", {"strategy": "frequency", "window": 5, "prefill_pairs": 10 ** 9}),
-            ("moe_infinity", {}), ("moe_infinity", {"library": 2, "depth": 2, "width": 3})]
+            ("moe_infinity", {}), ("moe_infinity", {"library": 2, "depth": 2, "width": 3}),
+            ("lru", {"scope": "per_layer"}), ("lru", {"scope": "per_layer", "split": "profile"})]
 
 
 def synthetic(seed: int, T: int = 36, L: int = 4, E: int = 8, K: int = 3) -> RoutingTrace:
@@ -110,7 +111,7 @@ def capacities(trace: RoutingTrace, stream) -> list[int]:
 
 def build(policy: str, options: dict, capacity: int, trace: RoutingTrace, stream, reference: bool):
     opts = dict(options)
-    if policy == "frequency" or opts.get("strategy") == "frequency":
+    if policy == "frequency" or opts.get("strategy") == "frequency" or opts.get("split") == "profile":
         opts["profile"] = expert_counts(trace)
     if policy in ("belady", "lookahead", "hinted_sweep"):
         opts["future"] = stream.key_stream()
