@@ -19,7 +19,8 @@ _INJECTED = {"profile", "future", "hint"}  # hint: the live router (lookahead)
 class PolicySpec:
     """name: a key of freetoken.placement.POLICIES; options: its constructor's keyword arguments.
 
-    profile: trace spec whose expert counts pin experts for `frequency` (None: the replayed trace, in-sample).
+    profile: trace spec whose expert counts a policy reads (frequency's pinned set, ktransformers_dynamic's start,
+    lru's split=profile quotas; None: the replayed trace, in-sample).
     """
 
     name: str
@@ -35,8 +36,9 @@ class PolicySpec:
         if unknown:
             raise ValueError(f"policy.options: {self.name} takes no option {', '.join(sorted(unknown))}; "
                              f"it takes: {', '.join(sorted(accepted)) or 'none'}")
-        if self.profile is not None and self.name != "frequency":
-            raise ValueError(f"policy.profile: only frequency reads a profile trace, not {self.name}")
+        if self.profile is not None and "profile" not in params:
+            raise ValueError(f"policy.profile: {self.name} reads no profile trace (frequency, "
+                             f"ktransformers_dynamic and lru do)")
 
     def constructor_options(self) -> dict:
         """Options with unset (None) values dropped, so the policy's own defaults apply."""
