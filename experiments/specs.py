@@ -12,7 +12,7 @@ from pathlib import Path
 from freetoken.placement import POLICIES
 
 # Options the simulator or engine builds itself: a profile from a trace, the future key stream, a live hint.
-_INJECTED = {"profile", "future", "hint"}  # hint: the live router (lookahead)
+_INJECTED = {"profile", "future", "hint", "past"}  # hint: the live router (lookahead); past: moe_infinity's library
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +36,9 @@ class PolicySpec:
         if unknown:
             raise ValueError(f"policy.options: {self.name} takes no option {', '.join(sorted(unknown))}; "
                              f"it takes: {', '.join(sorted(accepted)) or 'none'}")
-        if self.profile is not None and "profile" not in params:
+        if self.profile is not None and not {"profile", "past"} & params:
             raise ValueError(f"policy.profile: {self.name} reads no profile trace (frequency, "
-                             f"ktransformers_dynamic and lru do)")
+                             f"ktransformers_dynamic, lru and moe_infinity do)")
 
     def constructor_options(self) -> dict:
         """Options with unset (None) values dropped, so the policy's own defaults apply."""

@@ -54,6 +54,10 @@ def simulate(trace: RoutingTrace, config: SimConfig, profile: RoutingTrace | Non
     if "profile" not in options and (config.policy == "frequency" or options.get("strategy") == "frequency"
                                      or options.get("split") == "profile"):
         options["profile"] = expert_counts(profile if profile is not None else trace)
+    if config.policy == "moe_infinity" and profile is not None and "past" not in options:
+        from freetoken.placement.moe_infinity import activation_matrices
+
+        options["past"] = activation_matrices(profile)  # the offline library (no in-sample default: a leak)
     stream = trace_stream(trace, config.prefill_chunk)  # built once: the replay's calls and belady's future
     if cls.needs_future and "future" not in options:
         options["future"] = stream.key_stream()

@@ -10,15 +10,19 @@ import pytest
 from test_policy_reference import random_trace
 
 from freetoken.placement import DECODE, PREFILL, Split, make_policy
+from freetoken.placement.moe_infinity import activation_matrices
 from sim.calls import trace_calls
 from sim.replay import replay
 
 
-def ref_moe_infinity(calls, L, E, capacity, library, depth, width):
-    """Per call: (hits, fetched, evicted keys, prefetched keys)."""
+def ref_moe_infinity(calls, L, E, capacity, library, depth, width, past=()):
+    """Per call: (hits, fetched, evicted keys, prefetched keys). past: rows seeding the ring, oldest first."""
     K = L * E
     resident, last, clock = [], {}, 0
     current, ring, written, previous, pred = [0] * K, [None] * library, 0, DECODE, [0] * K
+    for row in list(past)[-library:]:
+        ring[written % library] = list(row)
+        written += 1
     out = []
 
     def take_slot(key, protected, evicted):
@@ -77,18 +81,28 @@ def ref_moe_infinity(calls, L, E, capacity, library, depth, width):
 
 
 @pytest.mark.parametrize("reference", [True, False], ids=["reference", "compiled"])
-@pytest.mark.parametrize("library, depth, width", [(4, 1, 2), (1, 2, 1), (2, 0, 2)])
-def test_plans_match_brute_force(library, depth, width, reference):
+@pytest.mark.parametrize("library, depth, width, seeded", [(4, 1, 2, False), (1, 2, 1, False), (2, 0, 2, False),
+                                                            (3, 1, 2, True), (1, 2, 3, True)])
+def test_plans_match_brute_force(library, depth, width, seeded, reference):
     prefetches = 0
     for seed in range(3):
         trace = random_trace(seed, T=60)
         L, E = trace.num_layers, trace.num_experts
         calls = list(trace_calls(trace, prefill_chunk=3))
+        past = activation_matrices(random_trace(seed + 20)) if seeded else None
+        if seeded:  # the library from another trace's requests, counted here by hand
+            tr = random_trace(seed + 20)
+            want_rows = [[0] * (L * E) for _ in range(2)]
+            for t in range(len(tr.request)):
+                for layer in range(L):
+                    for e in tr.experts[t, layer]:
+                        want_rows[int(tr.request[t])][layer * E + int(e)] += 1
+            assert past.tolist() == want_rows
         for capacity in (0, 1, 4, 7, 12, L * E):
             pol = make_policy("moe_infinity", capacity, L, E, reference=reference, library=library, depth=depth,
-                              width=width)
+                              width=width, past=past)
             got = replay(calls, pol, Split("offload"), keep_plans=True).plans
-            want = ref_moe_infinity(calls, L, E, capacity, library, depth, width)
+            want = ref_moe_infinity(calls, L, E, capacity, library, depth, width, () if past is None else past)
             for c, (plan, (hits, fetched, evicted, prefetched)) in enumerate(zip(got, want)):
                 base = plan.layer * E
                 assert sorted(base + e for e in plan.hits) == hits, (seed, capacity, c)

@@ -2,7 +2,8 @@
 
 A sequence (one prompt's prefill and the decode after it: it starts at a layer-0 prefill call after a decode call)
 builds its expert activation matrix (EAM): tokens routed to each (layer, expert) so far. Finished sequences' EAMs
-are kept in a ring of `library` rows. After each call the current EAM is matched to the past one of highest cosine
+are kept in a ring of `library` rows, seeded with `past` [R, L*E] (MoE-Infinity collects them offline from a
+dataset: activation_matrices(profile trace); the last `library` rows are kept). After each call the current EAM is matched to the past one of highest cosine
 similarity (exact integer dot products, ties to the lower row; no match when none overlaps), whose counts then
     prefetch: for the next `depth` layers of the sweep, their `width` most used experts in the match (count > 0),
         nearest layer first, hottest first;
@@ -29,6 +30,30 @@ def check_options(library: int, depth: int, width: int) -> None:
         raise ValueError(f"moe_infinity width must be >= 0 experts per layer, got {width}")
 
 
+def activation_matrices(trace) -> np.ndarray:
+    """[R, L*E]: tokens routed to each (layer, expert) by each request of a RoutingTrace, in request order."""
+    L, E = trace.num_layers, trace.num_experts
+    requests = np.unique(trace.request)
+    out = np.zeros((len(requests), L * E), np.int64)
+    keys = trace.experts.astype(np.int64) + (np.arange(L) * E)[None, :, None]  # [T, L, K]
+    row = np.searchsorted(requests, trace.request)  # [T]
+    np.add.at(out, (np.repeat(row, keys.shape[1] * keys.shape[2]), keys.reshape(-1)), 1)
+    return out
+
+
+def seed_ring(past, library: int, num_keys: int) -> tuple[np.ndarray, int, int]:
+    """(ring [library, K], rows stored, next row) holding the last `library` rows of past [R, K]."""
+    ring = np.zeros((library, num_keys), np.int64)
+    if past is None:
+        return ring, 0, 0
+    past = np.asarray(past, np.int64).reshape(len(past), -1)
+    if past.shape[1] != num_keys:
+        raise ValueError(f"moe_infinity past must have {num_keys} columns (layers x experts), got {past.shape[1]}")
+    rows = past[-library:]
+    ring[:len(rows)] = rows
+    return ring, len(rows), len(rows) % library
+
+
 def best_match(current: np.ndarray, past: np.ndarray) -> int:
     """Row of past [R, K] most cosine-similar to current [K]; -1 when no row overlaps it."""
     best, best_sim = -1, 0.0
@@ -47,14 +72,13 @@ class MoEInfinity(PlacementPolicy):
     name = "moe_infinity"
 
     def __init__(self, capacity: int, num_layers: int, num_experts: int, library: int = 64, depth: int = 1,
-                 width: int = 2):
+                 width: int = 2, past: np.ndarray | None = None):
         super().__init__(capacity, num_layers, num_experts)
         check_options(library, depth, width)
         K = num_layers * num_experts
         self.depth, self.width = depth, width
         self.current = np.zeros(K, np.int64)  # [K] this sequence's EAM
-        self.past = np.zeros((library, K), np.int64)  # [R, K] ring of finished sequences' EAMs
-        self.stored, self.next_row = 0, 0
+        self.past, self.stored, self.next_row = seed_ring(past, library, K)  # [R, K] ring of finished EAMs
         self.predicted = np.zeros(K, np.int64)  # [K] the matched EAM (zeros: no match)
         self.previous_phase = DECODE
 

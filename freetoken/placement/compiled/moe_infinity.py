@@ -18,14 +18,15 @@ DEPTH, WIDTH, LAYERS, EXPERTS = 0, 1, 2, 3
 
 
 def setup(name: str, capacity: int, num_layers: int, num_experts: int, library: int = 64, depth: int = 1,
-          width: int = 2) -> Setup:
-    from freetoken.placement.moe_infinity import check_options
+          width: int = 2, past=None) -> Setup:
+    from freetoken.placement.moe_infinity import check_options, seed_ring
 
     check_options(library, depth, width)
     K = num_layers * num_experts
-    ints = np.array([0, 0, 1], np.int64)  # previous phase: decode
+    ring, stored, next_row = seed_ring(past, library, K)
+    ints = np.array([stored, next_row, 1], np.int64)  # previous phase: decode
     params = np.array([depth, width, num_layers, num_experts], np.int64)
-    state = (np.zeros(K, np.int64), np.zeros((library, K), np.int64), np.zeros(K, np.int64), ints, params)
+    state = (np.zeros(K, np.int64), ring, np.zeros(K, np.int64), ints, params)
     return Setup(state, (), admits=True, prefetches=True)  # current [K], past [R, K], predicted [K]
 
 
