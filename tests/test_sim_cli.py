@@ -56,6 +56,8 @@ def test_hybrid_split_moves_work_to_cpu(trace_file, capsys):
         (["--capacity", "999"], "capacity 999 exceeds"),
         (["--split", "hybrid", "--capacity", "4"], "bp > 0"),
         (["--policy", "static_layers", "--capacity", "8", "--n-cpu-layers", "0"], "n_cpu_layers=0"),
+        (["--policy", "frequency", "--capacity", "8", "--scope", "unified"], "frequency scope 'unified' is not one"),
+        (["--policy", "lru", "--capacity", "8", "--scope", "global"], "lru scope 'global' is not one"),
     ],
 )
 def test_bad_input_is_one_clear_line(trace_file, capsys, args, message):
@@ -70,3 +72,20 @@ def test_corrupt_trace_file_is_named(tmp_path, capsys):
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     assert main(["sim", "--trace", str(bad), "--capacity", "1"]) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["--policy", "frequency", "--strategy", "front_loading"], {"strategy": "front_loading"}),
+    (["--policy", "lru", "--scope", "per_layer", "--pool-split", "profile"], {"scope": "per_layer", "split": "profile"}),
+    (["--policy", "ktransformers_dynamic", "--strategy", "frequency"], {"strategy": "frequency"}),
+    (["--policy", "moe_infinity"], {}),
+])
+def test_new_policy_options_reach_the_policy(trace_file, capsys, argv, options):
+    """The CLI's counts equal simulate() given the same options and the same profile trace."""
+    assert main(["sim", "--trace", str(trace_file), "--capacity", "10", "--prefill-chunk", "4", "--profile",
+                 str(trace_file), "--json"] + argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    trace = load(trace_file)
+    direct = simulate(trace, SimConfig(argv[1], Split("offload"), capacity=10, prefill_chunk=4, options=options),
+                      profile=trace).total
+    assert (out["hits"], out["misses"], out["prefetched"]) == (direct.hits, direct.misses, direct.prefetched)

@@ -24,7 +24,10 @@ def register(sub) -> None:
                                      "(default: the replayed trace, i.e. in-sample)")
     p.add_argument("--n-cpu-layers", type=int, help="static_layers: MoE layers kept on the CPU "
                                                       "(default: derived from the capacity)")
-    p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
+    p.add_argument("--scope", choices=["per_layer", "global", "unified"],
+                   help="frequency: pin per layer or globally; lru: one pool (unified) or a quota per layer")
+    p.add_argument("--pool-split", choices=["equal", "profile"],
+                   help="lru --scope per_layer: equal quotas, or by the experts each layer uses on --profile")
     p.add_argument("--strategy", choices=["frequency", "uniform", "front_loading"],
                    help="frequency: KTransformers' placement strategy (uniform and front_loading need no profile)")
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
@@ -46,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         options["scope"] = args.scope
     if args.strategy is not None:
         options["strategy"] = args.strategy
+    if args.pool_split is not None:
+        options["split"] = args.pool_split
     split = split_from_args(args)
     config = SimConfig(args.policy, split, args.capacity, args.fraction, args.prefill_chunk, args.expert_bytes,
                        options)
