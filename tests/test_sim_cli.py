@@ -76,7 +76,8 @@ def test_corrupt_trace_file_is_named(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, options", [
     (["--policy", "frequency", "--strategy", "front_loading"], {"strategy": "front_loading"}),
-    (["--policy", "lru", "--scope", "per_layer", "--pool-split", "profile"], {"scope": "per_layer", "split": "profile"}),
+    (["--policy", "lru", "--scope", "per_layer", "--pool-split", "profile"],
+     {"scope": "per_layer", "split": "profile"}),
     (["--policy", "ktransformers_dynamic", "--strategy", "frequency"], {"strategy": "frequency"}),
     (["--policy", "moe_infinity"], {}),
 ])
