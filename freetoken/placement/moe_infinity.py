@@ -4,8 +4,8 @@ A sequence (one prompt's prefill and the decode after it: it starts at a layer-0
 builds its expert activation matrix (EAM): tokens routed to each (layer, expert) so far. Finished sequences' EAMs
 are kept in a ring of `library` rows, seeded with `past` [R, L*E] (MoE-Infinity collects them offline from a
 dataset: activation_matrices(profile trace); the last `library` rows are kept). After each call the current EAM
-is matched to the past one of highest cosine
-similarity (exact integer dot products, ties to the lower row; no match when none overlaps), whose counts then
+is matched to the past one of highest cosine similarity (exact integer dot products, ties to the lower row; no
+match when none overlaps), whose counts then
     prefetch: for the next `depth` layers of the sweep, their `width` most used experts in the match (count > 0),
         nearest layer first, hottest first;
     evict:    the resident, unprotected key of the lowest matched count, then the least recent, then the lower key
