@@ -42,6 +42,9 @@ POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_lay
             ("lookahead", {"accuracy": 0.7, "depth": 2, "scan": 4}), ("lookahead", {"accuracy": 1.0, "decay": 0.8}),
             ("hinted_sweep", {"accuracy": 0.8, "depth": 2, "min_confidence": 0.4}),
             ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"}),
+            ("ktransformers_dynamic", {"window": 2, "prefill_pairs": 8}),
+            ("ktransformers_dynamic", {"strategy": "frequency", "window": 5, "prefill_pairs": 10 ** 9}),
+            ("moe_infinity", {}), ("moe_infinity", {"library": 2, "depth": 2, "width": 3}),
             ("lru", {"scope": "per_layer"}), ("lru", {"scope": "per_layer", "split": "profile"})]
 
 
