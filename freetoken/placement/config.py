@@ -145,7 +145,8 @@ def policy_options(config: CacheConfig, *, profile=None, future=None, library=No
     trace files > the fallbacks given here (profile: a RoutingTrace whose counts pin; future: a KeyStream; in a
     simulator both the replayed trace; library: a RoutingTrace whose requests' activation matrices seed
     moe_infinity, never the replayed one). A required source still missing is a ConfigError naming the field; an
-    optional profile (lru's split=equal, ktransformers_dynamic's uniform start) is left to the policy."""
+    optional profile (the policy's needs_profile(options) is false: lru's split=equal, ktransformers_dynamic's uniform
+    start, frequency's uniform / front_loading) is left out."""
     from freetoken.trace import load
     from freetoken.trace.stats import expert_counts
 
@@ -153,8 +154,9 @@ def policy_options(config: CacheConfig, *, profile=None, future=None, library=No
     options = config.constructor_options()
     if "profile" in policy_option_names(config.policy) and "profile" not in options:
         trace = load(config.profile) if config.profile is not None else profile
-        if trace is None and _optional(cls, "profile"):
-            pass  # the policy raises itself when its other options need the profile
+        needs = getattr(cls, "needs_profile", None)  # (options) -> bool, where only some options read it
+        if trace is None and needs is not None and not needs(options):
+            pass
         elif trace is None:
             raise ConfigError("{policy} {name} needs {profile} (a trace whose counts pick the pinned experts)",
                               name=config.policy)
@@ -172,11 +174,6 @@ def policy_options(config: CacheConfig, *, profile=None, future=None, library=No
                               name=config.policy)
         options["future"] = future
     return options
-
-
-def _optional(cls: type, name: str) -> bool:
-    """Whether the constructor's `name` has a default (the policy then decides when it needs the value)."""
-    return inspect.signature(cls.__init__).parameters[name].default is not inspect.Parameter.empty
 
 
 def _whole(v) -> bool:

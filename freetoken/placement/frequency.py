@@ -60,6 +60,11 @@ class Frequency(PlacementPolicy):
     name = "frequency"
     admits = False
 
+    @staticmethod
+    def needs_profile(options: dict) -> bool:
+        """Whether these constructor options read the profile (the cache config then requires one)."""
+        return options.get("strategy", "frequency") == "frequency"
+
     def __init__(self, capacity: int, num_layers: int, num_experts: int, profile: np.ndarray | None = None,
                  scope: str = "per_layer", strategy: str = "frequency"):
         super().__init__(capacity, num_layers, num_experts)

@@ -32,6 +32,11 @@ def layer_target(score: np.ndarray, n: int) -> list[int]:
 class KTransformersDynamic(PlacementPolicy):
     name = "ktransformers_dynamic"
 
+    @staticmethod
+    def needs_profile(options: dict) -> bool:
+        """Whether these constructor options read the profile (the cache config then requires one)."""
+        return options.get("strategy", "uniform") == "frequency"
+
     def __init__(self, capacity: int, num_layers: int, num_experts: int, profile: np.ndarray | None = None,
                  strategy: str = "uniform", window: int = 32, prefill_pairs: int = 1024):
         super().__init__(capacity, num_layers, num_experts)

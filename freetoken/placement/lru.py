@@ -48,6 +48,11 @@ class LRU(PlacementPolicy):
 
     name = "lru"
 
+    @staticmethod
+    def needs_profile(options: dict) -> bool:
+        """Whether these constructor options read the profile (the cache config then requires one)."""
+        return options.get("split", "equal") == "profile"
+
     def __init__(self, capacity: int, num_layers: int, num_experts: int, scope: str = "unified",
                  split: str = "equal", profile=None):
         super().__init__(capacity, num_layers, num_experts)
