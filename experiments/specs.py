@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split, cache_config
-from freetoken.placement.config import SOURCE_OPTIONS, ConfigError
+from freetoken.placement.config import SOURCE_OPTIONS, ConfigError, policy_option_names
 
 # How the conf groups spell the one cache config's fields (errors name the key to override).
 HYDRA_NAMES = {"policy": "policy.name", "options": "policy.options", "profile": "policy.profile",
@@ -22,7 +22,8 @@ HYDRA_NAMES = {"policy": "policy.name", "options": "policy.options", "profile": 
 class PolicySpec:
     """name: a key of freetoken.placement.POLICIES; options: its constructor's keyword arguments.
 
-    profile: trace spec whose expert counts pin experts for `frequency` (None: the replayed trace, in-sample).
+    profile: trace spec whose expert counts a policy reads (frequency's pinned set, ktransformers_dynamic's start,
+    lru's split=profile quotas, moe_infinity's library; None: the replayed trace, in-sample, except moe_infinity's).
     Checked by the one cache config (freetoken.placement.CacheConfig), as every entry point's policy is.
     """
 
@@ -36,8 +37,9 @@ class PolicySpec:
             raise ValueError(f"policy.options: {', '.join(injected)} is built from data, not set in a config "
                              f"(frequency: policy.profile, a trace spec)")
         cache_config(HYDRA_NAMES, policy=self.name, options=self.options, fraction=1.0)
-        if self.profile is not None and self.name != "frequency":
-            raise ValueError(f"policy.profile: only frequency reads a profile trace, not {self.name}")
+        if self.profile is not None and not {"profile", "past"} & policy_option_names(self.name):
+            raise ValueError(f"policy.profile: {self.name} reads no profile trace (frequency, "
+                             f"ktransformers_dynamic, lru and moe_infinity do)")
 
     def constructor_options(self) -> dict:
         """Options with unset (None) values dropped, so the policy's own defaults apply."""

@@ -34,13 +34,18 @@ SPLITS = {
 }
 # a trace's slice: real ones are kept small so the whole file stays fast with the interpreted reference
 POLICIES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_layer"}),
-            ("frequency", {"scope": "global"}), ("belady", {"bypass": True}), ("belady", {"bypass": False}),
+            ("frequency", {"scope": "global"}), ("frequency", {"strategy": "uniform"}),
+            ("frequency", {"strategy": "front_loading"}), ("belady", {"bypass": True}), ("belady", {"bypass": False}),
             ("s3fifo", {}), ("s3fifo", {"small": 0.3}),
             ("layer_sweep", {}), ("layer_sweep", {"decay": 0.7, "scan": 3, "bypass": False}),
             ("layer_sweep", {"prior": "visit_rates"}),
             ("lookahead", {"accuracy": 0.7, "depth": 2, "scan": 4}), ("lookahead", {"accuracy": 1.0, "decay": 0.8}),
             ("hinted_sweep", {"accuracy": 0.8, "depth": 2, "min_confidence": 0.4}),
-            ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"})]
+            ("hinted_sweep", {"accuracy": 0.9, "bypass": False, "prior": "visit_rates"}),
+            ("ktransformers_dynamic", {"window": 2, "prefill_pairs": 8}),
+            ("ktransformers_dynamic", {"strategy": "frequency", "window": 5, "prefill_pairs": 10 ** 9}),
+            ("moe_infinity", {}), ("moe_infinity", {"library": 2, "depth": 2, "width": 3}),
+            ("lru", {"scope": "per_layer"}), ("lru", {"scope": "per_layer", "split": "profile"})]
 
 
 def synthetic(seed: int, T: int = 36, L: int = 4, E: int = 8, K: int = 3) -> RoutingTrace:
@@ -106,7 +111,7 @@ def capacities(trace: RoutingTrace, stream) -> list[int]:
 
 def build(policy: str, options: dict, capacity: int, trace: RoutingTrace, stream, reference: bool):
     opts = dict(options)
-    if policy == "frequency":
+    if policy == "frequency" or opts.get("strategy") == "frequency" or opts.get("split") == "profile":
         opts["profile"] = expert_counts(trace)
     if policy in ("belady", "lookahead", "hinted_sweep"):
         opts["future"] = stream.key_stream()

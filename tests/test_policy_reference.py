@@ -125,23 +125,32 @@ def ref_static_layers(capacity: int, L: int, E: int) -> list[int]:
     return [layer * E + e for layer in range(n_cpu, L) for e in range(E)]
 
 
-def ref_frequency(counts: np.ndarray, capacity: int, scope: str) -> list[int]:
+def ref_frequency(counts: np.ndarray, capacity: int, scope: str, strategy: str = "frequency") -> list[int]:
+    """Brute force of the pinning rules: per layer the top capacity // L by (count desc, expert), then every
+    leftover slot to the hottest remaining key (count desc, key); uniform = that on all-zero counts;
+    front_loading = the first `capacity` keys."""
     L, E = counts.shape
-    c = counts.tolist()
+    capacity = min(capacity, L * E)
+    if strategy == "front_loading":
+        return list(range(capacity))
+    c = (np.zeros_like(counts) if strategy == "uniform" else counts).tolist()
     if scope == "per_layer":
-        return [layer * E + e for layer in range(L)
+        keys = [layer * E + e for layer in range(L)
                 for e in sorted(range(E), key=lambda e: (-c[layer][e], e))[:capacity // L]]
+        rest = sorted((-c[k // E][k % E], k) for k in range(L * E) if k not in keys)
+        return keys + [k for _, k in rest[:capacity - len(keys)]]
     flat = [(-c[k // E][k % E], k) for k in range(L * E)]
     return [k for _, k in sorted(flat)[:capacity]]
 
 
-def ref_reference(policy: str, capacity: int, trace: RoutingTrace, scope: str = "per_layer") -> RefCache:
+def ref_reference(policy: str, capacity: int, trace: RoutingTrace, scope: str = "per_layer",
+                  strategy: str = "frequency") -> RefCache:
     E = trace.num_experts
     if policy == "lru":
         return RefCache(capacity, E)
     if policy == "static_layers":
         return RefCache(capacity, E, ref_static_layers(capacity, trace.num_layers, E))
-    return RefCache(capacity, E, ref_frequency(expert_counts(trace), capacity, scope))
+    return RefCache(capacity, E, ref_frequency(expert_counts(trace), capacity, scope, strategy))
 
 
 def plan_tuple(plan):
@@ -149,10 +158,13 @@ def plan_tuple(plan):
 
 
 # plan by plan
-CASES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_layer"}), ("frequency", {"scope": "global"})]
+CASES = [("lru", {}), ("static_layers", {}), ("frequency", {"scope": "per_layer"}), ("frequency", {"scope": "global"}),
+         ("frequency", {"scope": "per_layer", "strategy": "uniform"}),
+         ("frequency", {"scope": "per_layer", "strategy": "front_loading"})]
 
 
-@pytest.mark.parametrize("policy, options", CASES, ids=lambda x: x if isinstance(x, str) else x.get("scope", "-"))
+@pytest.mark.parametrize("policy, options", CASES,
+                         ids=lambda x: x if isinstance(x, str) else x.get("strategy", x.get("scope", "-")))
 @pytest.mark.parametrize("split_name", list(SPLITS))
 def test_plans_match_reference(policy, options, split_name):
     split = SPLITS[split_name]
@@ -165,7 +177,8 @@ def test_plans_match_reference(policy, options, split_name):
                 opts["profile"] = expert_counts(trace)
             ours = replay(calls, make_policy(policy, capacity, trace.num_layers, trace.num_experts, **opts), split,
                           keep_plans=True)
-            ref = ref_reference(policy, capacity, trace, options.get("scope", "per_layer"))
+            ref = ref_reference(policy, capacity, trace, options.get("scope", "per_layer"),
+                                options.get("strategy", "frequency"))
             for c, (call, plan) in enumerate(zip(calls, ours.plans)):
                 want = ref.plan(call, split)
                 assert plan_tuple(plan) == want, (f"{policy} {options} {split_name} seed {seed} capacity {capacity} "
@@ -207,7 +220,8 @@ def test_belady_never_worse_than_online_policies():
                 opts = dict(options)
                 if policy == "frequency":
                     opts["profile"] = expert_counts(trace)
-                    warm = ref_frequency(expert_counts(trace), capacity, options["scope"])
+                    warm = ref_frequency(expert_counts(trace), capacity, options["scope"],
+                                         options.get("strategy", "frequency"))
                 else:
                     warm = [] if policy == "lru" else ref_static_layers(capacity, L, E)
                 misses = replay(calls, make_policy(policy, capacity, L, E, **opts), Split("offload")).total.misses
@@ -361,3 +375,31 @@ def test_optimum_search_agrees_with_min_on_sequential_streams():
         calls = [Call(0, list(k), [1]) for k in seq]
         for bypass in (False, True):
             assert belady_misses(calls, tiny_trace(5), capacity, bypass) == optimum(seq, capacity, bypass)
+
+
+# the fair frequency rule, by hand
+@pytest.mark.parametrize("strategy, scope, want", [
+    ("frequency", "per_layer", [0, 4, 2]),  # layer tops 0 and 4 (tie 2/2 -> lower expert), the leftover to key 2
+    ("frequency", "global", [0, 2, 4]),
+    ("uniform", "per_layer", [0, 3, 1]),  # expert 0 of each layer, the leftover to the lowest key left
+    ("front_loading", "per_layer", [0, 1, 2])])
+def test_pinned_set_by_hand(strategy, scope, want):
+    counts = np.array([[5, 1, 3], [0, 2, 2]])
+    pol = make_policy("frequency", 3, 2, 3, profile=counts, scope=scope, strategy=strategy)
+    assert sorted(pol.slot_of, key=pol.slot_of.__getitem__) == want
+    assert ref_frequency(counts, 3, scope, strategy) == want
+
+
+def test_every_slot_used():
+    """Every strategy fills all capacity slots (the old per_layer rule left capacity % L empty)."""
+    counts = expert_counts(random_trace(3))
+    L, E = counts.shape
+    for strategy in ("frequency", "uniform", "front_loading"):
+        for capacity in range(L * E + 1):
+            pol = make_policy("frequency", capacity, L, E, profile=counts, strategy=strategy)
+            assert len(pol.slot_of) == capacity, (strategy, capacity)
+
+
+def test_bad_strategy_is_one_line():
+    with pytest.raises(ValueError, match="strategy 'random' is not one of frequency, uniform, front_loading"):
+        make_policy("frequency", 3, 2, 3, profile=np.ones((2, 3)), strategy="random")

@@ -56,6 +56,8 @@ def test_hybrid_split_moves_work_to_cpu(trace_file, capsys):
         (["--capacity", "999"], "capacity 999 exceeds"),
         (["--split", "hybrid", "--capacity", "4"], "bp > 0"),
         (["--policy", "static_layers", "--capacity", "8", "--n-cpu-layers", "0"], "n_cpu_layers=0"),
+        (["--policy", "frequency", "--capacity", "8", "--scope", "unified"], "frequency scope 'unified' is not one"),
+        (["--policy", "lru", "--capacity", "8", "--scope", "global"], "lru scope 'global' is not one"),
     ],
 )
 def test_bad_input_is_one_clear_line(trace_file, capsys, args, message):
@@ -97,3 +99,21 @@ def test_max_fetch_rule_without_a_positive_max_fetch_is_refused(trace_file, caps
     assert main(argv + ["--max-fetch", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["fetched"] > 0 and out["cpu"] > 0
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["--policy", "frequency", "--strategy", "front_loading"], {"strategy": "front_loading"}),
+    (["--policy", "lru", "--scope", "per_layer", "--pool-split", "profile"],
+     {"scope": "per_layer", "split": "profile"}),
+    (["--policy", "ktransformers_dynamic", "--strategy", "frequency"], {"strategy": "frequency"}),
+    (["--policy", "moe_infinity"], {}),
+])
+def test_new_policy_options_reach_the_policy(trace_file, capsys, argv, options):
+    """The CLI's counts equal simulate() given the same options and the same profile trace."""
+    assert main(["sim", "--trace", str(trace_file), "--capacity", "10", "--prefill-chunk", "4", "--profile",
+                 str(trace_file), "--json"] + argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    trace = load(trace_file)
+    direct = simulate(trace, SimConfig(argv[1], Split("offload"), capacity=10, prefill_chunk=4, options=options),
+                      profile=trace).total
+    assert (out["hits"], out["misses"], out["prefetched"]) == (direct.hits, direct.misses, direct.prefetched)

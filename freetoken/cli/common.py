@@ -116,11 +116,18 @@ def add_policy_args(p, *, online: bool = False, future: bool = True) -> None:
     cpu.add_argument("--n-cpu-moe", "--n-cpu-layers", dest="n_cpu_moe", type=int, metavar="N",
                      help="as llama.cpp: the first N MoE layers' experts on the CPU, the rest resident "
                           "(static_layers, --split cpu unless given)")
-    p.add_argument("--scope", choices=["per_layer", "global"], help="frequency: pin per layer or globally")
+    p.add_argument("--scope", choices=["per_layer", "global", "unified"],
+                   help="frequency: pin per layer or globally; lru: one pool (unified) or a quota per layer")
+    p.add_argument("--pool-split", choices=["equal", "profile"],
+                   help="lru --scope per_layer: equal quotas, or by the experts each layer uses on --profile-trace")
+    p.add_argument("--strategy", choices=["frequency", "uniform", "front_loading"],
+                   help="frequency, ktransformers_dynamic: KTransformers' placement strategy (uniform and "
+                        "front_loading need no profile)")
     p.add_argument("--policy-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other option of the policy (e.g. decay=0.8, bypass=false, small=0.2); repeatable")
     p.add_argument("--profile-trace", "--profile", dest="profile_trace", metavar="TRACE",
-                   help="frequency: trace whose expert counts choose the pinned experts"
+                   help="frequency, ktransformers_dynamic, lru --pool-split profile: trace whose expert counts "
+                        "they read; moe_infinity: its library of past requests"
                         + (" (sim default: the replayed trace, in-sample)" if future else ""))
     if future:
         p.add_argument("--future-trace", metavar="TRACE",
@@ -151,8 +158,11 @@ def policy_from_args(args) -> tuple[str, dict]:
     cpu_flag = "--cpu-moe" if args.cpu_moe else "--n-cpu-moe" if args.n_cpu_moe is not None else None
     policy = args.policy or ("static_layers" if cpu_flag else "lru")
     options = parse_options(args.policy_option)
-    given = {"n_cpu_layers": cpu_flag, "scope": "--scope" if args.scope is not None else None}
-    values = {"n_cpu_layers": "all" if args.cpu_moe else args.n_cpu_moe, "scope": args.scope}
+    given = {"n_cpu_layers": cpu_flag, "scope": "--scope" if args.scope is not None else None,
+             "strategy": "--strategy" if args.strategy is not None else None,
+             "split": "--pool-split" if args.pool_split is not None else None}
+    values = {"n_cpu_layers": "all" if args.cpu_moe else args.n_cpu_moe, "scope": args.scope,
+              "strategy": args.strategy, "split": args.pool_split}
     for option, flag in given.items():
         if flag is None:
             continue

@@ -9,9 +9,11 @@ from freetoken.placement.config import DEFAULT_PREFILL_CHUNK, CacheConfig, build
 from freetoken.placement.counts import Counts
 from freetoken.placement.frequency import Frequency
 from freetoken.placement.hinted_sweep import HintedSweep
+from freetoken.placement.ktransformers_dynamic import KTransformersDynamic
 from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.lookahead import Lookahead
 from freetoken.placement.lru import LRU
+from freetoken.placement.moe_infinity import MoEInfinity
 from freetoken.placement.policy import NOT_RESIDENT, PlacementPolicy
 from freetoken.placement.s3fifo import S3FIFO
 from freetoken.placement.split import FETCH_ORDERS, Split, balanced_fetch_count, paper_fetch_count
@@ -27,6 +29,8 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
     "s3fifo": S3FIFO,
     "lookahead": Lookahead,
     "hinted_sweep": HintedSweep,
+    "ktransformers_dynamic": KTransformersDynamic,
+    "moe_infinity": MoEInfinity,
 }
 
 

@@ -19,7 +19,8 @@ from freetoken.placement.policy import PlacementPolicy
 from freetoken.placement.split import Split
 
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
-SOURCE_OPTIONS = ("profile", "future", "hint")  # options built from data (a trace, the live router), not typed in
+# options built from data (a trace, the live router; past: moe_infinity's library of activation matrices), not typed in
+SOURCE_OPTIONS = ("profile", "future", "hint", "past")
 
 
 class ConfigError(ValueError):
@@ -96,9 +97,9 @@ class CacheConfig:
             typed = sorted(accepted - set(SOURCE_OPTIONS))
             raise ConfigError("{options}: {name} takes no option {bad}; it takes: {ok}", name=self.policy,
                               bad=", ".join(sorted(unknown)), ok=", ".join(typed) or "none")
-        if self.profile is not None and "profile" not in accepted:
-            raise ConfigError("{profile}: only a policy with a profile (frequency) reads one, not {name}",
-                              name=self.policy)
+        if self.profile is not None and not {"profile", "past"} & accepted:
+            raise ConfigError("{profile}: only a policy with a profile (frequency, ktransformers_dynamic, lru, "
+                              "moe_infinity) reads one, not {name}", name=self.policy)
         if self.future is not None and not cls.needs_future:
             raise ConfigError("{future}: {name} does not read the future", name=self.policy)
 
@@ -126,10 +127,10 @@ def cache_config(names: Mapping[str, str] | None = None, /, config_class: type =
 
 
 def build_policy(config: CacheConfig, num_layers: int, num_experts: int, *, profile=None,
-                 future=None) -> PlacementPolicy:
+                 future=None, library=None) -> PlacementPolicy:
     """The policy of `config` for num_layers x num_experts MoE layers x experts, sources filled in (policy_options).
     Errors are ConfigErrors: the entry point words them (`ft` with its flags, the experiments with their keys)."""
-    options = policy_options(config, profile=profile, future=future)
+    options = policy_options(config, profile=profile, future=future, library=library)
     if options.get("n_cpu_layers") == "all":  # llama.cpp --cpu-moe: every MoE layer's experts on the CPU
         options["n_cpu_layers"] = num_layers
     capacity = config.slots_for(num_layers, num_experts)
@@ -139,10 +140,13 @@ def build_policy(config: CacheConfig, num_layers: int, num_experts: int, *, prof
     return make_policy(config.policy, capacity, num_layers, num_experts, **options)  # compiled where built in
 
 
-def policy_options(config: CacheConfig, *, profile=None, future=None) -> dict:
+def policy_options(config: CacheConfig, *, profile=None, future=None, library=None) -> dict:
     """The constructor options with the policy's sources, taken in this order: options already built > the config's
     trace files > the fallbacks given here (profile: a RoutingTrace whose counts pin; future: a KeyStream; in a
-    simulator both the replayed trace). A source still missing is a ConfigError naming the field."""
+    simulator both the replayed trace; library: a RoutingTrace whose requests' activation matrices seed
+    moe_infinity, never the replayed one). A required source still missing is a ConfigError naming the field; an
+    optional profile (the policy's needs_profile(options) is false: lru's split=equal, ktransformers_dynamic's uniform
+    start, frequency's uniform / front_loading) is left out."""
     from freetoken.trace import load
     from freetoken.trace.stats import expert_counts
 
@@ -150,10 +154,20 @@ def policy_options(config: CacheConfig, *, profile=None, future=None) -> dict:
     options = config.constructor_options()
     if "profile" in policy_option_names(config.policy) and "profile" not in options:
         trace = load(config.profile) if config.profile is not None else profile
-        if trace is None:
+        needs = getattr(cls, "needs_profile", None)  # (options) -> bool, where only some options read it
+        if trace is None and needs is not None and not needs(options):
+            pass
+        elif trace is None:
             raise ConfigError("{policy} {name} needs {profile} (a trace whose counts pick the pinned experts)",
                               name=config.policy)
-        options["profile"] = expert_counts(trace)
+        else:
+            options["profile"] = expert_counts(trace)
+    if "past" in policy_option_names(config.policy) and "past" not in options:
+        trace = load(config.profile) if config.profile is not None else library
+        if trace is not None:
+            from freetoken.placement.moe_infinity import activation_matrices
+
+            options["past"] = activation_matrices(trace)
     if cls.needs_future and "future" not in options and "hint" not in options:
         if future is None:
             raise ConfigError("{policy} {name} needs {future} (a trace recorded on the same input)",

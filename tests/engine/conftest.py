@@ -89,7 +89,8 @@ def one_torch_thread():
 
 
 def policy_options(name: str, trace, prefill_chunk: int) -> dict:
-    """What each policy's constructor needs from a probe run: expert counts (profile=), the future (future=)."""
+    """What each policy's constructor needs from a probe run: expert counts (profile=), the future (future=),
+    activation matrices (past=)."""
     import inspect
 
     from freetoken.trace.stats import expert_counts
@@ -102,4 +103,8 @@ def policy_options(name: str, trace, prefill_chunk: int) -> dict:
         options["profile"] = expert_counts(trace)
     if "future" in params:
         options["future"] = trace_key_stream(trace, prefill_chunk)
+    if "past" in params:  # moe_infinity's offline library: the probe's requests, so matches drive prefetches
+        from freetoken.placement.moe_infinity import activation_matrices
+
+        options["past"] = activation_matrices(trace)
     return options

@@ -18,8 +18,9 @@ How to add a compiled policy `foo` (its Python reference freetoken/placement/foo
              validate options (one-line ValueError, as the reference), build the policy's arrays as a tuple
              `state` (every hook gets it as `p`), and say admits / orders_admission / prefetches / pinned.
          the hooks it needs, each @numba.njit(cache=True, inline="always") (helpers they call too), and
-         `from freetoken.placement.compiled.base import ...` for the rest (the driver imports all nine by name):
+         `from freetoken.placement.compiled.base import ...` for the rest (the driver imports all ten by name):
              begin_call(p, st, c, keys)        call c's keys [n], before any is applied
+             observe_call(p, st, c, keys, tokens, phase)   then the call's routed tokens [n] and phase (counts)
              on_hit(p, key, now) / on_miss(p, key, now) / on_admit(p, key, now) / on_evict(p, key)
              victim(p, st, key, now) -> int    a resident key with not base.is_protected(st, k), or -1 (bypass)
              admission_order(p, keys, n, order)   (orders_admission) fill order[:n]: the fetched keys[:n]'s

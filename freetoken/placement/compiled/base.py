@@ -43,6 +43,13 @@ def begin_call(p, st, c, keys):
 
 
 @nb.njit(cache=True, inline="always")
+def observe_call(p, st, c, keys, tokens, phase):
+    """Call c's keys [n] with their routed tokens [n] and its phase, after begin_call (the routing counts a
+    policy learns from)."""
+    pass
+
+
+@nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     pass
 

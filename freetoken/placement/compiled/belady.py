@@ -8,7 +8,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from freetoken.placement.compiled.base import is_protected, on_miss, on_prefetch, prefetch_for  # noqa: F401
+from freetoken.placement.compiled.base import (is_protected, observe_call, on_miss, on_prefetch,  # noqa: F401
+                                               prefetch_for)
 from freetoken.placement.compiled.setup import Setup
 
 TIE_DEPTH = 3  # as placement.belady: the next call, then the two after it

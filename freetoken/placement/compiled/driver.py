@@ -15,8 +15,9 @@ order, fetched [E]; ev [E + C]; pf, want [K].
 
 from numba import njit
 
-from freetoken.placement.compiled.lru import (admission_order, begin_call, on_admit, on_evict, on_hit,  # specialise.py
-                                              on_miss, on_prefetch, prefetch_for, victim)  # names the module
+from freetoken.placement.compiled.lru import (admission_order, begin_call, observe_call, on_admit, on_evict,
+                                              on_hit, on_miss, on_prefetch, prefetch_for, victim)  # specialise.py
+# names the policy's module in the import above
 from freetoken.placement.compiled.base import CALLS, CLOCK, NFREE, STAMP
 from freetoken.placement.compiled.split import choose
 
@@ -55,6 +56,7 @@ def _apply(p, st, keys, tokens, phase, split, flags, buf):
     capacity = st[1].size
     c = ints[CALLS]
     begin_call(p, st, c, keys)
+    observe_call(p, st, c, keys, tokens, phase)
     ints[STAMP] += 1
     stamp = ints[STAMP]
     m = 0

@@ -1,5 +1,6 @@
 """Compiled LRU: recency as a doubly linked list over keys (head = least recent), mirroring placement.lru.LRU,
-whose order is slot_of's insertion order (admit appends, hit moves to the back, eviction unlinks)."""
+whose order is slot_of's insertion order (admit appends, hit moves to the back, eviction unlinks). scope=per_layer
+keeps held / quota per layer and walks the same list for the chosen layer's least recent key."""
 
 from __future__ import annotations
 
@@ -7,20 +8,24 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import (admission_order, begin_call, is_protected, on_miss,  # noqa: F401
-                                               on_prefetch, prefetch_for)
+                                               on_prefetch, prefetch_for, observe_call)
 from freetoken.placement.compiled.setup import Setup
 
 
-def setup(name: str, capacity: int, num_layers: int, num_experts: int) -> Setup:
+def setup(name: str, capacity: int, num_layers: int, num_experts: int, **options) -> Setup:
+    from freetoken.placement.lru import LRU
+
+    reference = LRU(capacity, num_layers, num_experts, **options)  # validation and quotas
     K = num_layers * num_experts
     nxt = np.full(K + 1, K, np.int64)  # index K: the sentinel; nxt[K] = head, prv[K] = tail
     prv = np.full(K + 1, K, np.int64)
-    return Setup((nxt, prv))
+    params = np.array([reference.scope == "per_layer", num_experts], np.int64)
+    return Setup((nxt, prv, np.zeros(num_layers, np.int64), np.array(reference.quota, np.int64), params))
 
 
 @nb.njit(cache=True, inline="always")
 def _unlink(p, key):
-    nxt, prv = p
+    nxt, prv = p[0], p[1]
     a, b = prv[key], nxt[key]
     nxt[a] = b
     prv[b] = a
@@ -28,7 +33,7 @@ def _unlink(p, key):
 
 @nb.njit(cache=True, inline="always")
 def _append(p, key):
-    nxt, prv = p
+    nxt, prv = p[0], p[1]
     tail = prv[-1]
     sentinel = nxt.size - 1
     nxt[tail] = key
@@ -46,20 +51,32 @@ def on_hit(p, key, now):
 @nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
     _append(p, key)
+    p[2][key // p[4][1]] += 1
 
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
     _unlink(p, key)
+    p[2][key // p[4][1]] -= 1
 
 
 @nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
-    nxt = p[0]
+    nxt, held, quota, E = p[0], p[2], p[3], p[4][1]
     sentinel = nxt.size - 1
+    layer = -1  # unified: any layer
+    if p[4][0] != 0:
+        layer = key // E
+        if held[layer] < quota[layer]:  # take from the layer most over its quota, the lower on ties
+            best = held[0] - quota[0]
+            layer = 0
+            for i in range(1, held.size):
+                if held[i] - quota[i] > best:
+                    best = held[i] - quota[i]
+                    layer = i
     k = nxt[sentinel]
     while k != sentinel:  # the call's own keys sit at the back: this stops at once unless all are
-        if not is_protected(st, k):
+        if (layer < 0 or k // E == layer) and not is_protected(st, k):
             return k
         k = nxt[k]
     return -1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.placement.compiled.base import (admission_order, begin_call, on_admit, on_evict, on_hit,  # noqa: F401
-                                               on_miss, on_prefetch, prefetch_for, victim)
+                                               on_miss, on_prefetch, prefetch_for, victim, observe_call)
 from freetoken.placement.compiled.setup import Setup
 
 

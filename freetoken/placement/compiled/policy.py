@@ -28,6 +28,8 @@ COMPILED: dict[str, str] = {  # policy name -> module of its hooks and setup()
     "layer_sweep": "freetoken.placement.compiled.sweep",
     "lookahead": "freetoken.placement.compiled.sweep",
     "hinted_sweep": "freetoken.placement.compiled.sweep",
+    "ktransformers_dynamic": "freetoken.placement.compiled.ktransformers_dynamic",
+    "moe_infinity": "freetoken.placement.compiled.moe_infinity",
 }
 _REPORTED: set[str] = set()
 

@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import (admission_order, is_protected, on_miss, on_prefetch,  # noqa: F401
-                                               prefetch_for)
+                                               prefetch_for, observe_call)
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.s3fifo import MAX_FREQ
 

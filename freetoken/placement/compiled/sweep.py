@@ -17,7 +17,7 @@ import math
 import numba as nb
 import numpy as np
 
-from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch  # noqa: F401
+from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.hinted_sweep import PRIOR_FLOOR
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK
