@@ -5,6 +5,8 @@ CacheConfig (freetoken.placement.config) is the one cache configuration of engin
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -12,6 +14,7 @@ from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.placement import CacheConfig, PlacementPolicy, build_policy, make_call
+from freetoken.placement.router_hint import ROUTER, LiveRouterHint
 
 
 class ExpertCache:
@@ -23,11 +26,19 @@ class ExpertCache:
         staging = E if config.staging is None else config.staging
         self.pool = SlotPool(self.capacity, staging, store, device)
         self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline, host)
+        self.router_hint: LiveRouterHint | None = None  # the engine fills it before each call (hint="router")
         self.policy = self._new_policy()
 
     def _new_policy(self) -> PlacementPolicy:
         E = self.store.num_experts
-        policy = build_policy(self.config, self.store.num_layers, E)
+        config = self.config
+        if config.options.get("hint") == ROUTER:  # the live early router: a fresh holder per policy
+            self.router_hint = LiveRouterHint()
+            config = replace(config, options={**config.options, "hint": self.router_hint})
+        elif isinstance(config.options.get("hint"), str):
+            raise ValueError(f"options: hint must be {ROUTER!r} (the engine's early router) or a hint object, got "
+                             f"{config.options['hint']!r}")
+        policy = build_policy(config, self.store.num_layers, E)
         for key, slot in policy.slot_of.items():  # pinned warm start: resident before the first call
             self.pool.load(slot, self.store, *divmod(key, E))
         return policy

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
+from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngram_draft
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
 from freetoken.engine.kv import KVCache
@@ -28,6 +29,7 @@ from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.generation_config import GenerationDefaults
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
+from freetoken.placement.router_hint import predicted_keys
 
 
 @dataclass(slots=True)
@@ -54,8 +56,11 @@ class Engine:
     def __init__(self, ckpt: Checkpoint, cache: CacheConfig | None = None, *, kernels: str = "triton",
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  prefill_chunk: int | None = None, max_context: int | None = None,
-                 keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None):
-        """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both)."""
+                 keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None,
+                 router_hint: bool | None = None):
+        """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both).
+        router_hint: run the early router (layer l + 1's on layer l's hidden state) and record its predictions in
+        the trace; None: on when the policy takes it live (option hint="router")."""
         cache = cache or CacheConfig(fraction=1.0)
         if prefill_chunk is not None and prefill_chunk != cache.prefill_chunk:
             cache = replace(cache, prefill_chunk=prefill_chunk)  # validated again, the field named
@@ -67,12 +72,16 @@ class Engine:
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
         self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host)
         self.prefill_chunk = cache.prefill_chunk
+        self.hinting = self.cache.router_hint is not None if router_hint is None else router_hint
+        if self.cache.router_hint is not None and not self.hinting:
+            raise ValueError("the policy reads the router hint (hint='router'), so router_hint cannot be off")
         self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
         self.tokenizer = tokenizer
         self.generation_defaults = GenerationDefaults.load(ckpt.path)
         cfg = self.config
         self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture) if record else None
         self.stats = RunStats()
+        self.draft_stats = DraftStats()
         self._turns: dict[int, int] = {}
         self._phase, self._request = PREFILL, 0
 
@@ -94,7 +103,7 @@ class Engine:
         logits = ks.linear(h.to(lw.router.dtype), lw.router, lw.router_bias)  # [T, E]
         return ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias, **cfg.routing.options())
 
-    def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+    def _moe(self, layer: int, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(layer, h)  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()
         self.host.syncs += 1
@@ -103,7 +112,33 @@ class Engine:
             self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())
             self.host.syncs += 1
             self.host.copies += 1
+        if self.hinting:
+            self._hint_next(layer, x)
         return self.cache(layer, h, weights, ids_host, self._phase, self._request)
+
+    def predict_next(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
+        """The router hint: MoE layer layer + 1's router, after its own pre-MoE norm, on the residual x [T, D] that
+        MoE layer `layer` reads -> predicted ids [T, K] int32 (None after the last MoE layer)."""
+        cfg = self.config
+        if layer + 1 >= cfg.num_moe_layers:
+            return None
+        lw = self.decoder.layers[cfg.moe_layers[layer + 1]]
+        h = self.kernels.rms_norm(x, lw.post_norm, cfg.rms_norm_eps, **self.decoder.norm_kw)
+        return self.route(layer + 1, h)[1]
+
+    def _hint_next(self, layer: int, x: torch.Tensor) -> None:
+        """Predict layer + 1's experts, record them, and hand them to the policy's hint (if it takes one)."""
+        ids = self.predict_next(layer, x)
+        keys: list[int] = []
+        if ids is not None:
+            ids_host = ids.cpu().numpy()
+            self.host.syncs += 1
+            self.host.copies += 1
+            if self.recorder is not None:
+                self.recorder.hint(layer + 1, ids_host)
+            keys = predicted_keys(layer + 1, ids_host, self.config.num_experts)
+        if self.cache.router_hint is not None:
+            self.cache.router_hint.set(layer + 1, keys)
 
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, phase: int = PREFILL, request: int = 0,
                 turn: int = 0, all_logits: bool = False) -> torch.Tensor:
@@ -169,12 +204,13 @@ class Engine:
     # generation
     def generate(self, token_ids: list[int], sampling: SamplingParams | None = None, max_tokens: int = 64,
                  stop_token_ids: Iterable[int] | None = None, kv: KVCache | None = None, request: int = 0,
-                 reuse_prefix: bool = True) -> Iterator[int]:
+                 reuse_prefix: bool = True, draft: DraftConfig | None = None) -> Iterator[int]:
         """Yield sampled token ids one by one (the stop token included, then stop).
 
         kv: a cache to continue in; with reuse_prefix its longest common prefix with token_ids is kept and only
         the rest is prefilled (at least one token is always recomputed, for the logits). A hybrid model's cache
-        keeps only what its recurrent state allows (kv.reusable: its current length or a snapshot, else nothing)."""
+        keeps only what its recurrent state allows (kv.reusable: its current length or a snapshot, else nothing).
+        draft: speculative decoding with a model-free drafter (greedy only; the output is plain greedy's)."""
         token_ids = [int(t) for t in token_ids]
         if not token_ids:
             raise ValueError("generate needs at least one prompt token")
@@ -186,8 +222,15 @@ class Engine:
         kv.check_room(start, len(token_ids) - start + max_tokens - 1)
         stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)
         sampler = Sampler(sampling or SamplingParams())
+        if draft is not None and not sampler.params.is_greedy:
+            raise ValueError("draft: verification keeps the tokens greedy decoding would choose; use greedy sampling")
+        if draft is not None and self.config.linear_attention is not None:
+            raise ValueError("draft: a recurrent (linear-attention) state cannot drop rejected draft tokens")
         turn = self._turns.get(request, -1) + 1
         self._turns[request] = turn
+        if draft is not None:
+            return self._generate_drafted(token_ids[start:], start, kv, sampler, max_tokens, stops, request, turn,
+                                          draft)
         return self._generate(token_ids[start:], start, kv, sampler, max_tokens, stops, request, turn)
 
     def _generate(self, prompt, start, kv, sampler, max_tokens, stops, request, turn) -> Iterator[int]:
@@ -198,6 +241,36 @@ class Engine:
             if token in stops or i == max_tokens - 1:
                 return
             logits = self.decode(token, kv, request, turn)
+
+    def _generate_drafted(self, prompt, start, kv, sampler, max_tokens, stops, request, turn,
+                          draft: DraftConfig) -> Iterator[int]:
+        """Greedy decoding in verify steps: the last token and up to d drafted ones in one forward; the drafts the
+        model agrees with are kept, then its own next token. Rejected drafts leave the KV cache; their routing
+        stays in the trace (field draft = 2), as the verify call routed them."""
+        token = sampler(self.prefill(prompt, kv, start, request, turn)[-1])
+        n = 1
+        yield token
+        while token not in stops and n < max_tokens:
+            t0 = time.perf_counter()
+            proposal = ngram_draft(kv.tokens + [token], min(draft.depth, max_tokens - n - 1), draft.max_ngram,
+                                   draft.min_ngram)
+            logits = self.forward([token] + proposal, kv, kv.length, DECODE, request, turn, all_logits=True)
+            chosen = [sampler(row) for row in logits]  # [1 + d]: the model's token after each prefix
+            kept = accepted_prefix(proposal, chosen)
+            kv.truncate(kv.length - (len(proposal) - kept))
+            if self.recorder is not None:
+                self.recorder.mark_draft([0] + [1] * kept + [2] * (len(proposal) - kept))
+            st = self.draft_stats
+            st.verify_steps, st.drafted, st.accepted = st.verify_steps + 1, st.drafted + len(proposal), st.accepted + kept
+            self._sync()
+            self.stats.decode_tokens += kept + 1
+            self.stats.decode_s += time.perf_counter() - t0
+            for j, token in enumerate(chosen[:kept + 1]):
+                n += 1
+                yield token
+                if token in stops or n == max_tokens:
+                    kv.truncate(kv.length - (kept - j))  # hold what plain decoding would: all but the last token
+                    return
 
     def default_stop_ids(self) -> set[int]:
         """config.json's eos ids, generation_config.json's (what HF generate stops at) and the tokenizer's."""
@@ -224,6 +297,7 @@ class Engine:
         if self.recorder is not None:
             self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture)
         self.stats = RunStats()
+        self.draft_stats = DraftStats()
         self._turns = {}
         for f in ("launches", "syncs", "copies"):
             setattr(self.host, f, 0)

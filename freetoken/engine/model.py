@@ -22,8 +22,9 @@ from freetoken.kernels.rope import yarn_inv_freq
 from freetoken.models.checkpoint import Checkpoint
 from freetoken.models.family import ATTN
 
-# (MoE layer index, normed hidden [T, D]) -> MoE output [T, D]: the expert cache's entry point
-MoEFn = Callable[[int, torch.Tensor], torch.Tensor]
+# (MoE layer index, normed hidden [T, D], the residual it was normed from [T, D]) -> MoE output [T, D]: the expert
+# cache's entry point (the residual feeds the next layer's early router: the live router hint)
+MoEFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -196,7 +197,7 @@ class Decoder:
         h = self.kernels.rms_norm(x, lw.post_norm, self.cfg.rms_norm_eps, **self.norm_kw)
         if lw.router is None:
             return self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
-        out = moe(self.cfg.moe_index(l), h)
+        out = moe(self.cfg.moe_index(l), h, x)
         return out + self._shared_expert(lw, h) if lw.shared_gate_up is not None else out
 
     def _one_mlp(self, h: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,

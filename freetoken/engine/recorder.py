@@ -1,4 +1,5 @@
-"""Records the routing of a live run in the spine's trace format: one row per token the model processed."""
+"""Records the routing of a live run in the spine's trace format: one row per token the model processed (with the
+router hint's predictions, the trace's `hint` field, when the engine made any)."""
 
 from __future__ import annotations
 
@@ -12,29 +13,44 @@ class TraceRecorder:
         self.L, self.K, self.E, self.model = num_layers, top_k, num_experts, model
         self._experts: list[np.ndarray] = []  # [T, L, K] per forward
         self._gates: list[np.ndarray] = []
+        self._hints: list[np.ndarray] = []  # [T, L, K] per forward, -1: no prediction
+        self._drafts: list[np.ndarray] = []  # [T] per forward: 0 plain, 1 accepted draft, 2 rejected draft
         self._meta: list[tuple[np.ndarray, int, int, int]] = []  # (token ids, phase, request, turn)
-        self._cur: tuple[np.ndarray, np.ndarray] | None = None
+        self._cur: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def begin(self, token_ids: list[int], phase: int, request: int | list[int], turn: int | list[int]) -> None:
         """request, turn: one for the whole forward, or one per token (a batched decode step)."""
         T = len(token_ids)
-        self._cur = (np.full((T, self.L, self.K), -1, np.int16), np.zeros((T, self.L, self.K), np.float16))
+        self._cur = (np.full((T, self.L, self.K), -1, np.int16), np.zeros((T, self.L, self.K), np.float16),
+                     np.full((T, self.L, self.K), -1, np.int16))
         per_token = lambda v: np.broadcast_to(np.asarray(v, np.int32), (T,))  # noqa: E731
         self._meta.append((np.asarray(token_ids, np.int32), phase, per_token(request), per_token(turn)))
 
     def layer(self, layer: int, ids: np.ndarray, gates: np.ndarray) -> None:
         """ids, gates: [T, K] of one MoE layer of the current forward."""
-        ex, g = self._cur
+        ex, g, _ = self._cur
         ex[:, layer] = ids
         g[:, layer] = gates
 
+    def hint(self, layer: int, ids: np.ndarray) -> None:
+        """ids [T, K]: the router hint's prediction of MoE layer `layer` for the current forward."""
+        self._cur[2][:, layer] = ids
+
     def end(self) -> None:
-        ex, g = self._cur
+        ex, g, h = self._cur
         if (ex < 0).any():
             raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
         self._experts.append(ex)
         self._gates.append(g)
+        self._hints.append(h)
+        self._drafts.append(np.zeros(len(ex), np.int8))
         self._cur = None
+
+    def mark_draft(self, marks: list[int]) -> None:
+        """The last forward was a verify step: per token 0 (the sampled token), 1 / 2 (a draft kept / rejected)."""
+        if len(marks) != len(self._drafts[-1]):
+            raise ValueError(f"trace recorder: {len(marks)} draft marks for a forward of {len(self._drafts[-1])}")
+        self._drafts[-1] = np.asarray(marks, np.int8)
 
     @property
     def num_tokens(self) -> int:
@@ -44,6 +60,7 @@ class TraceRecorder:
         if not self._experts:
             raise ValueError("no routing recorded yet")
         n = [len(m[0]) for m in self._meta]
+        hint, draft = np.concatenate(self._hints), np.concatenate(self._drafts)
         return RoutingTrace(
             experts=np.concatenate(self._experts), num_experts=self.E, model=self.model, source=source,
             request=np.concatenate([m[2] for m in self._meta]).astype(np.int32),
@@ -51,4 +68,6 @@ class TraceRecorder:
             phase=np.repeat([m[1] for m in self._meta], n).astype(np.int8),
             token=np.concatenate([m[0] for m in self._meta]).astype(np.int32),
             gates=np.concatenate(self._gates),
+            hint=hint if (hint >= 0).any() else None,  # no prediction made: a trace without the field
+            draft=draft if draft.any() else None,  # no draft verified: none
         )

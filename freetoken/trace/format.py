@@ -7,6 +7,12 @@ One safetensors file per trace. Tensors (T = tokens, L = MoE layers, K = top-k):
     turn    [T] int32         turn within the request (agent workloads)
     phase   [T] int8          0 = prefill, 1 = decode
     token   [T] int32         token id, -1 where unknown
+    hint    [T, L, K] int16   optional: the live router hint's predicted experts of each layer (layer l + 1's
+                              router on layer l's hidden state), -1 where none was made (layer 0 always)
+    draft   [T] int8          optional: speculative decoding's verify calls. 0: a plain token (a verify call starts
+                              with one), 1: a drafted token the model accepted, 2: one it rejected (routed by the
+                              verify call, then dropped). A decode token marked 0 and the 1 / 2 tokens after it
+                              form one call of d + 1 tokens
 String metadata: model, num_layers, num_experts, top_k, source, format_version (+ free-form extras).
 """
 
@@ -50,6 +56,8 @@ class RoutingTrace:
     phase: np.ndarray | None = None  # [T] int8
     token: np.ndarray | None = None  # [T] int32
     gates: np.ndarray | None = None  # [T, L, K] float16
+    hint: np.ndarray | None = None  # [T, L, K] int16, -1: no prediction
+    draft: np.ndarray | None = None  # [T] int8: 0 plain, 1 accepted draft, 2 rejected draft
     extra: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -106,6 +114,8 @@ class RoutingTrace:
             phase=self.phase[mask],
             token=self.token[mask],
             gates=None if self.gates is None else self.gates[mask],
+            hint=None if self.hint is None else self.hint[mask],
+            draft=None if self.draft is None else self.draft[mask],
             extra=dict(self.extra),
         )
 
@@ -156,6 +166,20 @@ def validate(trace: RoutingTrace, where: str = "trace") -> None:
                              f"got {getattr(g, 'shape', None)}")
         if g.dtype != np.float16:
             raise TraceError(f"{where}: field 'gates' must be float16, got {g.dtype}")
+    if trace.hint is not None:
+        h = trace.hint
+        if not isinstance(h, np.ndarray) or h.shape != ex.shape or h.dtype != np.int16:
+            raise TraceError(f"{where}: field 'hint' must be int16 of the shape of 'experts' {ex.shape}, got "
+                             f"{getattr(h, 'dtype', type(h).__name__)} {getattr(h, 'shape', None)}")
+        if h.size and (int(h.min()) < -1 or int(h.max()) >= trace.num_experts):
+            raise TraceError(f"{where}: field 'hint' holds ids outside [-1, {trace.num_experts})")
+    if trace.draft is not None:
+        d = trace.draft
+        if not isinstance(d, np.ndarray) or d.shape != (T,) or d.dtype != np.int8:
+            raise TraceError(f"{where}: field 'draft' must be int8 of shape ({T},), got "
+                             f"{getattr(d, 'dtype', type(d).__name__)} {getattr(d, 'shape', None)}")
+        if T and not np.isin(d, (0, 1, 2)).all():
+            raise TraceError(f"{where}: field 'draft' must hold 0 (plain), 1 (accepted) or 2 (rejected draft)")
 
 
 # files
@@ -166,8 +190,9 @@ def save(trace: RoutingTrace, path: str | os.PathLike) -> Path:
     path = Path(path)
     validate(trace, str(path))
     tensors = {n: np.ascontiguousarray(getattr(trace, n)) for n in ("experts", "request", "turn", "phase", "token")}
-    if trace.gates is not None:
-        tensors["gates"] = np.ascontiguousarray(trace.gates)
+    for name in ("gates", "hint", "draft"):
+        if getattr(trace, name) is not None:
+            tensors[name] = np.ascontiguousarray(getattr(trace, name))
     with atomic_path(path) as tmp:
         save_file(tensors, str(tmp), metadata=trace.metadata())
         Path(tmp).write_bytes(canonical_header(Path(tmp).read_bytes()))
@@ -218,7 +243,8 @@ def load(path: str | os.PathLike) -> RoutingTrace:
         trace = RoutingTrace(
             experts=arrays["experts"], num_experts=ints["num_experts"], model=meta["model"], source=meta["source"],
             request=arrays["request"], turn=arrays["turn"], phase=arrays["phase"], token=arrays["token"],
-            gates=arrays.get("gates"), extra=extra,
+            gates=arrays.get("gates"), hint=arrays.get("hint"),
+            draft=arrays.get("draft"), extra=extra,
         )
     except TraceError as e:
         raise TraceError(str(e).replace("trace:", f"{path}:", 1)) from None

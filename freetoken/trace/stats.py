@@ -65,3 +65,28 @@ class Skew:
 def popularity_skew(trace: RoutingTrace) -> Skew:
     c = expert_counts(trace)
     return Skew(top_share(c, TOP_SHARES[0]), top_share(c, TOP_SHARES[1]), gini(c), normalized_entropy(c))
+
+
+# router hint
+def hint_accuracy(trace: RoutingTrace) -> np.ndarray:
+    """[L]: per layer, the mean over tokens of the share of the true top-k that the recorded hint predicted
+    (|hint & experts| / K); nan where the layer holds no prediction (layer 0, or a trace without a hint)."""
+    L, K = trace.num_layers, trace.top_k
+    out = np.full(L, np.nan)
+    if trace.hint is None or not trace.num_tokens:
+        return out
+    hint, ex = trace.hint, trace.experts
+    for layer in range(L):
+        made = (hint[:, layer] >= 0).all(axis=1)  # [T] tokens with a prediction of this layer
+        if made.any():
+            hit = (ex[made, layer][:, :, None] == hint[made, layer][:, None, :]).any(axis=2)  # [T', K]
+            out[layer] = hit.sum() / (made.sum() * K)
+    return out
+
+
+def draft_acceptance(trace: RoutingTrace) -> float:
+    """Accepted drafted tokens / drafted tokens of the trace's verify calls (nan without drafts)."""
+    if trace.draft is None:
+        return float("nan")
+    accepted, rejected = int((trace.draft == 1).sum()), int((trace.draft == 2).sum())
+    return accepted / (accepted + rejected) if accepted + rejected else float("nan")

@@ -1,0 +1,65 @@
+"""Model-free drafting (prompt lookup / n-gram): propose the next tokens by matching the context's last n tokens
+against an earlier place in the context and copying what followed there (HF's prompt_lookup_num_tokens, vLLM's
+ngram proposer). The engine verifies a draft of d tokens in one forward of d + 1 tokens: under greedy decoding the
+longest prefix the model itself would have chosen is kept, plus the model's own next token, so the output is
+exactly plain greedy decoding's. The verify call routes d + 1 tokens: the draft's experts ride in that one call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRAFTERS = ("ngram",)
+
+
+@dataclass(frozen=True, slots=True)
+class DraftConfig:
+    """depth: tokens drafted per step (d; the verify forward carries d + 1); max_ngram / min_ngram: the lengths of
+    the context suffix tried for a match, longest first."""
+
+    method: str = "ngram"
+    depth: int = 4
+    max_ngram: int = 3
+    min_ngram: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in DRAFTERS:
+            raise ValueError(f"draft: unknown method {self.method!r}; valid: {', '.join(DRAFTERS)}")
+        if not (isinstance(self.depth, int) and self.depth >= 1):
+            raise ValueError(f"draft depth must be a whole number >= 1, got {self.depth!r}")
+        if not (isinstance(self.min_ngram, int) and 1 <= self.min_ngram <= self.max_ngram):
+            raise ValueError(f"draft n-gram lengths must satisfy 1 <= min_ngram <= max_ngram, got "
+                             f"{self.min_ngram}, {self.max_ngram}")
+
+
+def ngram_draft(context: list[int], depth: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+    """Up to `depth` tokens that followed the latest earlier occurrence of the context's last n tokens (n from
+    max_ngram down to min_ngram); [] when no suffix recurs."""
+    T = len(context)
+    for n in range(min(max_ngram, T - 1), min_ngram - 1, -1):
+        suffix = context[T - n:]
+        for start in range(T - n - 1, -1, -1):  # the latest earlier match first
+            if context[start:start + n] == suffix:
+                return context[start + n:start + n + depth]
+    return []
+
+
+@dataclass(slots=True)
+class DraftStats:
+    """verify_steps: verify forwards; drafted / accepted: draft tokens proposed / kept (acceptance = their ratio)."""
+
+    verify_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def accepted_prefix(draft: list[int], chosen: list[int]) -> int:
+    """How many leading draft tokens equal the model's own choices (chosen[i]: its token after draft[:i])."""
+    n = 0
+    while n < len(draft) and draft[n] == chosen[n]:
+        n += 1
+    return n

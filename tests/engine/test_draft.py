@@ -1,0 +1,115 @@
+"""Model-free drafting (n-gram prompt lookup) with greedy verification: the output is plain greedy decoding's token
+for token, the acceptance rate equals a brute-force replay of the drafter over the plain output, and the verify
+calls (d + 1 tokens' routing) are recorded so a replay of them makes the live Plans."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from freetoken.engine import CacheConfig, Engine, SamplingParams
+from freetoken.engine.draft import DraftConfig, accepted_prefix, ngram_draft
+from freetoken.placement import DECODE, Split, make_call, make_policy
+from freetoken.sim.calls import trace_calls
+from freetoken.sim.replay import replay
+from freetoken.trace import load, save
+from freetoken.trace.stats import draft_acceptance
+
+from .conftest import PROMPT
+
+GREEDY = SamplingParams(greedy=True)
+REPEATING = [3, 17, 5, 99, 3, 17, 5, 99, 3, 17]  # a prompt the n-gram lookup finds matches in
+NEW_TOKENS = 24
+
+
+def test_ngram_draft_by_hand():
+    ctx = [1, 2, 3, 4, 1, 2, 3, 9, 1, 2]
+    assert ngram_draft(ctx, 3, max_ngram=3) == [3, 9, 1]  # suffix [1, 2]: latest earlier match at 4 -> 3, 9, 1
+    assert ngram_draft(ctx, 2, max_ngram=1) == [3, 9]  # suffix [2]: latest earlier match at 5
+    assert ngram_draft([5, 6, 7], 3) == []  # nothing recurs
+    assert ngram_draft([7, 7], 4) == [7]  # what follows the match, up to the context's end
+    assert accepted_prefix([4, 5, 6], [4, 5, 1, 0]) == 2 and accepted_prefix([4], [3, 0]) == 0
+    with pytest.raises(ValueError, match="draft depth"):
+        DraftConfig(depth=0)
+
+
+def plain_and_drafted(ckpt, prompt, depth, cache=None):
+    cache = cache or CacheConfig("lru", capacity=5)
+    plain = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=3, keep_plans=True)
+    want = list(plain.generate(prompt, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[]))
+    drafted = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=3, keep_plans=True)
+    got = list(drafted.generate(prompt, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[],
+                                draft=DraftConfig(depth=depth)))
+    return want, got, plain, drafted
+
+
+def brute_force_acceptance(prompt, out, depth):
+    """(verify steps, drafted, accepted) of the drafter run over the plain greedy output, step by step."""
+    steps = drafted = accepted = 0
+    n = 1  # tokens of `out` produced
+    while n < len(out):
+        proposal = ngram_draft(prompt + out[:n], min(depth, len(out) - n - 1))
+        kept = accepted_prefix(proposal, out[n:])
+        steps, drafted, accepted = steps + 1, drafted + len(proposal), accepted + kept
+        n += kept + 1
+    return steps, drafted, accepted
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("depth", [1, 3, 5])
+def test_drafted_output_is_plain_greedy(family, depth, hf_models, checkpoints):
+    want, got, _, drafted = plain_and_drafted(checkpoints[family], REPEATING, depth)
+    assert got == want
+    st = drafted.draft_stats
+    assert (st.verify_steps, st.drafted, st.accepted) == brute_force_acceptance(REPEATING, want, depth)
+    assert st.drafted > 0 and drafted.stats.decode_tokens == NEW_TOKENS - 1
+    assert len(drafted.trace().token) == len(REPEATING) + st.verify_steps + st.drafted
+
+
+def test_drafted_output_matches_hf_greedy(hf_models, checkpoints):
+    ref = hf_models["qwen3_moe"]
+    engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="reference", device="cpu")
+    n = len(ref.tokens) - len(PROMPT)
+    got = list(engine.generate(PROMPT, GREEDY, max_tokens=n, stop_token_ids=[], draft=DraftConfig(depth=3)))
+    assert PROMPT + got == ref.tokens
+
+
+def test_stop_token_inside_an_accepted_draft_ends_like_plain(checkpoints):
+    ckpt = checkpoints["qwen3_moe"]
+    want, got, plain, drafted = plain_and_drafted(ckpt, REPEATING, 4)
+    assert drafted.draft_stats.accepted > 0
+    stop = want[len(want) // 2]
+    kv_plain, kv_draft = plain.new_kv(), drafted.new_kv()
+    a = list(plain.generate(REPEATING, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[stop], kv=kv_plain))
+    b = list(drafted.generate(REPEATING, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[stop], kv=kv_draft,
+                              draft=DraftConfig(depth=4)))
+    assert a == b and a[-1] == stop
+    assert kv_draft.tokens == kv_plain.tokens  # the KV cache holds what plain decoding's holds
+
+
+def test_draft_needs_greedy(checkpoints):
+    engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="reference", device="cpu")
+    with pytest.raises(ValueError, match="use greedy sampling"):
+        engine.generate(PROMPT, SamplingParams(temperature=0.7), max_tokens=4, draft=DraftConfig())
+
+
+def test_verify_calls_are_recorded_and_replay_to_the_live_plans(checkpoints, tmp_path):
+    """The trace marks each verify call (a decode token 0 and its drafts 1 / 2); the calls rebuilt from it, the
+    prompt's prefill chunks then one call per verify group, replay to the live Plans; the recorded acceptance is
+    the engine's; accepted tokens route as in plain decoding."""
+    split = Split("hybrid", bp=2.0, bh=1.0)
+    want, got, plain, drafted = plain_and_drafted(checkpoints["qwen3_moe"], REPEATING, 3,
+                                                  CacheConfig("lru", capacity=5, split=split))
+    trace = load(save(drafted.trace(), tmp_path / "draft.safetensors"))
+    assert draft_acceptance(trace) == pytest.approx(drafted.draft_stats.acceptance)
+    assert (trace.draft[trace.phase == 0] == 0).all() and (trace.draft == 2).any()
+    kept = trace.draft != 2  # the tokens plain decoding also processed
+    np.testing.assert_array_equal(trace.experts[kept], plain.trace().experts)
+    prefill = trace.select(trace.phase == 0)
+    calls = list(trace_calls(prefill, 3))
+    starts = np.flatnonzero((trace.phase == DECODE) & (trace.draft == 0)).tolist() + [trace.num_tokens]
+    for lo, hi in zip(starts, starts[1:]):
+        calls += [make_call(l, trace.experts[lo:hi, l], DECODE) for l in range(trace.num_layers)]
+    sim = replay(calls, make_policy("lru", 5, trace.num_layers, trace.num_experts), split, keep_plans=True)
+    assert sim.plans == drafted.cache.plans
+    assert max(len(c.experts) for c in calls[len(list(trace_calls(prefill, 3))):]) > trace.top_k  # multi-token
