@@ -38,6 +38,14 @@ def register(sub) -> None:
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")
+    p.add_argument("--draft", choices=["ngram"], help="speculative decoding with a model-free drafter (n-gram prompt "
+                                                      "lookup; greedy only: the output is plain greedy's)")
+    p.add_argument("--draft-depth", type=int, default=4, help="--draft: tokens drafted per verify step (d; the "
+                                                              "verify forward carries d + 1; default 4)")
+    p.add_argument("--draft-ngram", type=int, default=3, help="--draft: longest context suffix matched (default 3)")
+    p.add_argument("--router-hint", action="store_true",
+                   help="run the early router (layer l + 1's on layer l's hidden state), record its predictions "
+                        "and report their accuracy (on by itself with --policy-option hint=router)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     p.set_defaults(run=run)
 
@@ -71,7 +79,25 @@ def build_engine(args: argparse.Namespace):
         raise ValueError(f"--max-context must be positive, got {args.max_context}")
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
-                                  max_context=args.max_context)
+                                  max_context=args.max_context, router_hint=True if args.router_hint else None)
+
+
+def draft_config(args: argparse.Namespace):
+    """The --draft flags as a DraftConfig (None without --draft); a draft flag without --draft is an error."""
+    from freetoken.engine.draft import DraftConfig
+
+    if args.draft is None:
+        for flag, value, default in (("--draft-depth", args.draft_depth, 4), ("--draft-ngram", args.draft_ngram, 3)):
+            if value != default:
+                raise ValueError(f"{flag} applies only with --draft ngram")
+        return None
+    if not args.greedy and args.temperature != 0:
+        raise ValueError("--draft verifies greedily: add --greedy (or --temperature 0)")
+    if args.draft_depth < 1:
+        raise ValueError(f"--draft-depth must be >= 1, got {args.draft_depth}")
+    if args.draft_ngram < 1:
+        raise ValueError(f"--draft-ngram must be >= 1, got {args.draft_ngram}")
+    return DraftConfig(args.draft, depth=args.draft_depth, max_ngram=args.draft_ngram)
 
 
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
@@ -104,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
+    draft = draft_config(args)
     engine = build_engine(args)
     sampling = sampling_params(engine.generation_defaults, args.temperature, args.top_p, args.top_k,
                                greedy=args.greedy, seed=args.seed)
@@ -121,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     shown = ""
     live = sys.stderr.isatty()
     t0 = time.perf_counter()
-    for token in engine.generate(ids, sampling, max_tokens=args.max_tokens, stop_token_ids=stops):
+    for token in engine.generate(ids, sampling, max_tokens=args.max_tokens, stop_token_ids=stops, draft=draft):
         out.append(token)
         if not args.json and tok is not None:
             text = tok.decode(out, skip_special_tokens=True)
@@ -136,17 +163,41 @@ def run(args: argparse.Namespace) -> int:
     if args.record_trace:
         save(engine.trace(), args.record_trace)
     c, s = engine.counters, engine.stats
+    signals = _signals(engine, draft)
     if args.json:
         print_json({"token_ids": out, "text": text, "prompt_tokens": len(ids), "hits": c.hits, "misses": c.misses,
                     "fetched": c.fetched, "cpu": c.cpu, "evictions": c.evictions, "hit_rate": c.hit_rate,
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
-                    "device": str(engine.device), "experts": store.format, "trace": args.record_trace})
+                    "device": str(engine.device), "experts": store.format, "trace": args.record_trace,
+                    **signals})
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")
     sys.stderr.write(("\r" if live else "") + _progress(engine, len(out)) + "\n")
+    if "draft" in signals:
+        d = signals["draft"]
+        sys.stderr.write(f"draft ngram depth {d['depth']}: {d['accepted']} of {d['drafted']} drafted tokens accepted "
+                         f"({d['acceptance']:.1%}) in {d['verify_steps']} verify steps\n")
+    if "hint_accuracy" in signals:
+        acc = signals["hint_accuracy"]
+        sys.stderr.write("router hint accuracy per layer (share of the true top-k predicted): "
+                         + " ".join("-" if a is None else f"{a:.2f}" for a in acc) + "\n")
     return 0
+
+
+def _signals(engine, draft) -> dict:
+    """The run's look-ahead signals: the drafter's acceptance and the router hint's per-layer accuracy."""
+    from freetoken.trace.stats import hint_accuracy
+
+    out = {}
+    if draft is not None:
+        st = engine.draft_stats
+        out["draft"] = {"method": draft.method, "depth": draft.depth, "verify_steps": st.verify_steps,
+                        "drafted": st.drafted, "accepted": st.accepted, "acceptance": st.acceptance}
+    if engine.hinting and engine.recorder is not None:
+        out["hint_accuracy"] = [None if a != a else float(a) for a in hint_accuracy(engine.trace())]
+    return out
 
 
 def _progress(engine, n: int) -> str:

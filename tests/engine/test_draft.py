@@ -113,3 +113,40 @@ def test_verify_calls_are_recorded_and_replay_to_the_live_plans(checkpoints, tmp
     sim = replay(calls, make_policy("lru", 5, trace.num_layers, trace.num_experts), split, keep_plans=True)
     assert sim.plans == drafted.cache.plans
     assert max(len(c.experts) for c in calls[len(list(trace_calls(prefill, 3))):]) > trace.top_k  # multi-token
+
+
+def test_ft_generate_draft_flags(capsys, tmp_path):
+    """ft generate --draft ngram: the plain run's tokens; the reported acceptance is the brute-force replay's and the
+    reported hint accuracy the recorded trace's."""
+    import json
+
+    from freetoken.cli import main
+    from freetoken.trace.stats import hint_accuracy
+
+    base = ["generate", "--token-ids", ",".join(map(str, REPEATING)), "--greedy", "--max-tokens", "16", "--json",
+            "--kernels", "reference", "--device", "cpu", "--capacity", "6", "--stop-token-ids", ""]
+    assert main(base) == 0
+    plain = json.loads(capsys.readouterr().out)
+    trace_file = tmp_path / "d.safetensors"
+    assert main(base + ["--draft", "ngram", "--draft-depth", "3", "--policy", "lookahead", "--policy-option",
+                        "hint=router", "--record-trace", str(trace_file)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == plain["token_ids"]
+    steps, drafted, accepted = brute_force_acceptance(REPEATING, plain["token_ids"], 3)
+    assert (out["draft"]["verify_steps"], out["draft"]["drafted"], out["draft"]["accepted"]) == (
+        steps, drafted, accepted) and drafted > 0
+    acc = hint_accuracy(load(trace_file))
+    assert out["hint_accuracy"][0] is None and out["hint_accuracy"][1:] == pytest.approx(acc[1:].tolist())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--draft", "ngram"], "--draft verifies greedily"),
+    (["--draft", "ngram", "--greedy", "--draft-depth", "0"], "--draft-depth must be >= 1"),
+    (["--draft-depth", "2"], "--draft-depth applies only with --draft ngram"),
+])
+def test_ft_generate_bad_draft_flags(capsys, argv, message):
+    from freetoken.cli import main
+
+    assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
