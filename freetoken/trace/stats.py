@@ -90,3 +90,21 @@ def draft_acceptance(trace: RoutingTrace) -> float:
         return float("nan")
     accepted, rejected = int((trace.draft == 1).sum()), int((trace.draft == 2).sum())
     return accepted / (accepted + rejected) if accepted + rejected else float("nan")
+
+
+def verify_spans(trace: RoutingTrace) -> list[tuple[int, int]]:
+    """[lo, hi) token spans of the decode forwards of a drafted run: each decode token marked 0 with the drafted
+    tokens (1 / 2) after it, one verify call; [] without drafts."""
+    if trace.draft is None:
+        return []
+    starts = np.flatnonzero((trace.phase == 1) & (trace.draft == 0))
+    ends = np.append(starts[1:], trace.num_tokens)
+    # a span ends where the next plain token starts, or earlier where the request / turn / phase changes
+    out = []
+    for lo, hi in zip(starts.tolist(), ends.tolist()):
+        end = lo + 1
+        while end < hi and trace.draft[end] != 0 and trace.request[end] == trace.request[lo] \
+                and trace.turn[end] == trace.turn[lo]:
+            end += 1
+        out.append((lo, end))
+    return out

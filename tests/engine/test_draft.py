@@ -13,7 +13,7 @@ from freetoken.placement import DECODE, Split, make_call, make_policy
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.replay import replay
 from freetoken.trace import load, save
-from freetoken.trace.stats import draft_acceptance
+from freetoken.trace.stats import draft_acceptance, verify_spans
 
 from .conftest import PROMPT
 
@@ -107,8 +107,9 @@ def test_verify_calls_are_recorded_and_replay_to_the_live_plans(checkpoints, tmp
     np.testing.assert_array_equal(trace.experts[kept], plain.trace().experts)
     prefill = trace.select(trace.phase == 0)
     calls = list(trace_calls(prefill, 3))
-    starts = np.flatnonzero((trace.phase == DECODE) & (trace.draft == 0)).tolist() + [trace.num_tokens]
-    for lo, hi in zip(starts, starts[1:]):
+    spans = verify_spans(trace)
+    assert sum(hi - lo for lo, hi in spans) == int((trace.phase == DECODE).sum())
+    for lo, hi in spans:
         calls += [make_call(l, trace.experts[lo:hi, l], DECODE) for l in range(trace.num_layers)]
     sim = replay(calls, make_policy("lru", 5, trace.num_layers, trace.num_experts), split, keep_plans=True)
     assert sim.plans == drafted.cache.plans

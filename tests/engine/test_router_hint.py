@@ -10,7 +10,7 @@ import torch
 
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.placement import Split, make_policy
-from freetoken.placement.router_hint import RecordedHint
+from freetoken.placement.router_hint import MeasuredHint, RecordedHint
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.replay import replay
 from freetoken.trace import load, save
@@ -105,4 +105,9 @@ def test_sim_with_recorded_hint_makes_the_live_plans(policy, checkpoints):
             for i, (want, got) in enumerate(zip(sim.plans, live)):
                 assert want == got, f"{policy} capacity={capacity} {split.mode}: call {i} differs"
             prefetched += engine.counters.prefetched
+    measured = MeasuredHint(trace, CHUNK, seed=0)  # the recorded accuracy, replayed as a synthetic hint
+    np.testing.assert_array_equal(measured.accuracy[1:], hint_accuracy(trace)[1:])
+    sim = replay(trace_calls(trace, CHUNK), make_policy(policy, 7, trace.num_layers, trace.num_experts,
+                                                        hint=measured, **sim_opts), Split("offload"))
+    assert sim.total.accesses == sum(len(c.experts) for c in trace_calls(trace, CHUNK))
     assert prefetched > 0  # the hint drove ahead-of-need copies
