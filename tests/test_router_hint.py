@@ -10,7 +10,7 @@ from freetoken.placement import make_policy
 from freetoken.placement.router_hint import MeasuredHint, RecordedHint
 from freetoken.sim.calls import trace_calls
 from freetoken.trace import RoutingTrace, TraceError, load, save
-from freetoken.trace.stats import hint_accuracy
+from freetoken.trace.stats import forward_spans, hint_accuracy
 
 
 def small_trace() -> RoutingTrace:
@@ -104,3 +104,14 @@ def test_lookahead_runs_from_a_replayed_hint():
     trace = small_trace()
     policy = make_policy("lookahead", 3, 2, 4, hint=RecordedHint(trace, 4))
     assert type(policy).__name__ == "Lookahead"
+
+
+def test_forward_spans_by_hand():
+    """Prefill in chunks per request; decode one token per forward, or a verify call (0 then its 1 / 2 drafts)."""
+    ex = np.zeros((9, 1, 1), np.int16)
+    trace = RoutingTrace(experts=ex, num_experts=2, request=np.array([0, 0, 0, 0, 0, 0, 0, 1, 1], np.int32),
+                         phase=np.array([0, 0, 0, 1, 1, 1, 1, 1, 1], np.int8),
+                         draft=np.array([0, 0, 0, 0, 1, 2, 0, 0, 1], np.int8))
+    assert forward_spans(trace, 2) == [(0, 2), (2, 3), (3, 6), (6, 7), (7, 9)]
+    plain = RoutingTrace(experts=ex, num_experts=2, request=trace.request, phase=trace.phase)
+    assert forward_spans(plain, 2) == [(0, 2), (2, 3)] + [(t, t + 1) for t in range(3, 9)]

@@ -72,9 +72,25 @@ class StreamHint:
         return list(dict.fromkeys(self._keys[self._offsets[c + 1]:self._offsets[c + 2]]))
 
 
+def _stream(trace, experts: np.ndarray, prefill_chunk: int) -> KeyStream:
+    """experts [T, L, K] (the trace's own or predicted ones) as the keys of the trace's calls: the simulator's call
+    stream, or for a drafted run (draft field) one call per forward span, verify calls of d + 1 tokens included."""
+    if trace.draft is None:
+        return call_stream(experts, trace.num_experts, trace.request, trace.turn, trace.phase,
+                           prefill_chunk).key_stream()
+    from freetoken.trace.stats import forward_spans
+
+    keys: list[int] = []
+    offsets = [0]
+    for lo, hi in forward_spans(trace, prefill_chunk):
+        for layer in range(trace.num_layers):
+            keys += predicted_keys(layer, experts[lo:hi, layer], trace.num_experts)
+            offsets.append(len(keys))
+    return KeyStream(np.asarray(keys, np.int64), np.asarray(offsets, np.int64))
+
+
 def _truth(trace, prefill_chunk: int) -> KeyStream:
-    return call_stream(trace.experts, trace.num_experts, trace.request, trace.turn, trace.phase,
-                       prefill_chunk).key_stream()
+    return _stream(trace, trace.experts, prefill_chunk)
 
 
 class RecordedHint(StreamHint):
@@ -89,9 +105,7 @@ class RecordedHint(StreamHint):
                              "for part of the run)")
         predicted = trace.hint.copy()
         predicted[:, 0] = trace.experts[:, 0]  # layer 0 is never predicted: a placeholder the calls never read
-        stream = call_stream(predicted, trace.num_experts, trace.request, trace.turn, trace.phase,
-                             prefill_chunk).key_stream()
-        super().__init__(_truth(trace, prefill_chunk), stream, trace.num_experts)
+        super().__init__(_truth(trace, prefill_chunk), _stream(trace, predicted, prefill_chunk), trace.num_experts)
 
 
 class MeasuredHint(StreamHint):

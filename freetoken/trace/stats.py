@@ -92,19 +92,25 @@ def draft_acceptance(trace: RoutingTrace) -> float:
     return accepted / (accepted + rejected) if accepted + rejected else float("nan")
 
 
-def verify_spans(trace: RoutingTrace) -> list[tuple[int, int]]:
-    """[lo, hi) token spans of the decode forwards of a drafted run: each decode token marked 0 with the drafted
-    tokens (1 / 2) after it, one verify call; [] without drafts."""
-    if trace.draft is None:
-        return []
-    starts = np.flatnonzero((trace.phase == 1) & (trace.draft == 0))
-    ends = np.append(starts[1:], trace.num_tokens)
-    # a span ends where the next plain token starts, or earlier where the request / turn / phase changes
-    out = []
-    for lo, hi in zip(starts.tolist(), ends.tolist()):
-        end = lo + 1
-        while end < hi and trace.draft[end] != 0 and trace.request[end] == trace.request[lo] \
-                and trace.turn[end] == trace.turn[lo]:
-            end += 1
-        out.append((lo, end))
+
+def forward_spans(trace: RoutingTrace, prefill_chunk: int) -> list[tuple[int, int]]:
+    """[lo, hi) token spans of the engine's forwards, in order: each run of one request / turn / phase in prefill
+    chunks of prefill_chunk tokens; in decode one token per forward, or with the draft field a verify call's tokens
+    (a token marked 0 and the drafted tokens 1 / 2 after it)."""
+    T = trace.num_tokens
+    draft = trace.draft if trace.draft is not None else np.zeros(T, np.int8)
+    out: list[tuple[int, int]] = []
+    lo = 0
+    while lo < T:
+        hi = lo + 1
+        same = lambda t: (trace.request[t] == trace.request[lo] and trace.turn[t] == trace.turn[lo]  # noqa: E731
+                          and trace.phase[t] == trace.phase[lo])
+        if trace.phase[lo] == 0:
+            while hi < T and hi - lo < prefill_chunk and same(hi):
+                hi += 1
+        else:
+            while hi < T and draft[hi] != 0 and same(hi):
+                hi += 1
+        out.append((lo, hi))
+        lo = hi
     return out

@@ -10,10 +10,11 @@ import pytest
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.engine.draft import DraftConfig, accepted_prefix, ngram_draft
 from freetoken.placement import DECODE, Split, make_call, make_policy
+from freetoken.placement.router_hint import RecordedHint
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.replay import replay
 from freetoken.trace import load, save
-from freetoken.trace.stats import draft_acceptance, verify_spans
+from freetoken.trace.stats import draft_acceptance, forward_spans
 
 from .conftest import PROMPT
 
@@ -93,27 +94,33 @@ def test_draft_needs_greedy(checkpoints):
         engine.generate(PROMPT, SamplingParams(temperature=0.7), max_tokens=4, draft=DraftConfig())
 
 
-def test_verify_calls_are_recorded_and_replay_to_the_live_plans(checkpoints, tmp_path):
+@pytest.mark.parametrize("policy", ["lru", "lookahead"])
+def test_verify_calls_are_recorded_and_replay_to_the_live_plans(policy, checkpoints, tmp_path):
     """The trace marks each verify call (a decode token 0 and its drafts 1 / 2); the calls rebuilt from it, the
-    prompt's prefill chunks then one call per verify group, replay to the live Plans; the recorded acceptance is
-    the engine's; accepted tokens route as in plain decoding."""
+    prompt's prefill chunks (the simulator's builder) then one call per verify span, replay to the live Plans (with
+    lookahead: the router hint over the verify call's d + 1 tokens, replayed from the trace); the recorded
+    acceptance is the engine's; accepted tokens route as in plain decoding."""
     split = Split("hybrid", bp=2.0, bh=1.0)
+    opts = {"hint": "router"} if policy == "lookahead" else {}
     want, got, plain, drafted = plain_and_drafted(checkpoints["qwen3_moe"], REPEATING, 3,
-                                                  CacheConfig("lru", capacity=5, split=split))
+                                                  CacheConfig(policy, capacity=5, split=split, options=opts))
     trace = load(save(drafted.trace(), tmp_path / "draft.safetensors"))
     assert draft_acceptance(trace) == pytest.approx(drafted.draft_stats.acceptance)
     assert (trace.draft[trace.phase == 0] == 0).all() and (trace.draft == 2).any()
     kept = trace.draft != 2  # the tokens plain decoding also processed
     np.testing.assert_array_equal(trace.experts[kept], plain.trace().experts)
-    prefill = trace.select(trace.phase == 0)
-    calls = list(trace_calls(prefill, 3))
-    spans = verify_spans(trace)
-    assert sum(hi - lo for lo, hi in spans) == int((trace.phase == DECODE).sum())
+    calls = list(trace_calls(trace.select(trace.phase == 0), 3))
+    spans = [(lo, hi) for lo, hi in forward_spans(trace, 3) if trace.phase[lo] == DECODE]
+    assert len(spans) == drafted.draft_stats.verify_steps and spans[-1][1] == trace.num_tokens
+    assert [int(trace.draft[lo]) for lo, _ in spans] == [0] * len(spans)
     for lo, hi in spans:
         calls += [make_call(l, trace.experts[lo:hi, l], DECODE) for l in range(trace.num_layers)]
-    sim = replay(calls, make_policy("lru", 5, trace.num_layers, trace.num_experts), split, keep_plans=True)
+    hint = {"hint": RecordedHint(trace, 3)} if policy == "lookahead" else {}
+    sim = replay(calls, make_policy(policy, 5, trace.num_layers, trace.num_experts, **hint), split, keep_plans=True)
     assert sim.plans == drafted.cache.plans
-    assert max(len(c.experts) for c in calls[len(list(trace_calls(prefill, 3))):]) > trace.top_k  # multi-token
+    assert max(hi - lo for lo, hi in spans) > 1  # multi-token verify calls
+    if policy == "lookahead":
+        assert drafted.counters.prefetched > 0
 
 
 def test_ft_generate_draft_flags(capsys, tmp_path):
