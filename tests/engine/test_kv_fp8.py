@@ -83,13 +83,13 @@ def test_fp8_kv_greedy_tokens_equal_fp32_kv(checkpoints):
     assert run(ckpt, "fp8")[1] == run(ckpt, "auto")[1]
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
-def test_triton_kernels_read_the_engine_fp8_cache_like_the_reference(family, checkpoints):
+def test_triton_kernels_read_the_engine_fp8_cache_like_the_reference(checkpoints):
     """The engine on the Triton kernels (interpreted) over an fp8 cache = the engine on the torch set over the same
-    cache, prefill and two decode steps (fp32 tolerance of test_hf_match: 1e-4 x max |logit|)."""
-    ckpt = checkpoints[family]
-    want, tokens = run(ckpt, "fp8", steps=2)
-    got, _ = run(ckpt, "fp8", tokens, steps=2, kernels="triton")
+    cache: gpt-oss (sinks; layer 0 slides), prefill and one decode step (fp32 tolerance of test_hf_match:
+    1e-4 x max |logit|)."""
+    ckpt = checkpoints["gpt_oss"]
+    want, tokens = run(ckpt, "fp8", steps=1)
+    got, _ = run(ckpt, "fp8", tokens, steps=1, kernels="triton")
     assert (got - want).abs().max().item() <= 1e-4 * want.abs().max().item()
 
 
