@@ -67,6 +67,7 @@ class ModelCard:
     expert_format: QuantFormat | None = None  # exact packed format of the routed experts; sets expert_bits
     expert_bias_params: int = 0  # per expert, stored beside its weights at dense_bits (gpt-oss: gate_up 2I + down D)
     state_bytes_per_sequence: int = 0  # linear-attention layers' conv + recurrent (fp32) states, any context length
+    kv_head_dim: int = 128  # values per cached head vector (one fp8 KV scale each): gpt-oss 64, an MLA latent 576
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_format, str):  # a YAML card names a format
@@ -74,7 +75,7 @@ class ModelCard:
         if self.expert_format is not None:
             object.__setattr__(self, "expert_bits", 8 * (self.expert_bytes() - self.bias_bytes()) / self.expert_params)
         require_positive(self, ("num_layers", "moe_layers", "num_experts", "top_k", "hidden_size",
-                                "expert_intermediate_size", "dense_params", "kv_bytes_per_token",
+                                "expert_intermediate_size", "dense_params", "kv_bytes_per_token", "kv_head_dim",
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
                                 "expert_matrices"))
         require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params",
@@ -135,6 +136,18 @@ class ModelCard:
         if expert is not None:
             return replace(card, expert_bits=QUANT_BITS[expert], expert_format=None)
         return card
+
+    def with_kv(self, kv_dtype: str) -> "ModelCard":
+        """The card with its KV cache stored as kv_dtype (freetoken.kv_dtype): auto / bf16 keep the 16-bit bytes;
+        fp8 is 1 byte per value plus a 4-byte scale per kv_head_dim values."""
+        from dataclasses import replace
+
+        from freetoken.kv_dtype import SCALE_BYTES, check_kv_dtype
+
+        if check_kv_dtype(kv_dtype, "kv_dtype") != "fp8":
+            return self
+        values = self.kv_bytes_per_token // 2
+        return replace(self, kv_bytes_per_token=-(-values * (self.kv_head_dim + SCALE_BYTES) // self.kv_head_dim))
 
     def bias_bytes(self) -> int:
         return int(round(self.expert_bias_params * self.dense_bits / 8))

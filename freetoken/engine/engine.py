@@ -19,7 +19,7 @@ import torch
 from freetoken.engine.cache import CacheConfig, ExpertCache
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
-from freetoken.kernels.kv_fp8 import check_kv_dtype
+from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from freetoken.kernels.kv_fp8 import SCALE_BYTES, check_kv_dtype, quantize_kv
+from freetoken.kernels.kv_fp8 import quantize_kv
+from freetoken.kv_dtype import SCALE_BYTES, check_kv_dtype
 
 
 class KVCache:

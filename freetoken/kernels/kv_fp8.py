@@ -1,4 +1,4 @@
-"""The FP8 KV cache format: e4m3 codes with one fp32 scale per (token, kv head).
+"""The FP8 KV cache format: e4m3 codes with one fp32 scale per (token, kv head) (its byte cost: freetoken/kv_dtype.py).
 
 Granularity: when a token's K (and V) are appended, each kv head's Dh values get scale = max|x| / 448 (448 = the
 largest finite e4m3), and codes = e4m3(x / scale) stored as their uint8 bits. Per (token, head) because a scale
@@ -15,15 +15,8 @@ from __future__ import annotations
 
 import torch
 
-KV_DTYPES = ("auto", "bf16", "fp8")  # auto: the model's dtype (the cache as it always was)
+
 E4M3_MAX = 448.0
-SCALE_BYTES = 4  # one fp32 scale per (token, kv head), for K and for V
-
-
-def check_kv_dtype(value: str, field: str = "--kv-dtype") -> str:
-    if value not in KV_DTYPES:
-        raise ValueError(f"{field}: {value!r} is not one of {', '.join(KV_DTYPES)}")
-    return value
 
 
 def quantize_kv(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,9 +32,3 @@ def dequantize_kv(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """codes [..., Dh] uint8, scale [...] fp32 -> fp32 [..., Dh]."""
     return codes.view(torch.float8_e4m3fn).float() * scale[..., None]
 
-
-def kv_bytes_per_token(kv_rows: int, head_dim: int, kv_dtype: str, itemsize: int) -> int:
-    """KV bytes one context token costs: kv_rows = (layers with KV) x kv heads, K and V each; itemsize: the model
-    dtype's, used by auto."""
-    per_row = {"auto": head_dim * itemsize, "bf16": head_dim * 2, "fp8": head_dim + SCALE_BYTES}[check_kv_dtype(kv_dtype)]
-    return 2 * kv_rows * per_row

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from freetoken.kernels import attention, attention_host, attention_ref
-from freetoken.kernels.kv_fp8 import E4M3_MAX, dequantize_kv, kv_bytes_per_token, quantize_kv
+from freetoken.kernels.kv_fp8 import E4M3_MAX, dequantize_kv, quantize_kv
+from freetoken.kv_dtype import kv_bytes_per_token
 from tests.kernels.tolerances import assert_close
 
 
