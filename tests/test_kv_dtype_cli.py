@@ -55,7 +55,7 @@ def test_bad_kv_dtype_is_a_one_line_error(command, capsys):
 
 
 def test_engine_config_validates_kv_dtype_once():
-    from experiments.specs import EngineSpec
+    from freetoken.experiments.specs import EngineSpec
     from freetoken.serve.config import ServeConfig
 
     assert EngineSpec("freetoken-offload", kv_dtype="fp8").engine().kv_dtype == "fp8"
