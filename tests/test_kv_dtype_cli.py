@@ -21,6 +21,21 @@ def test_card_fp8_kv_bytes_by_hand():
     assert qwen.with_kv("bf16").kv_bytes_per_token == qwen.with_kv("auto").kv_bytes_per_token == 98_304
 
 
+def test_predict_and_serve_count_a_checkpoint_kv_alike():
+    """The demo checkpoint (fp32, 2 layers x 2 kv heads x 16 dims): its card through ft predict's planner input and
+    the engine's own checkpoint_memory agree: 512 / 256 / 160 bytes per token for auto / bf16 / fp8."""
+    from freetoken.models.checkpoint import load_checkpoint
+    from freetoken.paths import DEMO_MODEL
+    from freetoken.serve.engine_backend import checkpoint_memory
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.planner import model_memory
+
+    card, ckpt = card_from_checkpoint(DEMO_MODEL), load_checkpoint(DEMO_MODEL)
+    for kv_dtype, want in (("auto", 512), ("bf16", 256), ("fp8", 2 * 2 * 2 * (16 + 4))):
+        assert model_memory(card.with_kv(kv_dtype)).kv_bytes_per_token == want
+        assert checkpoint_memory(ckpt, 64, kv_dtype).kv_bytes_per_token == want
+
+
 def test_fp8_kv_plan_fits_more_expert_slots_by_hand():
     """RTX 4060 laptop, 8 GiB: 8,589,934,592 - 1 GiB reserve - dense 2,460,000,000 - embedding 622,000,000 =
     4,434,192,768 bytes. bf16 KV floor 32,768 x 98,304 = 3,221,225,472 leaves 1,212,967,296 = 128 experts of
