@@ -117,3 +117,19 @@ def test_fp8_cache_pieces_round_trip_byte_for_byte(checkpoints):
 def test_bad_kv_dtype_is_one_line_naming_the_field(checkpoints):
     with pytest.raises(ValueError, match="^kv_dtype: 'fp4' is not one of auto, bf16, fp8$"):
         Engine(checkpoints["qwen3_moe"], kernels="reference", device="cpu", kv_dtype="fp4")
+
+
+def test_batched_decode_over_fp8_caches_equals_solo_decodes(checkpoints):
+    """decode_batch: each sequence's attention over its own fp8 cache, as a decode of that sequence alone."""
+    engine = Engine(checkpoints["qwen3_moe"], kernels="reference", device="cpu", kv_dtype="fp8", record=False)
+    prompts = [list(PROMPT), list(PROMPT[3:]) + [9, 9]]
+    solo = []
+    for prompt in prompts:
+        kv = engine.new_kv(32)
+        engine.prefill(prompt, kv)
+        solo.append(engine.decode(11, kv)[-1])
+    kvs = [engine.new_kv(32) for _ in prompts]
+    for prompt, kv in zip(prompts, kvs):
+        engine.prefill(prompt, kv)
+    batched = engine.decode_batch([11, 11], kvs)  # [B, V]
+    torch.testing.assert_close(batched, torch.stack(solo), rtol=1e-5, atol=1e-5)
