@@ -116,6 +116,10 @@ def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
     expert_bytes = 3 * s.I * s.D * eb
     scale = s.Dh**-0.5
     ffn_ref = _chunked(K.expert_ffn_ref, 16)
+    from freetoken.kernels.kv_fp8 import quantize_kv
+
+    (k8, ks), (v8, vs) = quantize_kv(kc), quantize_kv(vc)  # an FP8 KV cache: e4m3 codes + per (token, head) scales
+    fp8 = (None, None, ks, vs)  # attention(..., sinks, window, k_scale, v_scale)
     return [
         Case("rms_norm [T, D]", K.rms_norm, K.rms_norm_ref, (x, w_norm, 1e-6)),
         Case("rms_norm q/k [T*H, Dh]", K.rms_norm, K.rms_norm_ref,
@@ -125,6 +129,9 @@ def _cases(s: KernelShapes, device: str, dtype: torch.dtype) -> list[Case]:
         Case("attention prefill chunk at context", K.attention, K.attention_ref, (q, kc, vc, L, scale)),
         Case("attention decode at context", K.attention, K.attention_ref, (q[:1], kc, vc, L, scale),
              bytes_moved=2 * (L + 1) * s.Hkv * s.Dh * eb),
+        Case("attention prefill fp8 kv at context", K.attention, K.attention_ref, (q, k8, v8, L, scale, *fp8)),
+        Case("attention decode fp8 kv at context", K.attention, K.attention_ref, (q[:1], k8, v8, L, scale, *fp8),
+             bytes_moved=2 * (L + 1) * s.Hkv * (s.Dh + 4), baseline=(K.attention, (q[:1], kc, vc, L, scale))),
         Case("router_topk [T, E]", lambda *a: K.router_topk(*a)[0], lambda *a: K.router_topk_ref(*a)[0],
              (logits, s.K, True), tolerance=1e-3),
         Case("linear qkv decode", K.linear, K.linear_ref, (x[:1], w_qkv), bytes_moved=w_qkv.numel() * eb),

@@ -180,6 +180,7 @@ class EngineSpec:
     cuda_graphs: bool | None = None
     cpu_threads: int | None = None  # CPU-lane threads (KTransformers' cpu_infer)
     amx: bool | None = None  # KTransformers' AMX backend
+    kv_dtype: str | None = None  # KV cache storage: auto | bf16 | fp8 (freetoken.kv_dtype)
 
     def __post_init__(self) -> None:
         from freetoken.sim.engines import ENGINES
@@ -197,7 +198,7 @@ class EngineSpec:
 
         return with_settings(get_engine(self.name), prefill_chunk=self.prefill_chunk, gguf_type=self.gguf_type,
                              expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,
-                             cpu_threads=self.cpu_threads, amx=self.amx)
+                             cpu_threads=self.cpu_threads, amx=self.amx, kv_dtype=self.kv_dtype)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         dense_params=dense_b, embedding_params=embedding_b,
         kv_bytes_per_token=2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * int(bits) // 8,
         attention_layers=len(cfg.attention_layers), attention_width=cfg.num_heads * cfg.head_dim,
-        state_bytes_per_sequence=cfg.state_bytes(int(bits) // 8),
+        state_bytes_per_sequence=cfg.state_bytes(int(bits) // 8), kv_head_dim=cfg.head_dim, kv_bits=bits,
         expert_bits=bits, dense_bits=bits,
         total_params=dense_b + embedding_b + keys * expert_params / 1e9,
         active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,

@@ -38,6 +38,7 @@ class Engine:
     dispatch_us: float = 0.0  # the engine's own host work per launch, beyond the driver's (hardware launch_us)
     cpu_threads: int = 0  # CPU-lane threads; 0 = every core of the hardware profile
     amx: bool = False  # CPU-lane GEMMs on AMX tiles (KTransformers' AMX backend): hardware cpu_amx_tflops
+    kv_dtype: str = "auto"  # KV cache storage (freetoken.kv_dtype): fp8 halves its bytes, so more slots fit
     about: str = ""
 
     def __post_init__(self) -> None:
@@ -49,12 +50,16 @@ class Engine:
             raise ValueError(f"engine host_work {self.host_work!r} is not one of {', '.join(FLAVOURS)}")
         if self.cpu_threads < 0 or self.dispatch_us < 0:
             raise ValueError("engine cpu_threads and dispatch_us must be >= 0")
+        from freetoken.kv_dtype import check_kv_dtype
+
+        check_kv_dtype(self.kv_dtype, "kv_dtype")
 
     def settings(self) -> dict:
         """What a prediction assumed of this engine (anchor rows and `ft predict --json` state it)."""
         return {"prefill_chunk": self.prefill_chunk, "expert_format": self.expert_quant or "card",
                 "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
-                "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx}
+                "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx,
+                "kv_dtype": self.kv_dtype}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
@@ -111,7 +116,7 @@ GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8"
 
 def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type: str | None = None,
                   expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
-                  amx: bool | None = None) -> Engine:
+                  amx: bool | None = None, kv_dtype: str | None = None) -> Engine:
     """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
@@ -135,6 +140,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
         new["cpu_threads"] = cpu_threads
     if amx is not None:
         new["amx"] = amx
+    if kv_dtype is not None:
+        new["kv_dtype"] = kv_dtype  # checked by Engine
     return replace(engine, **new)
 
 

@@ -67,6 +67,8 @@ class ModelCard:
     expert_format: QuantFormat | None = None  # exact packed format of the routed experts; sets expert_bits
     expert_bias_params: int = 0  # per expert, stored beside its weights at dense_bits (gpt-oss: gate_up 2I + down D)
     state_bytes_per_sequence: int = 0  # linear-attention layers' conv + recurrent (fp32) states, any context length
+    kv_head_dim: int = 128  # values per cached head vector (one fp8 KV scale each): gpt-oss 64, an MLA latent 576
+    kv_bits: float = 16.0  # bits per cached value that kv_bytes_per_token counts, scales included (fp32 checkpoint: 32)
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_format, str):  # a YAML card names a format
@@ -74,7 +76,8 @@ class ModelCard:
         if self.expert_format is not None:
             object.__setattr__(self, "expert_bits", 8 * (self.expert_bytes() - self.bias_bytes()) / self.expert_params)
         require_positive(self, ("num_layers", "moe_layers", "num_experts", "top_k", "hidden_size",
-                                "expert_intermediate_size", "dense_params", "kv_bytes_per_token",
+                                "expert_intermediate_size", "dense_params", "kv_bytes_per_token", "kv_head_dim",
+                                "kv_bits",
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
                                 "expert_matrices"))
         require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params",
@@ -135,6 +138,20 @@ class ModelCard:
         if expert is not None:
             return replace(card, expert_bits=QUANT_BITS[expert], expert_format=None)
         return card
+
+    def with_kv(self, kv_dtype: str) -> "ModelCard":
+        """The card with its KV cache stored as kv_dtype (freetoken.kv_dtype): auto keeps the card's bytes, bf16 is
+        2 bytes per value, fp8 1 byte per value plus a 4-byte scale per kv_head_dim values."""
+        import math
+        from dataclasses import replace
+
+        from freetoken.kv_dtype import SCALE_BYTES, check_kv_dtype
+
+        if check_kv_dtype(kv_dtype, "kv_dtype") == "auto":
+            return self
+        values = self.kv_bytes_per_token * 8 / self.kv_bits
+        bits = 16.0 if kv_dtype == "bf16" else 8.0 * (self.kv_head_dim + SCALE_BYTES) / self.kv_head_dim
+        return replace(self, kv_bytes_per_token=math.ceil(round(values * bits / 8, 6)), kv_bits=bits)
 
     def bias_bytes(self) -> int:
         return int(round(self.expert_bias_params * self.dense_bits / 8))

@@ -115,7 +115,7 @@ def prepare(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, *, 
     the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them)."""
     engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
     engine_name = engine_name if isinstance(engine_name, str) else "custom"
-    card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype)
+    card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype).with_kv(engine.kv_dtype)
     hw = engine.hardware_for(hw)
     plan = plan_for(card, hw, min_context)
     if capacity is not None and not 0 <= capacity <= card.num_keys:
@@ -166,6 +166,7 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
                    "dense_bits": card.dense_bits, "bp_gb_s": hw.pcie_gb_s, "bh_gb_s": hw.host_gb_s,
                    "dram_gb_s": hw.dram_gb_s, "hbm_gb_s": hw.hbm_gb_s, "host": host,
                    "prefill_chunk": engine.prefill_chunk, "min_context": min_context,
+                   "kv_dtype": engine.kv_dtype, "kv_bytes_per_token": card.kv_bytes_per_token,
                    "n_cpu_layers": options.get("n_cpu_layers"), "trace": trace.model,
                    "engine_settings": engine.settings(), "launch_us": hw.launch_us, "sync_us": hw.sync_us,
                    "dispatch_us": engine.dispatch_us, "gemm_efficiency": hw.gemm_efficiency,

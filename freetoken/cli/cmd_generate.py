@@ -9,6 +9,7 @@ from pathlib import Path
 
 from freetoken.paths import DEMO_MODEL
 from freetoken.cli.common import add_cache_args, cache_config_from_args
+from freetoken.kv_dtype import KV_DTYPE_HELP, check_kv_dtype
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -37,6 +38,7 @@ def register(sub) -> None:
                         "interpret there); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
+    p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")
     p.add_argument("--draft", choices=["ngram"], help="speculative decoding with a model-free drafter (n-gram prompt "
                                                       "lookup; greedy only: the output is plain greedy's)")
@@ -77,8 +79,10 @@ def build_engine(args: argparse.Namespace):
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     if args.max_context is not None and args.max_context <= 0:
         raise ValueError(f"--max-context must be positive, got {args.max_context}")
+    check_kv_dtype(args.kv_dtype)
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
+<<<<<<< HEAD
                                   max_context=args.max_context, router_hint=True if args.router_hint else None)
 
 
@@ -98,6 +102,9 @@ def draft_config(args: argparse.Namespace):
     if args.draft_ngram < 1:
         raise ValueError(f"--draft-ngram must be >= 1, got {args.draft_ngram}")
     return DraftConfig(args.draft, depth=args.draft_depth, max_ngram=args.draft_ngram)
+=======
+                                  max_context=args.max_context, kv_dtype=args.kv_dtype)
+>>>>>>> w13a
 
 
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
@@ -141,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(note + "\n")
     if Path(args.model).resolve() == DEMO_MODEL.resolve():
         sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
-    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}\n")
+    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}; "
+                     f"KV cache: {args.kv_dtype}\n")
     sys.stderr.write(placement_line(engine.cache.policy) + "\n")
     tok = engine.tokenizer
     out: list[int] = []
@@ -170,8 +178,12 @@ def run(args: argparse.Namespace) -> int:
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
+<<<<<<< HEAD
                     "device": str(engine.device), "experts": store.format, "trace": args.record_trace,
                     **signals})
+=======
+                    "kv_dtype": args.kv_dtype, "device": str(engine.device), "experts": store.format, "trace": args.record_trace})
+>>>>>>> w13a
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")
     sys.stderr.write(("\r" if live else "") + _progress(engine, len(out)) + "\n")

@@ -6,6 +6,7 @@ import argparse
 from dataclasses import replace
 
 from freetoken.cli.common import LazyChoices, add_size_args, print_json, progress
+from freetoken.kv_dtype import KV_DTYPE_HELP, check_kv_dtype
 
 
 LATE_DEFAULTS = {  # flag -> (module, constant): read when the command runs, so building the parser stays light
@@ -62,6 +63,7 @@ def register(sub) -> None:
                                                                 "engine's: llama.cpp, ktransformers, resident on)")
     p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
     p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
+    p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
     p.add_argument("--draft-depth", type=int, help="speculative decoding / MTP: tokens drafted per step (sim.batch)")
     p.add_argument("--acceptance", type=float, help="speculative decoding: acceptance rate of a drafted token")
     p.add_argument("--batch", type=int, help="also decode this many synthetic sequences in lockstep (sim.batch)")
@@ -84,7 +86,8 @@ def engine_from_args(args: argparse.Namespace):
     graphs = None if args.cuda_graphs is None else args.cuda_graphs == "on"
     return with_settings(engine, prefill_chunk=args.prefill_chunk if args.ubatch is None else args.ubatch,
                          gguf_type=args.gguf_type, expert_format=args.expert_format, cuda_graphs=graphs,
-                         cpu_threads=args.cpu_threads, amx=True if args.amx else None)
+                         cpu_threads=args.cpu_threads, amx=True if args.amx else None,
+                         kv_dtype=check_kv_dtype(args.kv_dtype))
 
 
 def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> None:
@@ -200,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  capacity {pred.capacity_experts} of {pred.total_experts} experts "
           f"({pred.capacity_experts / pred.total_experts:.0%}), miss rate prefill {pred.miss_rate_prefill:.1%} "
           f"decode {pred.miss_rate_decode:.1%}")
+    print(f"  KV cache {args.kv_dtype}: {pred.inputs['kv_bytes_per_token']} bytes per token "
+          f"({args.kv_floor}-token floor before expert slots)")
     band = pred.band
     rng = (lambda m, f: f"  [{f.format(band[m][0])} .. {f.format(band[m][1])} over routing localities]"
            if band else "")

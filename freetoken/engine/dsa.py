@@ -38,8 +38,10 @@ class DSAKVCache(KVCache):
     """The MLA KV cache plus each indexer layer's keys index_k[l] [max_tokens, Di] and the picks of the last
     indexer layer run in the current forward ([T, topk] key positions, None while attention is dense)."""
 
-    def __init__(self, cfg: ModelConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str):
-        super().__init__(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, dtype, device)
+    def __init__(self, cfg: ModelConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str,
+                 kv_dtype: str = "auto"):
+        """kv_dtype: of the per-head K/V (the indexer keys stay in the model's dtype)."""
+        super().__init__(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, dtype, device, kv_dtype=kv_dtype)
         self.index_k = {l: torch.zeros((max_tokens, cfg.dsa.index_head_dim), dtype=dtype, device=device)
                         for l in cfg.dsa.indexer_layers}
         self.picks: torch.Tensor | None = None
@@ -82,10 +84,11 @@ def sparse_attention(ks: KernelSet, q: torch.Tensor, kv: KVCache, layer: int, st
                      picks: torch.Tensor | None, sm_scale: float) -> torch.Tensor:
     """q [T, H, Dc] -> [T, H, Dc]: each query over its picked keys (picks None: every earlier key)."""
     if picks is None:
-        return ks.attention(q, kv.k[layer], kv.v[layer], start_pos, sm_scale)
+        return ks.attention(q, kv.k[layer], kv.v[layer], start_pos, sm_scale, **kv.scales(layer))
     out = []
     for t in range(q.shape[0]):
         sel = picks[t][picks[t] <= start_pos + t]  # [n] the query's visible picks
         k, v = kv.k[layer][sel].contiguous(), kv.v[layer][sel].contiguous()  # [n, H, Dc]
-        out.append(ks.attention(q[t:t + 1].contiguous(), k, v, sel.numel() - 1, sm_scale))  # sees all n
+        scales = {name: s[sel].contiguous() for name, s in kv.scales(layer).items()}  # fp8: [n, H] each
+        out.append(ks.attention(q[t:t + 1].contiguous(), k, v, sel.numel() - 1, sm_scale, **scales))  # sees all n
     return torch.cat(out)

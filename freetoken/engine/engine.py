@@ -20,6 +20,7 @@ from freetoken.engine.cache import CacheConfig, ExpertCache
 from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngram_draft
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
+from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
@@ -57,10 +58,12 @@ class Engine:
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  prefill_chunk: int | None = None, max_context: int | None = None,
                  keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None,
-                 router_hint: bool | None = None):
+                 router_hint: bool | None = None, kv_dtype: str = "auto"):
         """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both).
         router_hint: run the early router (layer l + 1's on layer l's hidden state) and record its predictions in
-        the trace; None: on when the policy takes it live (option hint="router")."""
+        the trace; None: on when the policy takes it live (option hint="router").
+        kv_dtype: the KV cache's storage, auto (the model's dtype), bf16 or fp8 (e4m3 + scales)."""
+        self.kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
         cache = cache or CacheConfig(fraction=1.0)
         if prefill_chunk is not None and prefill_chunk != cache.prefill_chunk:
             cache = replace(cache, prefill_chunk=prefill_chunk)  # validated again, the field named
@@ -93,7 +96,7 @@ class Engine:
 
     # model calls
     def new_kv(self, max_tokens: int | None = None) -> KVCache:
-        return self.decoder.new_kv(max_tokens or self.max_context)
+        return self.decoder.new_kv(max_tokens or self.max_context, self.kv_dtype)
 
     def route(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """MoE layer `layer`'s router on normed hidden h [T, D] -> (weights [T, K] fp32, ids [T, K] int32). h is cast

@@ -14,10 +14,12 @@ from freetoken.models.config import ModelConfig
 
 
 class HybridKV(KVCache):
-    def __init__(self, cfg: ModelConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, cfg: ModelConfig, max_tokens: int, dtype: torch.dtype, device: torch.device | str,
+                 kv_dtype: str = "auto"):
+        """kv_dtype: of the full-attention layers' K/V (the conv and recurrent states keep theirs)."""
         la = cfg.linear_attention
         super().__init__(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, dtype, device,
-                         kv_layers=cfg.attention_layers)
+                         kv_layers=cfg.attention_layers, kv_dtype=kv_dtype)
         self.conv = {l: torch.zeros((la.conv_dim, la.conv_kernel - 1), dtype=dtype, device=device) for l in la.layers}
         self.state = {l: torch.zeros((la.num_v_heads, la.k_head_dim, la.v_head_dim), dtype=torch.float32,
                                      device=device) for l in la.layers}

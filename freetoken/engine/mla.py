@@ -84,7 +84,7 @@ def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h:
     v = torch.nn.functional.pad(kv_b[..., N:], (0, Dc - V))  # [T, H, Dc]
     kv.write(layer, start_pos, k, v)
     if cfg.dsa is None:
-        o = ks.attention(q.contiguous(), kv.k[layer], kv.v[layer], start_pos, sm_scale)  # [T, H, Dc]
+        o = ks.attention(q.contiguous(), kv.k[layer], kv.v[layer], start_pos, sm_scale, **kv.scales(layer))
     else:  # sparse: this layer's indexer picks, or the last indexer layer's
         if w.indexer is not None:
             kv.picks = index_picks(ks, cfg, w.indexer, layer, h, q_in, kv, start_pos, positions, rope)

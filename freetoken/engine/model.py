@@ -132,13 +132,15 @@ class Decoder:
         self.rotary_dim = rotary_dim
         self.norm_kw = {"round_normed": False} if cfg.norm_unit_offset else {}  # HF's (1 + w) norm rounds once
 
-    def new_kv(self, max_tokens: int) -> KVCache:
+    def new_kv(self, max_tokens: int, kv_dtype: str = "auto") -> KVCache:
+        """kv_dtype: auto (the model's dtype), bf16 or fp8 (freetoken/kernels/kv_fp8.py)."""
         cfg = self.cfg
         if cfg.dsa is not None:
-            return DSAKVCache(cfg, max_tokens, self.dtype, self.device)
+            return DSAKVCache(cfg, max_tokens, self.dtype, self.device, kv_dtype)
         if cfg.linear_attention is not None:
-            return HybridKV(cfg, max_tokens, self.dtype, self.device)
-        return KVCache(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+            return HybridKV(cfg, max_tokens, self.dtype, self.device, kv_dtype)
+        return KVCache(cfg.num_layers, max_tokens, cfg.num_kv_heads, cfg.head_dim, self.dtype, self.device,
+                       kv_dtype=kv_dtype)
 
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, moe: MoEFn,
                 all_logits: bool = False) -> torch.Tensor:
@@ -242,7 +244,7 @@ class Decoder:
         """Writes k, v [T, Hkv, Dh] at start_pos, then attention of q [T, H, Dh] over the cache -> [T, H, Dh]."""
         kv.write(l, start_pos, k, v)
         return self.kernels.attention(q.contiguous(), kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks,
-                                      window=lw.window)
+                                      window=lw.window, **kv.scales(l))
 
     def _out(self, lw: LayerWeights, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """o [T, H, Dh] -> the output projection [T, D] (gated by sigmoid(h @ out_gate) where the model has one)."""

@@ -1,7 +1,9 @@
 """GQA decode attention (one query) over a contiguous KV cache, split-K: partial softmaxes per key split, then a merge.
 
 A sliding window is a narrower cache view (the last `window` keys); sinks (a per-head logit in the softmax
-denominator, value 0) join in the merge (SINKS flag).
+denominator, value 0) join in the merge (SINKS flag). FP8_KV: the cache holds e4m3 codes (uint8) with one fp32 scale
+per (token, kv head) (kv_fp8.py); codes are decoded in registers, the K scale multiplies the scores, the V scale the
+probabilities (p v = (p * s_v) codes).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import triton
 import triton.language as tl
 
 from freetoken.kernels.dot import mma
+from freetoken.kernels.packed_tiles import e4m3_bits_to_fp32
 
 LOG2E = 1.4426950408889634
 TARGET_PROGRAMS = 256  # enough (kv head, split) programs to keep every SM of a large GPU streaming the cache
@@ -19,13 +22,14 @@ TARGET_PROGRAMS = 256  # enough (kv head, split) programs to keep every SM of a 
 @triton.jit(do_not_specialize=["L", "SPLIT_LEN"])  # change every decode step: compile once
 def _attention_decode_split_kernel(
     # Pointers
-    q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr,
+    q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr, k_scale_ptr, v_scale_ptr,
     # Dimensions
     L, Dh, GROUP, SPLIT_LEN, qk_scale,
     # Strides
-    stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ph, stride_ps, stride_lh,
+    stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ph, stride_ps, stride_lh, stride_scs,
     # Meta-parameters
-    DOT_FP32: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_FP32: tl.constexpr, FP8_KV: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Program (kv head, split): all GROUP query heads of the kv head against keys [split * SPLIT_LEN, +SPLIT_LEN)."""
     kvh = tl.program_id(0)
@@ -45,16 +49,26 @@ def _attention_decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < hi
         k = tl.load(k_ptr + offs_n[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
-                    mask=nmask[None, :] & (offs_d[:, None] < Dh), other=0.0)  # [BD, BN]
-        s = mma(q, k, tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
+                    mask=nmask[None, :] & (offs_d[:, None] < Dh), other=0)  # [BD, BN]
+        if FP8_KV:
+            k = e4m3_bits_to_fp32(k.to(tl.int32)).to(q.dtype)  # exact: e4m3 values fit bf16 / fp16
+            k_scale = tl.load(k_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
+            s = mma(q, k, tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32), DOT_FP32) * (k_scale * qk_scale)[None, :]
+        else:
+            s = mma(q, k, tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
         s = tl.where(nmask[None, :], s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every split holds at least one key
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + offs_n[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-                    mask=nmask[:, None] & (offs_d[None, :] < Dh), other=0.0)  # [BN, BD]
-        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
+                    mask=nmask[:, None] & (offs_d[None, :] < Dh), other=0)  # [BN, BD]
+        if FP8_KV:
+            v = e4m3_bits_to_fp32(v.to(tl.int32)).to(q.dtype)
+            v_scale = tl.load(v_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
+            acc = mma((p * v_scale[None, :]).to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
+        else:
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
         m_i = m_new
     tl.store(part_out_ptr + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
              acc / l_i[:, None], mask=q_mask)
@@ -118,11 +132,16 @@ def merge_block(num_kv_heads: int) -> int:
 def attention_decode(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
     out: torch.Tensor, dot_fp32: bool, sinks: torch.Tensor | None = None, window: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch only; `attention` checks the arguments (q [1, H, Dh]) and allocates `out`."""
+    """Launch only; `attention` checks the arguments (q [1, H, Dh]; fp8: k_scale / v_scale [S_max, Hkv]) and
+    allocates `out`."""
+    fp8 = k_scale is not None
     if window is not None and start_pos + 1 > window:  # the last `window` keys: a view starting past the rest
         lo = start_pos + 1 - window
         k_cache, v_cache, start_pos = k_cache[lo:], v_cache[lo:], window - 1
+        if fp8:
+            k_scale, v_scale = k_scale[lo:], v_scale[lo:]
     _, H, Dh = q.shape
     Hkv = k_cache.shape[1]
     group = H // Hkv
@@ -133,11 +152,11 @@ def attention_decode(
     part_out = torch.empty((H, num_splits, Dh), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((H, num_splits), dtype=torch.float32, device=q.device)
     _attention_decode_split_kernel[(Hkv, num_splits)](
-        q, k_cache, v_cache, part_out, part_lse,
+        q, k_cache, v_cache, part_out, part_lse, k_scale if fp8 else part_lse, v_scale if fp8 else part_lse,
         L, Dh, group, split_len, sm_scale * LOG2E,
         q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        part_out.stride(0), part_out.stride(1), part_lse.stride(0),
-        DOT_FP32=dot_fp32, BLOCK_G=max(triton.next_power_of_2(group), 16), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        part_out.stride(0), part_out.stride(1), part_lse.stride(0), k_scale.stride(0) if fp8 else 0,
+        DOT_FP32=dot_fp32, FP8_KV=fp8, BLOCK_G=max(triton.next_power_of_2(group), 16), BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         num_warps=4, num_stages=2,
     )
     _attention_decode_merge_kernel[(H,)](

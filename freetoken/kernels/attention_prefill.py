@@ -1,7 +1,9 @@
 """Causal GQA flash attention for prefill chunks: T queries at positions start_pos.. over a contiguous KV cache.
 
 Options (constexpr flags, off by default): SINKS, a learned per-head logit joining each row's softmax denominator
-(gpt-oss); SLIDING, query p sees keys (p - window, p] only.
+(gpt-oss); SLIDING, query p sees keys (p - window, p] only; FP8_KV, the cache holds e4m3 codes (uint8) with one
+fp32 scale per (token, kv head) (kv_fp8.py), decoded in registers, the scales folded into scores (K) and
+probabilities (V), as in attention_decode.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import triton
 import triton.language as tl
 
 from freetoken.kernels.dot import mma
+from freetoken.kernels.packed_tiles import e4m3_bits_to_fp32
 
 LOG2E = 1.4426950408889634
 
@@ -18,13 +21,13 @@ LOG2E = 1.4426950408889634
 @triton.jit(do_not_specialize=["T", "start_pos"])  # both change every call: compile once
 def _attention_prefill_kernel(
     # Pointers
-    q_ptr, k_ptr, v_ptr, out_ptr, sinks_ptr,
+    q_ptr, k_ptr, v_ptr, out_ptr, sinks_ptr, k_scale_ptr, v_scale_ptr,
     # Dimensions
     T, start_pos, Dh, GROUP, qk_scale, window,
     # Strides
-    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_scs,
     # Meta-parameters
-    DOT_FP32: tl.constexpr, SINKS: tl.constexpr, SLIDING: tl.constexpr,
+    DOT_FP32: tl.constexpr, SINKS: tl.constexpr, SLIDING: tl.constexpr, FP8_KV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """Program (query block, head): online softmax (base 2) over keys [0, start_pos + last query of the block]
@@ -56,8 +59,13 @@ def _attention_prefill_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
         k = tl.load(k_ptr + offs_n[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
-                    mask=nmask[None, :] & dmask[:, None], other=0.0)  # [BD, BN]
-        s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
+                    mask=nmask[None, :] & dmask[:, None], other=0)  # [BD, BN]
+        if FP8_KV:
+            k = e4m3_bits_to_fp32(k.to(tl.int32)).to(q.dtype)  # exact: e4m3 values fit bf16 / fp16
+            k_scale = tl.load(k_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
+            s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_FP32) * (k_scale * qk_scale)[None, :]
+        else:
+            s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
         if SLIDING:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
@@ -69,8 +77,13 @@ def _attention_prefill_kernel(
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + offs_n[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-                    mask=nmask[:, None] & dmask[None, :], other=0.0)  # [BN, BD]
-        acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
+                    mask=nmask[:, None] & dmask[None, :], other=0)  # [BN, BD]
+        if FP8_KV:
+            v = e4m3_bits_to_fp32(v.to(tl.int32)).to(q.dtype)
+            v_scale = tl.load(v_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
+            acc = mma((p * v_scale[None, :]).to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
+        else:
+            acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
         m_i = m_new
     if SLIDING and not SINKS:  # padding rows past T may have seen no key: 0 / 1, not 0 / 0 (never stored)
         l_i = tl.where(l_i == 0.0, 1.0, l_i)
@@ -82,8 +95,11 @@ def _attention_prefill_kernel(
 def attention_prefill(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
     out: torch.Tensor, dot_fp32: bool, sinks: torch.Tensor | None = None, window: int | None = None,
+    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Launch only; `attention` checks the arguments and allocates `out` [T, H, Dh]."""
+    """Launch only; `attention` checks the arguments (fp8: k_scale / v_scale [S_max, Hkv]) and allocates
+    `out` [T, H, Dh]."""
+    fp8 = k_scale is not None
     T, H, Dh = q.shape
     Hkv = k_cache.shape[1]
     BLOCK_D = max(triton.next_power_of_2(Dh), 16)
@@ -91,11 +107,11 @@ def attention_prefill(
     BLOCK_N = 64 if BLOCK_D <= 128 else 32
     grid = (triton.cdiv(T, BLOCK_M), H)
     _attention_prefill_kernel[grid](
-        q, k_cache, v_cache, out, q if sinks is None else sinks,
+        q, k_cache, v_cache, out, q if sinks is None else sinks, k_scale if fp8 else q, v_scale if fp8 else q,
         T, start_pos, Dh, H // Hkv, sm_scale * LOG2E, 0 if window is None else int(window),
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1),
-        DOT_FP32=dot_fp32, SINKS=sinks is not None, SLIDING=window is not None, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
+        v_cache.stride(0), v_cache.stride(1), out.stride(0), out.stride(1), k_scale.stride(0) if fp8 else 0,
+        DOT_FP32=dot_fp32, SINKS=sinks is not None, SLIDING=window is not None, FP8_KV=fp8, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D,
         num_warps=4 if BLOCK_M <= 16 else 8, num_stages=2,
     )
     return out

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from freetoken.kernels.attention import attention_ref
+from freetoken.kernels.attention import attention_ref, visible_kv
 from freetoken.kernels.expert_ffn import glu_ref
 from freetoken.kernels.expert_ffn_quant import check_packed_experts
 from freetoken.quant.packed import PackedWeight
@@ -82,18 +82,19 @@ def expert_ffn_quant_host(
 
 def attention_host(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
-    sinks: torch.Tensor | None = None, window: int | None = None,
+    sinks: torch.Tensor | None = None, window: int | None = None, k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """attention's contract through torch's scaled_dot_product_attention (fp32, GQA without repeating kv heads);
-    sinks and sliding windows go to attention_ref, which spells them out."""
+    sinks and sliding windows go to attention_ref, which spells them out. An FP8 cache is dequantized first."""
     if sinks is not None or window is not None:
-        return attention_ref(q, k_cache, v_cache, start_pos, sm_scale, sinks, window)
+        return attention_ref(q, k_cache, v_cache, start_pos, sm_scale, sinks, window, k_scale, v_scale)
     # T = queries, H = heads, Hkv = kv heads, L = visible positions, Dh = head dim
     T, H, Dh = q.shape
     L = start_pos + T
     qh = q.float().transpose(0, 1)  # [H, T, Dh]
-    k = k_cache[:L].float().transpose(0, 1)  # [Hkv, L, Dh]
-    v = v_cache[:L].float().transpose(0, 1)
+    k, v = visible_kv(k_cache, v_cache, L, k_scale, v_scale)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, L, Dh]
     mask = None
     if T > 1:  # query t sees positions <= start_pos + t
         mask = torch.arange(L, device=q.device)[None, :] <= (start_pos + torch.arange(T, device=q.device))[:, None]

@@ -27,6 +27,7 @@ class ServeConfig:
     device_budget_gb: float | None = None  # CPU machines (and overrides): the "device" memory to plan against
     prefix_cache_tokens: int | None = None  # None: the planned KV tokens
     max_context: int | None = None  # None: the model's own
+    kv_dtype: str = "auto"  # KV cache storage: auto (the model's dtype) | bf16 | fp8 (engine backend)
     policy: str = "lru"  # expert placement policy of the engine's cache
     policy_options: dict = field(default_factory=dict)  # its constructor options (n_cpu_layers, scope, decay, ...)
     profile: str | None = None  # frequency: trace file whose counts pick the pinned experts
@@ -71,6 +72,12 @@ class ServeConfig:
                                  f"{', '.join(table)}")
         if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < 0:
             raise ValueError(f"--prefix-cache-tokens must be >= 0, got {self.prefix_cache_tokens}")
+        from freetoken.kv_dtype import check_kv_dtype
+
+        check_kv_dtype(self.kv_dtype)
+        if self.backend == "hf" and self.kv_dtype != "auto":
+            raise ValueError(f"--kv-dtype {self.kv_dtype} applies to the engine backend (the hf backend keeps "
+                             f"transformers' cache)")
         from freetoken.calibrate.mode import SPLIT_MODES
         from freetoken.placement import POLICIES, cache_config
 

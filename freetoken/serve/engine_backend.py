@@ -1,7 +1,7 @@
 """The live engine behind the server: checkpoint -> memory plan -> expert cache of the planned size -> Engine.
 
 Each request runs in its own KVCache; the prefix cache keeps [L, 2, T, Hkv, Dh] copies of finished sequences'
-KV on the engine's device, counted against the plan's KV tokens.
+KV as stored (an fp8 cache's codes with their scales) on the engine's device, counted against the plan's KV tokens.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class EngineSequence:
     def load(self, pieces: list, tokens: list[int]) -> None:
         kv = torch.cat(pieces, dim=2)  # [L, 2, T, Hkv, Dh]
         for layer in range(kv.shape[0]):
-            self.kv.write(layer, 0, kv[layer, 0], kv[layer, 1])
+            self.kv.load(layer, 0, kv[layer])
         self.kv.commit(0, tokens)
 
     def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
@@ -55,18 +55,20 @@ class EngineSequence:
 
     def read(self, start: int, stop: int) -> torch.Tensor:
         kv = self.kv
-        return torch.stack([torch.stack([kv.k[l][start:stop], kv.v[l][start:stop]])
-                            for l in range(len(kv.k))]).clone()  # [L, 2, T, Hkv, Dh]
+        return torch.stack([kv.read(l, start, stop) for l in range(len(kv.k))]).clone()  # [L, 2, T, Hkv, Dh]
 
 
-def checkpoint_memory(ckpt, max_context: int) -> ModelMemory:
-    """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache."""
+def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMemory:
+    """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache; KV bytes
+    as the cache stores them (kv_dtype)."""
     from freetoken.engine.slots import ExpertStore
+    from freetoken.kv_dtype import kv_bytes_per_token
 
     cfg = ckpt.config
     dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
-    kv_per_token = 2 * len(cfg.attention_layers) * cfg.num_kv_heads * cfg.head_dim * store.dtype.itemsize
+    kv_rows = len(cfg.attention_layers) * cfg.num_kv_heads
+    kv_per_token = kv_bytes_per_token(kv_rows, cfg.head_dim, kv_dtype, store.dtype.itemsize)
     kv_per_token += cfg.index_key_values() * store.dtype.itemsize  # DSA's indexer keys live beside the KV
     expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
@@ -81,7 +83,7 @@ def expert_format(ckpt) -> str:
 
 
 class EngineBackend:
-    def __init__(self, model_dir: Path, model_id: str, max_context: int | None = None):
+    def __init__(self, model_dir: Path, model_id: str, max_context: int | None = None, kv_dtype: str = "auto"):
         from freetoken.models.checkpoint import load_checkpoint
         from freetoken.models.tokenizer import load_tokenizer
 
@@ -94,6 +96,7 @@ class EngineBackend:
         self.model_id = model_id
         cfg = self.ckpt.config
         self.max_context = max_context or min(cfg.max_position_embeddings, 32768)
+        self.kv_dtype = kv_dtype
         self.expert_format = expert_format(self.ckpt)
         self.engine = None
         self.prefix_cache: PrefixCache | None = None
@@ -102,7 +105,7 @@ class EngineBackend:
         self.cache_note = ""
 
     def model_memory(self) -> ModelMemory:
-        return checkpoint_memory(self.ckpt, self.max_context)
+        return checkpoint_memory(self.ckpt, self.max_context, self.kv_dtype)
 
     def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
                  split_mode: str = "auto", kernels: str | None = None, options: dict | None = None,
@@ -132,9 +135,10 @@ class EngineBackend:
             slots = asked
         cache = cache_config(SERVE_NAMES, policy=policy, options=options or {}, profile=profile, capacity=slots,
                              split=resolved.split, staging=staging)
-        self.cache_note = f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging"
+        self.cache_note = (f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging; "
+                           f"KV cache {self.kv_dtype}")
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
-                             tokenizer=self.tokenizer)
+                             tokenizer=self.tokenizer, kv_dtype=self.kv_dtype)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if not tokens:
             self.prefix_cache = None

@@ -20,7 +20,7 @@ from freetoken.serve.prefix_cache import Snapshots
 
 @dataclass(frozen=True, slots=True)
 class HybridPiece:
-    kv: torch.Tensor  # [attention layers, 2, T, Hkv, Dh]
+    kv: torch.Tensor  # [attention layers, 2, T, Hkv, Dh] as stored (fp8: uint8, Dh + 4 with the scales)
     states: tuple[dict, dict] | None  # (conv, recurrent) per DeltaNet layer after the piece's last token, if kept
 
     @property
@@ -51,7 +51,7 @@ class HybridSequence(EngineSequence):
     def load(self, pieces: list[HybridPiece], tokens: list[int]) -> None:
         kv = torch.cat([p.kv for p in pieces], dim=2)  # [La, 2, T, Hkv, Dh]
         for i, layer in enumerate(self.layers):
-            self.kv.write(layer, 0, kv[i, 0], kv[i, 1])
+            self.kv.load(layer, 0, kv[i])
         self.kv.commit(0, tokens)
         self.kv.load_states(*pieces[-1].states)
 
@@ -70,5 +70,5 @@ class HybridSequence(EngineSequence):
 
     def read(self, start: int, stop: int) -> HybridPiece:
         kv = self.kv
-        piece = torch.stack([torch.stack([kv.k[l][start:stop], kv.v[l][start:stop]]) for l in self.layers]).clone()
+        piece = torch.stack([kv.read(l, start, stop) for l in self.layers]).clone()
         return HybridPiece(piece, kv.states_at(stop))

@@ -50,7 +50,7 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     else:
         from freetoken.serve.engine_backend import EngineBackend
 
-        backend = EngineBackend(model_dir, model_id, max_context=cfg.max_context)
+        backend = EngineBackend(model_dir, model_id, max_context=cfg.max_context, kv_dtype=cfg.kv_dtype)
         for note in backend.ckpt.notes:
             log(note)
         memory = backend.model_memory()

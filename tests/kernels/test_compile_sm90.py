@@ -51,16 +51,22 @@ def _variants():
             out.append((f"linear {bm}x{bn_used}x{bk}", _linear_kernel, dict(x_ptr=P, w_ptr=P, bias_ptr=P, out_ptr=P),
                         dict(HAS_BIAS=False, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=bn_used, BLOCK_K=bk, GROUP_M=8),
                         warps, stages))
+    kv_scales = dict(k_scale_ptr=F, v_scale_ptr=F)
     for bm, warps in ((16, 4), (64, 8)):
-        for sinks, sliding in ((False, False), (True, True)):  # plain; gpt-oss (sinks, sliding window)
-            out.append((f"attention prefill BM={bm}" + (" sinks sliding" if sinks else ""), _attention_prefill_kernel,
-                        dict(q_ptr=P, k_ptr=P, v_ptr=P, out_ptr=P, sinks_ptr=F, qk_scale="fp32"),
-                        dict(DOT_FP32=False, SINKS=sinks, SLIDING=sliding, BLOCK_M=bm, BLOCK_N=64, BLOCK_D=128),
-                        warps, 2))
+        for sinks, sliding, fp8 in ((False, False, False), (True, True, False), (False, False, True)):
+            # plain; gpt-oss (sinks, sliding window); an FP8 KV cache (uint8 e4m3 codes + fp32 scales)
+            kv = "*u8" if fp8 else P
+            out.append((f"attention prefill BM={bm}" + (" sinks sliding" if sinks else "") + (" fp8 kv" if fp8 else ""),
+                        _attention_prefill_kernel,
+                        dict(q_ptr=P, k_ptr=kv, v_ptr=kv, out_ptr=P, sinks_ptr=F, qk_scale="fp32", **kv_scales),
+                        dict(DOT_FP32=False, SINKS=sinks, SLIDING=sliding, FP8_KV=fp8, BLOCK_M=bm, BLOCK_N=64,
+                             BLOCK_D=128), warps, 2))
+    for fp8 in (False, True):
+        kv = "*u8" if fp8 else P
+        out.append(("attention decode split" + (" fp8 kv" if fp8 else ""), _attention_decode_split_kernel,
+                    dict(q_ptr=P, k_ptr=kv, v_ptr=kv, part_out_ptr=F, part_lse_ptr=F, qk_scale="fp32", **kv_scales),
+                    dict(DOT_FP32=False, FP8_KV=fp8, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128), 4, 2))
     out += [
-        ("attention decode split", _attention_decode_split_kernel,
-         dict(q_ptr=P, k_ptr=P, v_ptr=P, part_out_ptr=F, part_lse_ptr=F, qk_scale="fp32"),
-         dict(DOT_FP32=False, BLOCK_G=16, BLOCK_N=64, BLOCK_D=128), 4, 2),
         ("attention decode merge", _attention_decode_merge_kernel,
          dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P, sinks_ptr=F), dict(SINKS=False, BLOCK_S=64, BLOCK_D=128), 4, 1),
         ("attention decode merge sinks", _attention_decode_merge_kernel,

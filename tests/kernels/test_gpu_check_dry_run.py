@@ -21,7 +21,8 @@ def _module():
 def test_dry_run_checks_every_kernel(capsys):
     results = _module().check_kernels(dry_run=True)
     names = [r.name for r in results]
-    for kernel in ("rms_norm", "apply_rope", "attention prefill", "attention decode", "router_topk", "linear",
+    for kernel in ("rms_norm", "apply_rope", "attention prefill", "attention decode", "attention prefill fp8 kv",
+                   "attention decode fp8 kv", "router_topk", "linear",
                    "expert_ffn decode", "expert_ffn prefill", "expert_ffn_quant", "causal_conv1d prefill",
                    "causal_conv1d_update", "gated_delta_chunk", "gated_delta_step", "rms_norm_gated"):
         assert any(n.startswith(kernel) for n in names), kernel
