@@ -11,7 +11,8 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
 flows through sim.lanes.share (DRAM bandwidth split between them), `host="independent"` lets each run at its cap.
-GPU rates are achieved ones: datasheet x the hardware's gemm_efficiency (FLOPs) and gemv_efficiency (bytes).
+GPU rates are achieved ones: datasheet x the hardware's gemm_efficiency (FLOPs) and gemv_efficiency (bytes); the
+experts' grouped GEMMs (hits, fetched) run at datasheet x moe_gemm_efficiency.
 Host work (sim.overhead.HostWork, optional): the launches before the router bound the dense part from below, the
 host syncs it charges follow it (the routing ids reach the host), the launches after bound the GPU lanes.
 """
@@ -102,6 +103,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     S, P, Lm = card.expert_bytes(), card.expert_params, card.moe_layers
     hbm, bp, bh = hw.achieved_hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
     rate, cpu_rate = hw.achieved_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
+    moe_rate = hw.moe_tflops(card.compute_dtype) * 1e12  # the experts' grouped GEMMs
     dram = hw.dram_gb_s * 1e9 if options.host == "shared" else math.inf
     latency = hw.cpu_lane_latency_us * 1e-6
     pcie_latency = hw.pcie_call_latency_us * 1e-6
@@ -114,8 +116,8 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     kv_bytes = card.kv_bytes_per_token / Lm * seqs * (ctx + m)
     dense_flops = 2 * card.dense_params * 1e9 / Lm * n + 4 * card.attention_width * n * (ctx + (m + 1) / 2) * attn_share
     t_dense = roofline(card.dense_bytes() / Lm + kv_bytes, dense_flops, hbm, rate)  # [N]
-    t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, rate)
-    t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, rate)
+    t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, moe_rate)
+    t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, moe_rate)
     pcie_bytes = ((log.fetched + log.prefetched) * S).astype(np.float64)
     cpu_bytes = (log.cpu * S).astype(np.float64)
     t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)

@@ -224,3 +224,16 @@ def test_achieved_rates_divide_the_datasheet_by_the_efficiency():
     t = seconds([dict(phase=0, hits=1, hit_tokens=1000)], [1000], hw=hw)[0]
     dense_flops = 2 * 0.003e9 * 1000 + 4 * 1 * 1000 * (0 + 1001 / 2)
     assert t == pytest.approx(max(2 * (1 * MS + 1000 * KV_NS), dense_flops / 0.25e12) + 24 * MS, rel=1e-9)
+
+
+def test_expert_gemms_run_at_the_moe_gemm_efficiency():
+    # the experts' grouped GEMMs at datasheet x moe_gemm_efficiency, the dense part still at gemm_efficiency
+    hw = toy_hw(gemv_efficiency=0.5, gemm_efficiency=0.25, moe_gemm_efficiency=0.1)
+    t = seconds([dict(phase=0, hits=1, hit_tokens=1000)], [1000], hw=hw)[0]
+    dense_flops = 2 * 0.003e9 * 1000 + 4 * 1 * 1000 * (0 + 1001 / 2)
+    # 1000 tokens through one expert = 6 GFLOP at 1 TFLOP/s x 0.1 = 60 ms
+    assert t == pytest.approx(max(2 * (1 * MS + 1000 * KV_NS), dense_flops / 0.25e12) + 60 * MS, rel=1e-9)
+    # a profile that does not give it (0) charges the experts as a large GEMM; out of [0, 1] is refused
+    assert toy_hw(gemm_efficiency=0.25).moe_tflops("bf16") == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="moe_gemm_efficiency"):
+        toy_hw(moe_gemm_efficiency=1.5)
