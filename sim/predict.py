@@ -171,6 +171,7 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
                    "dispatch_us": engine.dispatch_us, "gemm_efficiency": hw.gemm_efficiency,
                    "gemv_efficiency": hw.gemv_efficiency,
                    "moe_gemm_efficiency": hw.moe_gemm_efficiency or hw.gemm_efficiency,
+                   "attention_efficiency": hw.attention_efficiency or hw.gemm_efficiency,
                    "host_work_per_decode_token": _per_token(work, result.log, measured)}
     return pred
 

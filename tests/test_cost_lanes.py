@@ -237,3 +237,15 @@ def test_expert_gemms_run_at_the_moe_gemm_efficiency():
     assert toy_hw(gemm_efficiency=0.25).moe_tflops("bf16") == pytest.approx(0.25)
     with pytest.raises(ValueError, match="moe_gemm_efficiency"):
         toy_hw(moe_gemm_efficiency=1.5)
+
+
+def test_attention_flops_run_at_the_attention_efficiency():
+    # a 1000-token chunk at context 5000: GEMM FLOPs at gemm_efficiency, QK^T and PV at attention_efficiency, in turn
+    hw = toy_hw(gemm_efficiency=0.25, attention_efficiency=0.5)
+    gemm_flops = 2 * 0.003e9 * 1000
+    attn_flops = 4 * 1000 * 1000 * (5000 + 1001 / 2)  # attention width 1000: 22.002 GFLOP, 44.004 ms at 0.5 TFLOP/s
+    t = charge(log_of(dict(phase=0)), meta_of([1000], [5000]), toy_card(attention_width=1000), hw,
+               CostOptions(host="independent")).seconds
+    assert t[0] == pytest.approx(max(1 * MS + 6000 * KV_NS, gemm_flops / 0.25e12 + attn_flops / 0.5e12), rel=1e-9)
+    assert t[0] == pytest.approx(24 * MS + 44.004 * MS, rel=1e-9)
+    assert toy_hw(gemm_efficiency=0.25).attention_tflops("bf16") == pytest.approx(0.25)  # not given: as a GEMM
