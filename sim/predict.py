@@ -177,11 +177,17 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
 
 
 def layer_shape(card: ModelCard) -> LayerShape:
-    """A card's layer as freetoken runs it: q/k norms (Qwen3 families), a gated shared expert when it has one."""
+    """A card's layer as freetoken runs it: q/k norms (Qwen3 families), a gated shared expert when it has one; a
+    hybrid card (linear-attention state, fewer attention than decoder layers) as Qwen3-Next / Qwen3.5 lay it out:
+    full attention, with an output gate, in every (num_layers / attention_layers)-th layer, Gated DeltaNet in the
+    others (taken over the MoE layer indices)."""
     shared, packed = card.shared_experts > 0, card.expert_format is not None
     tensors = (6 if packed else 2) + (2 if card.expert_bias_params else 0)  # packed: weights + scales per matrix
+    hybrid = card.state_bytes_per_sequence > 0 and 0 < card.attention_layers < card.num_layers
+    every = card.num_layers // card.attention_layers if hybrid else 0
+    linear = tuple(l for l in range(card.moe_layers) if (l + 1) % every) if hybrid else ()
     return LayerShape(qk_norm=True, shared_expert=shared, shared_gate=shared, packed=packed,
-                      tensors_per_expert=tensors)
+                      tensors_per_expert=tensors, linear_layers=linear, out_gate=hybrid)
 
 
 def _per_token(work, log, measured) -> dict[str, float]:
