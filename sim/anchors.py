@@ -78,7 +78,7 @@ _FT_DECODE = ("not the routing locality: a published Qwen3.5-122B-A10B decode ru
               "that cache, which the pinned (0.34) and Granite (0.41) localities give and the Mixtral (0.21) and "
               "uniform (0.17) ones, the only ones that reach the published value, do not (sim/locality_evidence.py, "
               "the table below). At the localities the run allows the cell is 60-63 tok/s: the ~8 ms per token "
-              "(~170 us per layer) still missing is FreeToken 0.1.2's own decode work, charged here from this "
+              "(~160 us per layer) still missing is FreeToken 0.1.2's own decode work, charged here from this "
               "engine's code path (launches, syncs, kernel floors); a profile of FreeToken 0.1.2's decode step is "
               "the missing input.",
               None)
