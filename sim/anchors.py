@@ -127,7 +127,7 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
 PINS: dict[tuple[str, str], float] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "decode_tok_s"): 0.30,
     ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 0.50,
-    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.55,
+    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.50,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.30,
     ("ryzen / FreeToken offload", "decode_tok_s"): 0.55,
     ("ryzen / FreeToken offload", "prefill_tok_s"): 0.15,

@@ -249,3 +249,9 @@ def test_attention_flops_run_at_the_attention_efficiency():
     assert t[0] == pytest.approx(max(1 * MS + 6000 * KV_NS, gemm_flops / 0.25e12 + attn_flops / 0.5e12), rel=1e-9)
     assert t[0] == pytest.approx(24 * MS + 44.004 * MS, rel=1e-9)
     assert toy_hw(gemm_efficiency=0.25).attention_tflops("bf16") == pytest.approx(0.25)  # not given: as a GEMM
+
+
+def test_linear_attention_states_are_read_and_written_once_per_call():
+    # a hybrid card's states (3 MB a sequence over its one layer): a decode call reads and writes them, 6 MB at 3 GB/s
+    t = seconds([dict(hits=1, hit_tokens=1)], [1], card=toy_card(state_bytes_per_sequence=3_000_000))[0]
+    assert t == pytest.approx(DENSE + 2 * MS + 1 * MS, rel=1e-9)
