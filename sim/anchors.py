@@ -48,9 +48,12 @@ _LLAMA = "GGUF Q4_K_M (assumed: the run's type is not published), ubatch 512 (ll
 # (machine, engine column, mode column) of the seed table -> Row
 CELLS: dict[tuple[str, str, str], Row] = {
     ("ultra7", "vLLM", "fully resident (AutoRound int4)"): Row(
-        "rtxpro6000-ultra7", "resident", 32768, {},
-        "vLLM: every expert in VRAM at int4 (4.25 bpw), dense 16 bit, decode as full CUDA graphs, 2048-token "
-        "prefill chunks"),
+        "rtxpro6000-ultra7", "resident", 32768, {"prefill_chunk": 8192},
+        "vLLM: every expert in VRAM at int4 (4.25 bpw), dense 16 bit, decode as full CUDA graphs, 8192-token "
+        "prefill chunks (vLLM's default max_num_batched_tokens for the API server on a GPU of >= 70 GiB: vLLM PR "
+        "#12369, ROCm/vllm PR #954), the experts' W4A16 GEMMs at the class's MoE GEMM rate (35% of datasheet: "
+        "vLLM's Marlin MoE kernel, FlagGems PR #3609), attention at FlashInfer's fa2 rate on this GPU at head dim "
+        "256 (42%, FlashInfer PR #3576)"),
     ("ryzen", "FreeToken", "hybrid"): Row(
         "rtx5090-ryzen", "freetoken-hybrid", 36864, {},
         "FreeToken: 2048-token chunks (this engine's default; the run's is not published), paper split rule, "
@@ -70,18 +73,24 @@ CELLS: dict[tuple[str, str, str], Row] = {
         f"llama.cpp --cpu-moe: {_LLAMA}, no CUDA graphs (Pascal)"),
 }
 
-_FT_DECODE = ("routing locality of Qwen3.5 in decode is unknown and decides the cell: the pinned prediction routes "
-              "with DeepSeek-V2-Lite's fitted locality (81% decode hits); the band spans the published value (no "
-              "locality, uniform routing, comes out below it). Launches, syncs and kernel floors are charged from "
-              "this engine's code path, not FreeToken 0.1.2's. A recorded Qwen3.5 decode trace is the missing input.",
+_FT_DECODE = ("not the routing locality: a published Qwen3.5-122B-A10B decode run with a hot-expert cache (44 slots per "
+              "layer, re-pinned every 60 tokens: 15.65 -> 22.67 tok/s) needs a decode hit rate of at least 0.31 for "
+              "that cache, which the pinned (0.34) and Granite (0.41) localities give and the Mixtral (0.21) and "
+              "uniform (0.17) ones, the only ones that reach the published value, do not (sim/locality_evidence.py, "
+              "the table below). At the localities the run allows the cell is 60-63 tok/s: the ~8 ms per token "
+              "(~160 us per layer) still missing is FreeToken 0.1.2's own decode work, charged here from this "
+              "engine's code path (launches, syncs, kernel floors); a profile of FreeToken 0.1.2's decode step is "
+              "the missing input.",
               None)
 # (row label, metric) -> (why it misses the target, optional (variant name, with_settings overrides))
 NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): (
-        "compute-bound at 80% of the datasheet tensor rate (the GEMM efficiency measured for large bf16 GEMMs on "
-        "an H200, the class default); vLLM's W4A16 MoE GEMMs over ~2048 x 8 / 256 = 64 tokens per expert and the "
-        "linear-attention kernels reach far less (the published figure implies ~30% of peak). A measured "
-        "grouped int4 MoE GEMM rate for this GPU is the missing input.", ("8192-token chunks", {"prefill_chunk": 8192})),
+        "compute-bound: dense GEMMs at 80% of the datasheet tensor rate (an H200's large bf16 GEMM, the class "
+        "default), the experts' grouped W4A16 GEMMs at 35% (vLLM's Marlin MoE kernel on an H20, FlagGems PR "
+        "#3609), attention at 42% (FlashInfer fa2 on this GPU at head dim 256, PR #3576): +133% before those two "
+        "rates. Not charged: the 36 Gated DeltaNet layers' chunked delta-rule kernels (a chain of latency-bound "
+        "Triton kernels in vLLM), vLLM's per-step host work. Their measured time on this GPU is the missing input.",
+        ("2048-token chunks", {"prefill_chunk": 2048})),
     ("ryzen / FreeToken hybrid", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken offload", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): (
@@ -93,8 +102,14 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
         "BH = 63.6 GB/s is FreeToken's CPU lane (ft bench bw); llama.cpp's Q4_K CPU kernels were not measured on "
         "this box and the GGUF type is assumed.", ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"): (
-        "llama.cpp's ubatch was not published: at its default 512 every ubatch copies all 70 GB of Q4_K_M experts "
-        "over PCIe, which caps prefill near 400 tok/s at 56 GB/s; -ub 1024 halves the copies per token.",
+        "llama.cpp's ubatch was not published, and the published figure rules out its default: each ubatch of "
+        ">= 32 tokens uploads every used expert of every layer (ggml sched; PR #15346 copies only the used ones, "
+        "which at 512 tokens x top-8 of 256 is all of them), not overlapped with compute (issue #25859, PR #28414), "
+        "so prefill <= ubatch x BP / expert bytes = 512 x 56 GB/s / 70.3 GB = 408 tok/s at Q4_K_M (465 at IQ4_XS) "
+        "against the published 806: the run used -ub >= 1024 (long-prompt -cmoe runs set it: -ub 1024 in PR "
+        "#15346's thread, 3072 in the hot-experts run of sim/locality_evidence.py). Not set from this cell: the "
+        "xeon rows, at the same -ub 1024, would come out +39% unless their uploads ran from pageable mmap'd "
+        "memory (issue #25859: a bounce buffer, ~half the pinned rate), which is not published either.",
         ("-ub 1024", {"prefill_chunk": 1024})),
     ("xeon / llama.cpp cpu-moe + MTP", "decode_tok_s"): (
         "the MTP acceptance of the run is not published (0.85 assumed from DeepSeek-V3's report).",
@@ -111,8 +126,8 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
 # 5 points, plus 5. Not an accuracy claim: TARGET is (tests/test_anchor_accuracy.py).
 PINS: dict[tuple[str, str], float] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "decode_tok_s"): 0.30,
-    ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 1.40,
-    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.55,
+    ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 0.50,
+    ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.50,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.30,
     ("ryzen / FreeToken offload", "decode_tok_s"): 0.55,
     ("ryzen / FreeToken offload", "prefill_tok_s"): 0.15,
@@ -293,7 +308,8 @@ def _pct(value: float, published: float) -> str:
     return f"{value:.1f} ({value / published - 1:+.0%})"
 
 
-def render(cells: list[Cell]) -> str:
+def render(cells: list[Cell], evidence: dict[str, float] | None = None) -> str:
+    """evidence: sim.locality_evidence.evidence's hot-cache hit rate per locality (a section of its own)."""
     out = [
         "# Anchors: predictions beside the published figures",
         "",
@@ -301,8 +317,10 @@ def render(cells: list[Cell]) -> str:
         f"synthetic trace of its shape (the review's prompt length, {DECODE_TOKENS} decode tokens) measured on a warm",
         f"server (a warm-up request of {DECODE_TOKENS} decode steps first), host DRAM shared by PCIe and the CPU lane.",
         "Inputs are physical (conf/model, conf/hardware, sim/engines.py, per-layer launches / syncs / kernel floors",
-        "from sim/overhead.py, achieved GPU rates); nothing is fitted per cell or per engine. Each row names the engine",
-        "settings it assumes (`settings`, sim/anchors.py CELLS).",
+        "from sim/overhead.py, achieved GPU rates of large GEMMs, grouped MoE GEMMs and attention, each sourced in",
+        "conf/hardware); nothing is fitted per cell or per engine. Each row names the engine settings it assumes",
+        "(`settings`, sim/anchors.py CELLS). The section after the table shows which routing localities a published",
+        "Qwen3.5-122B-A10B decode run allows (sim/locality_evidence.py).",
         "",
         f"Accuracy goal: within {TARGET:.0%} of the published value (tests/test_anchor_accuracy.py asserts it; the cells",
         "that miss are listed there as expected failures, with the reason below). `pin` is a regression pin, not an",
@@ -328,6 +346,10 @@ def render(cells: list[Cell]) -> str:
     spanned = sum(c.band is not None and c.band[0] <= c.published <= c.band[1] for c in cells)
     out += ["", f"{inside} of {len(cells)} cells within {TARGET:.0%}; the band holds the published value in "
             f"{spanned} of {len(cells)}.", ""]
+    if evidence:
+        from freetoken.sim.locality_evidence import render_section
+
+        out += render_section(evidence)
     return "\n".join(out)
 
 
@@ -341,7 +363,10 @@ def write_atomic(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     out = Path(argv[0]) if argv else REPO_ROOT / "docs" / "anchors.md"
-    text = render(predict_cells(extra=True))
+    from freetoken.sim.locality_evidence import evidence
+    from freetoken.sim.model_card import load_model_card
+
+    text = render(predict_cells(extra=True), evidence(load_model_card(MODEL)))
     write_atomic(out, text)
     print(text)
     return 0

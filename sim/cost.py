@@ -1,7 +1,8 @@
 """The cost model: seconds for every MoE-layer call of a replay, from physical inputs only.
 
 Per call (one layer of one prefill chunk or one decode token), with S = bytes per expert, P = params per expert:
-    dense   attention + dense weights + KV reads of the layer: roofline(bytes / HBM, FLOPs / GPU rate)
+    dense   attention + dense weights + KV reads of the layer (+ a hybrid model's linear-attention states, read and
+            written once per call): max(bytes / HBM, GEMM FLOPs / GPU rate + attention FLOPs / attention rate)
     hits    resident experts: roofline(hits * S / HBM, 2 P hit_tokens / GPU rate)
     pcie    (fetched + prefetched) * S over BP, plus the fetch lane's fixed latency (the routing ids reach the host
             and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute
@@ -11,7 +12,9 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
 flows through sim.lanes.share (DRAM bandwidth split between them), `host="independent"` lets each run at its cap.
-GPU rates are achieved ones: datasheet x the hardware's gemm_efficiency (FLOPs) and gemv_efficiency (bytes).
+GPU rates are achieved ones: datasheet x the hardware's gemm_efficiency (FLOPs) and gemv_efficiency (bytes); the
+experts' grouped GEMMs (hits, fetched) run at datasheet x moe_gemm_efficiency, attention's FLOPs at datasheet x
+attention_efficiency (each falls back to gemm_efficiency where a profile does not give it).
 Host work (sim.overhead.HostWork, optional): the launches before the router bound the dense part from below, the
 host syncs it charges follow it (the routing ids reach the host), the launches after bound the GPU lanes.
 """
@@ -102,6 +105,8 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     S, P, Lm = card.expert_bytes(), card.expert_params, card.moe_layers
     hbm, bp, bh = hw.achieved_hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
     rate, cpu_rate = hw.achieved_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
+    moe_rate = hw.moe_tflops(card.compute_dtype) * 1e12  # the experts' grouped GEMMs
+    attn_rate = hw.attention_tflops(card.compute_dtype) * 1e12  # flash attention over the context
     dram = hw.dram_gb_s * 1e9 if options.host == "shared" else math.inf
     latency = hw.cpu_lane_latency_us * 1e-6
     pcie_latency = hw.pcie_call_latency_us * 1e-6
@@ -112,10 +117,13 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     # dense: weights of one layer's share, KV of each sequence's context read once per call, attention FLOPs
     attn_share = card.attention_layers / Lm
     kv_bytes = card.kv_bytes_per_token / Lm * seqs * (ctx + m)
-    dense_flops = 2 * card.dense_params * 1e9 / Lm * n + 4 * card.attention_width * n * (ctx + (m + 1) / 2) * attn_share
-    t_dense = roofline(card.dense_bytes() / Lm + kv_bytes, dense_flops, hbm, rate)  # [N]
-    t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, rate)
-    t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, rate)
+    gemm_flops = 2 * card.dense_params * 1e9 / Lm * n
+    attn_flops = 4 * card.attention_width * n * (ctx + (m + 1) / 2) * attn_share
+    state_bytes = 2 * card.state_bytes_per_sequence / Lm * seqs  # linear-attention states: read, then written back
+    t_dense = np.maximum((card.dense_bytes() / Lm + kv_bytes + state_bytes) / hbm,
+                         gemm_flops / rate + attn_flops / attn_rate)  # [N]
+    t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, moe_rate)
+    t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, moe_rate)
     pcie_bytes = ((log.fetched + log.prefetched) * S).astype(np.float64)
     cpu_bytes = (log.cpu * S).astype(np.float64)
     t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)

@@ -15,7 +15,8 @@ from freetoken.sim.config_file import build, read_mapping, require_positive, res
 
 HARDWARE_DIR = CONF_DIR / "hardware"
 GIB = 1 << 30
-CHARGE_FREE = ("launch_us", "sync_us", "kernel_floor_us", "gemm_efficiency", "gemv_efficiency", "cpu_cores", "cpu_amx_tflops")  # at their defaults: no source needed
+CHARGE_FREE = ("launch_us", "sync_us", "kernel_floor_us", "gemm_efficiency", "gemv_efficiency", "moe_gemm_efficiency",
+               "attention_efficiency", "cpu_cores", "cpu_amx_tflops")  # at their defaults: no source needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ class HardwareProfile:
     kernel_floor_us: float = 0.0  # GPU time of a kernel beyond its bytes / FLOPs (start, ramp-up, tail)
     gemm_efficiency: float = 1.0  # achieved / datasheet tensor rate of a large GEMM (compute-bound prefill)
     gemv_efficiency: float = 1.0  # achieved / datasheet memory bandwidth of a weight-streaming kernel (decode)
+    moe_gemm_efficiency: float = 0.0  # achieved / datasheet rate of the experts' grouped low-bit GEMMs (0: gemm's)
+    attention_efficiency: float = 0.0  # achieved / datasheet rate of flash-attention prefill (0: gemm's)
     cpu_cores: int = 0  # cores cpu_tflops is quoted for (0 = not given: a thread count cannot be applied)
     cpu_amx_tflops: float = 0.0  # CPU expert-GEMM rate on AMX tiles (0 = no AMX)
 
@@ -58,6 +61,10 @@ class HardwareProfile:
         for name in ("gemm_efficiency", "gemv_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"field '{name}' must lie in (0, 1], got {getattr(self, name)}")
+        for name in ("moe_gemm_efficiency", "attention_efficiency"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"field '{name}' must lie in [0, 1] (0: as gemm_efficiency), got "
+                                 f"{getattr(self, name)}")
         numeric = [f.name for f in fields(self) if f.type in ("float", "int") and f.name != "num_gpus"
                    and not (f.name in CHARGE_FREE and getattr(self, f.name) == f.default)]
         missing = [n for n in numeric if n not in self.sources]
@@ -87,6 +94,17 @@ class HardwareProfile:
     def achieved_tflops(self, dtype: str) -> float:
         """The tensor rate a large GEMM reaches: the datasheet rate x gemm_efficiency."""
         return self.gpu_tflops(dtype) * self.gemm_efficiency
+
+    def moe_tflops(self, dtype: str) -> float:
+        """The tensor rate the experts' grouped GEMMs reach: tens of tokens per expert, low-bit weights dequantized
+        in the kernel: the datasheet rate x moe_gemm_efficiency (compute-bound expert lanes in prefill); a profile
+        that does not give it charges them as a large GEMM (gemm_efficiency)."""
+        return self.gpu_tflops(dtype) * (self.moe_gemm_efficiency or self.gemm_efficiency)
+
+    def attention_tflops(self, dtype: str) -> float:
+        """The rate attention's FLOPs (QK^T and PV over the context) reach in a flash-attention kernel: the datasheet
+        rate x attention_efficiency; a profile that does not give it charges them as a large GEMM."""
+        return self.gpu_tflops(dtype) * (self.attention_efficiency or self.gemm_efficiency)
 
     @property
     def achieved_hbm_gb_s(self) -> float:

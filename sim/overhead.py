@@ -44,6 +44,9 @@ GRAPH_KERNELS_PER_LAYER = 20
 # and the two KV writes; after it the MoE residual add, one add per extra expert_ffn group or CPU lane result, and
 # a shared expert's slot / scale tensors and residual add. Counted by hand (not by the engine's counters).
 GLUE_PRE, GLUE_POST, GLUE_SHARED, GLUE_DENSE_LAYER, GLUE_STEP = 3, 1, 3, 6, 2
+# a Gated DeltaNet layer (freetoken/engine/gated_deltanet.py) before the router: sigmoid(b), a.float(), + dt_bias,
+# softplus, * -exp(A_log), the residual add (no KV writes); an attention output gate adds sigmoid and the product
+GLUE_PRE_LINEAR, GLUE_OUT_GATE = 6, 2
 FLAVOURS = ("freetoken", "llamacpp", "graph")
 
 
@@ -57,6 +60,8 @@ class LayerShape:
     packed: bool = False  # packed experts run expert_ffn_quant
     tensors_per_expert: int = 2  # host -> slot copies per expert (bf16: gate_up, down; packed: every tensor of
     #                              gate, up, down; + 2 with biases), freetoken/engine/slots.py SlotPool.load
+    linear_layers: tuple[int, ...] = ()  # MoE layers whose token mixer is Gated DeltaNet (Qwen3-Next / Qwen3.5)
+    out_gate: bool = False  # attention output *= sigmoid(h @ out_gate): one more linear (Qwen3-Next / Qwen3.5)
 
 
 @dataclass(slots=True)
@@ -80,11 +85,19 @@ class HostWork:
                 "copies": int(self.copies.sum())}
 
 
-def attention_launches(shape: LayerShape, decode: np.ndarray) -> np.ndarray:
-    """input rms_norm, q/k/v, q/k norms, two ropes, attention, o projection, post-attention rms_norm."""
+def attention_launches(shape: LayerShape, decode: np.ndarray, linear: np.ndarray | None = None) -> np.ndarray:
+    """input rms_norm, q/k/v, q/k norms, two ropes, attention, (output gate,) o projection, post-attention rms_norm;
+    where `linear` [N]: a Gated DeltaNet layer instead: input rms_norm, the qkv / b / a / z / out linears, the causal
+    conv, the gated delta rule, the gated rms_norm, post-attention rms_norm."""
     k = KERNEL_LAUNCHES
-    base = 2 * k["rms_norm"] + 4 * k["linear"] + 2 * k["apply_rope"] + (2 * k["rms_norm"] if shape.qk_norm else 0)
-    return base + np.where(decode, k["attention_decode"], k["attention_prefill"])
+    base = 2 * k["rms_norm"] + (4 + shape.out_gate) * k["linear"] + 2 * k["apply_rope"] + (
+        2 * k["rms_norm"] if shape.qk_norm else 0)
+    attn = base + np.where(decode, k["attention_decode"], k["attention_prefill"])
+    if linear is None or not linear.any():
+        return attn
+    delta = 2 * k["rms_norm"] + 5 * k["linear"] + k["rms_norm_gated"] + np.where(
+        decode, k["causal_conv1d_update"] + k["gated_delta_step"], k["causal_conv1d"] + k["gated_delta_chunk"])
+    return np.where(linear, delta, attn)
 
 
 def ffn_calls(log, pipeline: bool) -> np.ndarray:
@@ -111,17 +124,20 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     calls = ffn_calls(log, pipeline)
     ffn = k["expert_ffn_quant"] if shape.packed else k["expert_ffn"]
     shared = (k["expert_ffn"] + (k["linear"] if shape.shared_gate else 0)) if shape.shared_expert else 0
-    attn = attention_launches(shape, decode)
+    linear = np.isin(log.layer, shape.linear_layers)
+    attn = attention_launches(shape, decode, linear)
     moe_layers = int(log.layer.max()) + 1 if N else 1
     dense_layers = num_layers - moe_layers
-    step = first * (dense_layers * (attn + k["expert_ffn"]) + k["rms_norm"] + k["linear"])  # final norm, lm_head
+    dense_attn = attention_launches(shape, decode)  # dense layers counted as full-attention ones
+    step = first * (dense_layers * (dense_attn + k["expert_ffn"]) + k["rms_norm"] + k["linear"])  # norm, lm_head
     pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
     post = calls * ffn + shared + step
     cpu = (log.cpu > 0).astype(np.int64)
     launches = pre + post
     glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
         dense_layers * GLUE_DENSE_LAYER + GLUE_STEP)
-    pre, post = pre + GLUE_PRE, post + glue_post
+    glue_pre = np.where(linear, GLUE_PRE_LINEAR, GLUE_PRE + GLUE_OUT_GATE * shape.out_gate)
+    pre, post = pre + glue_pre, post + glue_post
     pre_kernels, post_kernels = pre, post
     experts = shape.tensors_per_expert * (log.fetched + log.prefetched)
     syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations

@@ -171,16 +171,24 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
                    "engine_settings": engine.settings(), "launch_us": hw.launch_us, "sync_us": hw.sync_us,
                    "dispatch_us": engine.dispatch_us, "gemm_efficiency": hw.gemm_efficiency,
                    "gemv_efficiency": hw.gemv_efficiency,
+                   "moe_gemm_efficiency": hw.moe_gemm_efficiency or hw.gemm_efficiency,
+                   "attention_efficiency": hw.attention_efficiency or hw.gemm_efficiency,
                    "host_work_per_decode_token": _per_token(work, result.log, measured)}
     return pred
 
 
 def layer_shape(card: ModelCard) -> LayerShape:
-    """A card's layer as freetoken runs it: q/k norms (Qwen3 families), a gated shared expert when it has one."""
+    """A card's layer as freetoken runs it: q/k norms (Qwen3 families), a gated shared expert when it has one; a
+    hybrid card (linear-attention state, fewer attention than decoder layers) as Qwen3-Next / Qwen3.5 lay it out:
+    full attention, with an output gate, in every (num_layers / attention_layers)-th layer, Gated DeltaNet in the
+    others (taken over the MoE layer indices)."""
     shared, packed = card.shared_experts > 0, card.expert_format is not None
     tensors = (6 if packed else 2) + (2 if card.expert_bias_params else 0)  # packed: weights + scales per matrix
+    hybrid = card.state_bytes_per_sequence > 0 and 0 < card.attention_layers < card.num_layers
+    every = card.num_layers // card.attention_layers if hybrid else 0
+    linear = tuple(l for l in range(card.moe_layers) if (l + 1) % every) if hybrid else ()
     return LayerShape(qk_norm=True, shared_expert=shared, shared_gate=shared, packed=packed,
-                      tensors_per_expert=tensors)
+                      tensors_per_expert=tensors, linear_layers=linear, out_gate=hybrid)
 
 
 def _per_token(work, log, measured) -> dict[str, float]:

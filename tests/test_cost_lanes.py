@@ -224,3 +224,34 @@ def test_achieved_rates_divide_the_datasheet_by_the_efficiency():
     t = seconds([dict(phase=0, hits=1, hit_tokens=1000)], [1000], hw=hw)[0]
     dense_flops = 2 * 0.003e9 * 1000 + 4 * 1 * 1000 * (0 + 1001 / 2)
     assert t == pytest.approx(max(2 * (1 * MS + 1000 * KV_NS), dense_flops / 0.25e12) + 24 * MS, rel=1e-9)
+
+
+def test_expert_gemms_run_at_the_moe_gemm_efficiency():
+    # the experts' grouped GEMMs at datasheet x moe_gemm_efficiency, the dense part still at gemm_efficiency
+    hw = toy_hw(gemv_efficiency=0.5, gemm_efficiency=0.25, moe_gemm_efficiency=0.1)
+    t = seconds([dict(phase=0, hits=1, hit_tokens=1000)], [1000], hw=hw)[0]
+    dense_flops = 2 * 0.003e9 * 1000 + 4 * 1 * 1000 * (0 + 1001 / 2)
+    # 1000 tokens through one expert = 6 GFLOP at 1 TFLOP/s x 0.1 = 60 ms
+    assert t == pytest.approx(max(2 * (1 * MS + 1000 * KV_NS), dense_flops / 0.25e12) + 60 * MS, rel=1e-9)
+    # a profile that does not give it (0) charges the experts as a large GEMM; out of [0, 1] is refused
+    assert toy_hw(gemm_efficiency=0.25).moe_tflops("bf16") == pytest.approx(0.25)
+    with pytest.raises(ValueError, match="moe_gemm_efficiency"):
+        toy_hw(moe_gemm_efficiency=1.5)
+
+
+def test_attention_flops_run_at_the_attention_efficiency():
+    # a 1000-token chunk at context 5000: GEMM FLOPs at gemm_efficiency, QK^T and PV at attention_efficiency, in turn
+    hw = toy_hw(gemm_efficiency=0.25, attention_efficiency=0.5)
+    gemm_flops = 2 * 0.003e9 * 1000
+    attn_flops = 4 * 1000 * 1000 * (5000 + 1001 / 2)  # attention width 1000: 22.002 GFLOP, 44.004 ms at 0.5 TFLOP/s
+    t = charge(log_of(dict(phase=0)), meta_of([1000], [5000]), toy_card(attention_width=1000), hw,
+               CostOptions(host="independent")).seconds
+    assert t[0] == pytest.approx(max(1 * MS + 6000 * KV_NS, gemm_flops / 0.25e12 + attn_flops / 0.5e12), rel=1e-9)
+    assert t[0] == pytest.approx(24 * MS + 44.004 * MS, rel=1e-9)
+    assert toy_hw(gemm_efficiency=0.25).attention_tflops("bf16") == pytest.approx(0.25)  # not given: as a GEMM
+
+
+def test_linear_attention_states_are_read_and_written_once_per_call():
+    # a hybrid card's states (3 MB a sequence over its one layer): a decode call reads and writes them, 6 MB at 3 GB/s
+    t = seconds([dict(hits=1, hit_tokens=1)], [1], card=toy_card(state_bytes_per_sequence=3_000_000))[0]
+    assert t == pytest.approx(DENSE + 2 * MS + 1 * MS, rel=1e-9)

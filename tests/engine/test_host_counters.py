@@ -22,9 +22,12 @@ SPLITS = {"offload": Split("offload", admit_prefill=False), "hybrid": Split("hyb
 
 def shape_of(engine: Engine) -> LayerShape:
     cfg = engine.config
+    linear = () if cfg.linear_attention is None else tuple(
+        cfg.moe_index(l) for l in cfg.linear_attention.layers if cfg.moe_index(l) >= 0)
     return LayerShape(qk_norm=cfg.qk_norm != "none", shared_expert=cfg.shared_expert_intermediate > 0,
                       shared_gate=cfg.shared_expert_gate, packed=engine.cache.pool.packed,
-                      tensors_per_expert=engine.cache.pool.tensors_per_expert)
+                      tensors_per_expert=engine.cache.pool.tensors_per_expert, linear_layers=linear,
+                      out_gate=cfg.attention_output_gate)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -45,6 +48,34 @@ def test_cost_model_counts_equal_the_engines_counters(family, split, pipeline, c
     work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
                           record=True)
     assert work.totals() == engine.host.to_dict()
+
+
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_hybrid_deltanet_layers_count_as_the_engine_does(split, tmp_path):
+    # Qwen3.5's layout: three Gated DeltaNet layers, then full attention with an output gate; every layer MoE
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from freetoken.models.checkpoint import load_checkpoint
+
+    from .test_qwen3_next_hf_match import CONFIGS
+
+    model_type, kw = CONFIGS["qwen3_5_moe"]
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kw)).save_pretrained(tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    cache = CacheConfig("lru", capacity=5, split=SPLITS[split])
+    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=True)
+    list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
+    log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=5, prefill_chunk=CHUNK)).log
+    shape = shape_of(engine)
+    assert shape.linear_layers == (0, 1, 2) and shape.out_gate
+    work = freetoken_work(log, ckpt.config.num_layers, shape, pipeline=True, cuda_graphs=False, record=True)
+    assert work.totals() == engine.host.to_dict()
+    # by hand, one decode call: DeltaNet layer 2 norms + 5 linears + conv + rule + gated norm = 10 + router 2 = 12,
+    # the attention layer 2 norms + 5 linears (the gate) + 2 q/k norms + 2 ropes + 2 decode attention = 13 + 2 = 15
+    decode = log.phase == 1
+    assert set(work.pre_launches[decode & (log.layer < 3)]) == {12 + 6}  # + glue: 5 gate ops, the residual add
+    assert set(work.pre_launches[decode & (log.layer == 3)]) == {15 + 3 + 2}  # + glue: residual, KV x2, gate x2
 
 
 def test_cuda_graph_decode_is_one_launch_per_step_and_no_router_sync():
