@@ -82,8 +82,8 @@ def build_engine(args: argparse.Namespace):
     check_kv_dtype(args.kv_dtype)
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
-<<<<<<< HEAD
-                                  max_context=args.max_context, router_hint=True if args.router_hint else None)
+                                  max_context=args.max_context, router_hint=True if args.router_hint else None,
+                                  kv_dtype=args.kv_dtype)
 
 
 def draft_config(args: argparse.Namespace):
@@ -102,9 +102,6 @@ def draft_config(args: argparse.Namespace):
     if args.draft_ngram < 1:
         raise ValueError(f"--draft-ngram must be >= 1, got {args.draft_ngram}")
     return DraftConfig(args.draft, depth=args.draft_depth, max_ngram=args.draft_ngram)
-=======
-                                  max_context=args.max_context, kv_dtype=args.kv_dtype)
->>>>>>> w13a
 
 
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
@@ -178,12 +175,8 @@ def run(args: argparse.Namespace) -> int:
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
-<<<<<<< HEAD
-                    "device": str(engine.device), "experts": store.format, "trace": args.record_trace,
-                    **signals})
-=======
-                    "kv_dtype": args.kv_dtype, "device": str(engine.device), "experts": store.format, "trace": args.record_trace})
->>>>>>> w13a
+                    "kv_dtype": args.kv_dtype, "device": str(engine.device), "experts": store.format,
+                    "trace": args.record_trace, **signals})
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")
     sys.stderr.write(("\r" if live else "") + _progress(engine, len(out)) + "\n")
