@@ -156,3 +156,13 @@ def test_model_flag_excludes_geometry_flags(capsys):
 
     assert main(["bench", "bw", "--model", str(DEMO_MODEL), "--hidden", "64", "--no-save"]) == 2
     assert "--model sets the expert geometry" in capsys.readouterr().err
+
+
+def test_a_slow_lane_keeps_a_positive_rate_in_the_profile():
+    """A tiny model's experts on a loaded machine move well under 1 MB/s; rounding to a fixed number of decimals
+    wrote 0.0, which the profile validator (rightly) refuses."""
+    from freetoken.calibrate.measure import Rate
+
+    rate = Rate(gb_s=2.5e-4, peak_gb_s=4.0e-4, seconds=1.0, passes=3, bytes_per_pass=1000)
+    assert rate.to_dict()["gb_s"] == 2.5e-4
+    assert rate.to_dict()["peak_gb_s"] == 4.0e-4

@@ -11,7 +11,7 @@ import torch
 import freetoken
 from freetoken.calibrate.lanes import (DeviceSlots, ExpertPool, Geometry, cpu_lane, engine_lane, gather_lane,
                                        h2d_bulk, overlapped, torch_lane)
-from freetoken.calibrate.measure import host_read, last_level_cache_bytes
+from freetoken.calibrate.measure import host_read, last_level_cache_bytes, significant
 from freetoken.calibrate.mode import recommend
 from freetoken.calibrate.profile import PROFILE_VERSION, profile_key
 
@@ -66,7 +66,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = lambda s: None) -> 
         log(f"PCIe: pinned bulk copy and expert gather, {cfg.misses_per_call} experts per call")
         bulk = h2d_bulk(gpu_pool, cfg.seconds)
         gather = gather_lane(gpu_pool, slots, cfg.seconds, cfg.misses_per_call)
-        profile["pcie"] = {"h2d_bulk": bulk.to_dict(), "gather": gather.to_dict(), "gb_s": round(gather.gb_s, 3)}
+        profile["pcie"] = {"h2d_bulk": bulk.to_dict(), "gather": gather.to_dict(), "gb_s": significant(gather.gb_s)}
         log("CPU lane and expert gather at the same time")
         cpu_r, dma_r = overlapped(cpu_pool, lane, gpu_pool, slots, cfg.seconds, cfg.misses_per_call)
         profile["overlap"] = {"cpu_lane": cpu_r.to_dict(), "gather": dma_r.to_dict()}

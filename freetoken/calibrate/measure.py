@@ -26,8 +26,14 @@ class Rate:
     bytes_per_pass: int
 
     def to_dict(self) -> dict:
-        return {"gb_s": round(self.gb_s, 3), "peak_gb_s": round(self.peak_gb_s, 3), "seconds": round(self.seconds, 3),
+        return {"gb_s": significant(self.gb_s), "peak_gb_s": significant(self.peak_gb_s), "seconds": round(self.seconds, 3),
                 "passes": self.passes, "bytes_per_pass": self.bytes_per_pass}
+
+
+def significant(x: float, digits: int = 4) -> float:
+    """A rate kept to `digits` significant digits: a fixed number of decimals turns a slow lane (a tiny model's
+    experts on a loaded machine) into 0, which a profile must never hold."""
+    return float(f"{x:.{digits}g}")
 
 
 def sustain(one_pass: Callable[[], None], bytes_per_pass: int, seconds: float, min_passes: int = 3,
