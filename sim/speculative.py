@@ -1,0 +1,116 @@
+"""Speculative decoding in the replay: each decode step is one verify call that carries d + 1 tokens' experts.
+
+A step at decode position t verifies the true token t and a draft of d tokens (Speculation: depth d, acceptance
+a). Draft j is the true token t + j with probability a while every draft before it was, else another token of the
+same sequence (a uniformly drawn other decode row: its routing differs); a draft past the sequence's last token is
+always another token. The k leading true drafts are accepted and the next step starts at t + k + 1 (the corrected
+or bonus token). Every draft's routing is in the verify call, the rejected ones' too: that is what a real verify
+pass computes. Prefill is cut into chunks as in a plain replay. The draws are seeded (one generator per replay):
+k of a fixed seed is reproducible.
+
+The calls are built by the one call builder (placement.callstream): every chunk or verify step is its own
+segment, so hint-taking policies (lookahead, hinted_sweep) see the verify calls' routing, the drafts' included,
+in their oracle's future.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from freetoken.placement.call import DECODE, PREFILL
+from freetoken.placement.callstream import CallStream, call_stream
+from freetoken.trace import RoutingTrace
+from freetoken.sim.batch import Speculation
+from freetoken.sim.calls import segments
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The groups of trace rows a speculative replay runs, in order: rows[offsets[g]:offsets[g+1]] is group g,
+    phase[g] its phase; accepted[g] the drafts a verify step accepted (0 for a prefill chunk)."""
+
+    rows: np.ndarray  # [R] trace rows, a verify step's true token first, then its drafts in draft order
+    offsets: np.ndarray  # [G + 1]
+    phase: np.ndarray  # [G] int8
+    accepted: np.ndarray  # [G]
+
+    @property
+    def verify_steps(self) -> int:
+        return int((self.phase == DECODE).sum())
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the verify steps produced: each step its accepted drafts and the corrected / bonus token."""
+        return int((self.accepted[self.phase == DECODE] + 1).sum())
+
+
+def draft_rows(lo: int, hi: int, spec: Speculation, rng: np.random.Generator) -> tuple[list[np.ndarray], list[int]]:
+    """Verify steps of the decode rows [lo, hi) of one sequence: (rows of each step, drafts each accepted)."""
+    steps, accepted, t, n = [], [], lo, hi - lo
+    d, a = spec.depth, spec.acceptance
+    while t < hi:
+        u = rng.random(d)  # [d] acceptance draws
+        other = rng.integers(0, max(n - 1, 1), size=d)  # [d] index among the sequence's other rows
+        rows, k, chain = [t], 0, True
+        for j in range(1, d + 1):
+            true = t + j
+            if chain and true < hi and u[j - 1] < a:
+                rows.append(true)
+                k += 1
+                continue
+            chain = False
+            if n == 1:  # a one-token sequence has no other token: the draft repeats it
+                rows.append(lo)
+                continue
+            skip = (true if true < hi else t) - lo  # the true token (past the end: the current one) is no draw
+            i = int(other[j - 1])
+            rows.append(lo + i + (i >= skip))
+        steps.append(np.asarray(rows, np.int64))
+        accepted.append(k)
+        t += k + 1
+    return steps, accepted
+
+
+def speculative_steps(trace: RoutingTrace, spec: Speculation, prefill_chunk: int, seed: int = 0) -> Steps:
+    """Prefill segments in chunks of prefill_chunk, decode segments as verify steps (draft_rows)."""
+    if prefill_chunk <= 0:
+        raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
+    rng = np.random.default_rng(seed)
+    groups: list[np.ndarray] = []
+    phase: list[int] = []
+    accepted: list[int] = []
+    for lo, hi in segments(trace):
+        if trace.phase[lo] == PREFILL:
+            for s in range(lo, hi, prefill_chunk):
+                groups.append(np.arange(s, min(hi, s + prefill_chunk)))
+                phase.append(PREFILL)
+                accepted.append(0)
+        else:
+            steps, acc = draft_rows(lo, hi, spec, rng)
+            groups += steps
+            phase += [DECODE] * len(steps)
+            accepted += acc
+    sizes = [len(g) for g in groups]
+    rows = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    return Steps(rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.asarray(phase, np.int8),
+                 np.asarray(accepted, np.int64))
+
+
+def steps_stream(trace: RoutingTrace, steps: Steps) -> CallStream:
+    """One call per layer per group (the union of its rows' experts, with token counts), in group order."""
+    G = len(steps.phase)
+    group = np.repeat(np.arange(G), np.diff(steps.offsets))  # [R] the group of each row
+    request = trace.request[steps.rows].astype(np.int64)
+    widest = int(np.diff(steps.offsets).max()) if G else 1
+    # each group its own segment (turn = group id), all built as one chunk; phases set per call after
+    stream = call_stream(trace.experts[steps.rows], trace.num_experts, request, group,
+                         np.full(len(steps.rows), PREFILL, np.int8), max(widest, 1))
+    return replace(stream, phase=np.repeat(steps.phase, trace.num_layers).astype(np.int8))
+
+
+def speculative_stream(trace: RoutingTrace, spec: Speculation, prefill_chunk: int,
+                       seed: int = 0) -> tuple[CallStream, Steps]:
+    steps = speculative_steps(trace, spec, prefill_chunk, seed)
+    return steps_stream(trace, steps), steps
