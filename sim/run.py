@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from freetoken.placement import POLICIES, CacheConfig, build_policy
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
-from freetoken.placement.stream import key_stream
 from freetoken.sim.calls import trace_key_stream, trace_stream
-from freetoken.sim.replay import ReplayResult, replay, replay_stream
+from freetoken.sim.replay import ReplayResult, replay_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +36,11 @@ class SimConfig(CacheConfig):
         if not (isinstance(self.batch, int) and self.batch >= 1):
             raise ConfigError("{batch} must be >= 1, got {v}", v=self.batch)
 
-    def batched_calls(self, trace: RoutingTrace):
+    def batched_stream(self, trace: RoutingTrace):
         """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
-        from freetoken.sim.continuous import batched_calls
+        from freetoken.sim.continuous import batched_stream
 
-        return batched_calls(trace, self.batch, self.prefill_chunk)
+        return batched_stream(trace, self.batch, self.prefill_chunk)
 
     def speculative_stream(self, trace: RoutingTrace):
         """draft_depth > 0: (the verify calls' CallStream, the Steps it ran)."""
@@ -76,14 +75,11 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     expert_bytes, batch = getattr(config, "expert_bytes", 0), getattr(config, "batch", 1)
     library, profile = profile, profile if profile is not None else trace
     if batch > 1:
-        calls = list(config.batched_calls(trace))
-        future = future_stream(config) or (key_stream(calls, trace.num_experts)
-                                           if POLICIES[config.policy].needs_future else None)
-        policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
-                                  library=library)
-        return replay(calls, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans, on_call=on_call)
-    stream = config.speculative_stream(trace)[0] if getattr(config, "draft_depth", 0) else \
-        trace_stream(trace, config.prefill_chunk)
+        stream = config.batched_stream(trace)
+    elif getattr(config, "draft_depth", 0):
+        stream = config.speculative_stream(trace)[0]
+    else:
+        stream = trace_stream(trace, config.prefill_chunk)
     future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
                                   library=library)

@@ -8,42 +8,20 @@ or bonus token). Every draft's routing is in the verify call, the rejected ones'
 pass computes. Prefill is cut into chunks as in a plain replay. The draws are seeded (one generator per replay):
 k of a fixed seed is reproducible.
 
-The calls are built by the one call builder (placement.callstream): every chunk or verify step is its own
-segment, so hint-taking policies (lookahead, hinted_sweep) see the verify calls' routing, the drafts' included,
+The calls are built by the one call builder (sim.calls.steps_stream): every chunk or verify step one call per
+layer, so hint-taking policies (lookahead, hinted_sweep) see the verify calls' routing, the drafts' included,
 in their oracle's future.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL
-from freetoken.placement.callstream import CallStream, call_stream
+from freetoken.placement.callstream import CallStream
 from freetoken.trace import RoutingTrace
 from freetoken.sim.batch import Speculation
-from freetoken.sim.calls import segments
-
-
-@dataclass(frozen=True, slots=True)
-class Steps:
-    """The groups of trace rows a speculative replay runs, in order: rows[offsets[g]:offsets[g+1]] is group g,
-    phase[g] its phase; accepted[g] the drafts a verify step accepted (0 for a prefill chunk)."""
-
-    rows: np.ndarray  # [R] trace rows, a verify step's true token first, then its drafts in draft order
-    offsets: np.ndarray  # [G + 1]
-    phase: np.ndarray  # [G] int8
-    accepted: np.ndarray  # [G]
-
-    @property
-    def verify_steps(self) -> int:
-        return int((self.phase == DECODE).sum())
-
-    @property
-    def decode_tokens(self) -> int:
-        """Tokens the verify steps produced: each step its accepted drafts and the corrected / bonus token."""
-        return int((self.accepted[self.phase == DECODE] + 1).sum())
+from freetoken.sim.calls import Steps, segments, steps_stream
 
 
 def draft_rows(lo: int, hi: int, spec: Speculation, rng: np.random.Generator) -> tuple[list[np.ndarray], list[int]]:
@@ -92,22 +70,7 @@ def speculative_steps(trace: RoutingTrace, spec: Speculation, prefill_chunk: int
             groups += steps
             phase += [DECODE] * len(steps)
             accepted += acc
-    sizes = [len(g) for g in groups]
-    rows = np.concatenate(groups) if groups else np.zeros(0, np.int64)
-    return Steps(rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.asarray(phase, np.int8),
-                 np.asarray(accepted, np.int64))
-
-
-def steps_stream(trace: RoutingTrace, steps: Steps) -> CallStream:
-    """One call per layer per group (the union of its rows' experts, with token counts), in group order."""
-    G = len(steps.phase)
-    group = np.repeat(np.arange(G), np.diff(steps.offsets))  # [R] the group of each row
-    request = trace.request[steps.rows].astype(np.int64)
-    widest = int(np.diff(steps.offsets).max()) if G else 1
-    # each group its own segment (turn = group id), all built as one chunk; phases set per call after
-    stream = call_stream(trace.experts[steps.rows], trace.num_experts, request, group,
-                         np.full(len(steps.rows), PREFILL, np.int8), max(widest, 1))
-    return replace(stream, phase=np.repeat(steps.phase, trace.num_layers).astype(np.int8))
+    return Steps.of(groups, phase, accepted)
 
 
 def speculative_stream(trace: RoutingTrace, spec: Speculation, prefill_chunk: int,

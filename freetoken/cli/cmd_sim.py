@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         n_calls = stream.num_calls
     else:
         n_calls = num_calls(trace, config.prefill_chunk) if config.batch == 1 else \
-            sum(1 for _ in config.batched_calls(trace))
+            config.batched_stream(trace).num_calls
     if not is_compiled(config.policy) and not args.json:
         print(f"note: policy {config.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
