@@ -5,10 +5,11 @@ never evaluated on the trace its profile or fitted parameters came from.
     python -m experiments.policy_study experiment=policy_study study.case=deepseek-v2-lite study.fraction=0.25
 
 One Hydra run per (case, fraction): its rows go to <results.dir>/policy_study_policies.parquet (one per trace x
-policy x residency fraction) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
+policy x residency fraction x decode scenario: experiments/policy_grid.py) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
 tracked docs/policy_study.md only with study.doc. (The older flags --only / --fractions / --doc still work.)
 A case is evaluated on one or more folds (evaluate, profile); its counts are summed over the folds. Per fold,
-frequency pins from the profile's counts and layer_sweep / lookahead take the decay with the fewest misses on
+every policy that reads a profile reads the other fold's (frequency's pins, ktransformers_dynamic's start,
+moe_infinity's library), and layer_sweep / lookahead take the decay with the fewest misses on
 the profile at the same residency (replayed without a prior) and start from the profile's per-visit rates
 as their prior (warm: the highest-rate keys resident, as frequency's pinned set). Misses are demand misses
 (offload split: every miss is fetched); `transfers` adds prefetches, and ratio_to_belady = transfers / belady_misses, since Belady bounds the copies

@@ -2,15 +2,16 @@
 
 A step at decode position t verifies the true token t and a draft of d tokens (Speculation: depth d, acceptance
 a). Draft j is the true token t + j with probability a while every draft before it was, else another token of the
-same sequence (a uniformly drawn other decode row: its routing differs); a draft past the sequence's last token is
-always another token. The k leading true drafts are accepted and the next step starts at t + k + 1 (the corrected
-or bonus token). Every draft's routing is in the verify call, the rejected ones' too: that is what a real verify
-pass computes. Prefill is cut into chunks as in a plain replay. The draws are seeded (one generator per replay):
-k of a fixed seed is reproducible.
+same sequence (a uniformly drawn other decode row, earlier or later alike: a sample of the sequence's routing,
+not a forecast); a draft past the sequence's last token is always another token. The k leading true drafts are
+accepted and the next step starts at t + k + 1 (the corrected or bonus token). Every draft's routing is in the
+verify call, the rejected ones' too: that is what a real verify pass computes. Prefill is cut into chunks as in a
+plain replay. The draws are seeded (one generator per replay): k of a fixed seed is reproducible.
 
 The calls are built by the one call builder (sim.calls.steps_stream): every chunk or verify step one call per
 layer, so hint-taking policies (lookahead, hinted_sweep) see the verify calls' routing, the drafts' included,
-in their oracle's future.
+in their oracle's future: the router hint names the next layers' experts of all d + 1 tokens. Nothing is hinted
+across the step boundary: the next step's tokens exist only once this step's last layer has been sampled.
 """
 
 from __future__ import annotations
