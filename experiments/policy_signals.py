@@ -104,6 +104,7 @@ def goal_check(frame) -> list[str]:
     (p, s), _ = ranked[0]
     out += [f"Status per trace for {p} ({s}; traces the scenario cannot show: solo):", "",
             "| trace | " + " | ".join(f"{f:.0%}" for f in GOAL_FRACTIONS) + " | met |", "|---|" + "---|" * (len(GOAL_FRACTIONS) + 1)]
+    met_traces = []
     for trace in traces:
         row, met_all = [trace], True
         for f in GOAL_FRACTIONS:
@@ -117,4 +118,11 @@ def goal_check(frame) -> list[str]:
             met_all &= below and r.ratio_to_belady <= GOAL_RATIO
             row.append(f"{r.ratio_to_belady:.2f}x" + ("" if below else " (not below lru / frequency)"))
         out.append("| " + " | ".join(row + ["yes" if met_all else "no"]) + " |")
+        met_traces += [trace] if met_all else []
+    out += ["", f"Met on {len(met_traces)} of {len(traces)} real traces"
+            + (f" ({', '.join(met_traces)})" if met_traces else "") + "; the goal (every trace) is "
+            + ("met." if len(met_traces) == len(traces) else "not met.")]
+    if s != SOLO.label:
+        out += [f"The ratios of {s} are to that scenario's own Belady, which routes the rejected drafts too; in copies",
+                "the draft scenarios cost more than one token at a time (the signal section's absolute column)."]
     return out + [""]

@@ -53,6 +53,7 @@ def test_goal_check_names_the_pair_and_the_trace_status():
     assert "| layer_sweep | solo | 6 | 3 | 6 |" in text
     assert "Status per trace for layer_sweep (draft 3 a=0.8" in text
     assert "| a | 1.10x | 1.10x | 1.10x | yes |" in text and "| b | 1.20x | 1.20x | 1.20x | yes |" in text
+    assert "Met on 2 of 2 real traces (a, b); the goal (every trace) is met." in text
 
 
 def test_figures_draw_from_the_study_rows(tmp_path):
