@@ -49,8 +49,8 @@ def test_goal_check_names_the_pair_and_the_trace_status():
             cells[(trace, f, "solo")] = {"lru": 160, "frequency": 170, "layer_sweep": solo_ls}
             cells[(trace, f, "draft 3 a=0.8")] = {"lru": 130, "frequency": 125, "layer_sweep": draft_ls}
     text = "\n".join(goal_check(_frame(cells)))
-    assert "| layer_sweep | draft 3 a=0.8 | 6 | 6 | 6 |" in text
-    assert "| layer_sweep | solo | 6 | 3 | 6 |" in text
+    assert "| layer_sweep | draft 3 a=0.8 | 2 | 6 | 6 | 6 |" in text
+    assert "| layer_sweep | solo | 1 | 6 | 3 | 6 |" in text  # met on trace b only
     assert "Status per trace for layer_sweep (draft 3 a=0.8" in text
     assert "| a | 1.10x | 1.10x | 1.10x | yes |" in text and "| b | 1.20x | 1.20x | 1.20x | yes |" in text
     assert "Met on 2 of 2 real traces (a, b); the goal (every trace) is met." in text
