@@ -25,8 +25,22 @@ def intro(accuracy: float, confidence: float) -> list[str]:
         "frequency start with their pinned set resident, layer_sweep, lookahead and hinted_sweep with their",
         "highest-prior keys (no cold misses); lru, s3fifo and Belady start empty.",
         "",
+        "Scenarios (experiments/policy_grid.py): `solo` replays each sequence alone, as recorded; `batch N` runs",
+        "up to N sequences under the server's continuous batching (sim/continuous.py: one decode call per layer",
+        "over the union of their experts); `draft 3 a=x` is speculative decoding (sim/speculative.py): each decode",
+        "step one verify call of 4 tokens, a draft the true next token with probability x while the drafts before",
+        "it were (else another token of the sequence, whose experts the verify call loads too), the next step at",
+        "the corrected / bonus token. Belady is replayed on each scenario's own calls. The per-trace tables below",
+        "are `solo`; the scenarios are compared in the signal section.",
+        "",
         "Policies (freetoken/placement/, each also runs live in the engine):",
         "",
+        "- `lru` (one pool), `lru per_layer` (FreeToken 0.2's per-layer scope, equal quotas).",
+        "- `static_layers` (llama.cpp's first layers on the CPU), `frequency` (fair KTransformers: every slot",
+        "  pinned, top capacity // L per layer from the profile, leftovers to the hottest remaining keys), its",
+        "  `uniform` and `front_loading` strategies, `ktransformers_dynamic` (re-pinned from recent counts every",
+        "  32 forward passes, frequency start), `moe_infinity` (activation-matrix match on a library built from",
+        "  the profile requests: prefetch and eviction priority).",
         "- `layer_sweep`: evicts the resident expert with the longest expected wait d(l) + L (1/p - 1) in calls,",
         "  d(l) = calls until the sweep reaches its layer again, p = decayed per-visit use rate (decay fitted on",
         "  the profile, prior and warm start from the profile's rates); a miss that would wait longer than every",
@@ -162,10 +176,9 @@ def findings(frame) -> list[str]:
                 f"use one token ahead closes {100 * min(closed, default=0):.0f}-{100 * max(closed, default=0):.0f}% "
                 f"of layer_sweep's gap, four tokens ahead leaves at most {max(far, default=0):.2f}x.",
                 "No signal computed within the current token carries that, so on the Mixtral and Granite logs the",
-                "1.25x goal is out of reach of these online signals. What could carry it is an early look at the",
-                "next tokens themselves (say, a draft model's tokens under speculative decoding, routed ahead),",
-                "which this study does not model. On DeepSeek each call is a whole prompt's layer (prefill only) and",
-                "Belady itself misses most accesses: little reuse is left for foresight to exploit.", ""]
+                "1.25x goal is out of reach of these online signals alone; the batch and draft scenarios above",
+                "show what routing several tokens per call changes. On DeepSeek each call is a whole prompt's",
+                "layer (prefill only) and Belady itself misses most accesses: little reuse is left for foresight to exploit.", ""]
     out += _prefetch_and_time(main)
     return out
 

@@ -8,6 +8,7 @@ the call that issues them, beside that call's compute, as every other copy does 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -27,12 +28,16 @@ WINDOW_TOKENS = (1, 4, 16, 64)  # the offline probe: exact next use known this m
 
 
 def replay(trace: RoutingTrace, policy: str, fraction: float, chunk: int, options: dict,
-           profile: RoutingTrace | None = None, card: str | None = None) -> tuple[int, int, int, int, float]:
-    """(capacity, misses, prefetched, accesses, seconds of the whole trace on HARDWARE or nan without a card)."""
-    config = SimConfig(policy, Split("offload"), fraction=fraction, prefill_chunk=chunk, options=options)
+           profile: RoutingTrace | None = None, card: str | None = None,
+           scenario: dict | None = None) -> tuple[int, int, int, int, float]:
+    """(capacity, misses, prefetched, accesses, seconds of the whole trace on HARDWARE or nan without a card);
+    scenario: SimConfig's batch / draft_depth / acceptance (time only for one sequence at a time)."""
+    config = SimConfig(policy, Split("offload"), fraction=fraction, prefill_chunk=chunk, options=options,
+                       **(scenario or {}))
     result = simulate(trace, config, profile=profile)
     t = result.total
-    seconds = math.nan if card is None else decode_seconds(result.log, trace, chunk, card)
+    plain = config.batch == 1 and not config.draft_depth
+    seconds = math.nan if card is None or not plain else decode_seconds(result.log, trace, chunk, card)
     return config.slots_for(trace.num_layers, trace.num_experts), t.misses, t.prefetched, t.accesses, seconds
 
 
@@ -100,12 +105,19 @@ def hint_rows(trace: RoutingTrace, fraction: float, chunk: int, decay: float, pr
     return out
 
 
-def decode_seconds(log, trace: RoutingTrace, chunk: int, card_name: str) -> float:
-    from freetoken.sim.cost import CostOptions, call_meta, charge
+@functools.cache
+def _card_and_hardware(card_name: str):
+    """Read once per process: every row of a case charges the same card on the same hardware."""
     from freetoken.sim.hardware import load_hardware
     from freetoken.sim.model_card import load_model_card
 
-    card, hw = load_model_card(card_name), load_hardware(HARDWARE)
+    return load_model_card(card_name), load_hardware(HARDWARE)
+
+
+def decode_seconds(log, trace: RoutingTrace, chunk: int, card_name: str) -> float:
+    from freetoken.sim.cost import CostOptions, call_meta, charge
+
+    card, hw = _card_and_hardware(card_name)
     times = charge(log, call_meta(trace, chunk), card, hw, CostOptions(host="shared", double_buffer=False))
     return float(times.seconds.sum())
 

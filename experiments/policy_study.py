@@ -5,10 +5,11 @@ never evaluated on the trace its profile or fitted parameters came from.
     python -m experiments.policy_study experiment=policy_study study.case=deepseek-v2-lite study.fraction=0.25
 
 One Hydra run per (case, fraction): its rows go to <results.dir>/policy_study_policies.parquet (one per trace x
-policy x residency fraction) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
+policy x residency fraction x decode scenario: experiments/policy_grid.py) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
 tracked docs/policy_study.md only with study.doc. (The older flags --only / --fractions / --doc still work.)
 A case is evaluated on one or more folds (evaluate, profile); its counts are summed over the folds. Per fold,
-frequency pins from the profile's counts and layer_sweep / lookahead take the decay with the fewest misses on
+every policy that reads a profile reads the other fold's (frequency's pins, ktransformers_dynamic's start,
+moe_infinity's library), and layer_sweep / lookahead take the decay with the fewest misses on
 the profile at the same residency (replayed without a prior) and start from the profile's per-visit rates
 as their prior (warm: the highest-rate keys resident, as frequency's pinned set). Misses are demand misses
 (offload split: every miss is fetched); `transfers` adds prefetches, and ratio_to_belady = transfers / belady_misses, since Belady bounds the copies
@@ -28,7 +29,10 @@ import numpy as np
 
 from freetoken.experiments.launchers import launch
 from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
+from freetoken.experiments.policy_grid import (BY_LABEL, FITTED, HINTED_CONFIDENCE, LOOKAHEAD_ACCURACY, ONLINE,
+                                               PROFILED, SCENARIOS, SOLO, options, params)
 from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
+from freetoken.experiments.policy_signals import goal_check, signal_table
 from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
@@ -36,17 +40,11 @@ from freetoken.trace import RoutingTrace
 from freetoken.sim.calls import trace_calls
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
-ONLINE = ("lru", "static_layers", "frequency", "s3fifo", "layer_sweep", "lookahead", "hinted_sweep")
-FITTED = ("layer_sweep", "lookahead", "hinted_sweep")  # take a decay fitted on the profile
 DECAYS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
 FIT_REQUESTS = 300  # requests of the profile the decay grid is replayed on (bounds the large traces' cost)
-LOOKAHEAD_ACCURACY = 0.8  # stated assumption for the simulated early router (no hidden states in the traces)
-HINTED_CONFIDENCE = 0.9  # hinted_sweep prefetches a predicted expert only when r >= this
-GOAL_FRACTIONS = (0.25, 0.37, 0.50)
-GOAL_RATIO = 1.25
 COLUMNS = ("trace", "policy", "fraction", "capacity", "misses", "accesses", "miss_rate", "prefetched", "transfers",
            "belady_misses", "ratio_to_belady", "profile_source", "params", "prefill_chunk", "folds", "real",
-           "ms_per_token", "belady_ms_per_token", "variant")
+           "ms_per_token", "belady_ms_per_token", "variant", "scenario")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,62 +152,61 @@ def fit_decay(profile: RoutingTrace, fraction: float, chunk: int) -> float:
     return DECAYS[min(scores)[1]]
 
 
-def _options(policy: str, decay: float, prior) -> dict:
-    if policy == "layer_sweep":
-        return {"decay": decay, "prior": prior}
-    if policy == "lookahead":
-        return {"decay": decay, "prior": prior, "accuracy": LOOKAHEAD_ACCURACY}
-    if policy == "hinted_sweep":
-        return {"decay": decay, "prior": prior, "accuracy": LOOKAHEAD_ACCURACY, "min_confidence": HINTED_CONFIDENCE}
-    return {}
-
-
-def _params(policy: str, decays: list) -> str:
-    decay = f"decay={'/'.join(map(str, decays))}"
-    return {"layer_sweep": decay, "lookahead": f"{decay} accuracy={LOOKAHEAD_ACCURACY}",
-            "hinted_sweep": f"{decay} accuracy={LOOKAHEAD_ACCURACY} depth=1 min_confidence={HINTED_CONFIDENCE}",
-            "s3fifo": "small=0.1"}.get(policy, "")
-
-
-def run_case(case: Case, root: Path, fractions, policies, advance=lambda n=1: None) -> list[dict]:
+def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda n=1: None,
+             scenarios=(SOLO,)) -> list[dict]:
+    """Rows of every policy label and Belady per (fraction, scenario); a scenario that changes no fold's calls
+    (one sequence, no decode tokens) gets no rows. Counts are summed over the folds."""
+    if not scenarios or scenarios[0] is not SOLO:
+        raise ValueError("the scenarios start with the solo one (the others reuse its counts where they change nothing)")
     folds = case.folds(root)
+    entries = [BY_LABEL[p] for p in policies]
     rows = []
     for f in fractions:
-        totals = {p: np.zeros(5) for p in policies}  # capacity, misses, prefetched, accesses, seconds
-        belady = np.zeros(5)
+        totals: dict[tuple[str, str], np.ndarray] = {}  # (scenario, label) -> capacity, misses, prefetched, accesses, s
         variant_totals: dict[str, np.ndarray] = {}
-        decays = []
+        decays, used = [], {SOLO.label}
         for fold in folds:
-            decay = fit_decay(fold.profile, f, case.prefill_chunk) if set(FITTED) & set(policies) else None
+            decay = fit_decay(fold.profile, f, case.prefill_chunk) if any(e.fitted for e in entries) else None
             decays.append(decay)
             prior = visit_rates(trace_calls(fold.profile, case.prefill_chunk), fold.evaluate.num_layers,
                                 fold.evaluate.num_experts)
-            belady += replay(fold.evaluate, "belady", f, case.prefill_chunk, {}, card=case.card)
-            for p in policies:
-                totals[p] += replay(fold.evaluate, p, f, case.prefill_chunk, _options(p, decay, prior),
-                                    fold.profile if p == "frequency" else None, card=case.card)
-                advance(1 / len(folds))
+            solo: dict[str, np.ndarray] = {}  # this fold's solo counts: a scenario that changes nothing reuses them
+            for sc in scenarios:
+                own = sc is SOLO or sc.applies(fold.evaluate)
+                if own and sc is not SOLO:
+                    used.add(sc.label)
+                for label, policy, opts in [("belady", "belady", {})] + \
+                        [(e.label, e.policy, options(e, decay, prior)) for e in entries]:
+                    t = np.asarray(replay(fold.evaluate, policy, f, case.prefill_chunk, opts,
+                                          fold.profile if label in PROFILED else None, card=case.card,
+                                          scenario=sc.sim_fields()), float) if own else solo[label]
+                    if sc is SOLO:
+                        solo[label] = t
+                    totals[(sc.label, label)] = totals.get((sc.label, label), np.zeros(5)) + t
+                advance(1 / (len(folds) * len(scenarios)))
             if case.hints and any(np.isclose(f, HINT_FRACTIONS)):
                 for label, t in hint_rows(fold.evaluate, f, case.prefill_chunk, decay, prior, case.card):
                     variant_totals[label] = variant_totals.get(label, np.zeros(5)) + t
         tokens = sum(fold.evaluate.num_tokens for fold in folds)
-        common = dict(trace=case.name, fraction=f, belady_misses=int(belady[1]), prefill_chunk=case.prefill_chunk,
-                      folds=len(folds), real=case.real, belady_ms_per_token=1e3 * belady[4] / tokens)
         source = " | ".join(fold.profile_source for fold in folds)
-        named = [(p, "main", totals[p], _params(p, decays)) for p in policies] + \
-            [("windowed_future" if label.startswith("offline") else "hinted_sweep", label, t,
-              f"decay={'/'.join(map(str, decays))} {label}") for label, t in variant_totals.items()]
-        for p, variant, t, params in named:
-            _, misses, pre, acc = (int(x) for x in t[:4])
-            rows.append(dict(common, policy=p, capacity=int(t[0]) // len(folds), misses=misses, accesses=acc,
-                             miss_rate=misses / acc if acc else 0.0, prefetched=pre, transfers=misses + pre,
-                             ratio_to_belady=(misses + pre) / belady[1] if belady[1] else float("nan"),
-                             profile_source=source if p in ("frequency",) + FITTED else "", params=params,
-                             ms_per_token=1e3 * t[4] / tokens, variant=variant))
-        _, misses, _, acc = (int(x) for x in belady[:4])
-        rows.append(dict(common, policy="belady", capacity=int(belady[0]) // len(folds), misses=misses, accesses=acc, miss_rate=misses / acc,
-                         prefetched=0, transfers=misses, ratio_to_belady=1.0, profile_source="",
-                         params="bypass=True", ms_per_token=1e3 * belady[4] / tokens, variant="main"))
+        for sc in scenarios:
+            if sc.label not in used:
+                continue
+            belady = totals[(sc.label, "belady")]
+            common = dict(trace=case.name, fraction=f, belady_misses=int(belady[1]), prefill_chunk=case.prefill_chunk,
+                          folds=len(folds), real=case.real, belady_ms_per_token=1e3 * belady[4] / tokens,
+                          scenario=sc.label)
+            named = [(e.label, "main", totals[(sc.label, e.label)], params(e, decays)) for e in entries]
+            if sc is SOLO:
+                named += [("windowed_future" if label.startswith("offline") else "hinted_sweep", label, t,
+                           f"decay={'/'.join(map(str, decays))} {label}") for label, t in variant_totals.items()]
+            for p, variant, t, par in named + [("belady", "main", belady, "bypass=True")]:
+                _, misses, pre, acc = (int(x) for x in t[:4])
+                rows.append(dict(common, policy=p, capacity=int(t[0]) // len(folds), misses=misses, accesses=acc,
+                                 miss_rate=misses / acc if acc else 0.0, prefetched=pre, transfers=misses + pre,
+                                 ratio_to_belady=(misses + pre) / belady[1] if belady[1] else float("nan"),
+                                 profile_source=source if p in PROFILED else "", params=par,
+                                 ms_per_token=1e3 * t[4] / tokens, variant=variant))
     return rows
 
 
@@ -257,10 +254,9 @@ def compute(cfg):
     from freetoken.cli.common import progress
 
     spec = build(cfg, "study")
-    with progress(len(ONLINE), f"policy study {spec.case} at {spec.fraction:.0%}",
-                  enabled=show_progress(cfg)) as advance:
-        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance)
-    main_rows = [r for r in rows if r["variant"] == "main"]
+    with progress(1, f"policy study {spec.case} at {spec.fraction:.0%}", enabled=show_progress(cfg)) as advance:
+        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance, SCENARIOS)
+    main_rows = [r for r in rows if r["variant"] == "main" and r["scenario"] == SOLO.label]
     best = min((r for r in main_rows if r["policy"] != "belady"), key=lambda r: (r["transfers"], r["policy"]))
     metrics = dict(best_online=best["policy"], best_transfers=best["transfers"], ratio_to_belady=best["ratio_to_belady"],
                    belady_misses=best["belady_misses"], accesses=best["accesses"], miss_rate=best["miss_rate"])
@@ -364,6 +360,9 @@ def _pct(x: float) -> str:
 def render(frame) -> str:
     """docs/policy_study.md from the results table alone."""
     lines = intro(LOOKAHEAD_ACCURACY, HINTED_CONFIDENCE)
+    everything = frame
+    if "scenario" in frame.columns:
+        frame = frame[frame.scenario.astype(str) == SOLO.label]
     hints = frame
     if "variant" in frame.columns:
         frame = frame[frame.variant.astype(str) == "main"]
@@ -386,40 +385,9 @@ def render(frame) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += time_table(group, online)
-    lines += _goal(frame)
+    lines += signal_table(everything) + goal_check(everything)
     lines += findings(hints) + render_hints(hints)
     return "\n".join(lines) + "\n"
-
-
-def _goal(frame) -> list[str]:
-    """Is one online policy below both lru and frequency on every real trace at 25-50%, within 1.25x Belady?"""
-    real = frame[frame.real.astype(bool) & frame.fraction.round(2).isin(GOAL_FRACTIONS)]
-    if real.empty:
-        return []
-    out = ["## Goal check", "",
-           f"One online policy below both lru and frequency on every real trace at "
-           f"{', '.join(f'{f:.0%}' for f in GOAL_FRACTIONS)} residency, within {GOAL_RATIO}x of Belady "
-           "(transfers). Per policy: the cells where it is below both, and where it is also within the ratio.",
-           "", "| policy | below lru and frequency | also within the ratio | cells |", "|---|---|---|---|"]
-    cells = real.groupby(["trace", "fraction"])
-    misses: dict[str, list[str]] = {}
-    for p in ("s3fifo", "layer_sweep", "lookahead", "hinted_sweep"):
-        below = within = n = 0
-        for (trace, f), sub in cells:
-            by = {r.policy: r for r in sub.itertuples()}
-            if p not in by:
-                continue
-            n += 1
-            ok = by[p].transfers < min(by["lru"].transfers, by["frequency"].transfers)
-            below += ok
-            within += ok and by[p].ratio_to_belady <= GOAL_RATIO
-            if not ok:
-                misses.setdefault(p, []).append(f"{trace} at {f:.0%}")
-        out.append(f"| {p} | {below} | {within} | {n} |")
-    out.append("")
-    if "layer_sweep" in misses:
-        out.append("layer_sweep is not below both on: " + "; ".join(misses["layer_sweep"]) + ".")
-    return out + [""]
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

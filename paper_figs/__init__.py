@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-NAMES = ("miss_rate", "throughput", "hybrid_split", "turn_latency", "sim_vs_live")
+NAMES = ("miss_rate", "throughput", "hybrid_split", "turn_latency", "sim_vs_live", "policy_study")
 
 
 def figure(name: str):

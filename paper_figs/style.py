@@ -19,6 +19,10 @@ POLICY_STYLE = {  # one look per policy across figures
     "s3fifo": dict(color="tab:purple", marker="v"),
     "layer_sweep": dict(color="tab:brown", marker="D"),
     "lookahead": dict(color="tab:pink", marker="P"),
+    "hinted_sweep": dict(color="tab:red", marker="X"),
+    "lru per_layer": dict(color="tab:cyan", marker="o", linestyle="--"),
+    "ktransformers_dynamic": dict(color="tab:olive", marker="^", linestyle="--"),
+    "moe_infinity": dict(color="tab:gray", marker="*"),
     "belady": dict(color="black", marker="", linestyle="--"),
 }
 POLICY_LABEL = {  # what a legend says: the policy as papers name it, not the config key

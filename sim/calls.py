@@ -6,11 +6,12 @@ the trace-level entry points (Call objects one by one for interpreted policies, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 import numpy as np
 
-from freetoken.placement.call import PREFILL, Call
+from freetoken.placement.call import DECODE, PREFILL, Call
 from freetoken.placement.callstream import CallStream, call_stream, segments_of
 from freetoken.placement.config import DEFAULT_PREFILL_CHUNK
 from freetoken.placement.stream import KeyStream
@@ -51,3 +52,44 @@ def num_calls(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -
     n = hi - lo
     prefill = trace.phase[lo] == PREFILL if lo.size else np.zeros(0, bool)
     return int(np.where(prefill, -(-n // prefill_chunk), n).sum()) * trace.num_layers
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """The groups of trace rows a replay runs as calls, in order (prefill chunks, batched decode steps, verify steps):
+    rows[offsets[g]:offsets[g+1]] is group g, phase[g] its phase; accepted[g] the drafts a verify step accepted
+    (0 elsewhere)."""
+
+    rows: np.ndarray  # [R] trace rows (a verify step: its true token first, then its drafts in draft order)
+    offsets: np.ndarray  # [G + 1]
+    phase: np.ndarray  # [G] int8
+    accepted: np.ndarray  # [G]
+
+    @classmethod
+    def of(cls, groups: list[np.ndarray], phase: list[int], accepted: list[int] | None = None) -> "Steps":
+        sizes = [len(g) for g in groups]
+        rows = np.concatenate(groups).astype(np.int64) if groups else np.zeros(0, np.int64)
+        return cls(rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.asarray(phase, np.int8),
+                   np.asarray(accepted if accepted is not None else [0] * len(groups), np.int64))
+
+    @property
+    def verify_steps(self) -> int:
+        return int((self.phase == DECODE).sum())
+
+    @property
+    def decode_tokens(self) -> int:
+        """Tokens the verify steps produced: each step its accepted drafts and the corrected / bonus token."""
+        return int((self.accepted[self.phase == DECODE] + 1).sum())
+
+
+def steps_stream(trace: RoutingTrace, steps: Steps) -> CallStream:
+    """One call per layer per group (the union of its rows' experts, with token counts), in group order."""
+    G = len(steps.phase)
+    group = np.repeat(np.arange(G), np.diff(steps.offsets))  # [R] the group of each row
+    request = np.repeat(trace.request[steps.rows[steps.offsets[:-1]]].astype(np.int64), np.diff(steps.offsets))
+    # a call's request is its first row's (a batched step's rows span several)
+    widest = int(np.diff(steps.offsets).max()) if G else 1
+    # each group its own segment (turn = group id), all built as one chunk; phases set per call after
+    stream = call_stream(trace.experts[steps.rows], trace.num_experts, request, group,
+                         np.full(len(steps.rows), PREFILL, np.int8), max(widest, 1))
+    return replace(stream, phase=np.repeat(steps.phase, trace.num_layers).astype(np.int8))

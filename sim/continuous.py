@@ -2,7 +2,8 @@
 `batch` sequences at once; each iteration one prefill chunk of every sequence still prefilling, then one decode
 step of all the others together: one call per layer over the union of their experts, with per-expert token counts.
 A finished sequence's place goes to the next request at the next iteration. Each (request, turn) is one sequence:
-its prefill rows, then its decode rows, in trace order (a trace recorded solo or batched gives the same)."""
+its prefill rows, then its decode rows, in trace order (a trace recorded solo or batched gives the same).
+The schedule is a list of row groups (sim.calls.Steps); the one call builder makes their calls."""
 
 from __future__ import annotations
 
@@ -13,16 +14,15 @@ from typing import Iterator
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL, Call
-from freetoken.placement.callstream import make_call
+from freetoken.placement.callstream import CallStream
 from freetoken.trace import RoutingTrace
-from freetoken.sim.calls import chunk_calls
+from freetoken.sim.calls import Steps, steps_stream
 
 
 @dataclass(slots=True)
 class _Sequence:
-    request: int
-    prefill: np.ndarray  # [P, L, K]
-    decode: np.ndarray  # [D, L, K]
+    prefill: np.ndarray  # [P] trace rows
+    decode: np.ndarray  # [D] trace rows
     prefilled: int = 0
     decoded: int = 0
 
@@ -43,18 +43,18 @@ def sequences(trace: RoutingTrace) -> list[_Sequence]:
     for start in sorted(first.tolist()):
         rows = np.flatnonzero(keys == keys[start])
         phase = trace.phase[rows]
-        out.append(_Sequence(int(trace.request[start]), trace.experts[rows[phase == PREFILL]],
-                             trace.experts[rows[phase == DECODE]]))
+        out.append(_Sequence(rows[phase == PREFILL], rows[phase == DECODE]))
     return out
 
 
-def batched_calls(trace: RoutingTrace, batch: int, prefill_chunk: int) -> Iterator[Call]:
+def batched_steps(trace: RoutingTrace, batch: int, prefill_chunk: int) -> Steps:
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     if prefill_chunk <= 0:
         raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
     pending, active = deque(sequences(trace)), []
-    E, L, ones = trace.num_experts, trace.num_layers, [1] * trace.top_k
+    groups: list[np.ndarray] = []
+    phase: list[int] = []
     while pending or active:
         active = [s for s in active if not s.finished]
         while pending and len(active) < batch:
@@ -62,14 +62,21 @@ def batched_calls(trace: RoutingTrace, batch: int, prefill_chunk: int) -> Iterat
         for s in active:
             if not s.started:  # one chunk, between decode steps
                 end = min(len(s.prefill), s.prefilled + prefill_chunk)
-                yield from chunk_calls(s.prefill[s.prefilled:end], E, s.request)
+                groups.append(s.prefill[s.prefilled:end])
+                phase.append(PREFILL)
                 s.prefilled = end
         ready = [s for s in active if s.started and not s.finished]
-        if len(ready) == 1:
-            row = ready[0].decode[ready[0].decoded].tolist()  # [L][K]
-            yield from (Call(layer, row[layer], ones, DECODE, ready[0].request) for layer in range(L))
-        elif ready:
-            rows = np.stack([s.decode[s.decoded] for s in ready])  # [B, L, K]
-            yield from (make_call(layer, rows[:, layer], DECODE, ready[0].request) for layer in range(L))
+        if ready:
+            groups.append(np.array([s.decode[s.decoded] for s in ready], np.int64))
+            phase.append(DECODE)
         for s in ready:
             s.decoded += 1
+    return Steps.of(groups, phase)
+
+
+def batched_stream(trace: RoutingTrace, batch: int, prefill_chunk: int) -> CallStream:
+    return steps_stream(trace, batched_steps(trace, batch, prefill_chunk))
+
+
+def batched_calls(trace: RoutingTrace, batch: int, prefill_chunk: int) -> Iterator[Call]:
+    return batched_stream(trace, batch, prefill_chunk).calls()

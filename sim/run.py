@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from freetoken.placement import POLICIES, CacheConfig, build_policy
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
-from freetoken.placement.stream import key_stream
 from freetoken.sim.calls import trace_key_stream, trace_stream
-from freetoken.sim.replay import ReplayResult, replay, replay_stream
+from freetoken.sim.replay import ReplayResult, replay_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,19 +18,37 @@ class SimConfig(CacheConfig):
 
     expert_bytes: int = 0
     batch: int = 1  # > 1: requests interleaved as the server's continuous batching runs them (sim/continuous.py)
+    draft_depth: int = 0  # > 0: speculative decoding, each decode step one verify call of d + 1 tokens
+    acceptance: float = 1.0  # a: the chance a drafted token is the true next one (sim/speculative.py)
+    draft_seed: int = 0  # seeds the drafts' acceptance draws
 
     def __post_init__(self) -> None:
         CacheConfig.__post_init__(self)
+        if not (isinstance(self.draft_depth, int) and self.draft_depth >= 0):
+            raise ConfigError("{draft_depth} must be >= 0, got {v}", v=self.draft_depth)
+        if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)) \
+                or not 0 <= self.acceptance <= 1:
+            raise ConfigError("{acceptance} must lie in [0, 1], got {v}", v=self.acceptance)
+        if self.draft_depth and self.batch > 1:
+            raise ConfigError("{draft_depth} > 0 and {batch} > 1 together are not simulated; give one of them")
         if not (isinstance(self.expert_bytes, int) and self.expert_bytes >= 0):
             raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
         if not (isinstance(self.batch, int) and self.batch >= 1):
             raise ConfigError("{batch} must be >= 1, got {v}", v=self.batch)
 
-    def batched_calls(self, trace: RoutingTrace):
+    def batched_stream(self, trace: RoutingTrace):
         """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
-        from freetoken.sim.continuous import batched_calls
+        from freetoken.sim.continuous import batched_stream
 
-        return batched_calls(trace, self.batch, self.prefill_chunk)
+        return batched_stream(trace, self.batch, self.prefill_chunk)
+
+    def speculative_stream(self, trace: RoutingTrace):
+        """draft_depth > 0: (the verify calls' CallStream, the Steps it ran)."""
+        from freetoken.sim.batch import Speculation
+        from freetoken.sim.speculative import speculative_stream
+
+        return speculative_stream(trace, Speculation(self.draft_depth, float(self.acceptance)), self.prefill_chunk,
+                                  self.draft_seed)
 
 
 def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, replayed_stream=None):
@@ -53,17 +70,16 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     start, lru's split=profile quotas; default: the config's profile file, else the replayed trace itself,
     in-sample) and whose requests are moe_infinity's library (no in-sample default there: it would leak the
     evaluated requests' own matrices); the future of offline policies likewise defaults to the replayed trace, whose
-    call stream is built once for both (batch > 1: the calls as continuous batching interleaves them)."""
+    call stream is built once for both (batch > 1: the calls as continuous batching interleaves them; draft_depth > 0:
+    the verify calls of speculative decoding)."""
     expert_bytes, batch = getattr(config, "expert_bytes", 0), getattr(config, "batch", 1)
     library, profile = profile, profile if profile is not None else trace
     if batch > 1:
-        calls = list(config.batched_calls(trace))
-        future = future_stream(config) or (key_stream(calls, trace.num_experts)
-                                           if POLICIES[config.policy].needs_future else None)
-        policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
-                                  library=library)
-        return replay(calls, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans, on_call=on_call)
-    stream = trace_stream(trace, config.prefill_chunk)
+        stream = config.batched_stream(trace)
+    elif getattr(config, "draft_depth", 0):
+        stream = config.speculative_stream(trace)[0]
+    else:
+        stream = trace_stream(trace, config.prefill_chunk)
     future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
                                   library=library)

@@ -113,7 +113,7 @@ def test_cli_names_unknown_figures_and_reports_each(small_results, tmp_path, cap
     assert main(["miss_rate", "--no-run", "--results", str(small_results), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "miss_rate" in out and "drawn" in out and (tmp_path / "miss_rate.png").is_file()
-    assert set(NAMES) == {"miss_rate", "throughput", "hybrid_split", "turn_latency", "sim_vs_live"}
+    assert set(NAMES) == {"miss_rate", "throughput", "hybrid_split", "turn_latency", "sim_vs_live", "policy_study"}
 
 
 def _captured(monkeypatch, name):

@@ -94,7 +94,8 @@ def test_hydra_runs_write_rows_and_a_report_in_results_not_docs(tmp_path, monkey
     ps.run_study(_hydra_cfg(results, "tiny", 0.25))
     ps.run_study(_hydra_cfg(results, "tiny2", 0.5))
     rows = pd.read_parquet(results / "policy_study_policies.parquet")
-    want = pd.DataFrame(ps.run_case(case, Path("."), [0.25], ps.ONLINE), columns=list(ps.COLUMNS))
+    want = pd.DataFrame(ps.run_case(case, Path("."), [0.25], ps.ONLINE, scenarios=ps.SCENARIOS),
+                        columns=list(ps.COLUMNS))
     got = rows[rows.trace == "tiny"][list(ps.COLUMNS)].reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want, check_dtype=False)
     report = (results / "policy_study.md").read_text()
@@ -121,3 +122,24 @@ def test_hydra_study_config_errors_name_the_key(tmp_path):
     cfg = _hydra_cfg(tmp_path, "deepseek-v2-lite", 0.25, **{"study.traces": str(tmp_path / "none")})
     with pytest.raises(ValueError, match=r"^study\.traces: .*none is not a directory of traces"):
         ps.validate(cfg)
+
+
+def test_scenario_rows_are_the_scenarios_replays():
+    """Batch and draft rows: the folds replayed here with the scenario's SimConfig, Belady on the same calls;
+    ktransformers_dynamic reads the other fold's counts (out of sample)."""
+    case, trace = _case()
+    rows = ps.run_case(case, Path("."), [0.25], ("lru", "ktransformers_dynamic"), scenarios=ps.SCENARIOS)
+    halves = [trace.select(np.isin(trace.request, g)) for g in ([0, 1], [2, 3])]
+    for sc in ps.SCENARIOS:
+        by = {r["policy"]: r for r in rows if r["scenario"] == sc.label}
+        for policy in ("lru", "belady"):
+            want = sum(simulate(h, SimConfig(policy, Split("offload"), fraction=0.25, prefill_chunk=16,
+                                             **sc.sim_fields())).total.misses for h in halves)
+            assert by[policy]["misses"] == want, (sc.label, policy)
+        kt = sum(simulate(h, SimConfig("ktransformers_dynamic", Split("offload"), fraction=0.25, prefill_chunk=16,
+                                       options={"strategy": "frequency"}, **sc.sim_fields()), profile=o).total.misses
+                 for h, o in zip(halves, halves[::-1]))
+        assert by["ktransformers_dynamic"]["misses"] == kt
+    draft = {r["policy"]: r for r in rows if r["scenario"] == "draft 3 a=0.6"}
+    solo = {r["policy"]: r for r in rows if r["scenario"] == "solo"}
+    assert draft["belady"]["misses"] != solo["belady"]["misses"]  # a scenario's own calls, its own bound

@@ -16,6 +16,13 @@ def register(sub) -> None:
     p.add_argument("--expert-bytes", type=int, default=0, help="bytes per expert, for fetched_bytes")
     p.add_argument("--batch", type=int, default=1, help="replay requests N at a time as the server's continuous "
                                                          "batching runs them (decode steps over their union)")
+    p.add_argument("--draft-depth", type=int, default=0,
+                   help="speculative decoding: tokens drafted per decode step; each step one verify call of d + 1 "
+                        "tokens (default 0: none)")
+    p.add_argument("--acceptance", type=float, default=1.0,
+                   help="with --draft-depth: chance a drafted token is the true next one (else another token of "
+                        "the sequence); default 1")
+    p.add_argument("--draft-seed", type=int, default=0, help="seed of the drafts' acceptance draws")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -26,16 +33,29 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.sim.run import SimConfig, simulate
     from freetoken.trace import load
 
-    config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes, batch=args.batch)  # flags checked before any loading
+    if args.acceptance != 1.0 and not args.draft_depth:
+        raise ValueError("--acceptance needs --draft-depth (the drafts it accepts)")
+    config = cache_config_from_args(args, SimConfig, expert_bytes=args.expert_bytes, batch=args.batch,
+                                    draft_depth=args.draft_depth, acceptance=args.acceptance,
+                                    draft_seed=args.draft_seed)  # flags checked before any loading
     trace = load(args.trace)
-    n_calls = num_calls(trace, config.prefill_chunk) if config.batch == 1 else \
-        sum(1 for _ in config.batched_calls(trace))
+    steps = None
+    if config.draft_depth:
+        stream, steps = config.speculative_stream(trace)
+        n_calls = stream.num_calls
+    else:
+        n_calls = num_calls(trace, config.prefill_chunk) if config.batch == 1 else \
+            config.batched_stream(trace).num_calls
     if not is_compiled(config.policy) and not args.json:
         print(f"note: policy {config.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
     with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
         result = simulate(trace, config, on_call=None if args.json else advance)
     out = result.to_dict()
     out["trace"] = args.trace
+    if steps is not None:
+        out["speculation"] = {"draft_depth": config.draft_depth, "acceptance": config.acceptance,
+                              "verify_steps": steps.verify_steps, "decode_tokens": steps.decode_tokens,
+                              "accepted_drafts": int(steps.accepted.sum())}
     if args.json:
         print_json(out)
         return 0
@@ -48,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     # prefetched copies cross PCIe too: a policy that prefetches is not cheaper than its miss count alone says
     print(f"  fetched {t.fetched}  prefetched {t.prefetched}  transfers {t.fetched + t.prefetched}  cpu {t.cpu}  "
           f"evictions {t.evictions}" + (f"  fetched bytes {t.fetched_bytes}" if args.expert_bytes else ""))
+    if steps is not None:
+        print(f"  speculation: depth {config.draft_depth}, acceptance {config.acceptance}: {steps.verify_steps} "
+              f"verify steps for {steps.decode_tokens} decode tokens "
+              f"({steps.decode_tokens / max(steps.verify_steps, 1):.2f} per step)")
     for name, c in result.by_phase().items():
         print(f"  {name:8s} accesses {c.accesses}  hit rate {c.hit_rate:.2%}  fetched {c.fetched}  "
               f"prefetched {c.prefetched}  cpu {c.cpu}")

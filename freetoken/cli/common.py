@@ -99,7 +99,8 @@ DEFAULT_FRACTION = 0.5  # sim / generate without --capacity or --fraction: half 
 CLI_NAMES = {"policy": "--policy", "capacity": "--capacity", "fraction": "--fraction", "split": "--split",
              "prefill_chunk": "--prefill-chunk", "options": "--policy-option", "profile": "--profile-trace",
              "future": "--future-trace", "expert_bytes": "--expert-bytes", "mode": "--split", "rule": "--rule",
-             "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}
+             "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch", "batch": "--batch",
+             "draft_depth": "--draft-depth", "acceptance": "--acceptance", "draft_seed": "--draft-seed"}
 SPLIT_FLAGS = {"rule": "--rule", "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}  # hybrid only
 SPLIT_DEFAULTS = {"rule": "balanced", "bp": 0.0, "bh": 0.0, "max_fetch": 0}
 

@@ -1,0 +1,98 @@
+"""The policy study's grid: the policies (each a POLICIES key with fixed options, labelled as in the report) and the
+decode scenarios every (case, residency) is replayed under: one sequence at a time, continuous batching of 4 or 8
+sequences (sim/continuous.py), or speculative decoding with a draft of depth 3 accepted at a = 0.6 / 0.8
+(sim/speculative.py). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from freetoken.placement import DECODE
+from freetoken.trace import RoutingTrace
+
+LOOKAHEAD_ACCURACY = 0.8  # stated assumption for the simulated early router (no hidden states in the traces)
+HINTED_CONFIDENCE = 0.9  # hinted_sweep prefetches a predicted expert only when r >= this
+DRAFT_DEPTH = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """label: the results' policy column; fitted: takes the decay fitted on the profile and the profile's prior."""
+
+    label: str
+    policy: str
+    options: dict = field(default_factory=dict)
+    fitted: bool = False
+    hint: bool = False  # reads the router hint (the simulator's noisy oracle at LOOKAHEAD_ACCURACY)
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("lru", "lru"),
+    Entry("lru per_layer", "lru", {"scope": "per_layer"}),
+    Entry("static_layers", "static_layers"),
+    Entry("frequency", "frequency"),  # fair: every slot used, strategy=frequency on the profile
+    Entry("frequency uniform", "frequency", {"strategy": "uniform"}),
+    Entry("frequency front_loading", "frequency", {"strategy": "front_loading"}),
+    Entry("ktransformers_dynamic", "ktransformers_dynamic", {"strategy": "frequency"}),
+    Entry("moe_infinity", "moe_infinity"),
+    Entry("s3fifo", "s3fifo"),
+    Entry("layer_sweep", "layer_sweep", fitted=True),
+    Entry("lookahead", "lookahead", {"accuracy": LOOKAHEAD_ACCURACY}, fitted=True, hint=True),
+    Entry("hinted_sweep", "hinted_sweep", {"accuracy": LOOKAHEAD_ACCURACY, "min_confidence": HINTED_CONFIDENCE},
+          fitted=True, hint=True),
+)
+BY_LABEL = {e.label: e for e in ENTRIES}
+ONLINE = tuple(e.label for e in ENTRIES)
+FITTED = tuple(e.label for e in ENTRIES if e.fitted)
+HINTED = tuple(e.label for e in ENTRIES if e.hint)
+PROFILED = ("frequency", "frequency uniform", "frequency front_loading", "ktransformers_dynamic", "moe_infinity") \
+    + FITTED  # read the profile fold (counts, library or prior); the others read nothing of it
+
+
+def options(entry: Entry, decay: float | None, prior) -> dict:
+    return {**entry.options, "decay": decay, "prior": prior} if entry.fitted else dict(entry.options)
+
+
+def params(entry: Entry, decays: list) -> str:
+    fixed = " ".join(f"{k}={v}" for k, v in entry.options.items())
+    if entry.fitted:
+        fixed = f"decay={'/'.join(map(str, decays))} " + fixed + (" depth=1" if entry.hint else "")
+    return fixed.strip() or ("small=0.1" if entry.policy == "s3fifo" else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """signal: what the scenario adds over one sequence at a time (none, batch, drafts)."""
+
+    label: str
+    signal: str = "none"
+    batch: int = 1
+    draft_depth: int = 0
+    acceptance: float = 1.0
+
+    def sim_fields(self) -> dict:
+        return dict(batch=self.batch, draft_depth=self.draft_depth, acceptance=self.acceptance)
+
+    def applies(self, trace: RoutingTrace) -> bool:
+        """Whether it changes the calls: drafts need decode tokens, a batch two sequences that decode."""
+        decode = trace.phase == DECODE
+        if self.draft_depth:
+            return bool(decode.any())
+        if self.batch > 1:
+            keys = trace.request.astype(np.int64)[decode] << 32 | trace.turn.astype(np.int64)[decode]
+            return len(np.unique(keys)) > 1
+        return True
+
+
+SOLO = Scenario("solo")
+SCENARIOS: tuple[Scenario, ...] = (
+    SOLO,
+    Scenario("batch 4", "batch", batch=4),
+    Scenario("batch 8", "batch", batch=8),
+    Scenario(f"draft {DRAFT_DEPTH} a=0.6", "drafts", draft_depth=DRAFT_DEPTH, acceptance=0.6),
+    Scenario(f"draft {DRAFT_DEPTH} a=0.8", "drafts", draft_depth=DRAFT_DEPTH, acceptance=0.8),
+)
+BY_SCENARIO = {s.label: s for s in SCENARIOS}
