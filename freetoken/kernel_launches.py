@@ -7,3 +7,5 @@ KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1
                    "expert_ffn_quant": 3, "attention_decode": 2, "attention_prefill": 1,
                    "causal_conv1d": 1, "causal_conv1d_update": 1, "gated_delta_chunk": 1, "gated_delta_step": 1,
                    "rms_norm_gated": 1}
+# Linears of a plain attention layer (freetoken/engine/model.py): q, k and v fused into one projection, then o.
+ATTENTION_LINEARS = 2

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freetoken.kernel_launches import KERNEL_LAUNCHES  # one table: the engine counts by it, the cost model charges it
+# one table: the engine counts by it, the cost model charges it
+from freetoken.kernel_launches import ATTENTION_LINEARS, KERNEL_LAUNCHES
 
 PREFILL = 0
 
@@ -81,9 +82,11 @@ class HostWork:
 
 
 def attention_launches(shape: LayerShape, decode: np.ndarray) -> np.ndarray:
-    """input rms_norm, q/k/v, q/k norms, two ropes, attention, o projection, post-attention rms_norm."""
+    """input rms_norm, the fused q/k/v projection, q/k norms, two ropes, attention, o projection, post-attention
+    rms_norm."""
     k = KERNEL_LAUNCHES
-    base = 2 * k["rms_norm"] + 4 * k["linear"] + 2 * k["apply_rope"] + (2 * k["rms_norm"] if shape.qk_norm else 0)
+    base = (2 * k["rms_norm"] + ATTENTION_LINEARS * k["linear"] + 2 * k["apply_rope"]
+            + (2 * k["rms_norm"] if shape.qk_norm else 0))
     return base + np.where(decode, k["attention_decode"], k["attention_prefill"])
 
 

@@ -64,7 +64,8 @@ def _gate_up_quant_kernel(
                     other=0.0)  # [BM, BK]
         wg = slot_tile(g_data_ptr, g_scales_ptr, g_zeros_ptr, g_g_idx_ptr, g_global_ptr, slot, k0, offs_n, I, D,
                        stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
-                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP, BLOCK_N, BLOCK_K)  # [BK, BN]
+                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP,
+                       BLOCK_N, BLOCK_K)  # [BK, BN]
         if not DOT_FP32:  # a bf16 / fp16 dot: the tile rounded to x's dtype, as an unquantized weight is stored
             wg = wg.to(x.dtype)
         acc_g = mma(x, wg, acc_g, DOT_FP32)
