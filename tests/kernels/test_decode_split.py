@@ -129,3 +129,17 @@ def test_shipped_config_file_is_valid_and_bad_files_are_named(tmp_path):
     bad.write_text(json.dumps({"format_version": 2, "default": {}}))
     with pytest.raises(ValueError, match="configs.json: format_version"):
         tuning.load_table(bad)
+
+
+def test_shipped_defaults_fill_132_sms_at_model_shapes():
+    # hand-derived from tuned_configs.json's defaults (no launch): programs per batch-1 call on a 132-SM GPU
+    narrow, wide = (tuning.tuned("linear_decode", c, CPU) for c in ("narrow", "wide"))
+    # Qwen3-30B-A3B k / v (512 x 2048): 64 tiles of 8 rows; 4 x 132 wanted -> 9 splits, capped at 2048 / 256 = 8
+    assert split_k(512 // 8, 2048, narrow, CPU) == (8, 256)  # 512 programs (a tiled matmul: 16)
+    # its router (128 x 2048): 16 tiles x 8 splits = 128 programs (a tiled matmul: 4)
+    assert split_k(128 // 8, 2048, narrow, CPU) == (8, 256)
+    # fused qkv (5120 x 2048): 320 tiles of 16 rows, 2 splits of 1024
+    assert split_k(5120 // 16, 2048, wide, CPU) == (2, 1024)
+    # Mixtral-8x7B expert down (2 picks x 4096 / 64 tiles = 128, I = 14336): 3 splits of 4800 (the last 4736)
+    ffn = tuning.tuned("expert_ffn_decode", "any", CPU)
+    assert split_k(2 * 4096 // ffn["DOWN_BLOCK_N"], 14336, ffn, CPU) == (3, 4800)
