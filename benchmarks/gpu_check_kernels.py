@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -90,6 +90,8 @@ class KernelResult:
     baseline_ms: float = 0.0
     hbm_pct: float = 0.0  # bytes_moved per kernel time as % of the measured device-copy bandwidth (CUDA only)
     graphed: bool = False  # timed inside a CUDA graph (else eager)
+    min_hbm_pct: float = 0.0  # the case's threshold (0: report only)
+    hbm_gbps: float = 0.0  # the measured device-copy bandwidth the % is of (0 off CUDA)
 
 
 def _chunked(fn: Callable, chunk: int) -> Callable:
@@ -282,9 +284,9 @@ def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry
             gbps = case.bytes_moved / (kernel_ms * 1e6) if case.bytes_moved else 0.0
             pct = 100 * gbps / hbm if hbm and case.bytes_moved else 0.0
             base_ms = graph_time_ms(*case.baseline, device, iters)[0] if case.baseline else 0.0
-            fast_enough = not hbm or pct >= case.min_hbm_pct
-            res = KernelResult(case.name, err, rel, kernel_ms, ref_ms, gbps, rel <= case.tolerance and fast_enough,
-                               base_ms, pct, graphed)
+            ok = passes(rel, case.tolerance, pct, case.min_hbm_pct, hbm)
+            res = KernelResult(case.name, err, rel, kernel_ms, ref_ms, gbps, ok, base_ms, pct, graphed,
+                               case.min_hbm_pct, hbm)
             results.append(res)
             bandwidth = f"{gbps:7.0f}" if case.bytes_moved else f"{'-':>7s}"
             share = f"{pct:5.0f}" if pct else f"{'-':>5s}"
@@ -295,16 +297,37 @@ def check_kernels(device: str = "cuda", dtype: torch.dtype = torch.bfloat16, dry
     return results
 
 
+def passes(rel_err: float, tolerance: float, hbm_pct: float, min_hbm_pct: float, hbm_gbps: float) -> bool:
+    """Right within the tolerance, and (where a device bandwidth was measured) at or above the case's % of it."""
+    return rel_err <= tolerance and (not hbm_gbps or hbm_pct >= min_hbm_pct)
+
+
+def write_summary(results: list[KernelResult], path: Path) -> dict:
+    """The run as JSON: verdict (FAIL when any case is wrong or under its bandwidth threshold), failing case names,
+    one row per case."""
+    import json
+
+    bad = [r.name for r in results if not r.ok]
+    summary = {"verdict": "FAIL" if bad else "PASS", "failures": bad, "kernels": [asdict(r) for r in results]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under the Triton interpreter")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--json", metavar="PATH", help="summary JSON (default: $OUT/gpu_check_kernels.json when $OUT is set)")
     args = p.parse_args(argv)
     try:
         results = check_kernels(dtype=getattr(torch, args.dtype), dry_run=args.dry_run)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    path = args.json or (Path(os.environ["OUT"]) / "gpu_check_kernels.json" if os.environ.get("OUT") else None)
+    if path is not None:
+        write_summary(results, Path(path))
     return 0 if all(r.ok for r in results) else 1
 
 
