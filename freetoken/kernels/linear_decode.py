@@ -107,7 +107,9 @@ def linear_decode(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
     out = torch.empty((T, D_out), dtype=x.dtype, device=x.device)
     if T == 0 or D_out == 0:
         return out
+    BM = triton.next_power_of_2(T)
     cfg = tuned("linear_decode", shape_class(D_out), x.device)
+    cfg = {**cfg, "BLOCK_K": max(cfg["BLOCK_K"] // BM, 32)}  # the [BM, BN, BK] product keeps one register budget
     BN, BK = cfg["BLOCK_N"], cfg["BLOCK_K"]
     tiles = triton.cdiv(D_out, BN)
     splits, k_split = split_k(tiles, D_in, cfg, x.device) if tiles <= MAX_SPLIT_TILES else (1, D_in)
@@ -123,7 +125,7 @@ def linear_decode(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         T, D_out, D_in, k_split,
         x.stride(0), w.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, SPLIT_K=splits,
-        BLOCK_M=triton.next_power_of_2(T), BLOCK_N=BN, BLOCK_K=BK,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out

@@ -58,7 +58,8 @@ def _variants():
         for split, bm, bias in ((1, 1, False), (3, 1, True), (4, 4, False)):  # one launch; split-K; 4 rows split
             out.append((f"linear_decode {shape_class} split={split} rows={bm}", _linear_decode_kernel, decode,
                         dict(HAS_BIAS=bias, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"],
-                             BLOCK_K=cfg["BLOCK_K"]), cfg["num_warps"], cfg["num_stages"]))
+                             BLOCK_K=max(cfg["BLOCK_K"] // bm, 32)),  # as linear_decode narrows K for more rows
+                        cfg["num_warps"], cfg["num_stages"]))
     for bm, warps in ((16, 4), (64, 8)):
         for sinks, sliding in ((False, False), (True, True)):  # plain; gpt-oss (sinks, sliding window)
             out.append((f"attention prefill BM={bm}" + (" sinks sliding" if sinks else ""), _attention_prefill_kernel,
