@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from freetoken.kernel_launches import KERNEL_LAUNCHES  # one table: the engine counts by it, the cost model charges it
+# one table: the engine counts by it, the cost model charges it
+from freetoken.kernel_launches import ATTENTION_LINEARS, DELTANET_LINEARS, KERNEL_LAUNCHES
 
 PREFILL = 0
 
@@ -86,16 +87,17 @@ class HostWork:
 
 
 def attention_launches(shape: LayerShape, decode: np.ndarray, linear: np.ndarray | None = None) -> np.ndarray:
-    """input rms_norm, q/k/v, q/k norms, two ropes, attention, (output gate,) o projection, post-attention rms_norm;
-    where `linear` [N]: a Gated DeltaNet layer instead: input rms_norm, the qkv / b / a / z / out linears, the causal
-    conv, the gated delta rule, the gated rms_norm, post-attention rms_norm."""
+    """input rms_norm, the fused q/k/v projection, q/k norms, two ropes, attention, (output gate,) o projection,
+    post-attention rms_norm; where `linear` [N]: a Gated DeltaNet layer instead: input rms_norm, the fused
+    qkv / z / b / a input projection, the causal conv, the gated delta rule, the gated rms_norm, the out linear,
+    post-attention rms_norm."""
     k = KERNEL_LAUNCHES
-    base = 2 * k["rms_norm"] + (4 + shape.out_gate) * k["linear"] + 2 * k["apply_rope"] + (
+    base = 2 * k["rms_norm"] + (ATTENTION_LINEARS + shape.out_gate) * k["linear"] + 2 * k["apply_rope"] + (
         2 * k["rms_norm"] if shape.qk_norm else 0)
     attn = base + np.where(decode, k["attention_decode"], k["attention_prefill"])
     if linear is None or not linear.any():
         return attn
-    delta = 2 * k["rms_norm"] + 5 * k["linear"] + k["rms_norm_gated"] + np.where(
+    delta = 2 * k["rms_norm"] + DELTANET_LINEARS * k["linear"] + k["rms_norm_gated"] + np.where(
         decode, k["causal_conv1d_update"] + k["gated_delta_step"], k["causal_conv1d"] + k["gated_delta_chunk"])
     return np.where(linear, delta, attn)
 

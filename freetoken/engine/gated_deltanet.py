@@ -22,10 +22,8 @@ from freetoken.models.qwen3_next import LINEAR
 
 @dataclass(slots=True)
 class DeltaNetWeights:
-    w_qkv: torch.Tensor  # [2 Hk Dk + Hv Dv, D]: all q rows, all k rows, all v rows
-    w_z: torch.Tensor  # [Hv Dv, D] the output gate
-    w_b: torch.Tensor  # [Hv, D] beta logits
-    w_a: torch.Tensor  # [Hv, D] decay-rate logits
+    w_in: torch.Tensor  # [2 Hk Dk + Hv Dv + Hv Dv + 2 Hv, D]: q, k, v rows, the output gate z, beta and decay-rate
+    #                     logits b and a: the four input projections of h in one launch
     conv: torch.Tensor  # [conv_dim, K]
     dt_bias: torch.Tensor  # [Hv] fp32
     neg_a: torch.Tensor  # [Hv] fp32: -exp(A_log)
@@ -53,7 +51,7 @@ def load_deltanet(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tenso
     else:
         qkv, z, b, a = (dev(p + n + ".weight") for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"))
     return DeltaNetWeights(
-        qkv.contiguous(), z.contiguous(), b.contiguous(), a.contiguous(), dev(p + "conv1d.weight")[:, 0].contiguous(),
+        torch.cat([qkv, z, b, a]).contiguous(), dev(p + "conv1d.weight")[:, 0].contiguous(),
         dev(p + "dt_bias").float(), -dev(p + "A_log").float().exp(), dev(p + "norm.weight"), dev(p + "out_proj.weight"))
 
 
@@ -62,16 +60,16 @@ def deltanet(ks: KernelSet, cfg: ModelConfig, w: DeltaNetWeights, h: torch.Tenso
     """h [T, D] -> [T, D]; conv_state [conv_dim, K - 1] and state [Hv, Dk, Dv] fp32 advance by T tokens in place."""
     la = cfg.linear_attention
     T, Hk, Hv, Dk, Dv = h.shape[0], la.num_k_heads, la.num_v_heads, la.k_head_dim, la.v_head_dim
-    mixed = ks.linear(h, w.w_qkv)  # [T, conv_dim]
+    C, Z = la.conv_dim, Hv * Dv
+    mixed, z, b, a = ks.linear(h, w.w_in).split([C, Z, Hv, Hv], dim=1)  # [T, conv_dim], [T, Hv Dv], [T, Hv] x2
     conv = ks.causal_conv1d_update if T == 1 else ks.causal_conv1d
     mixed = conv(mixed, w.conv, conv_state)
     q = mixed[:, :la.key_dim].view(T, Hk, Dk)
     k = mixed[:, la.key_dim:2 * la.key_dim].view(T, Hk, Dk)
     v = mixed[:, 2 * la.key_dim:].view(T, Hv, Dv)
-    beta = torch.sigmoid(ks.linear(h, w.w_b))  # [T, Hv]
-    g = w.neg_a * torch.nn.functional.softplus(ks.linear(h, w.w_a).float() + w.dt_bias)  # [T, Hv] fp32, < 0
+    beta = torch.sigmoid(b)  # [T, Hv]
+    g = w.neg_a * torch.nn.functional.softplus(a.float() + w.dt_bias)  # [T, Hv] fp32, < 0
     rule = ks.gated_delta_step if T == 1 else ks.gated_delta_chunk
-    o = rule(q, k, v, g, beta, state)  # [T, Hv, Dv]
-    z = ks.linear(h, w.w_z)  # [T, Hv Dv]
-    o = ks.rms_norm_gated(o.reshape(T * Hv, Dv), z.view(T * Hv, Dv), w.norm, cfg.rms_norm_eps)
+    o = rule(q, k, v, g, beta.contiguous(), state)  # [T, Hv, Dv]
+    o = ks.rms_norm_gated(o.reshape(T * Hv, Dv), z.reshape(T * Hv, Dv), w.norm, cfg.rms_norm_eps)
     return ks.linear(o.view(T, Hv * Dv), w.out)

@@ -26,14 +26,13 @@ from freetoken.models.family import ATTN
 @dataclass(slots=True)
 class MLAWeights:
     wq: torch.Tensor  # q_proj [H (R + N), D] or q_b_proj [H (R + N), Rq]; per head rope rows first
-    wkv_a: torch.Tensor  # [R + C, D]: the shared k_pe rows first, then the latent's
+    wa: torch.Tensor  # [Rq + R + C, D]: q_a_proj (with q LoRA, Rq rows), then kv_a's shared k_pe rows, its latent's
     kv_a_norm: torch.Tensor  # [C]
     wkv_b: torch.Tensor  # [H (N + V), C]: per head k_nope rows, then v rows
     wo: torch.Tensor  # [D, H V]
-    wq_a: torch.Tensor | None = None  # [Rq, D] with q LoRA
+    q_lora: int = 0  # Rq: the leading rows of wa that are q_a_proj's (one launch for both projections of h)
     q_a_norm: torch.Tensor | None = None  # [Rq]
-    bq_a: torch.Tensor | None = None
-    bkv_a: torch.Tensor | None = None
+    ba: torch.Tensor | None = None  # [Rq + R + C] (zeros for a projection without a bias)
     bo: torch.Tensor | None = None
     indexer: IndexerWeights | None = None  # DSA (GLM-5): this layer's own lightning indexer
 
@@ -52,14 +51,24 @@ def load_mla(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tensor],
     head = _rope_first(N, R, m.rope_interleave)
     q_rows = (torch.arange(H)[:, None] * (N + R) + head[None, :]).reshape(-1)
     kv_rows = torch.cat([C + _rope_first(0, R, m.rope_interleave), torch.arange(C)])
-    bkv_a = opt(a + "kv_a_proj_with_mqa.bias")
+    wkv_a, bkv_a = dev(a + "kv_a_proj_with_mqa.weight")[kv_rows], opt(a + "kv_a_proj_with_mqa.bias")
+    bkv_a = None if bkv_a is None else bkv_a[kv_rows]
+    wq_a = bq_a = None
+    if m.q_lora_rank:
+        wq_a, bq_a = dev(a + "q_a_proj.weight"), opt(a + "q_a_proj.bias")
+    wa = wkv_a if wq_a is None else torch.cat([wq_a, wkv_a])
+    ba = None
+    if bq_a is not None or bkv_a is not None:
+        dtype = (bq_a if bq_a is not None else bkv_a).dtype
+        ba = torch.cat([torch.zeros(w.shape[0], dtype=dtype, device=wa.device) if b is None else b
+                        for w, b in ((wq_a, bq_a), (wkv_a, bkv_a)) if w is not None])
     w = MLAWeights(
         wq=dev(a + ("q_b_proj.weight" if m.q_lora_rank else "q_proj.weight"))[q_rows].contiguous(),
-        wkv_a=dev(a + "kv_a_proj_with_mqa.weight")[kv_rows].contiguous(),
-        kv_a_norm=dev(a + "kv_a_layernorm.weight"), wkv_b=dev(a + "kv_b_proj.weight"), wo=dev(a + "o_proj.weight"),
-        bkv_a=None if bkv_a is None else bkv_a[kv_rows].contiguous(), bo=opt(a + "o_proj.bias"))
+        wa=wa.contiguous(), kv_a_norm=dev(a + "kv_a_layernorm.weight"), wkv_b=dev(a + "kv_b_proj.weight"),
+        wo=dev(a + "o_proj.weight"), q_lora=m.q_lora_rank or 0, ba=None if ba is None else ba.contiguous(),
+        bo=opt(a + "o_proj.bias"))
     if m.q_lora_rank:
-        w.wq_a, w.q_a_norm, w.bq_a = dev(a + "q_a_proj.weight"), dev(a + "q_a_layernorm.weight"), opt(a + "q_a_proj.bias")
+        w.q_a_norm = dev(a + "q_a_layernorm.weight")
     if cfg.dsa is not None and layer in cfg.dsa.indexer_layers:
         w.indexer = load_indexer(cfg, layer, dev)
     return w
@@ -71,10 +80,11 @@ def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h:
     m, eps = cfg.mla, cfg.rms_norm_eps
     T, H, Dc = h.shape[0], cfg.num_heads, cfg.head_dim
     R, N, V = m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
-    q_in = h if w.wq_a is None else ks.rms_norm(ks.linear(h, w.wq_a, w.bq_a), w.q_a_norm, eps)
+    projected = ks.linear(h, w.wa, w.ba)  # [T, Rq + R + C]: q_a (with q LoRA) and kv_a in one launch
+    q_in = h if not w.q_lora else ks.rms_norm(projected[:, :w.q_lora], w.q_a_norm, eps)
     q = ks.linear(q_in, w.wq).view(T, H, R + N)
     q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, R, **rope)
-    compressed = ks.linear(h, w.wkv_a, w.bkv_a)  # [T, R + C]
+    compressed = projected[:, w.q_lora:]  # [T, R + C]
     k_pe = ks.apply_rope(compressed[:, :R].contiguous().view(T, 1, R), positions, cfg.rope_theta, **rope)
     latent = ks.rms_norm(compressed[:, R:].contiguous(), w.kv_a_norm, eps)  # [T, C]
     kv_b = ks.linear(latent, w.wkv_b).view(T, H, N + V)

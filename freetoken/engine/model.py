@@ -31,16 +31,12 @@ MoEFn = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 class LayerWeights:
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    wq: torch.Tensor | None = None  # q/k/v/o: None with MLA
-    wk: torch.Tensor | None = None
-    wv: torch.Tensor | None = None
+    wqkv: torch.Tensor | None = None  # [H Dh + 2 Hkv Dh, D] q, k, v rows in one matrix (one launch); None with MLA
     wo: torch.Tensor | None = None
     mla: MLAWeights | None = None
     deltanet: DeltaNetWeights | None = None  # a Gated DeltaNet layer instead of attention (no KV)
     out_gate: torch.Tensor | None = None  # [H Dh, D]: attention output *= sigmoid(h @ out_gate^T) (Qwen3-Next)
-    bq: torch.Tensor | None = None
-    bk: torch.Tensor | None = None
-    bv: torch.Tensor | None = None
+    bqkv: torch.Tensor | None = None  # [H Dh + 2 Hkv Dh] (zeros where a checkpoint has only some of the three)
     bo: torch.Tensor | None = None
     sinks: torch.Tensor | None = None  # [H] fp32: per-head logits joining the softmax denominator (gpt-oss)
     window: int | None = None  # sliding-window attention: the last `window` keys
@@ -88,11 +84,19 @@ class Decoder:
             elif cfg.mla is not None:
                 lw.mla = load_mla(cfg, l, dev, opt)
             else:
-                lw.wq, lw.wk, lw.wv, lw.wo = (dev(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                wq, wk, wv, lw.wo = (dev(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
                 if cfg.attention_output_gate:  # q_proj rows per head: q (Dh), then its gate (Dh)
-                    rows = lw.wq.view(cfg.num_heads, 2, cfg.head_dim, -1)
-                    lw.wq, lw.out_gate = (rows[:, i].reshape(-1, rows.shape[-1]).contiguous() for i in (0, 1))
-                lw.bq, lw.bk, lw.bv, lw.bo = (opt(a + p + ".bias") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+                    rows = wq.view(cfg.num_heads, 2, cfg.head_dim, -1)
+                    wq, lw.out_gate = (rows[:, i].reshape(-1, rows.shape[-1]).contiguous() for i in (0, 1))
+                lw.wqkv = torch.cat([wq, wk, wv]).contiguous()  # the three projections as one decode launch
+                del wq, wk, wv
+                biases = [opt(a + p + ".bias") for p in ("q_proj", "k_proj", "v_proj")]
+                if any(b is not None for b in biases):
+                    sizes = (cfg.num_heads * cfg.head_dim,) + (cfg.num_kv_heads * cfg.head_dim,) * 2
+                    dtype = next(b.dtype for b in biases if b is not None)
+                    lw.bqkv = torch.cat([torch.zeros(n, dtype=dtype, device=self.device) if b is None
+                                         else b for b, n in zip(biases, sizes)])
+                lw.bo = opt(a + "o_proj.bias")
                 lw.window = cfg.window(l)
                 lw.q_norm, lw.k_norm = norm(fam.q_norm.format(l=l)), norm(fam.k_norm.format(l=l))
             if cfg.attention_sinks:
@@ -225,7 +229,7 @@ class Decoder:
         """q [T, H, Dh], k and v [T, Hkv, Dh] of normed h [T, D], rope applied at positions [T]."""
         cfg, ks = self.cfg, self.kernels
         T, H, Hkv, Dh = h.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q, k, v = ks.linear(h, lw.wq, lw.bq), ks.linear(h, lw.wk, lw.bk), ks.linear(h, lw.wv, lw.bv)
+        q, k, v = ks.linear(h, lw.wqkv, lw.bqkv).split([H * Dh, Hkv * Dh, Hkv * Dh], dim=1)  # row-strided views
         if cfg.qk_norm == "full":  # OLMoE: over the whole projection
             q, k = ks.rms_norm(q, lw.q_norm, cfg.rms_norm_eps), ks.rms_norm(k, lw.k_norm, cfg.rms_norm_eps)
         if cfg.clip_qkv is not None:

@@ -22,6 +22,7 @@ import triton.language as tl
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
 from freetoken.kernels.moe_align import align_by_slot
+from freetoken.kernels.tuning import split_k, tuned
 
 MAX_PAIRS_ONE_PER_BLOCK = 16  # up to this many (token, k) pairs, each pair is its own block (decode)
 # silu: SwiGLU silu(g) * u; clamped (gpt-oss): g = min(g, limit), u = clamp(u, -limit, limit), g sigmoid(alpha g) (u + 1)
@@ -108,35 +109,39 @@ def _down_kernel(
     # Pointers
     h_ptr, w_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr, b_ptr,
     # Dimensions
-    TK, D, I,
+    TK, D, I, K_SPLIT,
     # Strides
-    stride_hp, stride_ws, stride_wn, stride_yp, stride_bs,
+    stride_hp, stride_ws, stride_wn, stride_ys, stride_yp, stride_bs,
     # Meta-parameters
     ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T (+ bd[s, n]))."""
+    """Program (row block, D tile, split): y[split, pair, n] = route_w[pair] * (h[rows, slice] @ Wd[s, n, slice].T
+    (+ bd[s, n] on split 0)) over the split's K_SPLIT-wide slice of I (one split: all of I)."""
     slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
                                           BLOCK_M, ONE_PAIR)
     if slot < 0:
         return
+    split = tl.program_id(2)
+    k_lo = split * K_SPLIT
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < D
     offs_k = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_k[None, :]  # [BM, BK] int64: P * I can pass 2^31
-    w_ptrs = w_ptr + slot.to(tl.int64) * stride_ws + offs_n[None, :] * stride_wn + offs_k[:, None]  # [BK, BN]
+    h_ptrs = h_ptr + rows.to(tl.int64)[:, None] * stride_hp + (k_lo + offs_k)[None, :]  # [BM, BK] int64: P * I > 2^31
+    w_ptrs = w_ptr + slot.to(tl.int64) * stride_ws + offs_n[None, :] * stride_wn + (k_lo + offs_k)[:, None]  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        kmask = offs_k < I - k0
+    for k0 in range(0, K_SPLIT, BLOCK_K):  # K_SPLIT: a multiple of BLOCK_K; the last split may end early
+        kmask = offs_k < I - k_lo - k0
         h = tl.load(h_ptrs, mask=rmask[:, None] & kmask[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=kmask[:, None] & nmask[None, :], other=0.0)
         acc = mma(h, w, acc, DOT_FP32)
         h_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    acc = add_bias(acc, b_ptr, slot, stride_bs, offs_n, D, HAS_BIAS)
+    if split == 0:
+        acc = add_bias(acc, b_ptr, slot, stride_bs, offs_n, D, HAS_BIAS)
     route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
-    tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
-             mask=rmask[:, None] & nmask[None, :])
+    y_ptrs = y_ptr + split.to(tl.int64) * stride_ys + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :]
+    tl.store(y_ptrs, acc * route_w[:, None], mask=rmask[:, None] & nmask[None, :])
 
 
 @triton.jit
@@ -144,19 +149,22 @@ def _sum_pairs_kernel(
     # Pointers
     y_ptr, slot_ptr, out_ptr,
     # Dimensions
-    K, D,
+    K, D, SPLITS,
     # Strides
-    stride_yp, stride_st, stride_ot,
+    stride_ys, stride_yp, stride_st, stride_ot,
     # Meta-parameters
     BLOCK_D: tl.constexpr,
 ):
-    """Program (token, D tile): out[t] = sum of y over the token's resident pairs (others were never written)."""
+    """Program (token, D tile): out[t] = sum of y over the token's resident pairs (others were never written) and
+    over the down kernel's K splits, in a fixed order."""
     t = tl.program_id(0)
     offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
     for k in range(K):
         width = tl.where(tl.load(slot_ptr + t * stride_st + k) >= 0, D, 0)  # 0: pair not resident, row unwritten
-        acc += tl.load(y_ptr + (t * K + k).to(tl.int64) * stride_yp + offs_d, mask=offs_d < width, other=0.0)
+        row = y_ptr + (t * K + k).to(tl.int64) * stride_yp + offs_d
+        for s in range(SPLITS):
+            acc += tl.load(row + s * stride_ys, mask=offs_d < width, other=0.0)
     tl.store(out_ptr + t * stride_ot + offs_d, acc.to(out_ptr.dtype.element_ty), mask=offs_d < D)
 
 
@@ -177,7 +185,8 @@ def check_ffn_options(b_gate_up: torch.Tensor | None, b_down: torch.Tensor | Non
 
 @dataclass(slots=True)
 class PairBlocks:
-    """How both expert FFNs (dense and packed) walk a call's (token, k) pairs, and the buffers they fill."""
+    """How both expert FFNs (dense and packed) walk a call's (token, k) pairs, the tiles they launch, and the
+    buffers they fill."""
 
     one_pair: bool  # decode: block b is pair b
     block_m: int
@@ -185,39 +194,61 @@ class PairBlocks:
     block_slot: torch.Tensor  # [blocks] slot of each row block (prefill), else slot_ids (unused)
     num_blocks: int
     h: torch.Tensor  # [rows, I] gated activation per row
-    y: torch.Tensor  # [T * K, D] fp32 weighted expert output per pair
+    y: torch.Tensor  # [splits, T * K, D] fp32 weighted expert output per pair and K split of the down GEMM
     route_w: torch.Tensor  # [T * K] routing weight per pair
+    gate_up_block_n: int
+    down_block_n: int
+    block_k: int
+    k_split: int  # the down kernel's slice of I per split (a multiple of block_k)
+    num_warps: int
+    num_stages: int
+
+    @property
+    def splits(self) -> int:
+        return self.y.shape[0]
+
+
+PREFILL_TILES = {"GATE_UP_BLOCK_N": 64, "DOWN_BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
 
 
 def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, S: int, I: int,
-                max_experts: int | None = None) -> PairBlocks:
-    """Check slot ids (CPU only), then lay out the row blocks and allocate h / y."""
+                max_experts: int | None = None, kernel: str = "expert_ffn") -> PairBlocks:
+    """Check slot ids (CPU only), lay out the row blocks, pick the tiles (decode: `kernel`_decode's tuned config,
+    the down GEMM split over I until the call fills the GPU), allocate h / y."""
     if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
         raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
     T, K = slot_ids.shape
+    D = x.shape[1]
     one_pair = T * K <= MAX_PAIRS_ONE_PER_BLOCK
     block_m = 16 if T <= 32 else 64
     if one_pair:
         pairs = block_slot = slot_ids  # unused by the kernels in this mode
         num_blocks = num_rows = T * K
+        cfg = tuned(f"{kernel}_decode", "any", x.device)
+        splits, k_split = split_k(num_blocks * triton.cdiv(D, cfg["DOWN_BLOCK_N"]), I, cfg, x.device)
     else:
         blocks = align_by_slot(slot_ids, S, block_m, max_experts)
         pairs, block_slot = blocks.pairs, blocks.block_slot
         num_blocks, num_rows = block_slot.shape[0], pairs.shape[0]
+        cfg = PREFILL_TILES
+        splits, k_split = 1, triton.cdiv(I, cfg["BLOCK_K"]) * cfg["BLOCK_K"]
     h = torch.empty((num_rows, I), dtype=x.dtype, device=x.device)
-    y = torch.empty((T * K, x.shape[1]), dtype=torch.float32, device=x.device)
-    return PairBlocks(one_pair, block_m, pairs, block_slot, num_blocks, h, y, weights.contiguous().reshape(-1))
+    y = torch.empty((splits, T * K, D), dtype=torch.float32, device=x.device)
+    return PairBlocks(one_pair, block_m, pairs, block_slot, num_blocks, h, y, weights.contiguous().reshape(-1),
+                      cfg["GATE_UP_BLOCK_N"], cfg["DOWN_BLOCK_N"], cfg["BLOCK_K"], k_split, cfg["num_warps"],
+                      cfg["num_stages"])
 
 
 def sum_pairs(y: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out [T, D] = each token's sum of its resident pairs' rows of y (the third launch of both FFNs)."""
+    """out [T, D] = each token's sum of its resident pairs' rows of y [splits, T * K, D] over the splits (the third
+    launch of both FFNs)."""
     T, K = slot_ids.shape
     D = out.shape[1]
     BLOCK_D = min(triton.next_power_of_2(D), 1024)
     _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
         y, slot_ids, out,
-        K, D,
-        y.stride(0), slot_ids.stride(0), out.stride(0),
+        K, D, y.shape[0],
+        y.stride(0), y.stride(1), slot_ids.stride(0), out.stride(0),
         BLOCK_D=BLOCK_D, num_warps=4,
     )
     return out
@@ -263,30 +294,28 @@ def expert_ffn(
     if T == 0 or K == 0:
         return out.zero_()
     slot_ids = slot_ids.contiguous()
-    blocks = pair_blocks(x, slot_ids, weights, S, I, max_experts)
-    one_pair, BLOCK_M, pairs, block_slot = blocks.one_pair, blocks.block_m, blocks.pairs, blocks.block_slot
-    num_blocks, h, y, route_w = blocks.num_blocks, blocks.h, blocks.y, blocks.route_w
+    b = pair_blocks(x, slot_ids, weights, S, I, max_experts)
     # 3. launch
     dot_fp32 = dot_in_fp32(x, w_gate_up, w_down)
-    BLOCK_N, BLOCK_K = 64, 64
-    BLOCK_N_GATE_UP = 32 if one_pair else BLOCK_N  # decode: more, narrower programs stream the K experts' weights
     b_gu, stride_bgu = bias_args(b_gate_up, x)
     b_d, stride_bd = bias_args(b_down, x)
-    _gate_up_kernel[(num_blocks, triton.cdiv(I, BLOCK_N_GATE_UP))](
-        x, w_gate_up, pairs, block_slot, slot_ids, h, b_gu,
+    _gate_up_kernel[(b.num_blocks, triton.cdiv(I, b.gate_up_block_n))](
+        x, w_gate_up, b.pairs, b.block_slot, slot_ids, b.h, b_gu,
         T * K, K, D, I, float(alpha), float(limit),
-        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), h.stride(0), stride_bgu,
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_gate_up is not None, GLU=glu,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
+        x.stride(0), w_gate_up.stride(0), w_gate_up.stride(1), b.h.stride(0), stride_bgu,
+        ONE_PAIR=b.one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_gate_up is not None, GLU=glu,
+        BLOCK_M=b.block_m, BLOCK_N=b.gate_up_block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
+        num_stages=b.num_stages,
     )
-    _down_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](
-        h, w_down, pairs, block_slot, slot_ids, route_w, y, b_d,
-        T * K, D, I,
-        h.stride(0), w_down.stride(0), w_down.stride(1), y.stride(0), stride_bd,
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3,
+    _down_kernel[(b.num_blocks, triton.cdiv(D, b.down_block_n), b.splits)](
+        b.h, w_down, b.pairs, b.block_slot, slot_ids, b.route_w, b.y, b_d,
+        T * K, D, I, b.k_split,
+        b.h.stride(0), w_down.stride(0), w_down.stride(1), b.y.stride(0), b.y.stride(1), stride_bd,
+        ONE_PAIR=b.one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None,
+        BLOCK_M=b.block_m, BLOCK_N=b.down_block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
+        num_stages=b.num_stages,
     )
-    return sum_pairs(y, slot_ids, out)
+    return sum_pairs(b.y, slot_ids, out)
 
 
 def glu_ref(gate: torch.Tensor, up: torch.Tensor, glu: str = "silu", alpha: float = 1.702,

@@ -62,15 +62,16 @@ def _gate_up_quant_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + tok[:, None] * stride_xt + offs_k[None, :], mask=rmask[:, None] & (offs_k[None, :] < D),
                     other=0.0)  # [BM, BK]
-        wg = slot_tile(g_data_ptr, g_scales_ptr, g_zeros_ptr, g_g_idx_ptr, g_global_ptr, slot, offs_k, offs_n, I, D,
+        wg = slot_tile(g_data_ptr, g_scales_ptr, g_zeros_ptr, g_g_idx_ptr, g_global_ptr, slot, k0, offs_n, I, D,
                        stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
-                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)  # [BK, BN]
+                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP,
+                       BLOCK_N, BLOCK_K)  # [BK, BN]
         if not DOT_FP32:  # a bf16 / fp16 dot: the tile rounded to x's dtype, as an unquantized weight is stored
             wg = wg.to(x.dtype)
         acc_g = mma(x, wg, acc_g, DOT_FP32)
-        wu = slot_tile(u_data_ptr, u_scales_ptr, u_zeros_ptr, u_g_idx_ptr, u_global_ptr, slot, offs_k, offs_n, I, D,
+        wu = slot_tile(u_data_ptr, u_scales_ptr, u_zeros_ptr, u_g_idx_ptr, u_global_ptr, slot, k0, offs_n, I, D,
                        stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
-                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)
+                       KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP, BLOCK_N, BLOCK_K)
         if not DOT_FP32:
             wu = wu.to(x.dtype)
         acc_u = mma(x, wu, acc_u, DOT_FP32)
@@ -87,36 +88,41 @@ def _down_quant_kernel(
     h_ptr, pairs_ptr, block_slot_ptr, slot_ids_ptr, route_w_ptr, y_ptr, b_ptr,
     data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr,
     # Dimensions
-    TK, D, I,
+    TK, D, I, K_SPLIT,
     # Strides
-    stride_hp, stride_yp, stride_bs, stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
+    stride_hp, stride_ys, stride_yp, stride_bs, stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn,
+    stride_gs,
     # Meta-parameters
     ONE_PAIR: tl.constexpr, DOT_FP32: tl.constexpr, HAS_BIAS: tl.constexpr,
     KIND: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_ROWS: tl.constexpr,
     BLOCK_COLS: tl.constexpr, SCALE_CODE: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """Program (row block, D tile): y[pair, n] = route_w[pair] * (h[rows] @ Wd[s, n].T (+ bd[s, n]))."""
+    """Program (row block, D tile, split): y[split, pair, n] = route_w[pair] * (h[rows, slice] @ Wd[s, n, slice].T
+    (+ bd[s, n] on split 0)), the slice the split's K_SPLIT inputs of I (expert_ffn's _down_kernel)."""
     slot, pair, rmask, rows = _block_rows(tl.program_id(0), pairs_ptr, block_slot_ptr, slot_ids_ptr, TK,
                                           BLOCK_M, ONE_PAIR)
     if slot < 0:
         return
+    split = tl.program_id(2)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
+    for i in range(0, K_SPLIT, BLOCK_K):
+        k0 = split * K_SPLIT + i
         offs_k = k0 + tl.arange(0, BLOCK_K)
         h = tl.load(h_ptr + rows.to(tl.int64)[:, None] * stride_hp + offs_k[None, :],
                     mask=rmask[:, None] & (offs_k[None, :] < I), other=0.0)  # [BM, BK] int64 rows: P * I > 2^31
-        w = slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, offs_k, offs_n, D, I,
+        w = slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, k0, offs_n, D, I,
                       stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
-                      KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP)  # [BK, BN]
+                      KIND, GROUP, HAS_G_IDX, BLOCK_ROWS, BLOCK_COLS, SCALE_CODE, GLOBAL_OP, BLOCK_N, BLOCK_K)
         if not DOT_FP32:
             w = w.to(h.dtype)
         acc = mma(h, w, acc, DOT_FP32)
-    acc = add_bias(acc, b_ptr, slot, stride_bs, offs_n, D, HAS_BIAS)
+    if split == 0:
+        acc = add_bias(acc, b_ptr, slot, stride_bs, offs_n, D, HAS_BIAS)
     route_w = tl.load(route_w_ptr + pair, mask=rmask, other=0.0)  # [BM]
-    tl.store(y_ptr + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc * route_w[:, None],
-             mask=rmask[:, None] & (offs_n[None, :] < D))
+    y_ptrs = y_ptr + split.to(tl.int64) * stride_ys + pair.to(tl.int64)[:, None] * stride_yp + offs_n[None, :]
+    tl.store(y_ptrs, acc * route_w[:, None], mask=rmask[:, None] & (offs_n[None, :] < D))
 
 
 def _layout(w: PackedWeight) -> dict:
@@ -198,30 +204,28 @@ def expert_ffn_quant(
     if T == 0 or K == 0:
         return out.zero_()
     slot_ids = slot_ids.contiguous()
-    blocks = pair_blocks(x, slot_ids, weights, S, I, max_experts)
-    one_pair, BLOCK_M, pairs, block_slot = blocks.one_pair, blocks.block_m, blocks.pairs, blocks.block_slot
-    num_blocks, h, y, route_w = blocks.num_blocks, blocks.h, blocks.y, blocks.route_w
+    b = pair_blocks(x, slot_ids, weights, S, I, max_experts, kernel="expert_ffn_quant")
     # 3. launch
     dot_fp32 = dot_in_fp32(x)
-    BLOCK_N, BLOCK_K = 64, 64
-    BLOCK_N_GATE_UP = 32 if one_pair else BLOCK_N  # decode: more, narrower programs stream the K experts' weights
     b_gu, stride_bgu = bias_args(b_gate_up, x)
     b_d, stride_bd = bias_args(b_down, x)
-    _gate_up_quant_kernel[(num_blocks, triton.cdiv(I, BLOCK_N_GATE_UP))](
-        x, pairs, block_slot, slot_ids, h, b_gu, *gate_ptrs, *up_ptrs,
+    _gate_up_quant_kernel[(b.num_blocks, triton.cdiv(I, b.gate_up_block_n))](
+        x, b.pairs, b.block_slot, slot_ids, b.h, b_gu, *gate_ptrs, *up_ptrs,
         T * K, K, D, I, float(alpha), float(limit),
-        x.stride(0), h.stride(0), stride_bgu, *gu_strides,
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_gate_up is not None, GLU=glu, **gu_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N_GATE_UP, BLOCK_K=BLOCK_K,
-        num_warps=4, num_stages=3,
+        x.stride(0), b.h.stride(0), stride_bgu, *gu_strides,
+        ONE_PAIR=b.one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_gate_up is not None, GLU=glu, **gu_meta,
+        BLOCK_M=b.block_m, BLOCK_N=b.gate_up_block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
+        num_stages=b.num_stages,
     )
-    _down_quant_kernel[(num_blocks, triton.cdiv(D, BLOCK_N))](
-        h, pairs, block_slot, slot_ids, route_w, y, b_d, *down_ptrs,
-        T * K, D, I,
-        h.stride(0), y.stride(0), stride_bd, *down_strides,
-        ONE_PAIR=one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None, **down_meta, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        num_warps=4, num_stages=3,
+    _down_quant_kernel[(b.num_blocks, triton.cdiv(D, b.down_block_n), b.splits)](
+        b.h, b.pairs, b.block_slot, slot_ids, b.route_w, b.y, b_d, *down_ptrs,
+        T * K, D, I, b.k_split,
+        b.h.stride(0), b.y.stride(0), b.y.stride(1), stride_bd, *down_strides,
+        ONE_PAIR=b.one_pair, DOT_FP32=dot_fp32, HAS_BIAS=b_down is not None, **down_meta,
+        BLOCK_M=b.block_m, BLOCK_N=b.down_block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
+        num_stages=b.num_stages,
     )
-    return sum_pairs(y, slot_ids, out)
+    return sum_pairs(b.y, slot_ids, out)
 
 
 def dequantize_experts(gate: PackedWeight, up: PackedWeight, down: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""Dense projection y = x @ w.T (+ bias) as a tiled Triton matmul: q/k/v/o projections, routers, lm_head."""
+"""Dense projection y = x @ w.T (+ bias) as a tiled Triton matmul: q/k/v/o projections, routers, lm_head.
+Up to linear_decode.MAX_ROWS rows (decode) go to the split-K GEMV of linear_decode.py instead."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
+from freetoken.kernels.linear_decode import MAX_ROWS, linear_decode
 
 # (max tokens, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose max tokens >= T is used.
 TILE_CONFIGS = (
@@ -74,6 +76,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     """x [T, D_in], w [D_out, D_in], bias [D_out] -> [T, D_out] in x's dtype, accumulated in fp32."""
     # 1. check
     check_tensor(x, "x", 2)
+    if 0 < x.shape[0] <= MAX_ROWS:  # decode: the split-K GEMV (checks the rest itself)
+        return linear_decode(x, w, bias)
     check_tensor(w, "w", 2)
     if bias is not None:
         check_tensor(bias, "bias", 1)

@@ -2,8 +2,15 @@
 
 Each kind reads its packed uint8 tensors and rebuilds the fp32 values from the integer bits, in the order
 `dequantize_packed` computes them, so a kernel built on `packed_tile` reproduces the torch reference bit for bit in
-fp32 (and the interpreter never has to load an fp8 pointer). Tiles index absolute input positions `offs_k`, so a
-tile may straddle scale groups / blocks; every element gathers its own scale.
+fp32 (and the interpreter never has to load an fp8 pointer).
+
+Two ways to load a tile starting at input k0 (a multiple of BLOCK_K):
+- vectorised (`*_tile_vec`, whenever the scale groups / blocks tile BLOCK_K evenly and there is no act-order g_idx):
+  each packed byte is loaded once as a [BN, BK/2] tile and split into its two nibbles (interleaved back to k order),
+  and each scale once per group: one value per row when a group spans the tile, a [BN, BK/GROUP] tile broadcast over
+  its group otherwise;
+- gathered (`int4_tile`, `fp8_tile`, `fp4_tile`): every element loads its byte and its scale (act-order g_idx, and
+  groups that straddle tiles).
 """
 
 from __future__ import annotations
@@ -90,24 +97,116 @@ def fp4_tile(data_ptr, scales_ptr, global_scale, offs_k, offs_n, N, K, stride_dn
 
 
 @triton.jit
-def slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, offs_k, offs_n, N, K,
+def _group_scales(scales_ptr, k0, offs_n, nmask, N, K, stride_sn, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Raw scale entries of tile [k0, k0 + BLOCK_K) for rows offs_n: [BN, 1] when one group spans the tile (GROUP a
+    multiple of BLOCK_K), else [BN, BLOCK_K / GROUP] (BLOCK_K a multiple of GROUP)."""
+    if GROUP % BLOCK_K == 0:
+        return tl.load(scales_ptr + offs_n * stride_sn + k0 // GROUP, mask=nmask, other=0)[:, None]
+    else:
+        offs_g = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        return tl.load(scales_ptr + offs_n[:, None] * stride_sn + offs_g[None, :],
+                       mask=nmask[:, None] & (offs_g[None, :] * GROUP < K), other=0)
+
+
+@triton.jit
+def _per_k(v, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BN, 1] or [BN, BK / GROUP] per-group values -> broadcastable over [BN, BK] in k order."""
+    if GROUP % BLOCK_K == 0:
+        return v
+    else:
+        return tl.reshape(tl.broadcast_to(v[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _nibbles(data_ptr, k0, offs_n, nmask, K, stride_dn, BLOCK_K: tl.constexpr):
+    """The 4-bit codes of tile [k0, k0 + BLOCK_K) of rows offs_n as int32 [BN, BK]: one load per byte, low nibble
+    first (element k in byte k // 2)."""
+    offs_b = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+    byte = tl.load(data_ptr + offs_n[:, None] * stride_dn + offs_b[None, :],
+                   mask=nmask[:, None] & (offs_b[None, :] < K // 2), other=0).to(tl.int32)  # [BN, BK/2]
+    return tl.interleave(byte & 0xF, byte >> 4)
+
+
+@triton.jit
+def int4_tile_vec(data_ptr, scales_ptr, zeros_ptr, k0, offs_n, N, K, stride_dn, stride_sn, stride_zn,
+                  GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """int4_tile without act order, loaded a byte and a scale group at a time -> fp32 [BK, BN]."""
+    nmask = offs_n < N
+    q = _nibbles(data_ptr, k0, offs_n, nmask, K, stride_dn, BLOCK_K)
+    z = _per_k(_group_scales(zeros_ptr, k0, offs_n, nmask, N, K, stride_zn, GROUP, BLOCK_K).to(tl.int32),
+               GROUP, BLOCK_N, BLOCK_K)
+    s = _per_k(_group_scales(scales_ptr, k0, offs_n, nmask, N, K, stride_sn, GROUP, BLOCK_K).to(tl.float32),
+               GROUP, BLOCK_N, BLOCK_K)
+    w = (q - z).to(tl.float32) * s  # [BN, BK]
+    return tl.trans(tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, w, 0.0))
+
+
+@triton.jit
+def fp8_tile_vec(data_ptr, scales_ptr, k0, offs_n, N, K, stride_dn, stride_sn,
+                 BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp8_tile when a scale block spans the tile's columns (BLOCK_COLS a multiple of BLOCK_K): one scale per row."""
+    nmask = offs_n < N
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    b = tl.load(data_ptr + offs_n[:, None] * stride_dn + offs_k[None, :],
+                mask=nmask[:, None] & (offs_k[None, :] < K), other=0).to(tl.int32)  # [BN, BK]
+    s = tl.load(scales_ptr + (offs_n // BLOCK_ROWS) * stride_sn + k0 // BLOCK_COLS, mask=nmask, other=0.0)
+    return tl.trans(e4m3_bits_to_fp32(b) * s.to(tl.float32)[:, None])
+
+
+@triton.jit
+def fp4_tile_vec(data_ptr, scales_ptr, global_scale, k0, offs_n, N, K, stride_dn, stride_sn,
+                 GROUP: tl.constexpr, SCALE_CODE: tl.constexpr, GLOBAL_OP: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp4_tile loaded a byte and a scale group at a time (each scale code decoded once per group) -> fp32 [BK, BN]."""
+    nmask = offs_n < N
+    code = _nibbles(data_ptr, k0, offs_n, nmask, K, stride_dn, BLOCK_K)
+    sb = _group_scales(scales_ptr, k0, offs_n, nmask, N, K, stride_sn, GROUP, BLOCK_K).to(tl.int32)
+    if SCALE_CODE == "e8m0":
+        s = e8m0_bits_to_fp32(sb)
+    else:
+        s = e4m3_bits_to_fp32(sb)
+    if GLOBAL_OP == "divide":
+        s = tl.div_rn(s, global_scale)
+    elif GLOBAL_OP == "multiply":
+        s = s * global_scale
+    w = e2m1_bits_to_fp32(code) * _per_k(s, GROUP, BLOCK_N, BLOCK_K)  # [BN, BK]
+    return tl.trans(tl.where((k0 + tl.arange(0, BLOCK_K))[None, :] < K, w, 0.0))
+
+
+@triton.jit
+def slot_tile(data_ptr, scales_ptr, zeros_ptr, g_idx_ptr, global_ptr, slot, k0, offs_n, N, K,
               stride_ds, stride_dn, stride_ss, stride_sn, stride_zs, stride_zn, stride_gs,
               KIND: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-              BLOCK_COLS: tl.constexpr, SCALE_CODE: tl.constexpr, GLOBAL_OP: tl.constexpr):
-    """fp32 tile [BK, BN] of W.T for slot `slot` of a PackedWeight [S, N, K] (tensor pointers at slot 0)."""
+              BLOCK_COLS: tl.constexpr, SCALE_CODE: tl.constexpr, GLOBAL_OP: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp32 tile [BK, BN] of W.T, inputs [k0, k0 + BLOCK_K), for slot `slot` of a PackedWeight [S, N, K] (tensor
+    pointers at slot 0); vectorised wherever the layout allows (module docstring)."""
     s = slot.to(tl.int64)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
     if KIND == "int4":
-        w = int4_tile(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, zeros_ptr + s * stride_zs,
-                      g_idx_ptr + s * stride_gs, offs_k, offs_n, N, K, stride_dn, stride_sn, stride_zn,
-                      GROUP, HAS_G_IDX)
+        if (GROUP % BLOCK_K == 0 or BLOCK_K % GROUP == 0) and not HAS_G_IDX:
+            w = int4_tile_vec(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, zeros_ptr + s * stride_zs,
+                              k0, offs_n, N, K, stride_dn, stride_sn, stride_zn, GROUP, BLOCK_N, BLOCK_K)
+        else:
+            w = int4_tile(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, zeros_ptr + s * stride_zs,
+                          g_idx_ptr + s * stride_gs, offs_k, offs_n, N, K, stride_dn, stride_sn, stride_zn,
+                          GROUP, HAS_G_IDX)
     elif KIND == "fp8":
-        w = fp8_tile(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, offs_k, offs_n, N, K,
-                     stride_dn, stride_sn, BLOCK_ROWS, BLOCK_COLS)
+        if BLOCK_COLS % BLOCK_K == 0:
+            w = fp8_tile_vec(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, k0, offs_n, N, K,
+                             stride_dn, stride_sn, BLOCK_ROWS, BLOCK_COLS, BLOCK_K)
+        else:
+            w = fp8_tile(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, offs_k, offs_n, N, K,
+                         stride_dn, stride_sn, BLOCK_ROWS, BLOCK_COLS)
     else:
         if GLOBAL_OP == "":
             global_scale = 1.0
         else:
             global_scale = tl.load(global_ptr + s)
-        w = fp4_tile(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, global_scale, offs_k, offs_n, N, K,
-                     stride_dn, stride_sn, GROUP, SCALE_CODE, GLOBAL_OP)
+        if GROUP % BLOCK_K == 0 or BLOCK_K % GROUP == 0:
+            w = fp4_tile_vec(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, global_scale, k0, offs_n, N, K,
+                             stride_dn, stride_sn, GROUP, SCALE_CODE, GLOBAL_OP, BLOCK_N, BLOCK_K)
+        else:
+            w = fp4_tile(data_ptr + s * stride_ds, scales_ptr + s * stride_ss, global_scale, offs_k, offs_n, N, K,
+                         stride_dn, stride_sn, GROUP, SCALE_CODE, GLOBAL_OP)
     return w

@@ -23,6 +23,8 @@ def _variants():
     from freetoken.kernels.attention_prefill import _attention_prefill_kernel
     from freetoken.kernels.expert_ffn import _down_kernel, _gate_up_kernel, _sum_pairs_kernel
     from freetoken.kernels.linear import TILE_CONFIGS, _linear_kernel
+    from freetoken.kernels.linear_decode import _linear_decode_kernel
+    from freetoken.kernels.tuning import load_table
     from freetoken.kernels.placement import _placement_kernel
     from freetoken.kernels.rmsnorm import _rms_norm_kernel
     from freetoken.kernels.rope import _rope_kernel
@@ -52,6 +54,14 @@ def _variants():
                         dict(HAS_BIAS=False, DOT_FP32=False, BLOCK_M=bm, BLOCK_N=bn_used, BLOCK_K=bk, GROUP_M=8),
                         warps, stages))
     kv_scales = dict(k_scale_ptr=F, v_scale_ptr=F)
+    decode = dict(x_ptr=P, w_ptr=P, bias_ptr=P, out_ptr=P, partial_ptr=F, count_ptr="*i32")
+    for shape_class, cfg in load_table()["default"]["linear_decode"].items():  # the shipped decode configs
+        for split, bm, bias in ((1, 1, False), (3, 1, True), (4, 4, False)):  # one launch; split-K; 4 rows split
+            out.append((f"linear_decode {shape_class} split={split} rows={bm}", _linear_decode_kernel, decode,
+                        dict(HAS_BIAS=bias, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"],
+                             BLOCK_K=max(cfg["BLOCK_K"] // bm, 32)),  # as linear_decode narrows K for more rows
+                        cfg["num_warps"], cfg["num_stages"]))
+>>>>>>> w13c
     for bm, warps in ((16, 4), (64, 8)):
         for sinks, sliding, fp8 in ((False, False, False), (True, True, False), (False, False, True)):
             # plain; gpt-oss (sinks, sliding window); an FP8 KV cache (uint8 e4m3 codes + fp32 scales)

@@ -14,9 +14,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCALE_TYPE = {"int4": "*fp16", "fp8": "*fp32", "fp4": "*u8"}
 # (kind, layout constexprs, one pair per block, also the down kernel): launches for bf16 activations. The down kernel
-# differs from gate/up only around the same tile, so it is compiled once per kind (each compile takes ~2 s).
+# differs from gate/up only around the same tile, so it is compiled once per kind (each compile takes ~2 s). With
+# 64-wide K tiles: int4 GROUP 128 and fp8 block 128 load vectorised with one scale per row, int4 GROUP 32 and fp4
+# vectorised with a scale tile per group; act-order g_idx and fp8 blocks of 40 columns gather per element.
 VARIANTS = (
     ("int4", {"GROUP": 128, "HAS_G_IDX": False}, True, False),
+    ("int4", {"GROUP": 32, "HAS_G_IDX": False}, True, True),
+    ("fp8", {"BLOCK_ROWS": 1, "BLOCK_COLS": 40}, True, False),
     ("int4", {"GROUP": 128, "HAS_G_IDX": True}, False, True),
     ("fp8", {"BLOCK_ROWS": 128, "BLOCK_COLS": 128}, True, True),
     ("fp4", {"GROUP": 32, "SCALE_CODE": "e8m0"}, False, False),

@@ -35,3 +35,23 @@ def test_inconsistent_shapes_are_refused():
     mod = _module()
     with pytest.raises(ValueError, match="inconsistent"):
         mod.KernelShapes(D=8, I=8, E=4, K=2, H=6, Hkv=4, Dh=8, slots=2, vocab=10, prefill_tokens=2, context=4)
+
+
+def test_summary_json_fails_on_a_case_under_its_bandwidth_threshold(tmp_path):
+    import json
+
+    mod = _module()
+    assert mod.passes(1e-3, 2e-2, 75.0, 70, 4000.0) and not mod.passes(1e-3, 2e-2, 50.0, 70, 4000.0)
+    assert mod.passes(1e-3, 2e-2, 0.0, 70, 0.0)  # no device bandwidth measured (CPU): numbers only
+    assert not mod.passes(0.1, 2e-2, 90.0, 70, 4000.0)
+
+    def row(name, pct):
+        return mod.KernelResult(name, 0.0, 1e-3, 0.01, 0.1, 40 * pct, mod.passes(1e-3, 2e-2, pct, 70, 4000.0),
+                                hbm_pct=pct, graphed=True, min_hbm_pct=70, hbm_gbps=4000.0)
+
+    fast, slow = row("linear fused qkv decode", 75.0), row("expert_ffn decode K slots", 50.0)
+    assert mod.write_summary([fast], tmp_path / "ok.json")["verdict"] == "PASS"
+    mod.write_summary([fast, slow], tmp_path / "out" / "k.json")
+    summary = json.loads((tmp_path / "out" / "k.json").read_text())
+    assert summary["verdict"] == "FAIL" and summary["failures"] == ["expert_ffn decode K slots"]
+    assert summary["kernels"][1]["hbm_pct"] == 50.0 and summary["kernels"][0]["graphed"] is True
