@@ -61,7 +61,6 @@ def _variants():
                         dict(HAS_BIAS=bias, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=cfg["BLOCK_N"],
                              BLOCK_K=max(cfg["BLOCK_K"] // bm, 32)),  # as linear_decode narrows K for more rows
                         cfg["num_warps"], cfg["num_stages"]))
->>>>>>> w13c
     for bm, warps in ((16, 4), (64, 8)):
         for sinks, sliding, fp8 in ((False, False, False), (True, True, False), (False, False, True)):
             # plain; gpt-oss (sinks, sliding window); an FP8 KV cache (uint8 e4m3 codes + fp32 scales)
