@@ -168,8 +168,19 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
         out["libcachesim_per_request"] = _speed(*_timed(
             lambda: libcachesim_misses_per_request(stream.keys, capacity), repeat), n)
 
-    # every policy, end to end as `ft sim` runs it (calls built, options derived, replayed)
-    from freetoken.sim.run import SimConfig, simulate
+    # every policy, end to end as `ft sim` runs it (calls built, options derived, replayed), and its replay alone:
+    # the policy built as simulate builds it, then replay_stream timed over the call stream built above
+    from freetoken.placement import build_policy
+    from freetoken.sim.run import SimConfig, future_stream, simulate
+
+    def replay_alone(config: SimConfig):
+        """(result, wall, CPU): the best of `repeat` replays, each of a freshly built policy."""
+        best = None
+        for _ in range(repeat):
+            policy = build_policy(config, L, E, profile=trace, future=future_stream(config, trace, stream))
+            run = _timed(lambda: replay_stream(stream, policy, config.split))
+            best = run if best is None else (run[0], min(best[1], run[1]), min(best[2], run[2]))
+        return best
 
     out["policies"] = {}
     head = trace.select(np.arange(trace.num_tokens) < min(trace.num_tokens, 64))  # loads compiled code, untimed
@@ -177,9 +188,14 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
         if is_compiled(name):
             simulate(head, SimConfig(name, split, fraction=fraction, prefill_chunk=prefill_chunk))
         log(f"policy {name}: end to end at capacity {capacity}")
-        result, wall, cpu = _timed(lambda: simulate(trace, SimConfig(name, split, capacity=capacity,
-                                                                     prefill_chunk=prefill_chunk)))
-        out["policies"][name] = {**_speed(result.total.misses, wall, cpu, n), "compiled": is_compiled(name)}
+        config = SimConfig(name, split, capacity=capacity, prefill_chunk=prefill_chunk)
+        result, wall, cpu = _timed(lambda: simulate(trace, config))
+        alone, r_wall, r_cpu = replay_alone(config)
+        if alone.total.misses != result.total.misses:
+            raise RuntimeError(f"policy {name}: the replay alone counts {alone.total.misses} misses, end to end "
+                               f"{result.total.misses}")
+        out["policies"][name] = {**_speed(result.total.misses, wall, cpu, n), "compiled": is_compiled(name),
+                                 "replay": _speed(alone.total.misses, r_wall, r_cpu, n)}
     done = [out["policies"][p] for p in CLASSIC if p in out["policies"]]
     if len(done) == len(CLASSIC):
         out["classic_seconds"] = sum(r["seconds"] for r in done)
@@ -272,8 +288,8 @@ def run(args: argparse.Namespace) -> int:
         print("  (top-k: libcachesim is a sequential cache, ours the set-access model; misses differ, see docs/sim.md)")
     for name, r in out["policies"].items():
         print(f"  policy {name:14s} {'compiled' if r['compiled'] else 'interpreted':11s} {r['seconds']:8.3f} s "
-              f"({r['cpu_seconds']:.3f})  {r['accesses_per_s'] / 1e6:7.2f} M accesses/s end to end  "
-              f"misses {r['misses']}")
+              f"({r['cpu_seconds']:.3f})  {r['accesses_per_s'] / 1e6:7.2f} M accesses/s end to end, "
+              f"{r['replay']['accesses_per_s'] / 1e6:7.2f} replay alone  misses {r['misses']}")
     if "classic_seconds" in out:
         print(f"  six classic policies ({', '.join(CLASSIC)}) end to end: {out['classic_seconds']:.2f} s "
               f"({out['classic_cpu_seconds']:.2f} CPU s)")
