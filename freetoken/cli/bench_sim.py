@@ -139,7 +139,7 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
     if unknown:
         raise ValueError(f"--policies: unknown {', '.join(unknown)}; valid: {', '.join(sorted(POLICIES))}")
     L, E = trace.num_layers, trace.num_experts
-    stream, t_calls, _ = _timed(lambda: trace_stream(trace, prefill_chunk))  # the input both sides start from
+    stream, t_calls, _ = _timed(lambda: trace_stream(trace, prefill_chunk), repeat)  # the input both sides take
     n = stream.num_accesses
     if n == 0:
         raise ValueError("the trace has no expert accesses")
