@@ -85,17 +85,15 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     if stream.num_experts != policy.num_experts or (C and int(stream.layer.max()) >= policy.num_layers):
         raise ValueError(f"the calls need {int(stream.layer.max()) + 1 if C else 0} layers x {stream.num_experts} "
                          f"experts; the policy has {policy.num_layers} x {policy.num_experts}")
-    counts = np.zeros((8, C), np.int64)  # hits .. cpu_tokens, filled by the compiled loop
+    counts = np.empty((8, C), np.int64)  # hits .. cpu_tokens: every call's column written by the compiled loop
     step = max(1, -(-C // PROGRESS_STEPS)) if on_call is not None else max(C, 1)
     for c0 in range(0, C, step):
         c1 = min(C, c0 + step)
         policy.replay(stream, split, c0, c1, counts)
         if on_call is not None:
             on_call(c1 - c0)
-    sizes = stream.sizes()
-    running = np.concatenate([[0], np.cumsum(stream.tokens)])
-    tokens = running[stream.offsets[1:]] - running[stream.offsets[:-1]]  # [C] (token, expert) pairs per call
-    log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, sizes, tokens, *counts)
+    tokens = counts[5] + counts[6] + counts[7]  # [C] (token, expert) pairs per call: each is hit, fetched or cpu
+    log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, stream.sizes(), tokens, *counts)
     mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
     return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes)
 

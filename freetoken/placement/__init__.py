@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan
 from freetoken.placement.callstream import CallStream, call_stream, make_call
@@ -47,9 +49,7 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}") from None
-    import inspect
-
-    accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "capacity", "num_layers", "num_experts"}
+    accepted = _options_of(cls)
     unknown = set(options) - accepted
     if unknown:
         raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
@@ -59,6 +59,14 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
 
         return CompiledPolicy(name, capacity, num_layers, num_experts, **options)
     return cls(capacity, num_layers, num_experts, **options)
+
+
+@functools.lru_cache(maxsize=None)
+def _options_of(cls: type) -> frozenset[str]:
+    """The constructor options a policy class takes (read once per class)."""
+    import inspect
+
+    return frozenset(inspect.signature(cls.__init__).parameters) - {"self", "capacity", "num_layers", "num_experts"}
 
 
 def is_compiled(name: str) -> bool:

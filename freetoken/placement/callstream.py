@@ -18,6 +18,8 @@ import numpy as np
 from freetoken.placement.call import DECODE, PREFILL, Call
 from freetoken.placement.stream import KeyStream
 
+KEY_DTYPE = np.int32  # keys and per-key token counts of a CallStream
+
 
 @nb.njit(cache=True, nogil=True)
 def fill_call(experts, lo, hi, layer, base, seen, pos, stamp, keys, tokens, w):
@@ -75,7 +77,8 @@ def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets
 
 @dataclass(frozen=True, slots=True)
 class CallStream:
-    """Every call of a run as columns. keys [N] int64, tokens [N] int64, offsets [C + 1]; per call: layer, phase,
+    """Every call of a run as columns. keys [N] int32, tokens [N] int32 (a key < layers x experts, a count <= a
+    chunk's pairs: int32 halves the largest arrays of a replay), offsets [C + 1] int64; per call: layer, phase,
     request [C]."""
 
     keys: np.ndarray
@@ -137,9 +140,9 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
     lo, hi = segments_of(request, turn, phase)
     prefill = np.asarray(phase)[lo] == PREFILL if lo.size else np.zeros(0, bool)
     args = (experts, lo, hi, prefill, int(prefill_chunk), int(num_experts))
-    empty = np.zeros(0, np.int64)
-    C, N = _build(*args, empty, empty, empty, empty, empty, False)
-    keys, tokens = np.empty(N, np.int64), np.empty(N, np.int64)
+    empty, empty32 = np.zeros(0, np.int64), np.zeros(0, KEY_DTYPE)
+    C, N = _build(*args, empty32, empty32, empty, empty, empty, False)
+    keys, tokens = np.empty(N, KEY_DTYPE), np.empty(N, KEY_DTYPE)
     offsets, layer, seg = np.empty(C + 1, np.int64), np.empty(C, np.int64), np.empty(C, np.int64)
     _build(*args, keys, tokens, offsets, layer, seg, True)
     return CallStream(keys, tokens, offsets, layer, np.where(prefill[seg], PREFILL, DECODE).astype(np.int8),

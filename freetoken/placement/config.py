@@ -153,9 +153,10 @@ def policy_options(config: CacheConfig, *, profile=None, future=None, library=No
     cls = policy_class(config.policy)
     options = config.constructor_options()
     if "profile" in policy_option_names(config.policy) and "profile" not in options:
-        trace = load(config.profile) if config.profile is not None else profile
         needs = getattr(cls, "needs_profile", None)  # (options) -> bool, where only some options read it
-        if trace is None and needs is not None and not needs(options):
+        optional = needs is not None and not needs(options)  # then the fallback is not counted (memory, time)
+        trace = load(config.profile) if config.profile is not None else None if optional else profile
+        if trace is None and optional:
             pass
         elif trace is None:
             raise ConfigError("{policy} {name} needs {profile} (a trace whose counts pick the pinned experts)",

@@ -11,6 +11,9 @@ Layout
     specialise.py  copies driver.py per policy (its hooks import rewritten) so numba inlines and caches each one
     policy.py      CompiledPolicy (the PlacementPolicy the engine and the simulator hold) and COMPILED
     lru.py, pinned.py (static_layers, frequency), belady.py: one module per policy
+    lru_stream.py  LRU's own stream replay (scope unified): a Setup may name such a file (Setup.stream, same
+                   signature as driver.replay_calls), loaded by specialise.stream_for; CompiledPolicy.replay uses it
+                   unless generic=True, and a test must show it equal to the generic driver (tests/test_lru_stream.py)
 
 How to add a compiled policy `foo` (its Python reference freetoken/placement/foo.py already exists):
     1. Write freetoken/placement/compiled/foo.py with

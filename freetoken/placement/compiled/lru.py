@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from numba import uint64 as U64
 
 from freetoken.placement.compiled.base import (admission_order, begin_call, is_protected, on_miss,  # noqa: F401
                                                on_prefetch, prefetch_for, observe_call)
@@ -20,13 +21,15 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, **options
     nxt = np.full(K + 1, K, np.int64)  # index K: the sentinel; nxt[K] = head, prv[K] = tail
     prv = np.full(K + 1, K, np.int64)
     params = np.array([reference.scope == "per_layer", num_experts], np.int64)
-    return Setup((nxt, prv, np.zeros(num_layers, np.int64), np.array(reference.quota, np.int64), params))
+    return Setup((nxt, prv, np.zeros(num_layers, np.int64), np.array(reference.quota, np.int64), params),
+                 stream=None if reference.scope == "per_layer" else "lru_stream.py")
 
 
+# list links are read as uint64: numba then indexes without the negative-index wraparound (~1.3x on the replay)
 @nb.njit(cache=True, inline="always")
 def _unlink(p, key):
     nxt, prv = p[0], p[1]
-    a, b = prv[key], nxt[key]
+    a, b = U64(prv[key]), U64(nxt[key])
     nxt[a] = b
     prv[b] = a
 
@@ -34,8 +37,8 @@ def _unlink(p, key):
 @nb.njit(cache=True, inline="always")
 def _append(p, key):
     nxt, prv = p[0], p[1]
-    tail = prv[-1]
-    sentinel = nxt.size - 1
+    sentinel = U64(nxt.size - 1)
+    tail = U64(prv[sentinel])
     nxt[tail] = key
     prv[key] = tail
     nxt[key] = sentinel

@@ -14,7 +14,7 @@ import numpy as np
 
 from freetoken.placement.call import Call, Plan
 from freetoken.placement.compiled.base import CALLS, CLOCK, new_core
-from freetoken.placement.compiled.specialise import cache_dir, driver_for
+from freetoken.placement.compiled.specialise import cache_dir, driver_for, stream_for
 from freetoken.placement.compiled.split import split_array
 from freetoken.placement.policy import NOT_RESIDENT, PlacementPolicy, check_size
 from freetoken.placement.split import Split
@@ -66,6 +66,7 @@ class CompiledPolicy(PlacementPolicy):
         self.flags = np.array([s.admits, s.orders_admission, s.prefetches], np.int64)
         self._module = module
         self._driver = driver_for(module)
+        self._stream = (s.stream.removesuffix(".py"), stream_for(s.stream)) if s.stream else (module, self._driver)
         self._buf = scratch(num_experts, capacity, num_layers * num_experts)
 
     # the decision
@@ -99,12 +100,15 @@ class CompiledPolicy(PlacementPolicy):
         prefetch = [divmod(k, E) for k in pf[:npf].tolist()]
         return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, prefetch)
 
-    def replay(self, stream, split: Split, c0: int = 0, c1: int | None = None, log: np.ndarray | None = None):
-        """Calls c0..c1-1 of a CallStream in compiled code; fills log [8, C] (see driver.replay_calls)."""
+    def replay(self, stream, split: Split, c0: int = 0, c1: int | None = None, log: np.ndarray | None = None,
+               generic: bool = False):
+        """Calls c0..c1-1 of a CallStream in compiled code; fills log [8, C] (see driver.replay_calls). The
+        policy's own stream replay when its Setup names one, unless generic (the driver's, same results)."""
         c1 = stream.num_calls if c1 is None else c1
         if log is None:
             log = np.zeros((8, stream.num_calls), np.int64)
-        _timed_first(self._module, self._driver.replay_calls, self.state, self.core, stream.keys, stream.tokens,
+        name, code = (self._module, self._driver) if generic else self._stream
+        _timed_first(name, code.replay_calls, self.state, self.core, stream.keys, stream.tokens,
                      stream.offsets, stream.phase, c0, c1, split_array(split), self.flags, self._buf, log)
         return log
 

@@ -45,14 +45,25 @@ def _sources_digest() -> str:
 
 def driver_for(module: str):
     """The driver module (apply_call, replay_calls) specialised on the hooks of `module` (a dotted name)."""
-    if module in _DRIVERS:
-        return _DRIVERS[module]
-    template = (HERE / "driver.py").read_text()
-    if TEMPLATE_IMPORT not in template:
-        raise RuntimeError(f"{HERE / 'driver.py'}: the hooks import line {TEMPLATE_IMPORT!r} is missing")
-    source = template.replace(TEMPLATE_IMPORT, f"from {module} import (")
-    short = module.rsplit(".", 1)[-1]
-    name = f"ft_driver_{short}_{_sources_digest()}"
+    if module not in _DRIVERS:
+        template = (HERE / "driver.py").read_text()
+        if TEMPLATE_IMPORT not in template:
+            raise RuntimeError(f"{HERE / 'driver.py'}: the hooks import line {TEMPLATE_IMPORT!r} is missing")
+        source = template.replace(TEMPLATE_IMPORT, f"from {module} import (")
+        _DRIVERS[module] = _load_copy(f"driver_{module.rsplit('.', 1)[-1]}", source)
+    return _DRIVERS[module]
+
+
+def stream_for(filename: str):
+    """A policy's own stream replay (a file of this package with replay_calls, e.g. lru_stream.py), loaded as a
+    digest-named copy like the drivers, so an edit to any file it imports recompiles it."""
+    if filename not in _DRIVERS:
+        _DRIVERS[filename] = _load_copy(Path(filename).stem, (HERE / filename).read_text())
+    return _DRIVERS[filename]
+
+
+def _load_copy(short: str, source: str):
+    name = f"ft_{short}_{_sources_digest()}"
     path = cache_dir() / f"{name}.py"
     if not path.is_file() or path.read_text() != source:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -62,5 +73,4 @@ def driver_for(module: str):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
-    _DRIVERS[module] = mod
     return mod
