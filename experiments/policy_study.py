@@ -33,7 +33,6 @@ from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
-from freetoken.sim.calls import trace_calls
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
 ONLINE = ("lru", "static_layers", "frequency", "s3fifo", "layer_sweep", "lookahead", "hinted_sweep")
@@ -147,9 +146,9 @@ def _misses(trace: RoutingTrace, policy: str, fraction: float, chunk: int, optio
 
 def fit_decay(profile: RoutingTrace, fraction: float, chunk: int) -> float:
     """The decay of DECAYS with the fewest layer_sweep misses on (the first FIT_REQUESTS requests of) profile."""
-    from freetoken.experiments.traces import first_requests
+    from freetoken.experiments.traces import first_requests, memo
 
-    sample = first_requests(profile, FIT_REQUESTS)
+    sample = memo(profile, ("first_requests", FIT_REQUESTS), lambda: first_requests(profile, FIT_REQUESTS))
     scores = [(_misses(sample, "layer_sweep", fraction, chunk, {"decay": d})[1], i) for i, d in enumerate(DECAYS)]
     return DECAYS[min(scores)[1]]
 
@@ -172,7 +171,9 @@ def _params(policy: str, decays: list) -> str:
 
 
 def run_case(case: Case, root: Path, fractions, policies, advance=lambda n=1: None) -> list[dict]:
-    folds = case.folds(root)
+    from freetoken.experiments.traces import memo, stream_of
+
+    folds = memo(case, ("folds", str(root)), lambda: case.folds(root))  # loaded once per process (sweep workers)
     rows = []
     for f in fractions:
         totals = {p: np.zeros(5) for p in policies}  # capacity, misses, prefetched, accesses, seconds
@@ -182,7 +183,7 @@ def run_case(case: Case, root: Path, fractions, policies, advance=lambda n=1: No
         for fold in folds:
             decay = fit_decay(fold.profile, f, case.prefill_chunk) if set(FITTED) & set(policies) else None
             decays.append(decay)
-            prior = visit_rates(trace_calls(fold.profile, case.prefill_chunk), fold.evaluate.num_layers,
+            prior = visit_rates(stream_of(fold.profile, case.prefill_chunk), fold.evaluate.num_layers,
                                 fold.evaluate.num_experts)
             belady += replay(fold.evaluate, "belady", f, case.prefill_chunk, {}, card=case.card)
             for p in policies:
