@@ -11,6 +11,7 @@ Layout
     specialise.py  copies driver.py per policy (its hooks import rewritten) so numba inlines and caches each one
     policy.py      CompiledPolicy (the PlacementPolicy the engine and the simulator hold) and COMPILED
     lru.py, pinned.py (static_layers, frequency), belady.py: one module per policy
+    heap.py        the indexed binary heap belady (by next use) and the sweeps (by z) keep their residents in
 
 How to add a compiled policy `foo` (its Python reference freetoken/placement/foo.py already exists):
     1. Write freetoken/placement/compiled/foo.py with
