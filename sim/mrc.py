@@ -116,6 +116,8 @@ def stack_depths(stream: KeyStream) -> np.ndarray:
     """[N]: LRU stack depth of every access at the start of its call; COLD for first accesses."""
     keys = np.ascontiguousarray(stream.keys, np.int64)
     offsets = np.ascontiguousarray(stream.offsets, np.int64)
+    if offsets.size == 0 or offsets[0] != 0 or offsets[-1] != keys.size or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"a key stream's offsets must rise from 0 to its {keys.size} keys")
     if keys.size and keys.min() < 0:
         raise ValueError(f"keys must be >= 0, got {int(keys.min())}")
     depth = _depths(keys, offsets, int(keys.max()) + 1 if keys.size else 0)

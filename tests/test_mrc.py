@@ -127,5 +127,10 @@ def test_inexact_capacity_and_bad_streams_are_refused():
         curve.misses_at(2)
     with pytest.raises(ValueError, match="twice in one call"):
         lru_mrc(KeyStream(np.array([4, 4], np.int64), np.array([0, 2], np.int64)))
+    for offsets in ([0, 3], [0, 1], [1, 2], [0, 2, 1, 2]):  # the compiled pass trusts them: checked first
+        with pytest.raises(ValueError, match="offsets"):
+            lru_mrc(KeyStream(np.array([4, 5], np.int64), np.array(offsets, np.int64)))
+    with pytest.raises(ValueError, match="keys must be >= 0"):
+        lru_mrc(KeyStream(np.array([-1], np.int64), np.array([0, 1], np.int64)))
     empty = lru_mrc(KeyStream(np.zeros(0, np.int64), np.zeros(1, np.int64)))
     assert empty.accesses == 0 and empty.misses_at(5) == 0
