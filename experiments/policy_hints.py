@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from freetoken.placement import Split
-from freetoken.placement.layer_sweep import LayerSweep
+from freetoken.placement.layer_sweep import _FLOOR, LayerSweep
 from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
 from freetoken.trace import RoutingTrace
 from freetoken.sim.run import SimConfig, simulate
@@ -32,11 +32,13 @@ def replay(trace: RoutingTrace, policy: str, fraction: float, chunk: int, option
            scenario: dict | None = None) -> tuple[int, int, int, int, float]:
     """(capacity, misses, prefetched, accesses, seconds of the whole trace on HARDWARE or nan without a card);
     scenario: SimConfig's batch / draft_depth / acceptance (time only for one sequence at a time)."""
+    from freetoken.experiments.traces import stream_of
+
     config = SimConfig(policy, Split("offload"), fraction=fraction, prefill_chunk=chunk, options=options,
                        **(scenario or {}))
-    result = simulate(trace, config, profile=profile)
-    t = result.total
     plain = config.batch == 1 and not config.draft_depth
+    result = simulate(trace, config, profile=profile, stream=stream_of(trace, chunk) if plain else None)
+    t = result.total
     seconds = math.nan if card is None or not plain else decode_seconds(result.log, trace, chunk, card)
     return config.slots_for(trace.num_layers, trace.num_experts), t.misses, t.prefetched, t.accesses, seconds
 
@@ -53,42 +55,76 @@ class WindowedFuture(LayerSweep):
         super().__init__(capacity, num_layers, num_experts, decay=decay, bypass=True, prior=prior)
         nxt = next_occurrence(future.keys)
         call_of = future.call_ids()
-        self._next_call = np.where(nxt == NEVER, NEVER, call_of[np.minimum(nxt, len(call_of) - 1)]).tolist()
+        self._next_call = np.where(nxt == NEVER, NEVER, call_of[np.minimum(nxt, len(call_of) - 1)])  # [N]
         self._offsets = future.offsets.tolist()
         first = np.full(num_layers * num_experts, NEVER, np.int64)
         np.minimum.at(first, future.keys, call_of)  # a warm-started key's first use
-        self._due = first.tolist()  # [L * E] next call that uses each key
+        self._due = first  # [L * E] next call that uses each key
         self.window, self._call = window, -1
+        # numpy mirrors of layer_sweep's per-key rate and stamp (kept in step by _use), for the vectorised victim
+        self._p_now = np.asarray(self._p, np.float64)  # [L * E]
+        self._stamp_now = np.asarray(self._stamp, np.int64)  # [L * E]
+        self._protected = np.zeros(num_layers * num_experts, bool)  # [L * E] scratch
 
     def begin_call(self, keys: list[int]) -> None:
         super().begin_call(keys)
         self._call += 1
         lo = self._offsets[self._call]
-        for i, key in enumerate(keys):
-            self._due[key] = self._next_call[lo + i]
+        self._due[keys] = self._next_call[lo:lo + len(keys)]
+
+    def _use(self, key: int) -> None:
+        super()._use(key)
+        self._p_now[key], self._stamp_now[key] = self._p[key], self._stamp[key]
 
     def _score(self, key: int) -> float:
-        gap = self._due[key] - self._call
+        gap = int(self._due[key]) - self._call
         return gap if gap <= self.window else self.window + self.wait(key)
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        cands = [k for k in self.slot_of if k not in protected]
-        if not cands:
+        """The unprotected resident of highest score (ties: lowest key); None when `key` scores higher still."""
+        resident = np.fromiter(self.slot_of, np.int64, len(self.slot_of))  # [R]
+        mark = self._protected
+        guarded = np.fromiter(protected, np.int64, len(protected))
+        mark[guarded] = True
+        cands = resident[~mark[resident]]
+        mark[guarded] = False
+        if not cands.size:
             return None
-        best = max(cands, key=lambda k: (self._score(k), -k))
-        return None if self._score(key) > self._score(best) else best
+        scores = self._scores(cands)
+        top = scores.max()
+        best = int(cands[scores == top].min())
+        return None if self._score(key) > top else best
+
+    def _scores(self, keys: np.ndarray) -> np.ndarray:
+        """[R] _score of each key, in numpy with _score's float operations in its order (so equal to it bit for
+        bit: decay ** n from a table of Python's own powers, the rest elementwise IEEE arithmetic)."""
+        L = self.num_layers
+        layer = keys // self.num_experts  # [R]
+        elapsed = np.asarray(self._visits, np.int64)[layer] - self._stamp_now[keys]
+        rate = self._p_now[keys] * self._powers(int(elapsed.max()))[elapsed]
+        wait = (layer - self._layer - 1) % L + 1 + L * (1.0 / np.maximum(rate, _FLOOR) - 1.0)
+        gap = self._due[keys] - self._call
+        return np.where(gap <= self.window, gap.astype(np.float64), self.window + wait)
+
+    def _powers(self, n: int) -> np.ndarray:
+        """[>= n + 1]: decay ** i for i = 0 .. n, each as Python computes it."""
+        table = getattr(self, "_power_table", None)
+        if table is None or table.size <= n:
+            table = self._power_table = np.array([self.decay ** i for i in range(max(2 * n, 64) + 1)], np.float64)
+        return table
 
 
 def probe(trace: RoutingTrace, window: int, fraction: float, chunk: int, decay: float, prior,
           card: str | None) -> tuple[int, int, int, int, float]:
     """replay()'s tuple for WindowedFuture (not in POLICIES: it is no policy a server could run)."""
-    from freetoken.sim.calls import trace_calls, trace_key_stream
+    from freetoken.experiments.traces import stream_of
     from freetoken.sim.replay import replay as run
 
+    stream = stream_of(trace, chunk)
     capacity = int(round(fraction * trace.num_keys))
-    policy = WindowedFuture(capacity, trace.num_layers, trace.num_experts, trace_key_stream(trace, chunk), window,
+    policy = WindowedFuture(capacity, trace.num_layers, trace.num_experts, stream.key_stream(), window,
                             decay=decay, prior=prior)
-    result = run(trace_calls(trace, chunk), policy, Split("offload"))
+    result = run(stream.calls(), policy, Split("offload"))
     t = result.total
     seconds = math.nan if card is None else decode_seconds(result.log, trace, chunk, card)
     return capacity, t.misses, t.prefetched, t.accesses, seconds
@@ -117,8 +153,11 @@ def _card_and_hardware(card_name: str):
 def decode_seconds(log, trace: RoutingTrace, chunk: int, card_name: str) -> float:
     from freetoken.sim.cost import CostOptions, call_meta, charge
 
+    from freetoken.experiments.traces import memo
+
     card, hw = _card_and_hardware(card_name)
-    times = charge(log, call_meta(trace, chunk), card, hw, CostOptions(host="shared", double_buffer=False))
+    meta = memo(trace, ("call_meta", int(chunk)), lambda: call_meta(trace, chunk))
+    times = charge(log, meta, card, hw, CostOptions(host="shared", double_buffer=False))
     return float(times.seconds.sum())
 
 

@@ -37,7 +37,6 @@ from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
-from freetoken.sim.calls import trace_calls
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
 DECAYS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
@@ -145,9 +144,9 @@ def _misses(trace: RoutingTrace, policy: str, fraction: float, chunk: int, optio
 
 def fit_decay(profile: RoutingTrace, fraction: float, chunk: int) -> float:
     """The decay of DECAYS with the fewest layer_sweep misses on (the first FIT_REQUESTS requests of) profile."""
-    from freetoken.experiments.traces import first_requests
+    from freetoken.experiments.traces import first_requests, memo
 
-    sample = first_requests(profile, FIT_REQUESTS)
+    sample = memo(profile, ("first_requests", FIT_REQUESTS), lambda: first_requests(profile, FIT_REQUESTS))
     scores = [(_misses(sample, "layer_sweep", fraction, chunk, {"decay": d})[1], i) for i, d in enumerate(DECAYS)]
     return DECAYS[min(scores)[1]]
 
@@ -158,7 +157,9 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
     (one sequence, no decode tokens) gets no rows. Counts are summed over the folds."""
     if not scenarios or scenarios[0] is not SOLO:
         raise ValueError("the scenarios start with the solo one (the others reuse its counts where they change nothing)")
-    folds = case.folds(root)
+    from freetoken.experiments.traces import memo, stream_of
+
+    folds = memo(case, ("folds", str(root)), lambda: case.folds(root))  # loaded once per process (sweep workers)
     entries = [BY_LABEL[p] for p in policies]
     rows = []
     for f in fractions:
@@ -168,7 +169,7 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
         for fold in folds:
             decay = fit_decay(fold.profile, f, case.prefill_chunk) if any(e.fitted for e in entries) else None
             decays.append(decay)
-            prior = visit_rates(trace_calls(fold.profile, case.prefill_chunk), fold.evaluate.num_layers,
+            prior = visit_rates(stream_of(fold.profile, case.prefill_chunk), fold.evaluate.num_layers,
                                 fold.evaluate.num_experts)
             solo: dict[str, np.ndarray] = {}  # this fold's solo counts: a scenario that changes nothing reuses them
             for sc in scenarios:

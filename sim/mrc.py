@@ -12,9 +12,10 @@ access lies at or before p). Inclusion holds once K >= the largest call: the res
 the call's keys plus the K - |call| most recent other keys, i.e. always the top K of the stack. Below that
 a call can overflow the cache (fetches run from staging) and the curve is only the stack model's figure.
 
-Counting: #{m < s : prev[m] <= p} - (p + 1), offline 2D dominance, vectorised as a merge-sort tree:
-level l holds prev[] sorted inside blocks of 2**l positions; the prefix [0, s) is the union of one block
-per set bit of s, and each block answers with one searchsorted. N accesses cost O(N log^2 N) in numpy.
+Counting, in one compiled pass: a Fenwick tree over positions holds a mark at each key's latest access so far.
+At the start of call s the marks are the distinct keys seen, one each; those of them in (p, s) are the depth, so
+depth = (distinct seen) - (marks at positions <= p), one prefix query per access. After the call's queries, each
+key's mark moves from p to its new position. N accesses cost O(N log N).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numba as nb
 import numpy as np
 
 from freetoken.io import atomic_path
-from freetoken.placement.stream import KeyStream, previous_occurrence
+from freetoken.placement.stream import KeyStream
 
 COLD = -1  # depth of a first access: a miss at every capacity
 
@@ -69,45 +71,59 @@ class MissRatioCurve:
         return Path(path)
 
 
-def _previous(keys: np.ndarray) -> np.ndarray:
-    """previous_occurrence, with numpy's O(N) radix sort when keys fit in 16 bits (they do for expert keys)."""
-    if keys.size and 0 <= keys.min() and keys.max() < 1 << 16:
-        order = np.argsort(keys.astype(np.uint16), kind="stable")  # grouped by key, in time order
-        prev = np.full(keys.size, -1, np.int64)
-        same = keys[order[1:]] == keys[order[:-1]]
-        prev[order[1:][same]] = order[:-1][same]
-        return prev
-    return previous_occurrence(keys)
+@nb.njit(cache=True, nogil=True)
+def _depths(keys, offsets, num_keys):  # pragma: no cover - compiled
+    """[N] stack depths (COLD for first accesses), or [-(i + 2)] when access i repeats a key of its own call."""
+    n = keys.size
+    depth = np.empty(n, np.int64)  # [N]
+    prev = np.empty(n, np.int64)  # [N] the previous access of the same key, -1: none
+    last = np.full(num_keys, -1, np.int64)  # [K] latest access of each key so far
+    tree = np.zeros(n + 1, np.int64)  # Fenwick tree: position i at index i + 1, one mark per distinct key seen
+    distinct = 0
+    for c in range(offsets.size - 1):
+        s, e = offsets[c], offsets[c + 1]
+        for i in range(s, e):  # queries first: the call's keys all see the order at its start
+            p = last[keys[i]]
+            if p >= s:
+                return np.full(1, -(i + 2), np.int64)
+            prev[i] = p
+            last[keys[i]] = i
+            if p < 0:
+                depth[i] = COLD
+                continue
+            below = 0  # marks at positions <= p
+            j = p + 1
+            while j > 0:
+                below += tree[j]
+                j -= j & -j
+            depth[i] = distinct - below
+        for i in range(s, e):  # then each key's mark moves to its new access
+            j = i + 1
+            while j <= n:
+                tree[j] += 1
+                j += j & -j
+            if prev[i] < 0:
+                distinct += 1
+                continue
+            j = prev[i] + 1
+            while j <= n:
+                tree[j] -= 1
+                j += j & -j
+    return depth
 
 
 def stack_depths(stream: KeyStream) -> np.ndarray:
     """[N]: LRU stack depth of every access at the start of its call; COLD for first accesses."""
-    # N = accesses, W = accesses with a previous one (queries)
-    keys = np.asarray(stream.keys, np.int64)
-    n = keys.size
-    prev = _previous(keys)  # [N]
-    start = np.repeat(stream.offsets[:-1], np.diff(stream.offsets)).astype(np.int64)  # [N] its call's start
-    if np.any(prev >= start):
-        i = int(np.flatnonzero(prev >= start)[0])
+    keys = np.ascontiguousarray(stream.keys, np.int64)
+    offsets = np.ascontiguousarray(stream.offsets, np.int64)
+    if offsets.size == 0 or offsets[0] != 0 or offsets[-1] != keys.size or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"a key stream's offsets must rise from 0 to its {keys.size} keys")
+    if keys.size and keys.min() < 0:
+        raise ValueError(f"keys must be >= 0, got {int(keys.min())}")
+    depth = _depths(keys, offsets, int(keys.max()) + 1 if keys.size else 0)
+    if depth.size == 1 and depth[0] < COLD and keys.size:
+        i = int(-depth[0] - 2)
         raise ValueError(f"key {int(keys[i])} appears twice in one call (access {i}); a call's keys are distinct")
-    depth = np.full(n, COLD, np.int64)
-    warm = np.flatnonzero(prev >= 0)  # [W]
-    if warm.size == 0:
-        return depth
-    p1, s = prev[warm] + 1, start[warm]  # [W] query: count m < s with prev[m] < p1; s is sorted (needles too)
-    total = np.zeros(warm.size, np.int64)  # [W]
-    bits = int(n + 1).bit_length()  # an entry: its position's block in the high bits, prev + 1 in the low bits
-    tree = (np.arange(n, dtype=np.int64) << bits) | (prev + 1)  # [N] level 0: blocks of one position
-    for level in range(int(n).bit_length()):
-        if level:  # blocks of 2**level: drop one more bit of the position, re-sort (two sorted runs per block)
-            tree &= ~np.int64(1 << (bits + level - 1))
-            tree.sort(kind="stable")
-        inside = ((s >> level) & 1) == 1  # [W] s has this bit: block (s >> level) - 1 lies inside [0, s)
-        blk = (np.compress(inside, s) >> level) - 1
-        found = tree.searchsorted((blk << (bits + level)) | np.compress(inside, p1), side="right")
-        found -= blk << level  # entries of the earlier blocks
-        np.place(total, inside, np.compress(inside, total) + found)
-    depth[warm] = total - p1  # the p + 1 positions up to p all have prev <= p
     return depth
 
 

@@ -65,20 +65,21 @@ def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, rep
 
 
 def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None,
-             keep_plans: bool = False, on_call=None) -> ReplayResult:
+             keep_plans: bool = False, on_call=None, stream=None) -> ReplayResult:
     """profile: trace whose counts a policy reads (frequency's pins, ktransformers_dynamic's strategy=frequency
     start, lru's split=profile quotas; default: the config's profile file, else the replayed trace itself,
     in-sample) and whose requests are moe_infinity's library (no in-sample default there: it would leak the
     evaluated requests' own matrices); the future of offline policies likewise defaults to the replayed trace, whose
     call stream is built once for both (batch > 1: the calls as continuous batching interleaves them; draft_depth > 0:
-    the verify calls of speculative decoding)."""
+    the verify calls of speculative decoding). stream: that call stream when the caller already built it
+    (trace_stream(trace, config.prefill_chunk)), e.g. for a sweep."""
     expert_bytes, batch = getattr(config, "expert_bytes", 0), getattr(config, "batch", 1)
     library, profile = profile, profile if profile is not None else trace
     if batch > 1:
         stream = config.batched_stream(trace)
     elif getattr(config, "draft_depth", 0):
         stream = config.speculative_stream(trace)[0]
-    else:
+    elif stream is None:
         stream = trace_stream(trace, config.prefill_chunk)
     future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from freetoken.cli.bench_sim import libcachesim_misses
-from freetoken.placement import DECODE, LRU, PREFILL, KeyStream, Split, key_stream
+from freetoken.placement import DECODE, LRU, PREFILL, KeyStream, Split, key_stream, make_policy
 from freetoken.trace import RoutingTrace
 from freetoken.trace.importers import import_trace
-from freetoken.sim.calls import trace_calls
+from freetoken.sim.calls import trace_calls, trace_stream
 from freetoken.sim.mrc import COLD, lru_mrc, stack_depths
-from freetoken.sim.replay import replay
+from freetoken.sim.replay import replay, replay_stream
 
 
 def mixed_trace(seed: int, T: int = 90, L: int = 3, E: int = 8, K: int = 2) -> RoutingTrace:
@@ -76,6 +76,20 @@ def test_mrc_on_a_real_trace_sample(shared_traces):
     assert ratios[curve.min_exact_capacity] > 0.5 > ratios[-1]  # the curve spans the interesting range
 
 
+@pytest.mark.parametrize("name, tokens", [("mixtral-8x7b/humaneval_2_routing.jsonl", 333),  # decode, top-2
+                                          ("deepseek-v2-lite/deepseek_v2_lite_prefill_top6.npz", 3000)])
+def test_mrc_equals_compiled_replays_on_real_traces(shared_traces, name, tokens):
+    """The curve (compiled one pass) against the compiled LRU replay (the production path) on real slices."""
+    full = import_trace(shared_traces / name)
+    trace = full.select(np.arange(full.num_tokens) < tokens)
+    stream = trace_stream(trace, 16)
+    curve = lru_mrc(stream.key_stream())
+    grid = np.unique(np.linspace(curve.min_exact_capacity, trace.num_keys, 9).astype(int)).tolist()
+    for capacity in [0] + grid:
+        policy = make_policy("lru", capacity, trace.num_layers, trace.num_experts)
+        assert curve.misses_at(capacity) == replay_stream(stream, policy, Split("offload")).total.misses, capacity
+
+
 @pytest.mark.parametrize("top_k", [1, 3])
 def test_sequential_depths_equal_libcachesim(top_k):
     """The same counting, one key per call, is libCacheSim's sequential LRU at every capacity."""
@@ -113,5 +127,10 @@ def test_inexact_capacity_and_bad_streams_are_refused():
         curve.misses_at(2)
     with pytest.raises(ValueError, match="twice in one call"):
         lru_mrc(KeyStream(np.array([4, 4], np.int64), np.array([0, 2], np.int64)))
+    for offsets in ([0, 3], [0, 1], [1, 2], [0, 2, 1, 2]):  # the compiled pass trusts them: checked first
+        with pytest.raises(ValueError, match="offsets"):
+            lru_mrc(KeyStream(np.array([4, 5], np.int64), np.array(offsets, np.int64)))
+    with pytest.raises(ValueError, match="keys must be >= 0"):
+        lru_mrc(KeyStream(np.array([-1], np.int64), np.array([0, 1], np.int64)))
     empty = lru_mrc(KeyStream(np.zeros(0, np.int64), np.zeros(1, np.int64)))
     assert empty.accesses == 0 and empty.misses_at(5) == 0

@@ -28,6 +28,37 @@ def test_window_zero_is_layer_sweep_plan_by_plan(capacity):
         assert probe_policy.plan(call, Split("offload")) == sweep.plan(call, Split("offload")), f"call {i}"
 
 
+class ScalarWindowedFuture(WindowedFuture):
+    """The probe's victim by its definition, one key at a time: the reference for its vectorised scores."""
+
+    def victim(self, key, now, protected):
+        cands = [k for k in self.slot_of if k not in protected]
+        if not cands:
+            return None
+        best = max(cands, key=lambda k: (self._score(k), -k))
+        return None if self._score(key) > self._score(best) else best
+
+
+@pytest.mark.parametrize("window, capacity, warm", [(1, 6, False), (4, 9, True), (16, 14, True), (64, 20, False)])
+def test_probe_victim_equals_its_scalar_definition(shared_traces, window, capacity, warm):
+    from freetoken.placement.layer_sweep import visit_rates
+    from freetoken.trace.importers import import_trace
+
+    full = import_trace(shared_traces / "mixtral-8x7b" / "humaneval_2_routing.jsonl")
+    trace = full.select(np.arange(full.num_tokens) < 120)
+    calls = list(trace_calls(trace, 1))
+    future = key_stream(calls, 8)
+    prior = visit_rates(trace_calls(full.select(np.arange(full.num_tokens) >= 120), 1), 32, 8) if warm else None
+    fast, slow = (cls(capacity * 8, 32, 8, future, window=window * 32, decay=0.9, prior=prior)
+                  for cls in (WindowedFuture, ScalarWindowedFuture))
+    evictions = 0
+    for i, call in enumerate(calls):
+        got = fast.plan(call, Split("offload"))
+        assert got == slow.plan(call, Split("offload")), f"call {i}"
+        evictions += len(got.evict)
+    assert evictions > 100  # the victim ran
+
+
 @pytest.mark.parametrize("window", [4, 16, 10**9])
 def test_no_window_beats_belady(window):
     trace = _trace(5)

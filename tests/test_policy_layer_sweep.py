@@ -126,6 +126,20 @@ def test_visit_rates_counts_calls_per_layer():
     np.testing.assert_allclose(visit_rates(calls, 2, 3), [[0, 0.5, 1.0], [1.0, 0, 0]])
 
 
+def test_visit_rates_of_a_call_stream_equal_the_call_loop():
+    from freetoken.sim.calls import trace_stream
+
+    trace = synthesize(SynthSpec(num_layers=4, num_experts=16, top_k=3, num_tokens=200, num_requests=3, seed=4))
+    for chunk in (1, 7, 2048):
+        stream = trace_stream(trace, chunk)
+        by_stream = visit_rates(stream, trace.num_layers, trace.num_experts)
+        assert np.array_equal(by_stream, visit_rates(stream.calls(), trace.num_layers, trace.num_experts))
+        if chunk == 1:  # one token per call: every visit uses top_k experts
+            np.testing.assert_allclose(by_stream.sum(axis=1), trace.top_k)
+    with pytest.raises(ValueError, match="layers"):
+        visit_rates(stream, trace.num_layers - 1, trace.num_experts)
+
+
 def test_layer_sweep_rejects_bad_options():
     with pytest.raises(ValueError, match="decay"):
         LayerSweep(2, 2, 2, decay=1.0)

@@ -100,17 +100,7 @@ class DevicePolicy:
         tokens = torch.tensor(call.tokens, dtype=torch.int32, device=self.device)
         kind, slot, _ce, _cs, evict, counts = self.decide(call.layer, experts, tokens, split, call.phase)
         kind, slot, evict, counts = kind.tolist(), slot.tolist(), evict.tolist(), counts.tolist()
-        hits, hit_slots, fetch, fetch_slots, cpu = [], [], [], [], []
-        for e, k, s in zip(call.experts, kind, slot):
-            if k == 0:
-                hits.append(e)
-                hit_slots.append(s)
-            elif k == 1:
-                fetch.append(e)
-                fetch_slots.append(s)
-            else:
-                cpu.append(e)
-        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, [divmod(k, E) for k in evict[:counts[1]]])
+        return Plan.from_kinds(call.layer, call.experts, kind, slot, evict[:counts[1]], num_experts=E)
 
     def slot(self, layer: int, expert: int) -> int:
         return int(self.state[0][layer * self.num_experts + expert])

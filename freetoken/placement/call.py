@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 PREFILL, DECODE = 0, 1
+HIT, FETCH, CPU = 0, 1, 2  # per-expert kind codes of the compiled and device decisions
 
 
 @dataclass(slots=True)
@@ -46,3 +48,21 @@ class Plan:
     @property
     def num_misses(self) -> int:
         return len(self.fetch) + len(self.cpu)
+
+    @classmethod
+    def from_kinds(cls, layer: int, experts: Sequence[int], kinds: Sequence[int], slots: Sequence[int],
+                   evict_keys: Sequence[int] = (), prefetch_keys: Sequence[int] = (), num_experts: int = 1) -> Plan:
+        """The Plan of the array form the compiled and device decisions write: kinds[i] (HIT / FETCH / CPU) and
+        slots[i] of experts[i]; evicted and prefetched keys as layer * num_experts + expert."""
+        hits, hit_slots, fetch, fetch_slots, cpu = [], [], [], [], []
+        for e, k, s in zip(experts, kinds, slots):
+            if k == HIT:
+                hits.append(e)
+                hit_slots.append(s)
+            elif k == FETCH:
+                fetch.append(e)
+                fetch_slots.append(s)
+            else:
+                cpu.append(e)
+        return cls(layer, hits, hit_slots, fetch, fetch_slots, cpu, [divmod(k, num_experts) for k in evict_keys],
+                   [divmod(k, num_experts) for k in prefetch_keys])

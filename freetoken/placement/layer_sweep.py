@@ -43,7 +43,18 @@ _SLACK = 1 - 1e-9  # rounding margin on the heap's bound
 
 
 def visit_rates(calls: Iterable[Call], num_layers: int, num_experts: int) -> np.ndarray:
-    """[L, E]: share of each layer's calls that use each expert (a profile for `prior`)."""
+    """[L, E]: share of each layer's calls that use each expert (a profile for `prior`). calls: Call objects, or a
+    CallStream (the same counts from its flat columns, no Python per call)."""
+    from freetoken.placement.callstream import CallStream
+
+    if isinstance(calls, CallStream):
+        K = num_layers * num_experts
+        counts = np.bincount(calls.keys, minlength=K)  # [>= K] calls using each key (a call's keys are distinct)
+        if counts.size > K or calls.num_experts != num_experts:
+            raise ValueError(f"visit_rates: the calls need more than {num_layers} layers x {num_experts} experts")
+        used = counts.reshape(num_layers, num_experts).astype(np.float64)
+        visits = np.bincount(calls.layer, minlength=num_layers).astype(np.float64)  # [L]
+        return used / np.maximum(visits, 1)[:, None]
     used = np.zeros((num_layers, num_experts))
     visits = np.zeros(num_layers)
     for call in calls:

@@ -14,6 +14,7 @@ Layout
     lru_stream.py  LRU's own stream replay (scope unified): a Setup may name such a file (Setup.stream, same
                    signature as driver.replay_calls), loaded by specialise.stream_for; CompiledPolicy.replay uses it
                    unless generic=True, and a test must show it equal to the generic driver (tests/test_lru_stream.py)
+    heap.py        the indexed binary heap belady (by next use) and the sweeps (by z) keep their residents in
 
 How to add a compiled policy `foo` (its Python reference freetoken/placement/foo.py already exists):
     1. Write freetoken/placement/compiled/foo.py with

@@ -10,6 +10,7 @@ import numpy as np
 
 from freetoken.placement.compiled.base import (is_protected, observe_call, on_miss, on_prefetch,  # noqa: F401
                                                prefetch_for)
+from freetoken.placement.compiled.heap import before, refile, remove_at
 from freetoken.placement.compiled.setup import Setup
 
 TIE_DEPTH = 3  # as placement.belady: the next call, then the two after it
@@ -66,47 +67,8 @@ def due_pairs(keys, offsets, num_keys):
 
 @nb.njit(cache=True, inline="always")
 def _above(p, a, b):
-    """a is the better victim than b: later due, ties to the lower key."""
-    hi, lo = p[6], p[7]
-    if hi[a] != hi[b]:
-        return hi[a] > hi[b]
-    if lo[a] != lo[b]:
-        return lo[a] > lo[b]
-    return a < b
-
-
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
-def _sift_up(p, i):
-    heap, pos = p[8], p[9]
-    key = heap[i]
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _above(p, key, heap[parent]):
-            break
-        heap[i] = heap[parent]
-        pos[heap[i]] = i
-        i = parent
-    heap[i] = key
-    pos[key] = i
-
-
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
-def _sift_down(p, i):
-    heap, pos, n = p[8], p[9], p[11][0]
-    key = heap[i]
-    while True:
-        child = 2 * i + 1
-        if child >= n:
-            break
-        if child + 1 < n and _above(p, heap[child + 1], heap[child]):
-            child += 1
-        if not _above(p, heap[child], key):
-            break
-        heap[i] = heap[child]
-        pos[heap[i]] = i
-        i = child
-    heap[i] = key
-    pos[key] = i
+    """a is the better victim than b: later due, ties to the lower key (the heap's order)."""
+    return before(p[6], p[7], True, a, b)
 
 
 @nb.njit(cache=True, inline="always")
@@ -129,14 +91,7 @@ def begin_call(p, st, c, keys):
 def _remember(p, key):
     p[6][key] = p[4][key]
     p[7][key] = p[5][key]
-    heap, pos, size = p[8], p[9], p[11]
-    i = pos[key]
-    if i < 0:
-        i = size[0]
-        heap[i] = key
-        size[0] += 1
-    _sift_up(p, i)
-    _sift_down(p, pos[key])
+    refile(p[8], p[9], p[11], 0, p[6], p[7], True, key)
 
 
 @nb.njit(cache=True, inline="always")
@@ -151,18 +106,10 @@ def on_admit(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    heap, pos, size = p[8], p[9], p[11]
+    pos = p[9]
     i = pos[key]
     pos[key] = -1
-    size[0] -= 1
-    n = size[0]
-    if i == n:
-        return
-    moved = heap[n]
-    heap[i] = moved
-    pos[moved] = i
-    _sift_up(p, i)
-    _sift_down(p, pos[moved])
+    remove_at(p[8], pos, p[11], 0, p[6], p[7], True, i)
 
 
 @nb.njit(cache=True, inline="always")

@@ -85,20 +85,8 @@ class CompiledPolicy(PlacementPolicy):
         kind, slot, ev, pf = buf[0], buf[1], buf[6], buf[7]
         ne, npf = _timed_first(self._module, self._driver.apply_call, self.state, self.core, keys, tokens,
                                call.phase, split_array(split), self.flags, buf)
-        kinds, slots = kind[:n].tolist(), slot[:n].tolist()
-        hits, hit_slots, fetch, fetch_slots, cpu = [], [], [], [], []
-        for e, k, s in zip(experts, kinds, slots):
-            if k == 0:
-                hits.append(e)
-                hit_slots.append(s)
-            elif k == 1:
-                fetch.append(e)
-                fetch_slots.append(s)
-            else:
-                cpu.append(e)
-        evict = [divmod(k, E) for k in ev[:ne].tolist()]
-        prefetch = [divmod(k, E) for k in pf[:npf].tolist()]
-        return Plan(call.layer, hits, hit_slots, fetch, fetch_slots, cpu, evict, prefetch)
+        return Plan.from_kinds(call.layer, experts, kind[:n].tolist(), slot[:n].tolist(), ev[:ne].tolist(),
+                               pf[:npf].tolist(), E)
 
     def replay(self, stream, split: Split, c0: int = 0, c1: int | None = None, log: np.ndarray | None = None,
                generic: bool = False):

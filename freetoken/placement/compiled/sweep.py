@@ -18,6 +18,7 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
+from freetoken.placement.compiled.heap import pop, refile, remove_at
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.hinted_sweep import PRIOR_FLOOR
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK
@@ -94,70 +95,18 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
 
 # the heap of residents, by (z, key)
 @nb.njit(cache=True, inline="always")
-def _less(z, a, b):
-    return z[a] < z[b] or (z[a] == z[b] and a < b)
-
-
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
-def _sift_up(p, i):
-    z, heap, pos = p[3], p[4], p[5]
-    key = heap[i]
-    while i > 0:
-        parent = (i - 1) >> 1
-        if not _less(z, key, heap[parent]):
-            break
-        heap[i] = heap[parent]
-        pos[heap[i]] = i
-        i = parent
-    heap[i] = key
-    pos[key] = i
-
-
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
-def _sift_down(p, i):
-    z, heap, pos, n = p[3], p[4], p[5], p[7][HEAP_N]
-    key = heap[i]
-    while True:
-        child = 2 * i + 1
-        if child >= n:
-            break
-        if child + 1 < n and _less(z, heap[child + 1], heap[child]):
-            child += 1
-        if not _less(z, heap[child], key):
-            break
-        heap[i] = heap[child]
-        pos[heap[i]] = i
-        i = child
-    heap[i] = key
-    pos[key] = i
-
-
-@nb.njit(cache=True, inline="always")
 def _push(p, key):
     """(Re)file `key` under its z now."""
-    rate, stamp, z, heap, pos, ints, floats = p[0], p[1], p[3], p[4], p[5], p[7], p[8]
+    rate, stamp, z, floats = p[0], p[1], p[3], p[8]
     z[key] = math.log(max(rate[key], _FLOOR)) - stamp[key] * floats[LOG_DECAY]
-    i = pos[key]
-    if i < 0:
-        i = ints[HEAP_N]
-        heap[i] = key
-        ints[HEAP_N] += 1
-    _sift_up(p, i)
-    _sift_down(p, pos[key])
+    refile(p[4], p[5], p[7], HEAP_N, z, z, False, key)
 
 
 @nb.njit(cache=True, inline="always")
 def _pop(p):
     """Take the least (z, key) off the heap; it is marked HELD."""
-    heap, pos, ints = p[4], p[5], p[7]
-    key = heap[0]
-    ints[HEAP_N] -= 1
-    n = ints[HEAP_N]
-    if n > 0:
-        heap[0] = heap[n]
-        pos[heap[0]] = 0
-        _sift_down(p, 0)
-    pos[key] = HELD
+    key = pop(p[4], p[5], p[7], HEAP_N, p[3], p[3], False)
+    p[5][key] = HELD
     return key
 
 
@@ -319,20 +268,12 @@ def on_admit(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    heap, pos, ints = p[4], p[5], p[7]
+    pos = p[5]
     i = pos[key]
     pos[key] = -1
     if i == HELD:  # the victim: victim() took it out of the walk already
         return
-    ints[HEAP_N] -= 1
-    n = ints[HEAP_N]
-    if i == n:
-        return
-    moved = heap[n]
-    heap[i] = moved
-    pos[moved] = i
-    _sift_up(p, i)
-    _sift_down(p, pos[moved])
+    remove_at(p[4], pos, p[7], HEAP_N, p[3], p[3], False, i)
 
 
 @nb.njit(cache=True, inline="always")

@@ -1,0 +1,92 @@
+"""An indexed binary heap of keys for the compiled policies: heap[0 .. n) holds keys, pos[key] is a key's index in it
+(-1 or another negative mark: not on it), and keys are ordered by (a[key], b[key], key), ascending, or with a and b
+descending when `desc` (the key stays ascending: ties go to the lower key). belady keeps its residents by next use
+(a, b = the next use and the two after, desc: the furthest first); layer_sweep by z (a = b = z, the least first).
+
+The heap's size lives in a caller's int array, size[at], so a policy keeps it in its own state tuple.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+
+
+@nb.njit(cache=True, inline="always")
+def before(a, b, desc, x, y):
+    """Key x sorts before key y."""
+    if a[x] != a[y]:
+        return a[x] > a[y] if desc else a[x] < a[y]
+    if b[x] != b[y]:
+        return b[x] > b[y] if desc else b[x] < b[y]
+    return x < y
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the drivers' compile short
+def sift_up(heap, pos, a, b, desc, i):
+    key = heap[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not before(a, b, desc, key, heap[parent]):
+            break
+        heap[i] = heap[parent]
+        pos[heap[i]] = i
+        i = parent
+    heap[i] = key
+    pos[key] = i
+
+
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the drivers' compile short
+def sift_down(heap, pos, n, a, b, desc, i):
+    key = heap[i]
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and before(a, b, desc, heap[child + 1], heap[child]):
+            child += 1
+        if not before(a, b, desc, heap[child], key):
+            break
+        heap[i] = heap[child]
+        pos[heap[i]] = i
+        i = child
+    heap[i] = key
+    pos[key] = i
+
+
+@nb.njit(cache=True, inline="always")
+def refile(heap, pos, size, at, a, b, desc, key):
+    """Put `key` on the heap, or move it to its place after its a / b changed."""
+    i = pos[key]
+    if i < 0:
+        i = size[at]
+        heap[i] = key
+        size[at] += 1
+    sift_up(heap, pos, a, b, desc, i)
+    sift_down(heap, pos, size[at], a, b, desc, pos[key])
+
+
+@nb.njit(cache=True, inline="always")
+def remove_at(heap, pos, size, at, a, b, desc, i):
+    """Take the key at index i off the heap (its pos is the caller's to mark)."""
+    size[at] -= 1
+    n = size[at]
+    if i == n:
+        return
+    moved = heap[n]
+    heap[i] = moved
+    pos[moved] = i
+    sift_up(heap, pos, a, b, desc, i)
+    sift_down(heap, pos, n, a, b, desc, pos[moved])
+
+
+@nb.njit(cache=True, inline="always")
+def pop(heap, pos, size, at, a, b, desc):
+    """Take the first key off the heap and return it (its pos is the caller's to mark)."""
+    key = heap[0]
+    size[at] -= 1
+    n = size[at]
+    if n > 0:
+        heap[0] = heap[n]
+        pos[heap[0]] = 0
+        sift_down(heap, pos, n, a, b, desc, 0)
+    return key
