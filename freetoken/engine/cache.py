@@ -1,6 +1,8 @@
 """The expert cache of a live run: a placement policy (the simulator's own classes), a miss split, the slot pool.
 
 CacheConfig (freetoken.placement.config) is the one cache configuration of engine, simulator, CLIs and experiments.
+Where the policy decides: `placement` auto (on the device on CUDA when the policy has a device form, else on the
+host), device (error if it has none; on CPU it runs in Triton's interpreter) or host.
 """
 
 from __future__ import annotations
@@ -8,15 +10,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from freetoken.engine.device_moe import DeviceMoE, device_reason
+from freetoken.engine.device_placement import placement_line
 from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.placement import CacheConfig, PlacementPolicy, build_policy, make_call
 
 
+PLACEMENTS = ("auto", "device", "host")
+
+
 class ExpertCache:
     def __init__(self, store: ExpertStore, config: CacheConfig, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False, pipeline: bool | None = None, host=None):
+                 keep_plans: bool = False, pipeline: bool | None = None, host=None, placement: str = "auto"):
         self.store, self.config = store, config
         L, E = store.num_layers, store.num_experts
         self.capacity = config.slots_for(L, E)
@@ -24,6 +31,22 @@ class ExpertCache:
         self.pool = SlotPool(self.capacity, staging, store, device)
         self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline, host)
         self.policy = self._new_policy()
+        self.device_moe: DeviceMoE | None = None
+        self.placement_line = self._place(placement, torch.device(device))
+        if self.device_moe is not None:
+            self.executor.device_totals = self.device_moe.phase_totals
+
+    def _place(self, placement: str, device: torch.device) -> str:
+        """Build the device decision where asked and possible; returns the line saying where the policy decides."""
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+        reason = device_reason(self.policy, self.pool.staging, self.store.num_experts)
+        if placement == "device" and reason is not None:
+            raise ValueError(reason)
+        if placement == "host" or reason is not None or (placement == "auto" and device.type != "cuda"):
+            return placement_line(self.policy, on_device=False, reason=reason)
+        self.device_moe = DeviceMoE(self.policy, self.config.split, self.executor)
+        return placement_line(self.policy, on_device=True)
 
     def _new_policy(self) -> PlacementPolicy:
         E = self.store.num_experts
@@ -35,6 +58,8 @@ class ExpertCache:
     def reset(self) -> None:
         """A fresh policy (empty or warm-started as at construction); counters and plans restart too."""
         self.policy = self._new_policy()
+        if self.device_moe is not None:
+            self.device_moe.reset(self.policy)
         ex = self.executor
         ex.reset_counts()
         if ex.plans is not None:

@@ -49,6 +49,7 @@ class LiveExecutor:
         if self.overlap:  # the host's cores belong to the CPU lane here: one torch thread per physical core
             torch.set_num_threads(physical_cores())
             self._cpu_worker = ThreadPoolExecutor(1, thread_name_prefix="cpu-lane")
+        self.device_totals = None  # the device decision's per-phase counts (DeviceMoE.phase_totals), if any
         self._reads_done = None  # CUDA event after the last expert FFN queued: what a slot's new copy must follow
 
     def run(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray, phase: int,
@@ -186,9 +187,10 @@ class LiveExecutor:
         self._totals = np.zeros((2, 7), np.int64)
 
     def _count(self, phase: int | None) -> Counts:
-        log = _CallColumns(*self._totals[:, 1:].T)  # each column: [2] per-phase sums
+        totals = self._totals if self.device_totals is None else self._totals + self.device_totals()
+        log = _CallColumns(*totals[:, 1:].T)  # each column: [2] per-phase sums
         counts = count(log, None if phase is None else np.arange(2) == phase, self.store.expert_bytes)
-        counts.calls = int(self._totals[:, 0].sum() if phase is None else self._totals[phase, 0])
+        counts.calls = int(totals[:, 0].sum() if phase is None else totals[phase, 0])
         return counts
 
     @property
