@@ -47,6 +47,26 @@ def test_cost_model_counts_equal_the_engines_counters(family, split, pipeline, c
     assert work.totals() == engine.host.to_dict()
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_cost_model_counts_equal_the_device_placement_engines(family, split, checkpoints):
+    """The same with the placement decided on the device (interpreted): the decision program and the gathers per
+    call, the decision read back only where a CPU lane may need it, the routing read once per forward."""
+    ckpt = checkpoints[family]
+    cache = CacheConfig("lru", capacity=5, split=SPLITS[split])
+    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=True,
+                    placement="device")
+    list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
+    log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=5, prefill_chunk=CHUNK)).log
+    assert int(log.fetched.sum()) > 0 and (int(log.cpu.sum()) > 0) == (split == "hybrid")
+    work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=True, cuda_graphs=False,
+                          record=True, device_placement=True, cpu_split=split == "hybrid")
+    assert work.totals() == engine.host.to_dict()
+    host = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=True, cuda_graphs=False,
+                          record=True)
+    assert int(work.syncs.sum()) < int(host.syncs.sum())
+
+
 def test_cuda_graph_decode_is_one_launch_per_step_and_no_router_sync():
     # hand-derived: 2 MoE layers, 3 decode steps with one CPU expert in the second layer of each step
     from tests.test_cost_lanes import log_of
@@ -70,6 +90,8 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
     from triton.runtime.interpreter import InterpretedFunction
 
     from freetoken import kernels as k
+    from freetoken.kernels.expert_gather import gather_experts
+    from freetoken.kernels.placement import place_call
 
     launched = []
     real = InterpretedFunction.run
@@ -87,6 +109,8 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
     slots = torch.tensor([[0, 1], [1, -1], [0, 1]], dtype=torch.int32)
     w = torch.rand(3, 2, generator=g)
     gate_up, down = torch.randn(2, 32, 32, generator=g) * 0.1, torch.randn(2, 32, 16, generator=g) * 0.1
+    state = (torch.full((8,), -1, dtype=torch.int32), torch.full((2,), -1, dtype=torch.int32),
+             torch.full((8,), -1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))  # 1 layer, 8 experts, 2 slots
     got = {
         "rms_norm": count(k.rms_norm, x, torch.ones(32), 1e-6),
         "linear": count(k.linear, x, torch.randn(8, 32, generator=g)),
@@ -95,6 +119,11 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
         "attention_decode": count(k.attention, q1, cache, cache, 4, 0.25),
         "attention_prefill": count(k.attention, q3, cache, cache, 2, 0.25),
         "expert_ffn": count(k.expert_ffn, x, slots, w, gate_up, down),
+        "place_call": count(place_call, state, 0, torch.tensor([1, 3], dtype=torch.int32),
+                            torch.ones(2, dtype=torch.int32), torch.arange(5, dtype=torch.int32), "most_tokens", 0,
+                            True),
+        "gather_experts": count(gather_experts, gate_up, torch.zeros_like(gate_up), torch.tensor([1], dtype=torch.int32),
+                                torch.tensor([0], dtype=torch.int32), torch.tensor([1])),
     }
     assert got == {name: KERNEL_LAUNCHES[name] for name in got}
     assert np.all([v > 0 for v in got.values()])

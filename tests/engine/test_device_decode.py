@@ -1,0 +1,136 @@
+"""The engine with its placement decided on the device (Triton's interpreter here) = the host-policy engine: same
+tokens, same recorded trace, same Plans and counters; host syncs per decode step a constant (not per layer); the
+CUDA-graph path falls back to eager without CUDA and its static buffers give the same tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.engine import CacheConfig, Engine, SamplingParams
+from freetoken.engine.decode_graphs import MoEGraphs
+from freetoken.engine.device_moe import call_union
+from freetoken.placement import Split
+from freetoken.placement.callstream import make_call
+
+from .conftest import policy_options
+
+CHUNK = 4
+STEPS = 6
+PROMPT = [3, 17, 5, 9, 42, 7, 1, 2, 8, 10]
+OFFLOAD, HYBRID = Split("offload"), Split("hybrid", bp=2.0, bh=1.0)
+
+
+def run(ckpt, cache: CacheConfig, placement: str, **kw) -> tuple[Engine, list[int]]:
+    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, placement=placement,
+                    keep_plans=kw.pop("keep_plans", True), **kw)
+    out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
+    return engine, out
+
+
+def cache_of(name: str, split: Split, ckpt) -> CacheConfig:
+    options = {}
+    if name == "frequency":  # profiled on a probe run of the same prompt
+        probe, _ = run(ckpt, CacheConfig("lru", capacity=4), "host", keep_plans=False)
+        options = policy_options(name, probe.trace(), CHUNK)
+    capacity = 8 if name == "static_layers" else 5  # static_layers: one of the two layers resident
+    return CacheConfig(name, capacity=capacity, split=split, options=options)
+
+
+@pytest.mark.parametrize("name, split, pipeline", [("lru", OFFLOAD, False), ("lru", HYBRID, True),
+                                                    ("static_layers", OFFLOAD, True), ("frequency", HYBRID, False)])
+def test_device_placement_equals_host_policy(name, split, pipeline, ckpt):
+    cache = cache_of(name, split, ckpt)
+    host, host_out = run(ckpt, cache, "host", pipeline=pipeline)
+    dev, dev_out = run(ckpt, cache, "device", pipeline=pipeline)
+    assert host.cache.device_moe is None and dev.cache.device_moe is not None
+    assert dev_out == host_out
+    th, td = host.trace(), dev.trace()
+    np.testing.assert_array_equal(td.experts, th.experts)
+    np.testing.assert_array_equal(td.gates, th.gates)
+    assert dev.cache.plans == host.cache.plans  # read back per call: Plan by Plan
+    assert dev.counters == host.counters
+    assert dev.cache.decode_counters == host.cache.decode_counters
+    c = dev.counters
+    assert c.fetched > 0 and c.hits > 0 and (c.cpu > 0) == (split.mode == "hybrid")
+
+
+def test_reset_restores_the_device_state(ckpt):
+    engine, first = run(ckpt, CacheConfig("lru", capacity=5), "device", keep_plans=False)
+    counts = engine.counters
+    engine.reset()
+    again = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
+    assert again == first and engine.counters == counts
+
+
+def _model(tmp_path, layers: int, experts: int = 4):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from freetoken.models.checkpoint import load_checkpoint
+
+    cfg = AutoConfig.for_model("qwen3_moe", hidden_size=32, intermediate_size=32, num_hidden_layers=layers,
+                               num_attention_heads=2, num_key_value_heads=1, vocab_size=64, num_experts_per_tok=2,
+                               num_experts=experts, moe_intermediate_size=16, head_dim=16, initializer_range=0.1,
+                               eos_token_id=None, bos_token_id=None, pad_token_id=None)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / f"l{layers}e{experts}")
+    return load_checkpoint(tmp_path / f"l{layers}e{experts}")
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """2 layers, 8 experts, top-2 (a Qwen3-MoE shape, tiny)."""
+    return _model(tmp_path_factory.mktemp("device_decode"), 2, 8)
+
+
+def _decode_step_counts(ckpt, placement: str) -> dict[str, int]:
+    engine = Engine(ckpt, CacheConfig("lru", capacity=3), kernels="reference", device="cpu", placement=placement)
+    kv = engine.new_kv(16)
+    engine.prefill([1, 2, 3], kv)
+    before = engine.host.to_dict()
+    engine.decode(5, kv)
+    return {k: v - before[k] for k, v in engine.host.to_dict().items()}
+
+
+def test_syncs_per_decode_step_do_not_grow_with_layers(tmp_path):
+    # hand-derived: the host path reads the router's ids and the recorder's gates per MoE layer (2 L syncs); the
+    # device path reads the step's routing once, from the recorder's device buffer (1), whatever L is
+    for layers in (2, 3):
+        ckpt = _model(tmp_path, layers)
+        host, dev = _decode_step_counts(ckpt, "host"), _decode_step_counts(ckpt, "device")
+        assert host["syncs"] == 2 * layers
+        assert dev["syncs"] == 1 and dev["copies"] == 1
+        # no slot-id upload, no per-expert copy: the gather launches (2 per layer: gate_up, down) replace them
+        assert host["copies"] >= 3 * layers
+
+
+def test_graph_path_skips_cleanly_without_cuda(ckpt):
+    engine, out = run(ckpt, CacheConfig("lru", capacity=5), "device", keep_plans=False)
+    assert engine.graphs is None and engine.decode_line == "decode: eager (CUDA graphs need CUDA)"
+    eager = Engine(ckpt, CacheConfig("lru", capacity=5), kernels="reference", device="cpu", placement="device",
+                   eager=True)
+    assert eager.graphs is None and eager.decode_line == "decode: eager (--eager)"
+    host = Engine(ckpt, CacheConfig("s3fifo", capacity=5), kernels="reference", device="cpu")
+    assert host.cache.device_moe is None and "no device form" in host.cache.placement_line
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
+        MoEGraphs(engine._moe_device, torch.device("cpu"), engine.host, capture=True)
+    # what capture would record, run eagerly through the static buffers: same tokens, one entry per layer
+    graphs = MoEGraphs(eager._moe_device, torch.device("cpu"), eager.host, capture=False)
+    eager.graphs = graphs
+    again = list(eager.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
+    assert again == out
+    assert sorted(graphs.entries) == [(0, 1), (1, 1)]  # decode at batch 1, each MoE layer
+    assert all(g is None and h.shape == (1, ckpt.config.hidden_size) for g, h, _ in graphs.entries.values())
+
+
+def test_call_union_is_make_calls_call():
+    g = np.random.default_rng(0)
+    for T, K, E in [(1, 4, 8), (3, 2, 4), (5, 3, 6), (6, 2, 16)]:
+        ids = np.stack([g.choice(E, K, replace=False) for _ in range(T)])  # [T, K]
+        call = make_call(0, ids, 0)
+        experts, tokens = call_union(torch.from_numpy(ids).to(torch.int32), E)
+        n = len(call.experts)
+        assert experts.numel() == min(T * K, E)
+        assert experts[:n].tolist() == call.experts and tokens[:n].tolist() == call.tokens
+        assert (experts[n:] == -1).all() and (tokens[n:] == 0).all()
