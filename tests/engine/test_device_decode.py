@@ -134,3 +134,21 @@ def test_call_union_is_make_calls_call():
         assert experts.numel() == min(T * K, E)
         assert experts[:n].tolist() == call.experts and tokens[:n].tolist() == call.tokens
         assert (experts[n:] == -1).all() and (tokens[n:] == 0).all()
+
+
+def test_batched_decode_on_the_device_equals_host(ckpt):
+    # a step of 3 sequences is one call over the union of their experts (first-use order, token counts)
+    results = {}
+    for placement in ("host", "device"):
+        engine = Engine(ckpt, CacheConfig("lru", capacity=5), kernels="reference", device="cpu",
+                        placement=placement, keep_plans=True)
+        kvs = [engine.new_kv(32) for _ in range(3)]
+        for kv, prompt in zip(kvs, ([1, 2, 3], [4, 5], [6, 7, 8, 9])):
+            engine.prefill(prompt, kv)
+        logits = [engine.decode_batch([11, 12, 13], kvs), engine.decode_batch([14, 15, 16], kvs)]
+        results[placement] = (torch.cat(logits), engine.cache.plans, engine.counters, engine.trace().experts)
+    (lh, ph, ch, th), (ld, pd, cd, td) = results["host"], results["device"]
+    torch.testing.assert_close(ld, lh, rtol=0, atol=0)
+    assert pd == ph and cd == ch
+    np.testing.assert_array_equal(td, th)
+    assert any(len(p.hits) + len(p.fetch) + len(p.cpu) > 2 for p in pd[-4:])  # unions wider than top-2
