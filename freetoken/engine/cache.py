@@ -42,7 +42,7 @@ class ExpertCache:
             raise ValueError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
         reason = device_reason(self.policy, self.pool.staging, self.store.num_experts)
         if placement == "device" and reason is not None:
-            raise ValueError(reason)
+            raise ValueError("placement device: " + reason.split(";")[0].removeprefix("placement "))
         if placement == "host" or reason is not None or (placement == "auto" and device.type != "cuda"):
             return placement_line(self.policy, on_device=False, reason=reason)
         self.device_moe = DeviceMoE(self.policy, self.config.split, self.executor)

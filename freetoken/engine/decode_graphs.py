@@ -84,7 +84,7 @@ class MoEGraphs:
 def decode_line(cache, graphs: MoEGraphs | None, eager: bool) -> str:
     """What `ft generate` says about how decode steps run."""
     if graphs is None:
-        return "decode: eager (CUDA graphs hold the device placement; this policy decides on the host)"
+        return "decode: eager (CUDA graphs hold the device placement only)"
     if eager:
         return "decode: eager (--eager)"
     reason = graphs.reason(cache)
