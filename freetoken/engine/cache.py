@@ -15,7 +15,7 @@ from freetoken.engine.device_placement import placement_line
 from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
-from freetoken.placement import CacheConfig, PlacementPolicy, build_policy, make_call
+from freetoken.placement import PREFILL, CacheConfig, PlacementPolicy, build_policy, make_call
 
 
 PLACEMENTS = ("auto", "device", "host")
@@ -71,7 +71,16 @@ class ExpertCache:
         call = make_call(layer, ids, phase, request)
         plan = self.policy.plan(call, self.config.split)
         prefetch_slots = [self.policy.slot(l, e) for l, e in plan.prefetch]
-        return self.executor.run(plan, x, weights, ids, phase, prefetch_slots)
+        return self.executor.run(plan, x, weights, ids, phase, prefetch_slots, self._stream_next(layer, phase))
+
+    def _stream_next(self, layer: int, phase: int) -> list[int] | None:
+        """Layer l+1's non-resident experts for the prefill double buffer: only where every prefill miss is fetched
+        (offload) and none is admitted (so the set cannot change before layer l+1's call), within the forward."""
+        split, policy = self.config.split, self.policy
+        if (not self.executor.stream_prefill or phase != PREFILL or layer + 1 >= self.store.num_layers
+                or split.mode != "offload" or (policy.admits and split.admit_prefill)):
+            return None
+        return [e for e in range(self.store.num_experts) if policy.slot(layer + 1, e) < 0]
 
     @property
     def counters(self):
