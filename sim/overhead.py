@@ -101,14 +101,18 @@ def ffn_calls(log, pipeline: bool) -> np.ndarray:
 
 
 def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, cuda_graphs: bool,
-                   record: bool = False, device_placement: bool = False, cpu_split: bool = False) -> HostWork:
+                   record: bool = False, device_placement: bool = False, cpu_split: bool = False,
+                   moe_graphs: bool = False) -> HostWork:
     """The live engine's host work per MoE call. Each step's call of MoE layer 0 also carries the step's dense
     layers (attention + one expert_ffn each), the final norm and lm_head. Per-step host work outside the layers
     (the sampler's read of the logits, one sync per token) is neither counted nor charged.
     cuda_graphs: decode steps replayed as one captured graph (DESIGN.md: the device-side decision), so a decode
     call launches nothing on its own and does not sync; layer 0 carries the step's one graph launch.
     device_placement: the decision on the device (hits and fetched experts in two expert_ffn calls with the
-    pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu)."""
+    pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu).
+    moe_graphs: with the device placement and no CPU lane, each decode call's MoE block (router, top-k, decision,
+    gathers, expert FFNs) is one graph launch (engine/decode_graphs.py); attention, a shared expert and the step's
+    head stay eager; the recorder's one read per forward stays."""
     k = KERNEL_LAUNCHES
     N = len(log)
     decode = log.phase != PREFILL
@@ -137,6 +141,14 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     if device_placement:  # the decision read back where a CPU lane may need it; the recorder once per forward
         read, per_forward = int(cpu_split), record * first
         syncs, copies, charged = read + cpu + per_forward, read + 2 * cpu + per_forward, read + per_forward
+    if moe_graphs:
+        if not device_placement or cpu_split or cuda_graphs:
+            raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")
+        held = (k["linear"] + k["router_topk"] + calls * ffn + k["place_call"]
+                + k["gather_experts"] * shape.tensors_per_expert)  # what one MoE block graph holds
+        launches = np.where(decode, launches - held + 1, launches)
+        pre = np.where(decode, attn + GLUE_PRE, pre)  # attention and its glue stay eager
+        post = np.where(decode, 1 + shared + step + glue_post - (calls - 1), post)  # group adds are in the graph
     if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
         pre, post = np.where(decode, 0, pre), np.where(decode, first, post)
         launches = np.where(decode, first, launches)

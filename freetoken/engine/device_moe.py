@@ -69,8 +69,14 @@ class DeviceMoE:
 
     def _pin_store(self) -> None:
         """The gather reads the host store from the GPU: it must be pinned (page-locked, device-addressable)."""
-        st = self.store
-        pin = lambda ts: [t if t.is_pinned() else t.pin_memory() for t in ts]  # noqa: E731
+        st, pinned = self.store, {}  # a tensor shared by several layers is pinned once
+
+        def pin(ts):
+            for t in ts:
+                if not t.is_pinned() and id(t) not in pinned:
+                    pinned[id(t)] = t.pin_memory()
+            return [t if t.is_pinned() else pinned[id(t)] for t in ts]
+
         if st.packed:
             from dataclasses import replace
 
@@ -171,8 +177,9 @@ class DeviceMoE:
                 gather_experts(src, dst, copy_expert, copy_slot, counts)
             done = torch.cuda.Event()
             done.record(stream)
-        for t in (copy_expert, copy_slot, counts):
-            t.record_stream(stream)
+        if not torch.cuda.is_current_stream_capturing():  # (captured: the join below orders every later reuse)
+            for t in (copy_expert, copy_slot, counts):
+                t.record_stream(stream)
         return done
 
     def phase_totals(self) -> np.ndarray:
