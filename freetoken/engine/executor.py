@@ -135,8 +135,11 @@ class LiveExecutor:
         return y
 
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
+        """Slot ids up to the device: from pinned memory on CUDA (a truly asynchronous copy; torch's caching host
+        allocator keeps the buffer until the copy is done), not from pageable memory (which may synchronise)."""
         self.host.copies += 1
-        return torch.from_numpy(np.ascontiguousarray(slots, np.int32)).to(self.device, non_blocking=True)
+        ids = torch.from_numpy(np.ascontiguousarray(slots, np.int32))
+        return (ids.pin_memory() if self.cuda else ids).to(self.device, non_blocking=True)
 
     def _copy(self, layer: int, groups: list[list[tuple[int, int]]], prefetch: list[tuple[int, int]],
               prefetch_slots: list[int]) -> tuple:

@@ -152,3 +152,22 @@ def test_batched_decode_on_the_device_equals_host(ckpt):
     assert pd == ph and cd == ch
     np.testing.assert_array_equal(td, th)
     assert any(len(p.hits) + len(p.fetch) + len(p.cpu) > 2 for p in pd[-4:])  # unions wider than top-2
+
+
+def test_device_path_issues_the_cpu_lane_before_the_gpu_lane_waits(ckpt):
+    engine = Engine(ckpt, CacheConfig("lru", capacity=5, split=HYBRID), kernels="reference", device="cpu",
+                    placement="device", pipeline=True)
+    ex, dm = engine.cache.executor, engine.cache.device_moe
+    log: list[str] = []
+
+    def logged(name, fn):
+        return lambda *a, **kw: (log.append(name), fn(*a, **kw))[1]
+
+    ex._cpu_lane_start = logged("cpu issued", ex._cpu_lane_start)
+    ex._wait = logged("gpu waits", ex._wait)
+    dm._gather = logged("gather issued", dm._gather)
+    list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
+    assert engine.counters.cpu > 0 and log.count("cpu issued") > 0
+    calls = "".join("c" if e == "cpu issued" else "g" if e == "gather issued" else "w" for e in log)
+    # per call: [cpu issued] gather issued, gpu waits; the CPU lane never after its call's gather or wait
+    assert calls.replace("cgw", "").replace("gw", "") == ""
