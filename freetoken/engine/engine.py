@@ -106,7 +106,10 @@ class Engine:
     def _moe(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         if self.cache.device_moe is not None:
             if self.graphs is not None and self._phase == DECODE:
-                return self.graphs(layer, h)
+                y = self.graphs(layer, h)
+                if self.recorder is not None:  # a replay wrote the routing on the device only
+                    self.recorder.written(h.shape[0], h.device)
+                return y
             return self._moe_device(layer, h)
         weights, ids = self.route(layer, h)  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()

@@ -44,6 +44,10 @@ class TraceRecorder:
         buf[1, :, layer] = gates
         self._on_device = buf
 
+    def written(self, T: int, device: torch.device) -> None:
+        """A replayed graph wrote this forward's layer into the device buffer of T (its host side did not run)."""
+        self._on_device = self.device_buffer(T, device)
+
     def device_buffer(self, T: int, device: torch.device) -> torch.Tensor:
         """The [2, T, L, K] fp32 buffer of T-token forwards on `device` (one per T, kept)."""
         bufs = self._device.get(T)

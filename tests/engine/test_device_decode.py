@@ -171,3 +171,42 @@ def test_device_path_issues_the_cpu_lane_before_the_gpu_lane_waits(ckpt):
     calls = "".join("c" if e == "cpu issued" else "g" if e == "gather issued" else "w" for e in log)
     # per call: [cpu issued] gather issued, gpu waits; the CPU lane never after its call's gather or wait
     assert calls.replace("cgw", "").replace("gw", "") == ""
+
+
+class HostSilentGraph:
+    """A CPU stand-in for a captured graph: replay runs the block's device work into the static output, and undoes
+    what only the host side of the block does (counters, the recorder's bookkeeping), as a real replay never runs it."""
+
+    def __init__(self, engine, layer, h_in, out):
+        self.engine, self.layer, self.h_in, self.out = engine, layer, h_in, out
+
+    def replay(self):
+        e = self.engine
+        counts, marked = e.host.to_dict(), e.recorder._on_device
+        self.out.copy_(e._moe_device(self.layer, self.h_in))
+        for name, value in counts.items():
+            setattr(e.host, name, value)
+        e.recorder._on_device = marked
+
+
+def test_replayed_blocks_keep_tokens_trace_and_count_one_launch(ckpt):
+    cache = CacheConfig("lru", capacity=5)
+    host, host_out = run(ckpt, cache, "host", keep_plans=False)
+    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, placement="device")
+    graphs = MoEGraphs(engine._moe_device, torch.device("cpu"), engine.host, capture=False)
+    graphs.capture = True  # capture = the stand-in above (no CUDA here)
+    graphs._capture = lambda layer, h_in: (lambda out: (HostSilentGraph(engine, layer, h_in, out), out))(
+        torch.empty_like(h_in))
+    engine.graphs = graphs
+    kv = engine.new_kv(32)
+    out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[], kv=kv))
+    assert out == host_out and graphs.replays == 2 * (STEPS - 2)  # first decode step captures, the rest replay
+    np.testing.assert_array_equal(engine.trace().experts, host.trace().experts)
+    np.testing.assert_array_equal(engine.trace().gates, host.trace().gates)
+    assert engine.counters == host.counters
+    before = engine.host.to_dict()
+    engine.decode(out[-1], kv)
+    step = {k: v - before[k] for k, v in engine.host.to_dict().items()}
+    # hand-derived, per layer: attention 12 launches (2 norms, 4 linears, 2 q/k norms, 2 ropes, decode attention
+    # 2) + 1 graph; the final norm and lm_head 2; one sync and one copy: the recorder's read
+    assert step == {"launches": 2 * 13 + 2, "syncs": 1, "copies": 1}
