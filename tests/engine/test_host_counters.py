@@ -59,6 +59,9 @@ def test_cost_model_counts_equal_the_device_placement_engines(family, split, che
     list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
     log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=5, prefill_chunk=CHUNK)).log
     assert int(log.fetched.sum()) > 0 and (int(log.cpu.sum()) > 0) == (split == "hybrid")
+    c = engine.counters  # sim = live for the device decision too (the replay runs the host policy)
+    assert (c.calls, c.hits, c.fetched, c.cpu, c.evictions) == (len(log), int(log.hits.sum()), int(log.fetched.sum()),
+                                                                 int(log.cpu.sum()), int(log.evictions.sum()))
     work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=True, cuda_graphs=False,
                           record=True, device_placement=True, cpu_split=split == "hybrid")
     assert work.totals() == engine.host.to_dict()
