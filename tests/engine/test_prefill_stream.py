@@ -57,8 +57,12 @@ def test_next_layer_streams_during_this_call():
     torch.testing.assert_close(y1, _reference(store, 1, x, weights, ids), rtol=1e-5, atol=1e-5)
 
 
-def test_engine_prefill_stream_keeps_the_tokens(checkpoints):
-    ckpt = checkpoints["qwen3_moe"]
+def test_engine_prefill_stream_keeps_the_tokens(tmp_path):
+    from freetoken.models.checkpoint import load_checkpoint
+
+    from .conftest import build_checkpoint
+
+    ckpt = load_checkpoint(build_checkpoint("qwen3_moe", tmp_path / "m"))
     E = ckpt.config.num_experts
     cache = CacheConfig("lru", capacity=5, split=Split("offload", admit_prefill=False), staging=2 * E)
     outs = {}
