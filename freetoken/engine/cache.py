@@ -33,8 +33,6 @@ class ExpertCache:
         self.policy = self._new_policy()
         self.device_moe: DeviceMoE | None = None
         self.placement_line = self._place(placement, torch.device(device))
-        if self.device_moe is not None:
-            self.executor.device_totals = self.device_moe.phase_totals
 
     def _place(self, placement: str, device: torch.device) -> str:
         """Build the device decision where asked and possible; returns the line saying where the policy decides."""

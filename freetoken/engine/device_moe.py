@@ -59,6 +59,7 @@ class DeviceMoE:
         # a split that may leave misses to the CPU: hybrid / cpu (offload fetches every miss)
         self.cpu_lane = bool((table < np.arange(len(table))).any())
         self.totals = torch.zeros((2, 7), dtype=torch.int64, device=self.device)  # = LiveExecutor._totals
+        executor.device_totals = self.phase_totals  # the executor's counters add these
         if executor.cuda:
             self._pin_store()
 

@@ -210,3 +210,32 @@ def test_replayed_blocks_keep_tokens_trace_and_count_one_launch(ckpt):
     # hand-derived, per layer: attention 12 launches (2 norms, 4 linears, 2 q/k norms, 2 ropes, decode attention
     # 2) + 1 graph; the final norm and lm_head 2; one sync and one copy: the recorder's read
     assert step == {"launches": 2 * 13 + 2, "syncs": 1, "copies": 1}
+
+
+@pytest.mark.parametrize("kind", ["int4", "fp4"])
+def test_packed_experts_gather_into_the_slots_host_copies_fill(kind):
+    # a packed pool: every tensor of gate / up / down gathered by the device path = SlotPool.load's copies
+    from freetoken.engine.device_moe import DeviceMoE
+    from freetoken.engine.executor import LiveExecutor
+    from freetoken.engine.kernelset import kernel_set
+    from freetoken.engine.slots import SlotPool
+    from freetoken.placement import DECODE, build_policy
+    from tests.engine.test_cpu_lane_quant import E, _store
+
+    store, _ = _store(kind, 0)
+    cache = CacheConfig("lru", capacity=2)
+    host_ex, dev_ex = (LiveExecutor(store, SlotPool(2, E, store, "cpu"), kernel_set("reference"), torch.device("cpu"))
+                       for _ in range(2))
+    host_policy = build_policy(cache, 1, E)
+    device = DeviceMoE(build_policy(cache, 1, E), OFFLOAD, dev_ex)
+    g = torch.Generator().manual_seed(3)
+    for ids in ([[0, 1]], [[2, 3]], [[0, 2]], [[1, 3]]):
+        ids = np.array(ids)
+        x, w = torch.randn(1, store.hidden, generator=g), torch.rand(1, 2, generator=g)
+        want = host_ex.run(host_policy.plan(make_call(0, ids, DECODE), OFFLOAD), x, w, ids, DECODE)
+        got = device(0, x, w, torch.from_numpy(ids).to(torch.int32), DECODE)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        for name in ("gate", "up", "down"):
+            for a, b in zip(getattr(dev_ex.pool, name).tensors().values(), getattr(host_ex.pool, name).tensors().values()):
+                assert torch.equal(a[:2], b[:2])  # the cache slots hold the same packed bytes
+    assert dev_ex.counters == host_ex.counters and dev_ex.counters.evictions > 0
