@@ -11,6 +11,10 @@ Verdict: every configuration's teacher-forced logits (the fully resident baselin
 token by token) are compared with that baseline's (max |delta|, argmax agreement, thresholds in TOLERANCE); any
 kernel failure or a configuration outside them exits 1, and the summary goes to $OUT/gpu_check.json when $OUT is set
 (or --json PATH).
+Paths: every configuration decides on the device (`placement="device"`: one Triton program per MoE call, experts
+gathered from pinned host memory, the MoE blocks replayed as CUDA graphs where the split has no CPU lane); lru+offload
+runs once more on the host path, eager, and its logits must match the device path's (PATH_TOLERANCE), its syncs per
+decode step are reported beside the device path's; a graph-capable configuration whose graphs never replayed fails.
 Weights are built directly in memory (no HF, no disk); by default every MoE layer shares one random host expert
 tensor (so the host needs one layer's experts, not 48): copies and CPU-lane reads still move real bytes.
 """
@@ -50,6 +54,8 @@ FRACTION = 0.37
 # (max |logit delta| relative to the baseline's largest |logit|, least argmax agreement) per compute dtype: fp32 lanes
 # differ only in summation order; bf16 rounds each lane's partial sums, which can flip near-tied random logits
 TOLERANCE = {"float32": (1e-4, 1.0), "bfloat16": (2e-2, 0.95)}
+PATH_TOLERANCE = dict(TOLERANCE)  # host path vs device path, same config: summation order only
+HOST_PATH = ("lru", "offload")
 
 
 def random_checkpoint(shape: Shape, dtype: torch.dtype, device: str, distinct_layers: bool = False):
@@ -149,22 +155,26 @@ def compare_logits(got: torch.Tensor, base: torch.Tensor) -> dict:
 
 
 def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args, device: str,
-               forced: tuple[list[int], list[int]] | None = None, fraction: float = FRACTION) -> dict:
+               forced: tuple[list[int], list[int]] | None = None, fraction: float = FRACTION,
+               placement: str = "device", eager: bool = False) -> dict:
     from freetoken.engine import CacheConfig, Engine, SamplingParams
     from freetoken.placement import Split
 
     bp, bh = bw.get("pcie", 1.0), bw["host"]
     split = Split(split_mode, bp=bp, bh=bh) if split_mode == "hybrid" else Split(split_mode)
     engine = Engine(ckpt, CacheConfig(policy, fraction=fraction, split=split, options=options),
-                    kernels=args.kernels, device=device, max_context=args.prompt + args.tokens + 8)
+                    kernels=args.kernels, device=device, max_context=args.prompt + args.tokens + 8,
+                    placement=placement, eager=eager)
     prompt = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     sampling = SamplingParams(greedy=True)
     list(engine.generate(prompt.tolist(), sampling, max_tokens=2, stop_token_ids=[]))  # warm-up: compile, fill
     before = engine.cache.decode_counters.to_dict()
+    syncs0, replays0 = engine.host.syncs, engine.graphs.replays if engine.graphs is not None else 0
     engine.stats = type(engine.stats)()
     out_tokens = list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
                                       request=1))
     n = len(out_tokens)
+    syncs, replays = engine.host.syncs - syncs0, (engine.graphs.replays if engine.graphs is not None else 0) - replays0
     after = engine.cache.decode_counters.to_dict()
     d = {k: after[k] - before[k] for k in ("hits", "fetched", "cpu", "accesses", "fetched_bytes")}
     s = engine.stats
@@ -179,6 +189,9 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
     return {"policy": policy, "split": split_mode, "tokens": n, "tok_s": s.decode_tok_s,
             "hit_rate": d["hits"] / max(d["accesses"], 1), "decode_hits": d["hits"], "decode_accesses": d["accesses"], "capacity": engine.cache.capacity,
             "roofline_gpu": t_gpu / t_tok if t_tok else 0.0, "roofline_all": (t_gpu + t_cpu) / t_tok if t_tok else 0.0,
+            "placement": engine.cache.placement_line, "decode_mode": engine.decode_line,
+            "graph_capable": engine.graphs is not None, "graph_replays": replays,
+            "syncs_per_step": syncs / max(n, 1),  # prefill's and the decode steps' over the measured request
             "trace": engine.trace(), "continuation": out_tokens,
             "logits": None if forced is None else teacher_forced_logits(engine, *forced)}
 
@@ -196,9 +209,12 @@ def quant_memory_check(device: str, dry_run: bool) -> list:
 
 
 def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
-              check_kernel_suite: bool = True, distinct_layers: bool = False, failures: list | None = None) -> list[dict]:
-    """Rows per configuration; what failed is appended to `failures` (one line each)."""
+              check_kernel_suite: bool = True, distinct_layers: bool = False, failures: list | None = None,
+              paths: dict | None = None) -> list[dict]:
+    """Rows per configuration; what failed is appended to `failures` (one line each); `paths` gets the host-path
+    run beside its device-path twin."""
     failures = [] if failures is None else failures
+    paths = {} if paths is None else paths
     from freetoken.trace.stats import expert_counts
 
     device = "cpu" if dry_run else "cuda"
@@ -233,8 +249,13 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
         row = decode_run(ckpt, policy, split, bw, options, args, device, forced)
         if profile is None:
             profile = expert_counts(row["trace"])  # frequency pins what the first run used most
-        row.update(compare_logits(row.pop("logits"), base_logits))
+        logits = row.pop("logits")
+        row.update(compare_logits(logits, base_logits))
         del row["trace"], row["continuation"]
+        if row["graph_capable"] and row["graph_replays"] == 0:
+            failures.append(f"{policy}+{split}: CUDA graphs captured but never replayed")
+        if (policy, split) == HOST_PATH:
+            paths.update(host_path_check(ckpt, bw, args, device, forced, logits, row, failures))
         if row["max_abs_delta"] > rel_tol * row["scale"] or row["argmax_agreement"] < min_agree:
             failures.append(f"{policy}+{split}: logits vs resident max |delta| {row['max_abs_delta']:.3g} "
                             f"(limit {rel_tol * row['scale']:.3g}), argmax agreement {row['argmax_agreement']:.3f} "
@@ -244,6 +265,24 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
               f"{row['roofline_gpu']:9.1%} {row['roofline_all']:6.1%}  logits |d| {row['max_abs_delta']:.2g} "
               f"argmax {row['argmax_agreement']:.0%}", flush=True)
     return rows
+
+
+def host_path_check(ckpt, bw: dict, args, device: str, forced, device_logits: torch.Tensor, device_row: dict,
+                    failures: list) -> dict:
+    """The same configuration on the host path (host placement, eager): logits vs the device path's, syncs."""
+    row = decode_run(ckpt, *HOST_PATH, bw, {}, args, device, forced, placement="host", eager=True)
+    cmp = compare_logits(row.pop("logits"), device_logits)
+    rel_tol, min_agree = PATH_TOLERANCE["float32" if device == "cpu" else "bfloat16"]  # run_check's dtypes
+    if cmp["max_abs_delta"] > rel_tol * cmp["scale"] or cmp["argmax_agreement"] < min_agree:
+        failures.append(f"{'+'.join(HOST_PATH)}: host path vs device path max |delta| {cmp['max_abs_delta']:.3g}, "
+                        f"argmax agreement {cmp['argmax_agreement']:.3f}")
+    out = {"config": list(HOST_PATH), **cmp, "host_tok_s": row["tok_s"], "device_tok_s": device_row["tok_s"],
+           "host_syncs_per_step": row["syncs_per_step"], "device_syncs_per_step": device_row["syncs_per_step"],
+           "device_decode_mode": device_row["decode_mode"]}
+    print(f"host path {'+'.join(HOST_PATH)}: {row['tok_s']:.2f} tok/s, {row['syncs_per_step']:.1f} syncs/step vs "
+          f"device {device_row['tok_s']:.2f} tok/s, {device_row['syncs_per_step']:.1f} syncs/step "
+          f"({device_row['decode_mode']}); logits |d| {cmp['max_abs_delta']:.2g}", flush=True)
+    return out
 
 
 def teacher_forced_logits_of(ckpt, bw: dict, args, device: str, forced) -> torch.Tensor:
@@ -282,9 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="summary JSON (default: $OUT/gpu_check.json when $OUT is set)")
     a = p.parse_args(argv)
     failures: list[str] = []
+    paths: dict = {}
     try:
         rows = run_check(a.dry_run, a.kernels, a.tokens, a.prompt, not a.skip_kernel_check, a.distinct_layers,
-                         failures)
+                         failures, paths)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -294,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
 
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"verdict": "FAIL" if failures else "PASS", "failures": failures,
-                                    "configs": rows, "versions": versions(), "dry_run": a.dry_run}, indent=1))
+                                    "configs": rows, "host_path": paths, "versions": versions(),
+                                    "dry_run": a.dry_run}, indent=1))
     print(("FAIL:\n  " + "\n  ".join(failures)) if failures else "PASS", flush=True)
     return 1 if failures else 0
 

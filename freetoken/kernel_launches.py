@@ -7,7 +7,10 @@ cost model (sim/overhead.py) charges it. A root module without imports, so both 
 KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1, "expert_ffn": 3,
                    "expert_ffn_quant": 3, "attention_decode": 2, "attention_prefill": 1,
                    "causal_conv1d": 1, "causal_conv1d_update": 1, "gated_delta_chunk": 1, "gated_delta_step": 1,
-                   "rms_norm_gated": 1}
+                   "rms_norm_gated": 1,
+                   # device placement (engine/device_moe.py): one decision program per MoE call, one gather per
+                   # expert tensor (SlotPool.tensors_per_expert of them)
+                   "place_call": 1, "gather_experts": 1}
 # Linears of a plain attention layer (freetoken/engine/model.py): q, k and v fused into one projection, then o.
 ATTENTION_LINEARS = 2
 # Linears of a Gated DeltaNet layer (freetoken/engine/gated_deltanet.py): the fused qkv / z / b / a input projection, out.

@@ -7,6 +7,9 @@ Counts are physical inputs read off each engine's code path (docs/cost_model.md,
                  KERNEL_LAUNCHES[name] Triton kernels; the router's expert ids reach the host once per MoE layer
                  (one sync + one device-to-host copy); each expert_ffn call uploads its slot ids (one copy).
                  tests/engine/test_host_counters.py checks these counts against the live engine's own counters.
+                 With the device placement (engine/device_moe.py) a call instead launches the decision program
+                 and one expert gather per expert tensor, and no id read, slot upload or per-expert copy; a split
+                 with a CPU lane reads each call's decision back once; the recorder reads once per forward.
     llama.cpp    ggml ops per layer of its qwen3moe graph that run on the GPU backend (LLAMACPP_GPU_OPS); with
                  -cmoe each MoE layer is two graph splits (GPU -> CPU experts -> GPU), whose round trip is the CPU
                  lane's latency; CUDA graphs per split since ggml PR #18934, not on Pascal (PR #27721).
@@ -113,17 +116,23 @@ def ffn_calls(log, pipeline: bool) -> np.ndarray:
 
 
 def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, cuda_graphs: bool,
-                   record: bool = False) -> HostWork:
+                   record: bool = False, device_placement: bool = False, cpu_split: bool = False,
+                   moe_graphs: bool = False) -> HostWork:
     """The live engine's host work per MoE call. Each step's call of MoE layer 0 also carries the step's dense
     layers (attention + one expert_ffn each), the final norm and lm_head. Per-step host work outside the layers
     (the sampler's read of the logits, one sync per token) is neither counted nor charged.
     cuda_graphs: decode steps replayed as one captured graph (DESIGN.md: the device-side decision), so a decode
-    call launches nothing on its own and does not sync; layer 0 carries the step's one graph launch."""
+    call launches nothing on its own and does not sync; layer 0 carries the step's one graph launch.
+    device_placement: the decision on the device (hits and fetched experts in two expert_ffn calls with the
+    pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu).
+    moe_graphs: with the device placement and no CPU lane, each decode call's MoE block (router, top-k, decision,
+    gathers, expert FFNs) is one graph launch (engine/decode_graphs.py); attention, a shared expert and the step's
+    head stay eager; the recorder's one read per forward stays."""
     k = KERNEL_LAUNCHES
     N = len(log)
     decode = log.phase != PREFILL
     first = log.layer == 0
-    calls = ffn_calls(log, pipeline)
+    calls = np.full(N, 2 if pipeline else 1, np.int64) if device_placement else ffn_calls(log, pipeline)
     ffn = k["expert_ffn_quant"] if shape.packed else k["expert_ffn"]
     shared = (k["expert_ffn"] + (k["linear"] if shape.shared_gate else 0)) if shape.shared_expert else 0
     linear = np.isin(log.layer, shape.linear_layers)
@@ -134,6 +143,8 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     step = first * (dense_layers * (dense_attn + k["expert_ffn"]) + k["rms_norm"] + k["linear"])  # norm, lm_head
     pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
     post = calls * ffn + shared + step
+    if device_placement:  # the decision program, one gather per expert tensor
+        post = post + k["place_call"] + k["gather_experts"] * shape.tensors_per_expert
     cpu = (log.cpu > 0).astype(np.int64)
     launches = pre + post
     glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
@@ -145,6 +156,17 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations
     copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
     charged = np.full(N, 1 + record)
+    if device_placement:  # the decision read back where a CPU lane may need it; the recorder once per forward
+        read, per_forward = int(cpu_split), record * first
+        syncs, copies, charged = read + cpu + per_forward, read + 2 * cpu + per_forward, read + per_forward
+    if moe_graphs:
+        if not device_placement or cpu_split or cuda_graphs:
+            raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")
+        held = (k["linear"] + k["router_topk"] + calls * ffn + k["place_call"]
+                + k["gather_experts"] * shape.tensors_per_expert)  # what one MoE block graph holds
+        launches = np.where(decode, launches - held + 1, launches)
+        pre = np.where(decode, attn + GLUE_PRE, pre)  # attention and its glue stay eager
+        post = np.where(decode, 1 + shared + step + glue_post - (calls - 1), post)  # group adds are in the graph
     if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
         pre, post = np.where(decode, 0, pre), np.where(decode, first, post)
         launches = np.where(decode, first, launches)

@@ -37,6 +37,11 @@ def register(sub) -> None:
                    help="auto (default): Triton with CUDA, the torch kernels on a CPU-only machine (Triton would only "
                         "interpret there); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
+    p.add_argument("--placement", choices=["auto", "device", "host"], default="auto",
+                   help="where the policy decides: auto (default): on the device with CUDA for lru, static_layers "
+                        "and frequency, else on the host; device (on a CPU: Triton's interpreter); host")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs for the decode step (they need CUDA and "
+                                                        "the device placement)")
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")
@@ -83,7 +88,8 @@ def build_engine(args: argparse.Namespace):
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
                                   max_context=args.max_context, router_hint=True if args.router_hint else None,
-                                  kv_dtype=args.kv_dtype)
+                                  kv_dtype=args.kv_dtype, placement=getattr(args, "placement", "auto"),
+                                  eager=getattr(args, "eager", False))
 
 
 def draft_config(args: argparse.Namespace):
@@ -129,7 +135,6 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from freetoken.cli.common import print_json
     from freetoken.engine.sampling import sampling_params
-    from freetoken.engine.device_placement import placement_line
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
@@ -147,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}; "
                      f"KV cache: {args.kv_dtype}\n")
-    sys.stderr.write(placement_line(engine.cache.policy) + "\n")
+    sys.stderr.write(engine.cache.placement_line + "\n" + engine.decode_line + "\n")
     tok = engine.tokenizer
     out: list[int] = []
     shown = ""

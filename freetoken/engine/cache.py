@@ -1,6 +1,8 @@
 """The expert cache of a live run: a placement policy (the simulator's own classes), a miss split, the slot pool.
 
 CacheConfig (freetoken.placement.config) is the one cache configuration of engine, simulator, CLIs and experiments.
+Where the policy decides: `placement` auto (on the device on CUDA when the policy has a device form, else on the
+host), device (error if it has none; on CPU it runs in Triton's interpreter) or host.
 """
 
 from __future__ import annotations
@@ -10,16 +12,21 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from freetoken.engine.device_moe import DeviceMoE, device_reason
+from freetoken.engine.device_placement import placement_line
 from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
-from freetoken.placement import CacheConfig, PlacementPolicy, build_policy, make_call
+from freetoken.placement import PREFILL, CacheConfig, PlacementPolicy, build_policy, make_call
 from freetoken.placement.router_hint import ROUTER, LiveRouterHint
+
+
+PLACEMENTS = ("auto", "device", "host")
 
 
 class ExpertCache:
     def __init__(self, store: ExpertStore, config: CacheConfig, kernels: KernelSet, device: torch.device,
-                 keep_plans: bool = False, pipeline: bool | None = None, host=None):
+                 keep_plans: bool = False, pipeline: bool | None = None, host=None, placement: str = "auto"):
         self.store, self.config = store, config
         L, E = store.num_layers, store.num_experts
         self.capacity = config.slots_for(L, E)
@@ -28,6 +35,20 @@ class ExpertCache:
         self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline, host)
         self.router_hint: LiveRouterHint | None = None  # the engine fills it before each call (hint="router")
         self.policy = self._new_policy()
+        self.device_moe: DeviceMoE | None = None
+        self.placement_line = self._place(placement, torch.device(device))
+
+    def _place(self, placement: str, device: torch.device) -> str:
+        """Build the device decision where asked and possible; returns the line saying where the policy decides."""
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}")
+        reason = device_reason(self.policy, self.pool.staging, self.store.num_experts)
+        if placement == "device" and reason is not None:
+            raise ValueError("placement device: " + reason.split(";")[0].removeprefix("placement "))
+        if placement == "host" or reason is not None or (placement == "auto" and device.type != "cuda"):
+            return placement_line(self.policy, on_device=False, reason=reason)
+        self.device_moe = DeviceMoE(self.policy, self.config.split, self.executor)
+        return placement_line(self.policy, on_device=True)
 
     def _new_policy(self) -> PlacementPolicy:
         E = self.store.num_experts
@@ -46,6 +67,8 @@ class ExpertCache:
     def reset(self) -> None:
         """A fresh policy (empty or warm-started as at construction); counters and plans restart too."""
         self.policy = self._new_policy()
+        if self.device_moe is not None:
+            self.device_moe.reset(self.policy)
         ex = self.executor
         ex.reset_counts()
         if ex.plans is not None:
@@ -57,7 +80,16 @@ class ExpertCache:
         call = make_call(layer, ids, phase, request)
         plan = self.policy.plan(call, self.config.split)
         prefetch_slots = [self.policy.slot(l, e) for l, e in plan.prefetch]
-        return self.executor.run(plan, x, weights, ids, phase, prefetch_slots)
+        return self.executor.run(plan, x, weights, ids, phase, prefetch_slots, self._stream_next(layer, phase))
+
+    def _stream_next(self, layer: int, phase: int) -> list[int] | None:
+        """Layer l+1's non-resident experts for the prefill double buffer: only where every prefill miss is fetched
+        (offload) and none is admitted (so the set cannot change before layer l+1's call), within the forward."""
+        split, policy = self.config.split, self.policy
+        if (not self.executor.stream_prefill or phase != PREFILL or layer + 1 >= self.store.num_layers
+                or split.mode != "offload" or (policy.admits and split.admit_prefill)):
+            return None
+        return [e for e in range(self.store.num_experts) if policy.slot(layer + 1, e) < 0]
 
     @property
     def counters(self):

@@ -37,13 +37,24 @@ def device_form(policy: PlacementPolicy) -> str | None:
     return None
 
 
-def placement_line(policy: PlacementPolicy) -> str:
-    """What `ft generate` says about where the policy decides."""
-    reason = device_form(policy)
+def placement_line(policy: PlacementPolicy, on_device: bool = False, reason: str | None = None) -> str:
+    """What `ft generate` says about where the policy decides (reason: why not on the device, if known)."""
+    reason = reason or device_form(policy)
+    if on_device:
+        return f"placement: {policy.name} decides on the device (one Triton program per MoE call, no host round trip)"
     if reason is None:
-        return (f"placement: {policy.name} decides on the host (compiled); its device form "
-                f"(freetoken.engine.device_placement) is not yet wired into the engine's decode step")
+        return f"placement: {policy.name} decides on the host (compiled; its device form runs on CUDA or --placement device)"
     return reason.replace("placement ", "placement: ", 1)
+
+
+def _state_arrays(policy: PlacementPolicy) -> tuple[np.ndarray, ...]:
+    """(slot_of, key_of_slot, last_use, ints = [CLOCK, USED]) of a fresh compiled policy's core."""
+    slot_of, key_of_slot, free, last_use, _mark, ints = policy.core
+    nfree = int(ints[1])
+    if nfree and int(free[nfree - 1]) != policy.capacity - nfree:
+        raise ValueError("placement state: free slots are not the compiled stack's 0..C-1 order")
+    return (slot_of.copy(), key_of_slot.copy(), last_use.copy(),
+            np.array([int(ints[0]), policy.capacity - nfree], np.int64))
 
 
 @functools.lru_cache(maxsize=64)
@@ -60,19 +71,24 @@ class DevicePolicy:
         reason = device_form(policy)
         if reason is not None:
             raise ValueError(reason)
-        slot_of, key_of_slot, free, last_use, _mark, ints = policy.core
-        nfree = int(ints[1])
-        if nfree and int(free[nfree - 1]) != policy.capacity - nfree:
-            raise ValueError("placement state: free slots are not the compiled stack's 0..C-1 order")
         dev = torch.device(device)
         self.name, self.capacity = policy.name, policy.capacity
         self.num_layers, self.num_experts = policy.num_layers, policy.num_experts
         self.admits = policy.admits
-        self.state = (torch.from_numpy(slot_of.copy()).to(dev), torch.from_numpy(key_of_slot.copy()).to(dev),
-                      torch.from_numpy(last_use.copy()).to(dev),
-                      torch.tensor([int(ints[0]), policy.capacity - nfree], dtype=torch.int64, device=dev))
+        self.state = tuple(torch.from_numpy(a).to(dev) for a in _state_arrays(policy))
         self.device = dev
         self._tables: dict[Split, torch.Tensor] = {}
+
+    def load(self, policy: PlacementPolicy) -> None:
+        """Take a fresh policy's state into the same tensors (their addresses stay: a captured graph reads them)."""
+        reason = device_form(policy)
+        if reason is not None:
+            raise ValueError(reason)
+        if (policy.capacity, policy.num_layers, policy.num_experts) != (self.capacity, self.num_layers,
+                                                                         self.num_experts):
+            raise ValueError("device placement: a policy of another shape cannot replace this state")
+        for t, a in zip(self.state, _state_arrays(policy)):
+            t.copy_(torch.from_numpy(a))
 
     def fetch_counts(self, split: Split) -> torch.Tensor:
         t = self._tables.get(split)

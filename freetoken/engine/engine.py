@@ -18,6 +18,7 @@ import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
 from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngram_draft
+from freetoken.engine.decode_graphs import MoEGraphs, decode_line
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
 from freetoken.kv_dtype import check_kv_dtype
@@ -58,12 +59,19 @@ class Engine:
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
                  prefill_chunk: int | None = None, max_context: int | None = None,
                  keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None,
-                 router_hint: bool | None = None, kv_dtype: str = "auto"):
+                 router_hint: bool | None = None, kv_dtype: str = "auto", placement: str = "auto",
+                 eager: bool = False):
         """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both).
         router_hint: run the early router (layer l + 1's on layer l's hidden state) and record its predictions in
-        the trace; None: on when the policy takes it live (option hint="router").
-        kv_dtype: the KV cache's storage, auto (the model's dtype), bf16 or fp8 (e4m3 + scales)."""
+        the trace; None: on when the policy takes it live (option hint="router"). It runs on the host placement path.
+        kv_dtype: the KV cache's storage, auto (the model's dtype), bf16 or fp8 (e4m3 + scales).
+        placement: where the policy decides (auto: the device on CUDA when it can; device; host; cache.PLACEMENTS).
+        eager: no CUDA graphs for the decode step's MoE blocks (graphs need CUDA and the device placement)."""
         self.kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
+        if router_hint:
+            if placement == "device":
+                raise ValueError("the router hint runs on the host placement path: use placement 'auto' or 'host'")
+            placement = "host"
         cache = cache or CacheConfig(fraction=1.0)
         if prefill_chunk is not None and prefill_chunk != cache.prefill_chunk:
             cache = replace(cache, prefill_chunk=prefill_chunk)  # validated again, the field named
@@ -73,7 +81,8 @@ class Engine:
         self.kernels = counted(kernel_set(kernels), self.host)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
-        self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host)
+        self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host,
+                                 placement=placement)
         self.prefill_chunk = cache.prefill_chunk
         self.hinting = self.cache.router_hint is not None if router_hint is None else router_hint
         if self.cache.router_hint is not None and not self.hinting:
@@ -87,6 +96,10 @@ class Engine:
         self.draft_stats = DraftStats()
         self._turns: dict[int, int] = {}
         self._phase, self._request = PREFILL, 0
+        self.graphs = MoEGraphs(self._moe_device, self.device, self.host) if self.cache.device_moe is not None else None
+        self.decode_line = decode_line(self.cache, self.graphs, eager)
+        if eager or (self.graphs is not None and self.graphs.reason(self.cache) is not None):
+            self.graphs = None
 
     @classmethod
     def from_pretrained(cls, model: str | Path, cache: CacheConfig | None = None, *,
@@ -107,6 +120,13 @@ class Engine:
         return ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias, **cfg.routing.options())
 
     def _moe(self, layer: int, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.cache.device_moe is not None:
+            if self.graphs is not None and self._phase == DECODE:
+                y = self.graphs(layer, h)
+                if self.recorder is not None:  # a replay wrote the routing on the device only
+                    self.recorder.written(h.shape[0], h.device)
+                return y
+            return self._moe_device(layer, h)
         weights, ids = self.route(layer, h)  # [T, K] fp32, int32
         ids_host = ids.cpu().numpy()
         self.host.syncs += 1
@@ -143,6 +163,18 @@ class Engine:
         if self.cache.router_hint is not None:
             self.cache.router_hint.set(layer + 1, keys)
 
+    def _moe_device(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The MoE half with the decision on the device: routing stays there (the recorder's buffer included)."""
+        weights, ids = self.route(layer, h)
+        if self.recorder is not None:
+            self.recorder.layer_device(layer, ids, weights)
+        return self.cache.device_moe(layer, h, weights, ids, self._phase)
+
+    def _record_end(self) -> None:
+        if self.recorder.end():  # read back from the device buffer: one copy, one sync per forward
+            self.host.syncs += 1
+            self.host.copies += 1
+
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, phase: int = PREFILL, request: int = 0,
                 turn: int = 0, all_logits: bool = False) -> torch.Tensor:
         """One forward of T tokens (one MoE call per layer): logits [T, V] (all_logits) or [1, V]."""
@@ -151,7 +183,7 @@ class Engine:
             self.recorder.begin(token_ids, phase, request, turn)
         logits = self.decoder.forward(token_ids, kv, start_pos, self._moe, all_logits)
         if self.recorder is not None:
-            self.recorder.end()
+            self._record_end()
         return logits
 
     def prefill(self, token_ids: list[int], kv: KVCache, start_pos: int = 0, request: int = 0, turn: int = 0,
@@ -186,7 +218,7 @@ class Engine:
             self.recorder.begin(tokens, DECODE, requests, [self._turns.get(r, 0) for r in requests])
         logits = self.decoder.forward_batch(tokens, kvs, self._moe)
         if self.recorder is not None:
-            self.recorder.end()
+            self._record_end()
         self._sync()
         self.stats.decode_tokens += len(tokens)
         self.stats.decode_s += time.perf_counter() - t0
@@ -302,5 +334,7 @@ class Engine:
         self.stats = RunStats()
         self.draft_stats = DraftStats()
         self._turns = {}
+        if self.graphs is not None:  # captured against the old recorder's buffers
+            self.graphs.clear()
         for f in ("launches", "syncs", "copies"):
             setattr(self.host, f, 0)

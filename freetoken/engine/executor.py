@@ -10,6 +10,12 @@ halves, double-buffered: the first half computes while the second copies); hits 
 expert_ffn by slot id (expert_ffn_quant for a packed pool); `cpu` experts get slot -1 there and run in the CPU lane (torch on the host weights), whose
 result is added. The arithmetic is the same whichever lane computes an expert, so the cache never changes the
 math beyond floating-point summation order.
+
+Prefill double buffer (`stream_prefill`, needs staging >= 2 E; on by default on CUDA then): with an offload split
+that keeps prefill fetches out of the cache, layer l+1's non-resident experts are copied into staging row set
+(l+1) % 2 (row capacity + set E + expert) as soon as layer l's FFNs are queued, so they move while layer l computes
+(they wait only for layer l-1's FFNs, the last readers of that set); layer l+1's staged fetches then copy nothing
+and wait for that stream. It moves every non-resident expert of the layer (what a long prefill chunk touches).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from freetoken.placement.counts import Counts, count
 class LiveExecutor:
     def __init__(self, store: ExpertStore, pool: SlotPool, kernels: KernelSet, device: torch.device,
                  keep_plans: bool = False, pipeline: bool | None = None, host: HostCounters | None = None,
-                 overlap: bool | None = None):
+                 overlap: bool | None = None, stream_prefill: bool | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
         self.host = host if host is not None else HostCounters()
         self.reset_counts()
@@ -49,21 +55,39 @@ class LiveExecutor:
         if self.overlap:  # the host's cores belong to the CPU lane here: one torch thread per physical core
             torch.set_num_threads(physical_cores())
             self._cpu_worker = ThreadPoolExecutor(1, thread_name_prefix="cpu-lane")
+        # the prefill double buffer: two staging sets of one layer's experts each
+        self.stream_prefill = (self.cuda if stream_prefill is None else stream_prefill) and (
+            pool.staging >= 2 * store.num_experts)
+        self._streamed: tuple[int, object, set[int]] | None = None  # (layer, event, experts) already in staging
+        self._reads_before = None  # the previous call's _reads_done: the last readers of the other staging set
+        self.device_totals = None  # the device decision's per-phase counts (DeviceMoE.phase_totals), if any
         self._reads_done = None  # CUDA event after the last expert FFN queued: what a slot's new copy must follow
 
     def run(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray, phase: int,
-            prefetch_slots: list[int] | None = None) -> torch.Tensor:
+            prefetch_slots: list[int] | None = None, stream_next: list[int] | None = None) -> torch.Tensor:
         """x [T, D] on the device, weights [T, K] fp32 (device), ids [T, K] host expert ids -> MoE output [T, D].
 
         prefetch_slots: the slot of each plan.prefetch entry (resident keys the policy placed ahead of use).
+        stream_next: in prefill with the double buffer, layer l+1's non-resident experts, streamed into staging
+        once this call's FFNs are queued.
         """
         layer, store, pool = plan.layer, self.store, self.pool
         E = store.num_experts
+        streamed, self._streamed = self._streamed, None
+        if streamed is not None and streamed[0] != layer:
+            streamed = None
+        double = self.stream_prefill and phase == PREFILL
         slot_of = np.full(E, -1, np.int64)  # expert -> slot for this call; -1: CPU lane
         slot_of[plan.hits] = plan.hit_slots
-        staging, fetched = pool.capacity, []
+        staging, fetched, ready_already = pool.capacity, [], False
         for e, s in zip(plan.fetch, plan.fetch_slots):
-            if s < 0:
+            if s < 0 and double:  # the layer's staging set, one row per expert
+                s = pool.capacity + (layer % 2) * E + e
+                if streamed is not None and e in streamed[2]:
+                    slot_of[e] = s
+                    ready_already = True
+                    continue
+            elif s < 0:
                 if staging >= pool.capacity + pool.staging:
                     raise ValueError(f"layer {layer}: {len(plan.fetch)} unkept fetches exceed the "
                                      f"{pool.staging} staging buffers (raise the cache's staging)")
@@ -73,7 +97,11 @@ class LiveExecutor:
         slots = slot_of[ids]  # [T, K]
         cpu_part = self._cpu_lane_start(layer, plan.cpu, x, weights, ids) if plan.cpu else None
         ffn = self.kernels.expert_ffn_quant if pool.packed else self.kernels.expert_ffn
-        if not self.pipeline or not fetched:
+        if ready_already:  # fetches streamed during the previous layer: one group, its event
+            ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
+            self._wait([ready, *events, streamed[1]])
+            y = ffn(x, self._slots(slots), weights, *pool.weights, max_experts=E, **pool.ffn_options)
+        elif not self.pipeline or not fetched:
             ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
             self._wait([ready, *events])
             y = ffn(x, self._slots(slots), weights, *pool.weights, max_experts=E, **pool.ffn_options)
@@ -90,9 +118,12 @@ class LiveExecutor:
                 part = ffn(x, self._slots(np.where(np.isin(ids, experts), slots, -1)), weights, *pool.weights,
                            max_experts=E, **pool.ffn_options)
                 y = part if y is None else y + part
+        self._reads_before = self._reads_done
         if self.cuda:
             self._reads_done = torch.cuda.Event()
             self._reads_done.record(torch.cuda.current_stream(self.device))
+        if double and stream_next:
+            self._streamed = (layer + 1, self._stream(layer + 1, stream_next), set(stream_next))
         if cpu_part is not None:
             y = y + cpu_part.result().to(self.device, y.dtype)
             self.host.syncs += 1  # the activations reach the host
@@ -104,8 +135,11 @@ class LiveExecutor:
         return y
 
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
+        """Slot ids up to the device: from pinned memory on CUDA (a truly asynchronous copy; torch's caching host
+        allocator keeps the buffer until the copy is done), not from pageable memory (which may synchronise)."""
         self.host.copies += 1
-        return torch.from_numpy(np.ascontiguousarray(slots, np.int32)).to(self.device, non_blocking=True)
+        ids = torch.from_numpy(np.ascontiguousarray(slots, np.int32))
+        return (ids.pin_memory() if self.cuda else ids).to(self.device, non_blocking=True)
 
     def _copy(self, layer: int, groups: list[list[tuple[int, int]]], prefetch: list[tuple[int, int]],
               prefetch_slots: list[int]) -> tuple:
@@ -137,6 +171,26 @@ class LiveExecutor:
             for (l, e), s in zip(prefetch, prefetch_slots):  # ahead of need: nothing waits for these now
                 pool.load(s, store, l, e)
         return ready, events
+
+    def _stream(self, layer: int, experts: list[int]):
+        """Copy `layer`'s experts into its staging set (the double buffer); on CUDA on the copy stream after the
+        previous call's FFNs (the set's last readers), returning the event that marks them landed."""
+        store, pool = self.store, self.pool
+        base = pool.capacity + (layer % 2) * store.num_experts
+        self.host.copies += pool.tensors_per_expert * len(experts)
+        if not self.cuda:
+            for e in experts:
+                pool.load(base + e, store, layer, e)
+            return None
+        stream = self.copy_stream
+        if self._reads_before is not None:
+            stream.wait_event(self._reads_before)
+        with torch.cuda.stream(stream):
+            for e in experts:
+                pool.load(base + e, store, layer, e)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return done
 
     def _wait(self, events: list) -> None:
         for event in events:
@@ -186,9 +240,10 @@ class LiveExecutor:
         self._totals = np.zeros((2, 7), np.int64)
 
     def _count(self, phase: int | None) -> Counts:
-        log = _CallColumns(*self._totals[:, 1:].T)  # each column: [2] per-phase sums
+        totals = self._totals if self.device_totals is None else self._totals + self.device_totals()
+        log = _CallColumns(*totals[:, 1:].T)  # each column: [2] per-phase sums
         counts = count(log, None if phase is None else np.arange(2) == phase, self.store.expert_bytes)
-        counts.calls = int(self._totals[:, 0].sum() if phase is None else self._totals[phase, 0])
+        counts.calls = int(totals[:, 0].sum() if phase is None else totals[phase, 0])
         return counts
 
     @property

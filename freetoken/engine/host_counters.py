@@ -4,6 +4,9 @@
 launches in tests/engine/test_host_counters.py); `syncs` the device-to-host reads the host waits for (routing
 ids, recorded gates, the CPU lane's activations); `copies` every host <-> device transfer the engine issues
 (those reads, slot-id uploads, expert weights, the CPU lane's result). sim.overhead charges the same counts.
+With the device placement (engine/device_moe.py) the decision program and the expert gathers are counted as
+launches (KERNEL_LAUNCHES place_call, gather_experts), the routing read is one per forward (recorder), and a
+replayed MoE block graph is one launch.
 Torch glue between kernels (residual adds, KV writes) is not counted.
 """
 

@@ -1,9 +1,15 @@
 """Records the routing of a live run in the spine's trace format: one row per token the model processed (with the
-router hint's predictions, the trace's `hint` field, when the engine made any)."""
+router hint's predictions, the trace's `hint` field, when the engine made any).
+
+Host path: each MoE layer hands its ids and gates over on the host (`layer`). Device path (`layer_device`): they are
+written into a device buffer [2, T, L, K] (ids as fp32, exact below 2^24, and gates) that `end` reads back in one
+copy per forward, into pinned memory on CUDA (non-blocking, then one wait): one sync per step, not two per layer.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from freetoken.trace import RoutingTrace
 
@@ -17,6 +23,8 @@ class TraceRecorder:
         self._drafts: list[np.ndarray] = []  # [T] per forward: 0 plain, 1 accepted draft, 2 rejected draft
         self._meta: list[tuple[np.ndarray, int, int, int]] = []  # (token ids, phase, request, turn)
         self._cur: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # T -> (device buffer, host buffer)
+        self._on_device: torch.Tensor | None = None  # this forward's device buffer, once a layer wrote to it
 
     def begin(self, token_ids: list[int], phase: int, request: int | list[int], turn: int | list[int]) -> None:
         """request, turn: one for the whole forward, or one per token (a batched decode step)."""
@@ -36,7 +44,39 @@ class TraceRecorder:
         """ids [T, K]: the router hint's prediction of MoE layer `layer` for the current forward."""
         self._cur[2][:, layer] = ids
 
-    def end(self) -> None:
+    def layer_device(self, layer: int, ids: torch.Tensor, gates: torch.Tensor) -> None:
+        """ids [T, K] int, gates [T, K] of one MoE layer, on the device: written into this forward's device buffer
+        (no sync; a captured graph may hold this write: the buffer for T keeps its address)."""
+        buf = self.device_buffer(ids.shape[0], ids.device)
+        buf[0, :, layer] = ids
+        buf[1, :, layer] = gates
+        self._on_device = buf
+
+    def written(self, T: int, device: torch.device) -> None:
+        """A replayed graph wrote this forward's layer into the device buffer of T (its host side did not run)."""
+        self._on_device = self.device_buffer(T, device)
+
+    def device_buffer(self, T: int, device: torch.device) -> torch.Tensor:
+        """The [2, T, L, K] fp32 buffer of T-token forwards on `device` (one per T, kept)."""
+        bufs = self._device.get(T)
+        if bufs is None or bufs[0].device != torch.device(device):
+            dev = torch.zeros((2, T, self.L, self.K), dtype=torch.float32, device=device)
+            host = torch.empty(dev.shape, dtype=torch.float32, pin_memory=dev.is_cuda)
+            bufs = self._device[T] = (dev, host)
+        return bufs[0]
+
+    def end(self) -> bool:
+        """Close the forward; True when its routing was read from the device buffer (one copy, one sync)."""
+        read = self._on_device is not None
+        if read:
+            dev, host = self._device[self._on_device.shape[1]]
+            host.copy_(dev, non_blocking=True)
+            if dev.is_cuda:
+                torch.cuda.current_stream(dev.device).synchronize()
+            ex, g, _ = self._cur
+            ex[:] = host[0].numpy().astype(np.int16)
+            g[:] = host[1].numpy().astype(np.float16)
+            self._on_device = None
         ex, g, h = self._cur
         if (ex < 0).any():
             raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
@@ -45,6 +85,7 @@ class TraceRecorder:
         self._hints.append(h)
         self._drafts.append(np.zeros(len(ex), np.int8))
         self._cur = None
+        return read
 
     def mark_draft(self, marks: list[int]) -> None:
         """The last forward was a verify step: per token 0 (the sampled token), 1 / 2 (a draft kept / rejected)."""

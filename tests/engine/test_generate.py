@@ -140,8 +140,17 @@ def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
     assert main(base + ["--record-trace", str(trace)]) == 0
     cap = capsys.readouterr()
     assert cap.out.strip() and "tok/s decode" in cap.err and "hit rate" in cap.err
-    assert "placement: lru decides on the host (compiled); its device form" in cap.err
+    assert "placement: lru decides on the host (compiled; its device form runs on CUDA" in cap.err
+    assert "decode: eager (CUDA graphs hold the device placement only)" in cap.err
     lru = _ft(capsys, *base, "--json")
+    assert main(base + ["--placement", "device", "--eager"]) == 0  # the decision in Triton's interpreter
+    err = capsys.readouterr().err
+    assert "placement: lru decides on the device" in err and "decode: eager (--eager)" in err
+    dev = _ft(capsys, *base, "--json", "--placement", "device")
+    assert (dev["token_ids"], dev["hits"], dev["misses"]) == (lru["token_ids"], lru["hits"], lru["misses"])
+    assert main(base + ["--policy", "s3fifo", "--placement", "device"]) == 2
+    assert capsys.readouterr().err.strip() == ("ft generate: error: placement device: s3fifo has no device form "
+                                               "(device: lru, static_layers, frequency)")
     belady = _ft(capsys, *base, "--json", "--policy", "belady", "--future-trace", str(trace))
     assert belady["token_ids"] == lru["token_ids"]  # the cache never changes the tokens
     assert belady["hits"] >= lru["hits"]

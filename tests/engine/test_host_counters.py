@@ -79,6 +79,29 @@ def test_hybrid_deltanet_layers_count_as_the_engine_does(split, tmp_path):
     assert set(work.pre_launches[decode & (log.layer == 3)]) == {13 + 3 + 2}  # + glue: residual, KV x2, gate x2
 
 
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss"])
+@pytest.mark.parametrize("split", sorted(SPLITS))
+def test_cost_model_counts_equal_the_device_placement_engines(family, split, checkpoints):
+    """The same with the placement decided on the device (interpreted): the decision program and the gathers per
+    call, the decision read back only where a CPU lane may need it, the routing read once per forward."""
+    ckpt = checkpoints[family]
+    cache = CacheConfig("lru", capacity=5, split=SPLITS[split])
+    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=True,
+                    placement="device")
+    list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
+    log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=5, prefill_chunk=CHUNK)).log
+    assert int(log.fetched.sum()) > 0 and (int(log.cpu.sum()) > 0) == (split == "hybrid")
+    c = engine.counters  # sim = live for the device decision too (the replay runs the host policy)
+    assert (c.calls, c.hits, c.fetched, c.cpu, c.evictions) == (len(log), int(log.hits.sum()), int(log.fetched.sum()),
+                                                                 int(log.cpu.sum()), int(log.evictions.sum()))
+    work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=True, cuda_graphs=False,
+                          record=True, device_placement=True, cpu_split=split == "hybrid")
+    assert work.totals() == engine.host.to_dict()
+    host = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=True, cuda_graphs=False,
+                          record=True)
+    assert int(work.syncs.sum()) < int(host.syncs.sum())
+
+
 def test_cuda_graph_decode_is_one_launch_per_step_and_no_router_sync():
     # hand-derived: 2 MoE layers, 3 decode steps with one CPU expert in the second layer of each step
     from tests.test_cost_lanes import log_of
@@ -102,6 +125,8 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
     from triton.runtime.interpreter import InterpretedFunction
 
     from freetoken import kernels as k
+    from freetoken.kernels.expert_gather import gather_experts
+    from freetoken.kernels.placement import place_call
 
     launched = []
     real = InterpretedFunction.run
@@ -119,6 +144,8 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
     slots = torch.tensor([[0, 1], [1, -1], [0, 1]], dtype=torch.int32)
     w = torch.rand(3, 2, generator=g)
     gate_up, down = torch.randn(2, 32, 32, generator=g) * 0.1, torch.randn(2, 32, 16, generator=g) * 0.1
+    state = (torch.full((8,), -1, dtype=torch.int32), torch.full((2,), -1, dtype=torch.int32),
+             torch.full((8,), -1, dtype=torch.int64), torch.zeros(2, dtype=torch.int64))  # 1 layer, 8 experts, 2 slots
     got = {
         "rms_norm": count(k.rms_norm, x, torch.ones(32), 1e-6),
         "linear": count(k.linear, x, torch.randn(8, 32, generator=g)),
@@ -127,6 +154,29 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
         "attention_decode": count(k.attention, q1, cache, cache, 4, 0.25),
         "attention_prefill": count(k.attention, q3, cache, cache, 2, 0.25),
         "expert_ffn": count(k.expert_ffn, x, slots, w, gate_up, down),
+        "place_call": count(place_call, state, 0, torch.tensor([1, 3], dtype=torch.int32),
+                            torch.ones(2, dtype=torch.int32), torch.arange(5, dtype=torch.int32), "most_tokens", 0,
+                            True),
+        "gather_experts": count(gather_experts, gate_up, torch.zeros_like(gate_up), torch.tensor([1], dtype=torch.int32),
+                                torch.tensor([0], dtype=torch.int32), torch.tensor([1])),
     }
     assert got == {name: KERNEL_LAUNCHES[name] for name in got}
     assert np.all([v > 0 for v in got.values()])
+
+
+def test_moe_block_graphs_launch_once_per_layer():
+    # hand-derived: 2 MoE layers, 3 decode steps, bf16 experts (2 tensors), pipeline: eager, per layer, attention 12
+    # (2 norms, 4 linears, 2 q/k norms, 2 ropes, decode attention 2), router 2, decision 1, gathers 2, two
+    # expert_ffn calls 6 = 23; layer 0 also the final norm + lm_head (2). Graphs: 12 + 1 per layer, + 2
+    from tests.test_cost_lanes import log_of
+
+    calls = [dict(layer=l, phase=1, hits=1, fetched=1) for _ in range(3) for l in (0, 1)]
+    kw = dict(pipeline=True, cuda_graphs=False, record=True, device_placement=True)
+    eager = freetoken_work(log_of(*calls), 2, LayerShape(), **kw)
+    graph = freetoken_work(log_of(*calls), 2, LayerShape(), moe_graphs=True, **kw)
+    assert int(eager.launches.sum()) == 3 * (2 * 23 + 2)
+    assert int(graph.launches.sum()) == 3 * (2 * 13 + 2)
+    assert graph.syncs.tolist() == eager.syncs.tolist() == [1, 0] * 3  # the recorder's one read per step
+    assert int(graph.copies.sum()) == 3
+    with pytest.raises(ValueError, match="moe_graphs"):
+        freetoken_work(log_of(*calls), 2, LayerShape(), moe_graphs=True, cpu_split=True, **kw)

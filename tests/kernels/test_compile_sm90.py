@@ -98,6 +98,12 @@ def _variants():
         for order in (0, 1, 2):
             out.append((f"placement admit={admit} order={order}", _placement_kernel, placement,
                         dict(ADMIT=admit, ORDER=order, BLOCK_N=16, BLOCK_C=256), 4, 1))
+    from freetoken.kernels.expert_gather import _gather_kernel
+
+    for raw in ("*i16", "*u8", "*i32"):  # bf16 rows, packed bytes, fp32 scales: moved as raw elements
+        out.append((f"expert gather {raw}", _gather_kernel,
+                    dict(src_ptr=raw, dst_ptr=raw, copy_expert_ptr="*i32", copy_slot_ptr="*i32", counts_ptr="*i64"),
+                    dict(BLOCK=4096), 4, 1))
     return out
 
 

@@ -1,0 +1,190 @@
+"""One MoE layer call with the placement decided on the device: no host round trip unless a CPU lane needs one.
+
+    router ids [T, K] (device) -> union of the call's experts [n] (first-use order, -1 padded, n = min(T K, E))
+      -> place_call (one program: hit / fetch / cpu, slots, copy list, evictions; state updated in place)
+      -> staging rows for fetches the policy does not keep -> expert -> slot map -> slot ids [T, K]
+      -> gather_experts per expert tensor (host store -> pool slots, read from the copy list where it lies)
+      -> expert_ffn over the hits while the gather runs (side stream on CUDA), then over the fetched experts.
+
+Everything is fixed-shape device work, so a CUDA graph can hold it (engine/decode_graphs.py). A split that can
+send misses to the CPU (hybrid, cpu) reads the decision back once per call: the CPU lane needs its experts and x on
+the host anyway. Counters (hits, fetches, ...) accumulate in a device tensor, read only when asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from freetoken.engine.device_placement import DevicePolicy, _fetch_counts, device_form
+from freetoken.engine.executor import LiveExecutor
+from freetoken.kernel_launches import KERNEL_LAUNCHES
+from freetoken.kernels.expert_gather import gather_experts
+from freetoken.placement import PlacementPolicy, Split
+from freetoken.placement.call import Plan
+
+
+def device_reason(policy: PlacementPolicy, staging: int, num_experts: int) -> str | None:
+    """None when the engine can decide `policy`'s calls on the device, else why not (one line)."""
+    reason = device_form(policy)
+    if reason is None and staging < num_experts:
+        reason = (f"placement {policy.name} with {staging} staging buffers (< {num_experts} experts) decides on the "
+                  f"host (the device path needs a staging row per expert of a call)")
+    return reason
+
+
+def call_union(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T, K] int -> (experts [n] int32, tokens [n] int32): the distinct experts in first-use order (as
+    placement.callstream.fill_call) with their token counts, -1 / 0 after the last; n = min(T K, E). No sync."""
+    flat = ids.reshape(-1).to(torch.int32)  # [M]
+    M = flat.numel()
+    n = min(M, num_experts)
+    same = flat[:, None] == flat[None, :]  # [M, M]
+    first = ~torch.tril(same, -1).any(1)  # [M] first use of its expert
+    where = torch.where(first, torch.cumsum(first.to(torch.int64), 0) - 1, n)  # [M] position, n = dropped
+    experts = torch.full((n + 1,), -1, dtype=torch.int32, device=ids.device)
+    tokens = torch.zeros(n + 1, dtype=torch.int32, device=ids.device)
+    experts.scatter_(0, where, flat)
+    tokens.scatter_(0, where, same.sum(1, dtype=torch.int32))  # a token routes to an expert once
+    return experts[:n], tokens[:n]
+
+
+class DeviceMoE:
+    """The device decision and the GPU lane of one layer call; the CPU lane is the executor's."""
+
+    def __init__(self, policy: PlacementPolicy, split: Split, executor: LiveExecutor):
+        self.executor, self.split = executor, split
+        self.store, self.pool, self.device = executor.store, executor.pool, executor.device
+        self.placement = DevicePolicy(policy, self.device)
+        table = _fetch_counts(split, self.store.num_experts)
+        # a split that may leave misses to the CPU: hybrid / cpu (offload fetches every miss)
+        self.cpu_lane = bool((table < np.arange(len(table))).any())
+        self.totals = torch.zeros((2, 7), dtype=torch.int64, device=self.device)  # = LiveExecutor._totals
+        executor.device_totals = self.phase_totals  # the executor's counters add these
+        if executor.cuda:
+            self._pin_store()
+
+    def reset(self, policy: PlacementPolicy) -> None:
+        """A fresh policy's state, written into the same tensors (a captured graph keeps their addresses)."""
+        self.placement.load(policy)
+        self.totals.zero_()
+
+    def _pin_store(self) -> None:
+        """The gather reads the host store from the GPU: it must be pinned (page-locked, device-addressable)."""
+        st, pinned = self.store, {}  # a tensor shared by several layers is pinned once
+
+        def pin(ts):
+            for t in ts:
+                if not t.is_pinned() and id(t) not in pinned:
+                    pinned[id(t)] = t.pin_memory()
+            return [t if t.is_pinned() else pinned[id(t)] for t in ts]
+
+        if st.packed:
+            from dataclasses import replace
+
+            for name in ("gate", "up", "down"):
+                setattr(st, name, [replace(w, **{k: v for k, v in zip(w.tensors(), pin(w.tensors().values()))})
+                                   for w in getattr(st, name)])
+        else:
+            st.gate_up, st.down = pin(st.gate_up), pin(st.down)
+        if st.b_gate_up is not None:
+            st.b_gate_up, st.b_down = pin(st.b_gate_up), pin(st.b_down)
+
+    def tensor_pairs(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(host store [E, ...], pool [S, ...]) per expert tensor: what one fetch moves (= SlotPool.load)."""
+        st, pool = self.store, self.pool
+        if st.packed:
+            pairs = [(src, dst) for name in ("gate", "up", "down")
+                     for src, dst in zip(getattr(st, name)[layer].tensors().values(),
+                                         getattr(pool, name).tensors().values())]
+        else:
+            pairs = [(st.gate_up[layer], pool.w_gate_up), (st.down[layer], pool.w_down)]
+        if st.b_gate_up is not None:
+            pairs += [(st.b_gate_up[layer], pool.b_gate_up), (st.b_down[layer], pool.b_down)]
+        return pairs
+
+    def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                 phase: int) -> torch.Tensor:
+        """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]."""
+        ex, pool, E = self.executor, self.pool, self.store.num_experts
+        host = ex.host
+        experts, tokens = call_union(ids, E)  # [n]
+        kind, slot, copy_expert, copy_slot, evict, counts = self.placement.decide(layer, experts, tokens, self.split,
+                                                                                  phase)
+        host.launches += KERNEL_LAUNCHES["place_call"]
+        n = experts.numel()
+        live = torch.arange(n, device=self.device) < counts[0]  # [n] copy-list entries
+        unkept = live & (copy_slot < 0)  # fetched through a staging row
+        copy_slot = torch.where(unkept, pool.capacity + torch.cumsum(unkept.to(torch.int32), 0) - 1, copy_slot)
+        copy_slot = copy_slot.to(torch.int32)
+        slot_map = torch.full((E + 1,), -1, dtype=torch.int32, device=self.device)  # expert -> slot, E: dropped
+        kind_map = torch.full((E + 1,), 2, dtype=torch.int32, device=self.device)  # expert -> kind
+        valid = kind >= 0
+        slot_map.scatter_(0, torch.where(kind == 0, experts, E).long(), slot)
+        slot_map.scatter_(0, torch.where(live, copy_expert, E).long(), copy_slot)
+        kind_map.scatter_(0, torch.where(valid, experts, E).long(), kind)
+        idx = ids.long()
+        slots, kinds = slot_map[idx], kind_map[idx]  # [T, K]
+        cpu_part = self._cpu_lane(layer, x, weights, experts, kind, ids) if self.cpu_lane else None
+        fetched = self._gather(layer, copy_expert, copy_slot, counts)
+        ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
+        run = lambda s: ffn(x, s.contiguous(), weights, *pool.weights, max_experts=E, **pool.ffn_options)  # noqa: E731
+        if ex.pipeline:  # the hits while the gather runs, then the fetched experts
+            y = run(torch.where(kinds == 0, slots, -1))
+            ex._wait([fetched])
+            y = y + run(torch.where(kinds == 1, slots, -1))
+        else:
+            ex._wait([fetched])
+            y = run(slots)
+        if cpu_part is not None:
+            y = y + cpu_part.result().to(self.device, y.dtype)
+            host.syncs += 1  # the activations reach the host
+            host.copies += 2  # ... and the lane's result goes back
+        row = torch.stack([torch.ones_like(counts[0]), (kind == 0).sum(), counts[0], (kind == 2).sum(), counts[1],
+                           torch.zeros_like(counts[0]), (slots < 0).sum()])
+        self.totals[phase].add_(row)
+        if ex.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
+            live_entries = [(e, k, sl) for e, k, sl in zip(experts.tolist(), kind.tolist(), slot.tolist()) if k >= 0]
+            es, ks, ss = zip(*live_entries) if live_entries else ((), (), ())  # kind -1: padding of the call
+            ex.plans.append(Plan.from_kinds(layer, es, ks, ss, evict[:int(counts[1])].tolist(), num_experts=E))
+        return y
+
+    def _cpu_lane(self, layer, x, weights, experts, kind, ids):
+        """Read the decision back (one sync, one copy) and issue the CPU lane first; None when no expert is on it."""
+        ex = self.executor
+        n = experts.numel()
+        back = torch.cat([experts, kind, ids.reshape(-1).to(torch.int32)]).cpu().numpy()
+        ex.host.syncs += 1
+        ex.host.copies += 1
+        cpu = back[:n][back[n:2 * n] == 2].tolist()
+        if not cpu:
+            return None
+        return ex._cpu_lane_start(layer, cpu, x, weights, back[2 * n:].reshape(ids.shape).astype(np.int64))
+
+    def _gather(self, layer, copy_expert, copy_slot, counts):
+        """Copy the fetched experts into their slots: on CUDA on the copy stream after the decision (which follows
+        every earlier FFN on the compute stream, so a replaced slot is no longer read); returns its event."""
+        ex = self.executor
+        pairs = self.tensor_pairs(layer)
+        ex.host.launches += KERNEL_LAUNCHES["gather_experts"] * len(pairs)
+        if not ex.cuda:
+            for src, dst in pairs:
+                gather_experts(src, dst, copy_expert, copy_slot, counts)
+            return None
+        placed = torch.cuda.Event()
+        placed.record(torch.cuda.current_stream(self.device))
+        stream = ex.copy_stream
+        stream.wait_event(placed)
+        with torch.cuda.stream(stream):
+            for src, dst in pairs:
+                gather_experts(src, dst, copy_expert, copy_slot, counts)
+            done = torch.cuda.Event()
+            done.record(stream)
+        if not torch.cuda.is_current_stream_capturing():  # (captured: the join below orders every later reuse)
+            for t in (copy_expert, copy_slot, counts):
+                t.record_stream(stream)
+        return done
+
+    def phase_totals(self) -> np.ndarray:
+        """[2, 7] per-phase sums (calls, hits, fetched, cpu, evictions, prefetched, cpu_tokens); syncs."""
+        return self.totals.cpu().numpy()

@@ -1,0 +1,72 @@
+"""Expert gather: copy the experts of a device-side copy list from the host store into their pool slots.
+
+The device placement (kernels/placement.py) leaves its copy list on the device: (expert, slot) pairs and their
+count. A host loop of per-expert copies would need that list on the host (a sync per layer); this kernel reads it
+where it is, so a decode step, or a CUDA graph of it, issues one launch per expert tensor whatever the misses are.
+On CUDA the source is pinned host memory, read by the GPU over PCIe (zero-copy: pinned pages are device-addressable
+under unified addressing); on CPU (interpreter) both sides are host tensors. Any dtype: rows move as raw bytes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> a raw view dtype
+
+
+@triton.jit
+def _gather_kernel(
+    # Pointers
+    src_ptr, dst_ptr, copy_expert_ptr, copy_slot_ptr, counts_ptr,
+    # Dimensions
+    row,
+    # Meta-parameters
+    BLOCK: tl.constexpr,
+):
+    """src [E, row], dst [S, row] raw elements; copy_expert / copy_slot [n] int32; counts[0] = live entries.
+    Grid (n, cdiv(row, BLOCK)): program (j, c) moves block c of entry j, or nothing when j >= counts[0]."""
+    j = tl.program_id(0)
+    c = tl.program_id(1)
+    live = tl.load(counts_ptr).to(tl.int32)
+    if j < live:
+        e = tl.load(copy_expert_ptr + j).to(tl.int64)
+        s = tl.load(copy_slot_ptr + j).to(tl.int64)
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < row
+        v = tl.load(src_ptr + e * row + offs, mask=mask)
+        tl.store(dst_ptr + s * row + offs, v, mask=mask)
+
+
+def raw_rows(t: torch.Tensor) -> torch.Tensor:
+    """[N, ...] -> [N, row] of a same-size integer dtype (a view; t must be contiguous)."""
+    if not t.is_contiguous():
+        raise ValueError(f"expert gather: tensor of shape {tuple(t.shape)} is not contiguous")
+    return t.view(_RAW[t.element_size()]).reshape(t.shape[0], -1)
+
+
+def gather_experts(src: torch.Tensor, dst: torch.Tensor, copy_expert: torch.Tensor, copy_slot: torch.Tensor,
+                   counts: torch.Tensor, block: int = 4096) -> None:
+    """dst[copy_slot[j]] = src[copy_expert[j]] for j < counts[0]. src [E, ...] (host, pinned on CUDA), dst [S, ...]
+    (device) of the same per-row shape and dtype; copy_expert / copy_slot int32 [n] and counts int64 on dst's device."""
+    if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:
+        raise ValueError(f"expert gather: source {src.dtype} {tuple(src.shape)} and pool {dst.dtype} "
+                         f"{tuple(dst.shape)} rows differ")
+    if copy_expert.dtype != torch.int32 or copy_slot.dtype != torch.int32 or copy_expert.shape != copy_slot.shape:
+        raise ValueError("expert gather: copy list must be two int32 [n] tensors")
+    s, d = raw_rows(src), raw_rows(dst)
+    row = d.shape[1]
+    n = copy_expert.numel()
+    if n == 0 or row == 0:
+        return
+    block = min(block, triton.next_power_of_2(row))
+    _gather_kernel[(n, triton.cdiv(row, block))](s, d, copy_expert, copy_slot, counts, row, BLOCK=block)
+
+
+def gather_experts_ref(src: torch.Tensor, dst: torch.Tensor, copy_expert: torch.Tensor, copy_slot: torch.Tensor,
+                       counts: torch.Tensor) -> None:
+    """The torch reference (syncs: reads the count)."""
+    live = int(counts.reshape(-1)[0])
+    for e, s in zip(copy_expert[:live].tolist(), copy_slot[:live].tolist()):
+        dst[s].copy_(src[e].to(dst.device))
