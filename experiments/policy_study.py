@@ -29,8 +29,9 @@ import numpy as np
 
 from freetoken.experiments.launchers import launch
 from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
-from freetoken.experiments.policy_grid import (BY_LABEL, FITTED, HINTED_CONFIDENCE, LOOKAHEAD_ACCURACY, ONLINE,
-                                               PROFILED, SCENARIOS, SOLO, options, params)
+from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, DRAFT_DEPTH, FITTED, HINTED_CONFIDENCE,
+                                               LOOKAHEAD_ACCURACY, ONLINE, PROFILED, SCENARIOS, SOLO, check_scenarios,
+                                               options, params, scenarios)
 from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
 from freetoken.experiments.policy_signals import goal_check, signal_table
 from freetoken.experiments.runner import guarded
@@ -220,12 +221,15 @@ REPORT = "policy_study.md"
 @dataclass(frozen=True, slots=True)
 class StudySpec:
     """conf/study: which case at which residency; traces: the real traces' directory; doc: a tracked doc to rewrite
-    too (None: only the report in the results dir)."""
+    too (None: only the report in the results dir); batches, draft_depth, acceptances: the decode scenarios."""
 
     case: str
     fraction: float
     traces: str
     doc: str | None = None
+    batches: tuple[int, ...] = BATCHES
+    draft_depth: int = DRAFT_DEPTH
+    acceptances: tuple[float, ...] = ACCEPTANCES
 
     def __post_init__(self) -> None:
         if self.case not in CASES:
@@ -233,6 +237,14 @@ class StudySpec:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
                 or not 0 < self.fraction <= 1:
             raise ValueError(f"study.fraction must lie in (0, 1], got {self.fraction!r}")
+        for name in ("batches", "acceptances"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ValueError(f"study.{name}: a list, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(getattr(self, name)))  # Hydra gives lists
+        check_scenarios(self.batches, self.draft_depth, self.acceptances, "study.")
+
+    def scenarios(self):
+        return scenarios(self.batches, self.draft_depth, self.acceptances)
 
 
 def validate(cfg) -> None:
@@ -256,7 +268,8 @@ def compute(cfg):
 
     spec = build(cfg, "study")
     with progress(1, f"policy study {spec.case} at {spec.fraction:.0%}", enabled=show_progress(cfg)) as advance:
-        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance, SCENARIOS)
+        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance,
+                        spec.scenarios())
     main_rows = [r for r in rows if r["variant"] == "main" and r["scenario"] == SOLO.label]
     best = min((r for r in main_rows if r["policy"] != "belady"), key=lambda r: (r["transfers"], r["policy"]))
     metrics = dict(best_online=best["policy"], best_transfers=best["transfers"], ratio_to_belady=best["ratio_to_belady"],
