@@ -5,8 +5,9 @@ never evaluated on the trace its profile or fitted parameters came from.
     python -m experiments.policy_study experiment=policy_study study.case=deepseek-v2-lite study.fraction=0.25
 
 One Hydra run per (case, fraction): its rows go to <results.dir>/policy_study_policies.parquet (one per trace x
-policy x residency fraction x decode scenario: experiments/policy_grid.py) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
-tracked docs/policy_study.md only with study.doc. (The older flags --only / --fractions / --doc still work.)
+policy x residency fraction x decode scenario: experiments/policy_grid.py) and the report <results.dir>/policy_study.md
+(experiments/policy_report.py) is rebuilt from every finished run; the tracked docs/policy_study.md only with
+study.doc. (The older flags --only / --fractions / --doc still work.)
 A case is evaluated on one or more folds (evaluate, profile); its counts are summed over the folds. Per fold,
 every policy that reads a profile reads the other fold's (frequency's pins, ktransformers_dynamic's start,
 moe_infinity's library), and layer_sweep / lookahead take the decay with the fewest misses on
@@ -28,12 +29,10 @@ import hydra
 import numpy as np
 
 from freetoken.experiments.launchers import launch
-from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
-from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, DRAFT_DEPTH, FITTED, HINTED_CONFIDENCE,
-                                               LOOKAHEAD_ACCURACY, ONLINE, PROFILED, SCENARIOS, SOLO, check_scenarios,
-                                               options, params, scenarios)
+from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, DRAFT_DEPTH, ONLINE, PROFILED,
+                                               SCENARIOS, SOLO, check_scenarios, options, params, scenarios)
 from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
-from freetoken.experiments.policy_signals import goal_check, signal_table
+from freetoken.experiments.policy_report import COLUMNS, render, write_outputs  # noqa: F401  (the study's names)
 from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
@@ -42,9 +41,6 @@ from freetoken.trace import RoutingTrace
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
 DECAYS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
 FIT_REQUESTS = 300  # requests of the profile the decay grid is replayed on (bounds the large traces' cost)
-COLUMNS = ("trace", "policy", "fraction", "capacity", "misses", "accesses", "miss_rate", "prefetched", "transfers",
-           "belady_misses", "ratio_to_belady", "profile_source", "params", "prefill_chunk", "folds", "real",
-           "ms_per_token", "belady_ms_per_token", "variant", "scenario")
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,58 +346,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {Path(cfg.results.dir) / REPORT}" + (f" and {args.doc}" if args.doc else ""))
     return 0
-
-
-# outputs
-def write_outputs(rows: list[dict], out: Path, doc: Path) -> None:
-    import io
-
-    import pandas as pd
-
-    from freetoken.io import write_atomic
-
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    buf = io.StringIO()
-    frame.to_csv(buf, index=False)
-    write_atomic(out, buf.getvalue().encode())
-    write_atomic(doc, render(frame).encode())
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
-
-
-def render(frame) -> str:
-    """docs/policy_study.md from the results table alone."""
-    lines = intro(LOOKAHEAD_ACCURACY, HINTED_CONFIDENCE)
-    everything = frame
-    if "scenario" in frame.columns:
-        frame = frame[frame.scenario.astype(str) == SOLO.label]
-    hints = frame
-    if "variant" in frame.columns:
-        frame = frame[frame.variant.astype(str) == "main"]
-    online = [p for p in ONLINE if p in set(frame.policy)]
-    for trace, group in frame.groupby("trace", sort=False):
-        g0 = group.iloc[0]
-        lines += [f"## {trace}", "", f"prefill chunk {g0.prefill_chunk}, {g0.folds} fold(s), "
-                  f"{int(g0.accesses)} accesses per fraction", ""]
-        head = ["residency", "slots"] + online + ["belady", "best online", "x Belady"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for f, sub in group.groupby("fraction", sort=True):
-            by = {r.policy: r for r in sub.itertuples()}
-            cells = [f"{f:.0%}", str(by["belady"].capacity)]
-            for p in online:
-                r = by[p]
-                cells.append(_pct(r.miss_rate) + (f" ({_pct(r.transfers / r.accesses)})" if r.prefetched else ""))
-            cells.append(_pct(by["belady"].miss_rate))
-            best = min(online, key=lambda p: (by[p].transfers, p))
-            cells += [best, f"{by[best].ratio_to_belady:.2f}"]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-        lines += time_table(group, online)
-    lines += signal_table(everything) + goal_check(everything)
-    lines += findings(hints) + render_hints(hints)
-    return "\n".join(lines) + "\n"
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
