@@ -1,7 +1,7 @@
 """The policy study's grid: the policies (each a POLICIES key with fixed options, labelled as in the report) and the
 decode scenarios every (case, residency) is replayed under: one sequence at a time, continuous batching of 4 or 8
 sequences (sim/continuous.py), or speculative decoding with a draft of depth 3 accepted at a = 0.6 / 0.8
-(sim/speculative.py). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
+(sim/speculative.py); those are the defaults, conf/study/policy.yaml sets them per run (scenarios()). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
 """
 
 from __future__ import annotations
