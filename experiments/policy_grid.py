@@ -1,7 +1,7 @@
 """The policy study's grid: the policies (each a POLICIES key with fixed options, labelled as in the report) and the
 decode scenarios every (case, residency) is replayed under: one sequence at a time, continuous batching of 4 or 8
 sequences (sim/continuous.py), or speculative decoding with a draft of depth 3 accepted at a = 0.6 / 0.8
-(sim/speculative.py). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
+(sim/speculative.py); those are the defaults, conf/study/policy.yaml sets them per run (scenarios()). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from freetoken.trace import RoutingTrace
 
 LOOKAHEAD_ACCURACY = 0.8  # stated assumption for the simulated early router (no hidden states in the traces)
 HINTED_CONFIDENCE = 0.9  # hinted_sweep prefetches a predicted expert only when r >= this
+BATCHES = (4, 8)  # the study's defaults; conf/study/policy.yaml sets them per run
 DRAFT_DEPTH = 3
+ACCEPTANCES = (0.6, 0.8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,11 +90,43 @@ class Scenario:
 
 
 SOLO = Scenario("solo")
-SCENARIOS: tuple[Scenario, ...] = (
-    SOLO,
-    Scenario("batch 4", "batch", batch=4),
-    Scenario("batch 8", "batch", batch=8),
-    Scenario(f"draft {DRAFT_DEPTH} a=0.6", "drafts", draft_depth=DRAFT_DEPTH, acceptance=0.6),
-    Scenario(f"draft {DRAFT_DEPTH} a=0.8", "drafts", draft_depth=DRAFT_DEPTH, acceptance=0.8),
-)
+
+
+def check_scenarios(batches, draft_depth, acceptances, prefix: str = "") -> None:
+    """The scenario settings as conf/study/policy.yaml gives them; a bad one is a ValueError naming its field."""
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not all(whole(b) and b >= 2 for b in batches) or len(set(batches)) != len(batches):
+        raise ValueError(f"{prefix}batches: distinct whole numbers >= 2 (batch 1 is the solo scenario), got "
+                         f"{list(batches)}")
+    if not whole(draft_depth) or draft_depth < 0:
+        raise ValueError(f"{prefix}draft_depth must be a whole number >= 0 (0: no draft scenarios), got {draft_depth!r}")
+    if not all(isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1 for a in acceptances) \
+            or len(set(acceptances)) != len(acceptances):
+        raise ValueError(f"{prefix}acceptances: distinct rates in [0, 1], got {list(acceptances)}")
+    if acceptances and not draft_depth:
+        raise ValueError(f"{prefix}acceptances need draft_depth >= 1 (got draft_depth 0 and {list(acceptances)})")
+
+
+def scenarios(batches=BATCHES, draft_depth: int = DRAFT_DEPTH, acceptances=ACCEPTANCES) -> tuple[Scenario, ...]:
+    """Solo, continuous batching at each batch size, a draft of draft_depth at each acceptance."""
+    check_scenarios(batches, draft_depth, acceptances)
+    return (SOLO, *(Scenario(f"batch {b}", "batch", batch=b) for b in batches),
+            *(Scenario(f"draft {draft_depth} a={a}", "drafts", draft_depth=draft_depth, acceptance=a)
+              for a in acceptances))
+
+
+def scenario_order(label: str) -> tuple:
+    """Sort key of a scenario label as scenarios() orders them: solo, batches by size, drafts by depth and rate."""
+    if label == SOLO.label:
+        return (0,)
+    kind, _, rest = label.partition(" ")
+    if kind == "batch":
+        return (1, int(rest))
+    depth, _, rate = rest.partition(" a=")
+    return (2, int(depth), float(rate))
+
+
+SCENARIOS: tuple[Scenario, ...] = scenarios()
 BY_SCENARIO = {s.label: s for s in SCENARIOS}

@@ -3,7 +3,7 @@ real engine has closes (router hint, batch, drafts), the goal check per scenario
 
 from __future__ import annotations
 
-from freetoken.experiments.policy_grid import HINTED, ONLINE, SCENARIOS, SOLO
+from freetoken.experiments.policy_grid import HINTED, ONLINE, SOLO, scenario_order
 
 GOAL_FRACTIONS = (0.25, 0.37, 0.50)
 GOAL_RATIO = 1.25
@@ -19,6 +19,11 @@ def _goal_cells(frame):
             for key, sub in real.groupby(["trace", "fraction", "scenario"], sort=False)}
 
 
+def _scenarios(cells) -> list[str]:
+    """The scenario labels the rows hold, in the grid's order (the study's config chooses them)."""
+    return sorted({k[2] for k in cells}, key=scenario_order)
+
+
 def _best(by: dict, pool) -> tuple[str, float]:
     p = min((p for p in pool if p in by), key=lambda p: (by[p].transfers, p))
     return p, by[p].ratio_to_belady
@@ -28,7 +33,7 @@ def signal_table(frame) -> list[str]:
     cells = _goal_cells(frame)
     if not cells:
         return []
-    scen = [s.label for s in SCENARIOS if s is not SOLO and any(k[2] == s.label for k in cells)]
+    scen = [s for s in _scenarios(cells) if s != SOLO.label]
     head = ["trace", "residency", "solo, no hint", "solo + router hint"] + scen + \
         [f"{s} + hint" for s in scen if s.startswith("draft")]
     out = ["## Which signal closes how much of the gap", "",
@@ -110,15 +115,15 @@ def goal_check(frame) -> list[str]:
            "", "| policy | scenario | traces met | below lru and frequency | also within the ratio | cells |",
            "|---|---|---|---|---|---|"]
     score = {}
-    for sc in SCENARIOS:
+    for sc in _scenarios(cells):
         for p in ONLINE:
             if p in BASELINES:
                 continue
-            mine = {k: by for k, by in cells.items() if k[2] == sc.label and p in by}
+            mine = {k: by for k, by in cells.items() if k[2] == sc and p in by}
             ok = {k for k, by in mine.items() if by[p].transfers < min(by[b].transfers for b in BASELINES)}
             met = {k for k in ok if mine[k][p].ratio_to_belady <= GOAL_RATIO}
             if mine:
-                score[(p, sc.label)] = (len(_status(cells, traces, p, sc.label)[1]), len(met), len(ok), len(mine))
+                score[(p, sc)] = (len(_status(cells, traces, p, sc)[1]), len(met), len(ok), len(mine))
     ranked = sorted(score.items(), key=lambda kv: (-kv[1][0], -kv[1][1], -kv[1][2], kv[0]))
     for (p, s), (n_traces, met, ok, n) in ranked[:12]:
         out.append(f"| {p} | {s} | {n_traces} | {ok} | {met} | {n} |")

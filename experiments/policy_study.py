@@ -5,8 +5,9 @@ never evaluated on the trace its profile or fitted parameters came from.
     python -m experiments.policy_study experiment=policy_study study.case=deepseek-v2-lite study.fraction=0.25
 
 One Hydra run per (case, fraction): its rows go to <results.dir>/policy_study_policies.parquet (one per trace x
-policy x residency fraction x decode scenario: experiments/policy_grid.py) and the report <results.dir>/policy_study.md is rebuilt from every finished run; the
-tracked docs/policy_study.md only with study.doc. (The older flags --only / --fractions / --doc still work.)
+policy x residency fraction x decode scenario: experiments/policy_grid.py) and the report <results.dir>/policy_study.md
+(experiments/policy_report.py) is rebuilt from every finished run; the tracked docs/policy_study.md only with
+study.doc. (The older flags --only / --fractions / --doc still work.)
 A case is evaluated on one or more folds (evaluate, profile); its counts are summed over the folds. Per fold,
 every policy that reads a profile reads the other fold's (frequency's pins, ktransformers_dynamic's start,
 moe_infinity's library), and layer_sweep / lookahead take the decay with the fewest misses on
@@ -28,11 +29,10 @@ import hydra
 import numpy as np
 
 from freetoken.experiments.launchers import launch
-from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
-from freetoken.experiments.policy_grid import (BY_LABEL, FITTED, HINTED_CONFIDENCE, LOOKAHEAD_ACCURACY, ONLINE,
-                                               PROFILED, SCENARIOS, SOLO, options, params)
+from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, DRAFT_DEPTH, ONLINE, PROFILED,
+                                               SCENARIOS, SOLO, check_scenarios, options, params, scenarios)
 from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
-from freetoken.experiments.policy_signals import goal_check, signal_table
+from freetoken.experiments.policy_report import COLUMNS, render, write_outputs  # noqa: F401  (the study's names)
 from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
 from freetoken.placement.layer_sweep import visit_rates
@@ -41,9 +41,6 @@ from freetoken.trace import RoutingTrace
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
 DECAYS = (0.5, 0.8, 0.9, 0.95, 0.99, 0.999)
 FIT_REQUESTS = 300  # requests of the profile the decay grid is replayed on (bounds the large traces' cost)
-COLUMNS = ("trace", "policy", "fraction", "capacity", "misses", "accesses", "miss_rate", "prefetched", "transfers",
-           "belady_misses", "ratio_to_belady", "profile_source", "params", "prefill_chunk", "folds", "real",
-           "ms_per_token", "belady_ms_per_token", "variant", "scenario")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +217,15 @@ REPORT = "policy_study.md"
 @dataclass(frozen=True, slots=True)
 class StudySpec:
     """conf/study: which case at which residency; traces: the real traces' directory; doc: a tracked doc to rewrite
-    too (None: only the report in the results dir)."""
+    too (None: only the report in the results dir); batches, draft_depth, acceptances: the decode scenarios."""
 
     case: str
     fraction: float
     traces: str
     doc: str | None = None
+    batches: tuple[int, ...] = BATCHES
+    draft_depth: int = DRAFT_DEPTH
+    acceptances: tuple[float, ...] = ACCEPTANCES
 
     def __post_init__(self) -> None:
         if self.case not in CASES:
@@ -233,6 +233,14 @@ class StudySpec:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
                 or not 0 < self.fraction <= 1:
             raise ValueError(f"study.fraction must lie in (0, 1], got {self.fraction!r}")
+        for name in ("batches", "acceptances"):
+            if not isinstance(getattr(self, name), (list, tuple)):
+                raise ValueError(f"study.{name}: a list, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(getattr(self, name)))  # Hydra gives lists
+        check_scenarios(self.batches, self.draft_depth, self.acceptances, "study.")
+
+    def scenarios(self):
+        return scenarios(self.batches, self.draft_depth, self.acceptances)
 
 
 def validate(cfg) -> None:
@@ -256,7 +264,8 @@ def compute(cfg):
 
     spec = build(cfg, "study")
     with progress(1, f"policy study {spec.case} at {spec.fraction:.0%}", enabled=show_progress(cfg)) as advance:
-        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance, SCENARIOS)
+        rows = run_case(CASES[spec.case], Path(spec.traces), [float(spec.fraction)], ONLINE, advance,
+                        spec.scenarios())
     main_rows = [r for r in rows if r["variant"] == "main" and r["scenario"] == SOLO.label]
     best = min((r for r in main_rows if r["policy"] != "belady"), key=lambda r: (r["transfers"], r["policy"]))
     metrics = dict(best_online=best["policy"], best_transfers=best["transfers"], ratio_to_belady=best["ratio_to_belady"],
@@ -337,58 +346,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {Path(cfg.results.dir) / REPORT}" + (f" and {args.doc}" if args.doc else ""))
     return 0
-
-
-# outputs
-def write_outputs(rows: list[dict], out: Path, doc: Path) -> None:
-    import io
-
-    import pandas as pd
-
-    from freetoken.io import write_atomic
-
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    buf = io.StringIO()
-    frame.to_csv(buf, index=False)
-    write_atomic(out, buf.getvalue().encode())
-    write_atomic(doc, render(frame).encode())
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}"
-
-
-def render(frame) -> str:
-    """docs/policy_study.md from the results table alone."""
-    lines = intro(LOOKAHEAD_ACCURACY, HINTED_CONFIDENCE)
-    everything = frame
-    if "scenario" in frame.columns:
-        frame = frame[frame.scenario.astype(str) == SOLO.label]
-    hints = frame
-    if "variant" in frame.columns:
-        frame = frame[frame.variant.astype(str) == "main"]
-    online = [p for p in ONLINE if p in set(frame.policy)]
-    for trace, group in frame.groupby("trace", sort=False):
-        g0 = group.iloc[0]
-        lines += [f"## {trace}", "", f"prefill chunk {g0.prefill_chunk}, {g0.folds} fold(s), "
-                  f"{int(g0.accesses)} accesses per fraction", ""]
-        head = ["residency", "slots"] + online + ["belady", "best online", "x Belady"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for f, sub in group.groupby("fraction", sort=True):
-            by = {r.policy: r for r in sub.itertuples()}
-            cells = [f"{f:.0%}", str(by["belady"].capacity)]
-            for p in online:
-                r = by[p]
-                cells.append(_pct(r.miss_rate) + (f" ({_pct(r.transfers / r.accesses)})" if r.prefetched else ""))
-            cells.append(_pct(by["belady"].miss_rate))
-            best = min(online, key=lambda p: (by[p].transfers, p))
-            cells += [best, f"{by[best].ratio_to_belady:.2f}"]
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-        lines += time_table(group, online)
-    lines += signal_table(everything) + goal_check(everything)
-    lines += findings(hints) + render_hints(hints)
-    return "\n".join(lines) + "\n"
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")

@@ -64,6 +64,16 @@ def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, rep
     return None if replayed is None else trace_key_stream(replayed, config.prefill_chunk)
 
 
+def call_stream(trace: RoutingTrace, config: CacheConfig):
+    """(the MoE calls a replay of `trace` under `config` runs, the speculative Steps or None): continuous batching
+    (batch > 1), speculative decoding's verify calls (draft_depth > 0), else the plain chunked calls."""
+    if getattr(config, "batch", 1) > 1:
+        return config.batched_stream(trace), None
+    if getattr(config, "draft_depth", 0):
+        return config.speculative_stream(trace)
+    return trace_stream(trace, config.prefill_chunk), None
+
+
 def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None,
              keep_plans: bool = False, on_call=None, stream=None) -> ReplayResult:
     """profile: trace whose counts a policy reads (frequency's pins, ktransformers_dynamic's strategy=frequency
@@ -72,15 +82,11 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     evaluated requests' own matrices); the future of offline policies likewise defaults to the replayed trace, whose
     call stream is built once for both (batch > 1: the calls as continuous batching interleaves them; draft_depth > 0:
     the verify calls of speculative decoding). stream: that call stream when the caller already built it
-    (trace_stream(trace, config.prefill_chunk)), e.g. for a sweep."""
-    expert_bytes, batch = getattr(config, "expert_bytes", 0), getattr(config, "batch", 1)
+    (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first."""
+    expert_bytes = getattr(config, "expert_bytes", 0)
     library, profile = profile, profile if profile is not None else trace
-    if batch > 1:
-        stream = config.batched_stream(trace)
-    elif getattr(config, "draft_depth", 0):
-        stream = config.speculative_stream(trace)[0]
-    elif stream is None:
-        stream = trace_stream(trace, config.prefill_chunk)
+    if stream is None:
+        stream = call_stream(trace, config)[0]
     future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
                                   library=library)

@@ -117,3 +117,27 @@ def test_new_policy_options_reach_the_policy(trace_file, capsys, argv, options):
     direct = simulate(trace, SimConfig(argv[1], Split("offload"), capacity=10, prefill_chunk=4, options=options),
                       profile=trace).total
     assert (out["hits"], out["misses"], out["prefetched"]) == (direct.hits, direct.misses, direct.prefetched)
+
+
+@pytest.mark.parametrize("flags, builder", [(["--draft-depth", "2", "--acceptance", "0.5"], "speculative_steps"),
+                                            (["--batch", "2"], "batched_stream")])
+def test_scenario_call_stream_is_built_once_and_replays_as_simulate(trace_file, capsys, monkeypatch, flags, builder):
+    """ft sim --draft-depth / --batch builds its call stream once (counted for the progress bar, then replayed) and
+    its counts are simulate()'s building the stream itself."""
+    import freetoken.sim.continuous as continuous
+    import freetoken.sim.speculative as speculative
+
+    module = speculative if builder == "speculative_steps" else continuous
+    built, original = [], getattr(module, builder)
+    monkeypatch.setattr(module, builder, lambda *a, **k: built.append(1) or original(*a, **k))
+    assert main(["sim", "--trace", str(trace_file), "--capacity", "10", "--prefill-chunk", "4", *flags]) == 0
+    plain = capsys.readouterr().out
+    assert built == [1]  # one build: counted for the progress bar, then replayed
+    assert ("speculation: depth 2, acceptance 0.5" in plain) == (builder == "speculative_steps")
+    assert main(["sim", "--trace", str(trace_file), "--capacity", "10", "--prefill-chunk", "4", "--json", *flags]) == 0
+    out = json.loads(capsys.readouterr().out)
+    fields = dict(draft_depth=2, acceptance=0.5) if builder == "speculative_steps" else dict(batch=2)
+    direct = simulate(load(trace_file), SimConfig("lru", Split("offload"), capacity=10, prefill_chunk=4, **fields))
+    assert (out["hits"], out["misses"], out["evictions"]) == (direct.total.hits, direct.total.misses,
+                                                             direct.total.evictions)
+    assert len(built) == 3  # the second CLI run once more, simulate() once

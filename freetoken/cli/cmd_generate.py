@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from freetoken.paths import DEMO_MODEL
-from freetoken.cli.common import add_cache_args, cache_config_from_args
+from freetoken.cli.common import add_cache_args, add_placement_args, cache_config_from_args
 from freetoken.kv_dtype import KV_DTYPE_HELP, check_kv_dtype
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -37,11 +37,7 @@ def register(sub) -> None:
                    help="auto (default): Triton with CUDA, the torch kernels on a CPU-only machine (Triton would only "
                         "interpret there); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
-    p.add_argument("--placement", choices=["auto", "device", "host"], default="auto",
-                   help="where the policy decides: auto (default): on the device with CUDA for lru, static_layers "
-                        "and frequency, else on the host; device (on a CPU: Triton's interpreter); host")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs for the decode step (they need CUDA and "
-                                                        "the device placement)")
+    add_placement_args(p)
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from freetoken.cli.common import LazyChoices, add_policy_args, add_size_args
+from freetoken.cli.common import LazyChoices, add_placement_args, add_policy_args, add_size_args
 from freetoken.kv_dtype import KV_DTYPE_HELP
 from freetoken.serve.config import BACKENDS, DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_PORT, ServeConfig
 
@@ -32,6 +32,7 @@ def register(sub) -> None:
     p.add_argument("--split", metavar="MODE", choices=LazyChoices("freetoken.calibrate.mode", "SPLIT_MODES"),
                    help="miss split: auto (the default: offload; hybrid only when `ft bench bw` recommended it on "
                         "this machine), offload, hybrid, cpu (the default with --cpu-moe / --n-cpu-moe)")
+    add_placement_args(p)
     p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
     p.add_argument("--api-key", help="clients must send it (Authorization: Bearer or x-api-key); default: "
                                      "$FT_API_KEY, else no key")

@@ -29,8 +29,7 @@ def register(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from freetoken.placement import is_compiled
-    from freetoken.sim.calls import num_calls
-    from freetoken.sim.run import SimConfig, simulate
+    from freetoken.sim.run import SimConfig, call_stream, simulate
     from freetoken.trace import load
 
     if args.acceptance != 1.0 and not args.draft_depth:
@@ -39,17 +38,11 @@ def run(args: argparse.Namespace) -> int:
                                     draft_depth=args.draft_depth, acceptance=args.acceptance,
                                     draft_seed=args.draft_seed)  # flags checked before any loading
     trace = load(args.trace)
-    steps = None
-    if config.draft_depth:
-        stream, steps = config.speculative_stream(trace)
-        n_calls = stream.num_calls
-    else:
-        n_calls = num_calls(trace, config.prefill_chunk) if config.batch == 1 else \
-            config.batched_stream(trace).num_calls
+    stream, steps = call_stream(trace, config)  # built once: counted for the progress bar, then replayed
     if not is_compiled(config.policy) and not args.json:
         print(f"note: policy {config.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
-    with progress(n_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
-        result = simulate(trace, config, on_call=None if args.json else advance)
+    with progress(stream.num_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
+        result = simulate(trace, config, on_call=None if args.json else advance, stream=stream)
     out = result.to_dict()
     out["trace"] = args.trace
     if steps is not None:

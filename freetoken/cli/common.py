@@ -142,6 +142,15 @@ def add_size_args(p, default: str) -> None:
     p.add_argument("--fraction", type=float, help="GPU expert slots as a fraction of all experts, in (0, 1]")
 
 
+def add_placement_args(p) -> None:
+    """--placement and --eager: where the engine's policy decides and how decode steps run (ft generate, ft serve)."""
+    p.add_argument("--placement", choices=["auto", "device", "host"], default="auto",
+                   help="where the policy decides: auto (default): on the device with CUDA for lru, static_layers "
+                        "and frequency, else on the host; device (on a CPU: Triton's interpreter); host")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs for the decode step (they need CUDA and "
+                                                        "the device placement)")
+
+
 def add_cache_args(p, *, future: bool = True) -> None:
     """Everything of the one cache config: policy + options, size, split, prefill chunk (ft sim, ft generate)."""
     from freetoken.defaults import DEFAULT_PREFILL_CHUNK

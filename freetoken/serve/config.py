@@ -34,6 +34,8 @@ class ServeConfig:
     capacity: int | None = None  # policy slots instead of the plan's (at most what the plan leaves)
     fraction: float | None = None  # the same as a fraction of all experts
     split: str = "auto"  # miss split: auto (offload unless this machine's bandwidth profile says hybrid) | ...
+    placement: str = "auto"  # where the policy decides: auto (the device on CUDA when it can) | device | host
+    eager: bool = False  # no CUDA graphs for the decode step
     threads: int | None = None  # CPU threads (torch, the CPU lane); None: torch's default
     api_key: str | None = None  # None: FT_API_KEY from the environment, else no authentication
     max_body_mb: float = DEFAULT_MAX_BODY_MB
@@ -84,6 +86,14 @@ class ServeConfig:
         if self.policy not in POLICIES or POLICIES[self.policy].needs_future:
             valid = sorted(k for k, v in POLICIES.items() if not v.needs_future)
             raise ValueError(f"--policy {self.policy!r} is not one of {', '.join(valid)} (online policies)")
+        from freetoken.engine.cache import PLACEMENTS
+        from freetoken.engine.device_placement import DEVICE_FORMS
+
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"--placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
+        if self.placement == "device" and self.policy not in DEVICE_FORMS:
+            raise ValueError(f"--placement device: policy {self.policy} has no device form (device: "
+                             f"{', '.join(DEVICE_FORMS)}); use --placement auto or host")
         if self.threads is not None and self.threads <= 0:
             raise ValueError(f"--threads must be positive, got {self.threads}")
         if self.backend != "engine":
@@ -92,6 +102,8 @@ class ServeConfig:
             for name, flag in CACHE_FLAGS.items():
                 if getattr(self, name) not in (None, {}):
                     raise ValueError(f"{flag} does nothing for --backend {self.backend} (no expert cache)")
+            if self.placement != "auto" or self.eager:
+                raise ValueError(f"--placement / --eager do nothing for --backend {self.backend} (no expert cache)")
         size = {"capacity": self.capacity, "fraction": self.fraction}
         if self.capacity is None and self.fraction is None:
             size = {"fraction": 1.0}  # the plan's slots: checked when the plan is known

@@ -109,9 +109,11 @@ class EngineBackend:
 
     def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
                  split_mode: str = "auto", kernels: str | None = None, options: dict | None = None,
-                 profile: str | None = None, capacity: int | None = None, fraction: float | None = None) -> None:
+                 profile: str | None = None, capacity: int | None = None, fraction: float | None = None,
+                 placement: str = "auto", eager: bool = False) -> None:
         """Builds the engine with the planned expert slots (or fewer, when capacity / fraction ask) and the
-        resolved miss split; policy, options and profile as the one cache config takes them."""
+        resolved miss split; policy, options and profile as the one cache config takes them; placement and eager
+        as the Engine takes them."""
         from freetoken.calibrate.mode import resolve_split
         from freetoken.engine import Engine
         from freetoken.placement import cache_config
@@ -138,7 +140,7 @@ class EngineBackend:
         self.cache_note = (f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging; "
                            f"KV cache {self.kv_dtype}")
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
-                             tokenizer=self.tokenizer, kv_dtype=self.kv_dtype)
+                             tokenizer=self.tokenizer, kv_dtype=self.kv_dtype, placement=placement, eager=eager)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if not tokens:
             self.prefix_cache = None

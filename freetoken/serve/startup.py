@@ -62,11 +62,13 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     else:
         backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split,
                          options=cfg.policy_options, profile=cfg.profile, capacity=cfg.capacity,
-                         fraction=cfg.fraction)
+                         fraction=cfg.fraction, placement=cfg.placement, eager=cfg.eager)
     log(f"model {model_id!r} from {model_dir} ({cfg.backend} backend), context {backend.max_context} tokens, "
         f"prefix cache {backend.prefix_cache_budget()} tokens")
     if getattr(backend, "cache_note", ""):
         log(f"expert cache: {backend.cache_note}; split {backend.split_reason}")
+        log(backend.engine.cache.placement_line)  # where the policy decides, as ft generate says it
+        log(backend.engine.decode_line)
     return backend, plan
 
 
