@@ -32,6 +32,7 @@ def _unlink(p, key):
     a, b = U64(prv[key]), U64(nxt[key])
     nxt[a] = b
     prv[b] = a
+    nxt[key] = prv[key] = nxt.size - 1  # off the list: the sentinel (a canonical state, as lru_stream leaves it)
 
 
 @nb.njit(cache=True, inline="always")

@@ -8,6 +8,14 @@ arrays are not needed. held [L] (read only by scope per_layer) is recounted from
 kept per admission. Which misses a non-offload split fetches is split.choose, as in the driver. Indices are read as
 uint64 (numba skips the negative-index wraparound on them).
 
+Recency inside the loop is a lazy queue, not the linked list: a hit or an admission appends (key, now); an entry is
+live while its key is resident and last_use[key] equals its time (a later access made it stale). The victim is the
+first live unprotected entry from the front, as the list's first unprotected key. A live protected entry older than
+the call is dropped (its key is hit later in this call and appended then); one from this call stops the search (all
+later entries are this call's keys). A hit costs two stores instead of the list's eight dependent ones. The list is
+read into the queue on entry and rebuilt from it on the way out (O(keys) per chunk), so plan() and the generic
+driver continue from the same state.
+
 Loaded like the drivers (specialise.stream_for): a copy named by this package's source digest, so an edit to lru.py
 or split.py recompiles it. Same signature as driver.replay_calls; flags are LRU's (admits, nothing else).
 """
@@ -16,25 +24,50 @@ from numba import njit
 from numba import uint64 as U64
 
 from freetoken.placement.compiled.base import CALLS, CLOCK, NFREE, STAMP
-from freetoken.placement.compiled.lru import _append, _unlink
 from freetoken.placement.compiled.split import choose
 
 PREFILL = 0
+
+
+@njit(cache=True, inline="always")
+def _live(qkey, qtime, j, slot_of, last_use):
+    k = U64(qkey[j])
+    return slot_of[k] >= 0 and qtime[j] == last_use[k]
+
+
+@njit(cache=True, inline="always")
+def _compact(qkey, qtime, head, tail, slot_of, last_use):
+    """Live entries of [head, tail) moved to the front, in order; returns their count (<= capacity + 1)."""
+    n = 0
+    for j in range(head, tail):
+        if _live(qkey, qtime, j, slot_of, last_use):
+            qkey[n], qtime[n] = qkey[j], qtime[j]
+            n += 1
+    return n
 
 
 @njit(cache=True, _nrt=False)
 def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
     """Calls c0..c1-1; log [8, C] columns as driver.replay_calls."""
     slot_of, key_of_slot, free, last_use, mark, ints = st
-    nxt, held, E = p[0], p[2], p[4][1]
+    nxt, prv, held, E = p[0], p[1], p[2], p[4][1]
     kind, miss, rank, order = buf[0], buf[2], buf[3], buf[4]
+    qkey, qtime = buf[7], buf[8]  # the queue [2K + 2] (live entries <= capacity + 1 <= K + 1)
+    size = qkey.size
     sentinel = U64(nxt.size - 1)
     capacity = key_of_slot.size
     offload = split[0] == 0  # every miss fetched, whatever the other fields say
     admit_prefill = split[7] != 0
     now, nfree, stamp = ints[CLOCK], ints[NFREE], ints[STAMP]
+    head = tail = 0
+    k = U64(nxt[sentinel])
+    while k != sentinel:  # the list, least recent first, as live entries
+        qkey[tail], qtime[tail] = k, last_use[k]
+        tail += 1
+        k = U64(nxt[k])
     for c in range(c0, c1):
         lo, hi = offsets[c], offsets[c + 1]
+        start = now  # entries from this call have times >= start
         stamp += 1
         if offload:
             for i in range(lo, hi):
@@ -56,35 +89,48 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
         for i in range(lo, hi):
             key = U64(keys[i])
             t = tokens[i]
-            if slot_of[key] >= 0:  # hit: to the back
+            cached = slot_of[key] >= 0
+            if cached:  # hit: to the back
                 h += 1
                 ht += t
-                _unlink(p, key)
-                _append(p, key)
             elif offload or kind[i - lo] == 1:
                 f += 1
                 ft += t
                 if admits:
+                    s = -1
                     if nfree > 0:
                         nfree -= 1
                         s = free[nfree]
+                        cached = True
                     else:
-                        k = U64(nxt[sentinel])  # the least recent unprotected key
-                        while k != sentinel and mark[k] == stamp:
-                            k = U64(nxt[k])
-                        s = -1  # none: the fetch runs from staging
-                        if k != sentinel:
+                        while head < tail:  # the least recent live unprotected entry
+                            if not _live(qkey, qtime, head, slot_of, last_use):
+                                head += 1
+                                continue
+                            k = U64(qkey[head])
+                            if mark[k] == stamp:
+                                if qtime[head] >= start:
+                                    break  # none: the fetch runs from staging
+                                head += 1  # hit later in this call
+                                continue
                             s = slot_of[k]
                             slot_of[k] = -1
-                            _unlink(p, k)
+                            head += 1
                             ne += 1
-                    if s >= 0:
+                            cached = True
+                            break
+                    if cached:
                         slot_of[key] = s
                         key_of_slot[U64(s)] = key
-                        _append(p, key)
             else:
                 u += 1
                 ut += t
+            if cached:
+                if tail == size:
+                    tail = _compact(qkey, qtime, head, tail, slot_of, last_use)
+                    head = 0
+                qkey[tail], qtime[tail] = key, now
+                tail += 1
             last_use[key] = now
             now += 1
         log[0, c] = h
@@ -99,6 +145,16 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
         held[layer] = 0
-    for key in range(slot_of.size):
+    for key in range(slot_of.size):  # off the list: both links at the sentinel, as lru._unlink leaves them
+        nxt[key] = prv[key] = sentinel
         if slot_of[key] >= 0:
             held[key // E] += 1
+    last = sentinel
+    for j in range(head, tail):  # the live entries, least recent first, as the list
+        if _live(qkey, qtime, j, slot_of, last_use):
+            k = U64(qkey[j])
+            nxt[last] = k
+            prv[k] = last
+            last = k
+    nxt[last] = sentinel
+    prv[sentinel] = last
