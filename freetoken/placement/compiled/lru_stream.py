@@ -65,8 +65,12 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
         qkey[tail], qtime[tail] = k, last_use[k]
         tail += 1
         k = U64(nxt[k])
+    base_admits = flags[0] != 0 and capacity > 0
+    hits, fetched, cpu, evicted, prefetched, hit_tokens, fetch_tokens, cpu_tokens = (  # log's rows, each [C]
+        log[0], log[1], log[2], log[3], log[4], log[5], log[6], log[7])
+    hi = offsets[c0]
     for c in range(c0, c1):
-        lo, hi = offsets[c], offsets[c + 1]
+        lo, hi = hi, offsets[U64(c + 1)]
         start = now  # entries from this call have times >= start
         stamp += 1
         if offload:
@@ -84,7 +88,7 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
                     miss[m] = i - lo
                     m += 1
             choose(split, keys[lo:hi], tokens[lo:hi], last_use, miss, m, slot_of.size, kind, rank, order)
-        admits = flags[0] != 0 and capacity > 0 and (admit_prefill or phase[c] != PREFILL)
+        admits = base_admits and (admit_prefill or phase[U64(c)] != PREFILL)
         h = f = u = ht = ft = ut = ne = 0
         for i in range(lo, hi):
             key = U64(keys[i])
@@ -133,14 +137,15 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
                 tail += 1
             last_use[key] = now
             now += 1
-        log[0, c] = h
-        log[1, c] = f
-        log[2, c] = u
-        log[3, c] = ne
-        log[4, c] = 0
-        log[5, c] = ht
-        log[6, c] = ft
-        log[7, c] = ut
+        cu = U64(c)
+        hits[cu] = h
+        fetched[cu] = f
+        cpu[cu] = u
+        evicted[cu] = ne
+        prefetched[cu] = 0
+        hit_tokens[cu] = ht
+        fetch_tokens[cu] = ft
+        cpu_tokens[cu] = ut
     ints[CLOCK], ints[NFREE], ints[STAMP] = now, nfree, stamp
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
