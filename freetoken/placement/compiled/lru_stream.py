@@ -8,13 +8,14 @@ arrays are not needed. held [L] (read only by scope per_layer) is recounted from
 kept per admission. Which misses a non-offload split fetches is split.choose, as in the driver. Indices are read as
 uint64 (numba skips the negative-index wraparound on them).
 
-Recency inside the loop is a lazy queue, not the linked list: a hit or an admission appends (key, now); an entry is
-live while its key is resident and last_use[key] equals its time (a later access made it stale). The victim is the
-first live unprotected entry from the front, as the list's first unprotected key. A live protected entry older than
-the call is dropped (its key is hit later in this call and appended then); one from this call stops the search (all
-later entries are this call's keys). A hit costs two stores instead of the list's eight dependent ones. The list is
-read into the queue on entry and rebuilt from it on the way out (O(keys) per chunk), so plan() and the generic
-driver continue from the same state.
+Recency inside the loop is a lazy queue, not the linked list: a hit or an admission appends the key and records
+pos[key], the index of its live entry (older entries of the key are stale; an eviction clears pos). The victim is
+the first live unprotected entry from the front, as the list's first unprotected key. A live protected entry older
+than the call is dropped (its key is hit later in this call and appended then); one from this call stops the search
+(all later entries are this call's keys). A hit costs two stores instead of the list's eight dependent ones. An
+offload call of at most SMALL keys skips the marking pass: an entry is protected if marked by an earlier access of
+the call or among its remaining keys. The list is read into the queue on entry and rebuilt from it on the way out
+(O(keys) per chunk), so plan() and the generic driver continue from the same state (mark included).
 
 Loaded like the drivers (specialise.stream_for): a copy named by this package's source digest, so an edit to lru.py
 or split.py recompiles it. Same signature as driver.replay_calls; flags are LRU's (admits, nothing else).
@@ -27,23 +28,28 @@ from freetoken.placement.compiled.base import CALLS, CLOCK, NFREE, STAMP
 from freetoken.placement.compiled.split import choose
 
 PREFILL = 0
+SMALL = 4  # offload calls of at most this many keys skip the marking pass
 
 
 @njit(cache=True, inline="always")
-def _live(qkey, qtime, j, slot_of, last_use):
-    k = U64(qkey[j])
-    return slot_of[k] >= 0 and qtime[j] == last_use[k]
-
-
-@njit(cache=True, inline="always")
-def _compact(qkey, qtime, head, tail, slot_of, last_use):
+def _compact(queue, pos, head, tail):
     """Live entries of [head, tail) moved to the front, in order; returns their count (<= capacity + 1)."""
     n = 0
     for j in range(head, tail):
-        if _live(qkey, qtime, j, slot_of, last_use):
-            qkey[n], qtime[n] = qkey[j], qtime[j]
+        k = U64(queue[j])
+        if pos[k] == j:
+            queue[n] = k
+            pos[k] = n
             n += 1
     return n
+
+
+@njit(cache=True, inline="always")
+def _among(keys, lo, hi, key):
+    for j in range(lo, hi):
+        if keys[j] == key:
+            return True
+    return False
 
 
 @njit(cache=True, _nrt=False)
@@ -52,17 +58,20 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
     slot_of, key_of_slot, free, last_use, mark, ints = st
     nxt, prv, held, E = p[0], p[1], p[2], p[4][1]
     kind, miss, rank, order = buf[0], buf[2], buf[3], buf[4]
-    qkey, qtime = buf[7], buf[8]  # the queue [2K + 2] (live entries <= capacity + 1 <= K + 1)
-    size = qkey.size
+    queue, pos = buf[7], buf[8]  # queue [2K + 2] (live entries <= capacity + 1 <= K + 1); pos [K] of its live entry
+    size = queue.size
     sentinel = U64(nxt.size - 1)
     capacity = key_of_slot.size
     offload = split[0] == 0  # every miss fetched, whatever the other fields say
     admit_prefill = split[7] != 0
     now, nfree, stamp = ints[CLOCK], ints[NFREE], ints[STAMP]
     head = tail = 0
+    for key in range(slot_of.size):
+        pos[key] = -1
     k = U64(nxt[sentinel])
     while k != sentinel:  # the list, least recent first, as live entries
-        qkey[tail], qtime[tail] = k, last_use[k]
+        queue[tail] = k
+        pos[k] = tail
         tail += 1
         k = U64(nxt[k])
     base_admits = flags[0] != 0 and capacity > 0
@@ -73,10 +82,11 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
         lo, hi = hi, offsets[U64(c + 1)]
         start = now  # entries from this call have times >= start
         stamp += 1
-        if offload:
+        scan = offload and hi - lo <= SMALL  # no marking pass: protection read from the call's remaining keys
+        if offload and not scan:
             for i in range(lo, hi):
                 mark[U64(keys[i])] = stamp
-        else:
+        elif not offload:
             m = 0
             for i in range(lo, hi):
                 key = U64(keys[i])
@@ -108,17 +118,18 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
                         cached = True
                     else:
                         while head < tail:  # the least recent live unprotected entry
-                            if not _live(qkey, qtime, head, slot_of, last_use):
+                            k = U64(queue[head])
+                            if pos[k] != head:  # stale
                                 head += 1
                                 continue
-                            k = U64(qkey[head])
-                            if mark[k] == stamp:
-                                if qtime[head] >= start:
+                            if mark[k] == stamp or (scan and _among(keys, i + 1, hi, k)):
+                                if last_use[k] >= start:
                                     break  # none: the fetch runs from staging
                                 head += 1  # hit later in this call
                                 continue
                             s = slot_of[k]
                             slot_of[k] = -1
+                            pos[k] = -1
                             head += 1
                             ne += 1
                             cached = True
@@ -131,10 +142,12 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
                 ut += t
             if cached:
                 if tail == size:
-                    tail = _compact(qkey, qtime, head, tail, slot_of, last_use)
+                    tail = _compact(queue, pos, head, tail)
                     head = 0
-                qkey[tail], qtime[tail] = key, now
+                queue[tail] = key
+                pos[key] = tail
                 tail += 1
+            mark[key] = stamp  # (already, unless scan)
             last_use[key] = now
             now += 1
         cu = U64(c)
@@ -156,8 +169,8 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
             held[key // E] += 1
     last = sentinel
     for j in range(head, tail):  # the live entries, least recent first, as the list
-        if _live(qkey, qtime, j, slot_of, last_use):
-            k = U64(qkey[j])
+        k = U64(queue[j])
+        if pos[k] == j:
             nxt[last] = k
             prv[k] = last
             last = k
