@@ -92,7 +92,8 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
         policy.replay(stream, split, c0, c1, counts)
         if on_call is not None:
             on_call(c1 - c0)
-    tokens = counts[5] + counts[6] + counts[7]  # [C] (token, expert) pairs per call: each is hit, fetched or cpu
+    tokens = np.add(counts[5], counts[6])  # [C] (token, expert) pairs per call: each is hit, fetched or cpu
+    np.add(tokens, counts[7], out=tokens)
     log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, stream.sizes(), tokens, *counts)
     mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
     return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes)

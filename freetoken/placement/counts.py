@@ -41,10 +41,10 @@ class Counts:
 def count(log, mask: np.ndarray | None = None, expert_bytes: int = 0) -> Counts:
     """Sum per-call columns (hits, fetched, cpu, evictions, prefetched, cpu_tokens: [calls] arrays on `log`) over
     the calls where mask is true (all when None)."""
-    sel = slice(None) if mask is None else mask
+    columns = (np.asarray(getattr(log, c)) for c in ("hits", "fetched", "cpu", "evictions", "prefetched",
+                                                      "cpu_tokens"))
     hits, fetched, cpu, evictions, prefetched, cpu_tokens = (
-        int(np.asarray(getattr(log, c))[sel].sum()) for c in ("hits", "fetched", "cpu", "evictions", "prefetched",
-                                                              "cpu_tokens"))
+        int(np.add.reduce(c if mask is None else c[mask])) for c in columns)
     return Counts(
         calls=int(np.count_nonzero(mask)) if mask is not None else len(log.hits),
         hits=hits,

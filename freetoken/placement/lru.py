@@ -42,6 +42,12 @@ def layer_quotas(capacity: int, num_layers: int, num_experts: int, split: str, p
     return quota
 
 
+def check_scope(scope: str) -> str:
+    if scope not in SCOPES:
+        raise ValueError(f"lru scope {scope!r} is not one of {', '.join(SCOPES)}")
+    return scope
+
+
 class LRU(PlacementPolicy):
     """The recency order is slot_of's own insertion order (least recently used first): an admitted key is
     inserted at the back, an evicted one popped, a hit moved to the back. No second structure to keep in step."""
@@ -56,9 +62,7 @@ class LRU(PlacementPolicy):
     def __init__(self, capacity: int, num_layers: int, num_experts: int, scope: str = "unified",
                  split: str = "equal", profile=None):
         super().__init__(capacity, num_layers, num_experts)
-        if scope not in SCOPES:
-            raise ValueError(f"lru scope {scope!r} is not one of {', '.join(SCOPES)}")
-        self.scope = scope
+        self.scope = check_scope(scope)
         self.quota = layer_quotas(capacity, num_layers, num_experts, split, profile)
         self.held = [0] * num_layers
 

@@ -13,16 +13,17 @@ from freetoken.placement.compiled.base import (admission_order, begin_call, is_p
 from freetoken.placement.compiled.setup import Setup
 
 
-def setup(name: str, capacity: int, num_layers: int, num_experts: int, **options) -> Setup:
-    from freetoken.placement.lru import LRU
+def setup(name: str, capacity: int, num_layers: int, num_experts: int, scope: str = "unified", split: str = "equal",
+          profile=None) -> Setup:
+    """The reference's validation and quotas (placement.lru), without building the reference."""
+    from freetoken.placement.lru import check_scope, layer_quotas
 
-    reference = LRU(capacity, num_layers, num_experts, **options)  # validation and quotas
+    per_layer = check_scope(scope) == "per_layer"
+    quota = layer_quotas(capacity, num_layers, num_experts, split, profile)
     K = num_layers * num_experts
     nxt = np.full(K + 1, K, np.int64)  # index K: the sentinel; nxt[K] = head, prv[K] = tail
-    prv = np.full(K + 1, K, np.int64)
-    params = np.array([reference.scope == "per_layer", num_experts], np.int64)
-    return Setup((nxt, prv, np.zeros(num_layers, np.int64), np.array(reference.quota, np.int64), params),
-                 stream=None if reference.scope == "per_layer" else "lru_stream.py")
+    return Setup((nxt, nxt.copy(), np.zeros(num_layers, np.int64), np.array(quota, np.int64),
+                  np.array([per_layer, num_experts], np.int64)), stream="lru_stream.py" if not per_layer else None)
 
 
 # list links are read as uint64: numba then indexes without the negative-index wraparound (~1.3x on the replay)
@@ -32,6 +33,7 @@ def _unlink(p, key):
     a, b = U64(prv[key]), U64(nxt[key])
     nxt[a] = b
     prv[b] = a
+    nxt[key] = prv[key] = nxt.size - 1  # off the list: the sentinel (a canonical state, as lru_stream leaves it)
 
 
 @nb.njit(cache=True, inline="always")

@@ -49,9 +49,10 @@ def _timed_first(module: str, fn, *args):
 
 def scratch(num_experts: int, capacity: int, num_keys: int) -> tuple:
     """The driver's buffers (it allocates nothing): kind, slot, miss, rank, order, fetched [E] (a call holds at most
-    one layer's experts); ev [E + C] (a call's fetches and prefetches evict at most that many); pf, want [K + 1]."""
+    one layer's experts); ev [E + C] (a call's fetches and prefetches evict at most that many); pf, want [K + 1],
+    sized 2K + 2: lru_stream's recency queue and each key's position in it."""
     E = num_experts
-    return tuple(np.empty(n, np.int64) for n in [E] * 6 + [E + capacity + 1, num_keys + 1, num_keys + 1])
+    return tuple(np.empty(n, np.int64) for n in [E] * 6 + [E + capacity + 1] + [2 * num_keys + 2] * 2)
 
 
 class CompiledPolicy(PlacementPolicy):
