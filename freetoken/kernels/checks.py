@@ -49,3 +49,19 @@ def dot_in_fp32(*tensors: torch.Tensor) -> bool:
     operands' dtypes differ (tl.dot needs one dtype)."""
     dtypes = {t.dtype for t in tensors}
     return interpreting() or torch.float32 in dtypes or len(dtypes) > 1
+
+
+def check_linear_args(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple[int, int, int]:
+    """x [T, D_in], w [D_out, D_in], bias [D_out] or None, checked once for every linear wrapper -> (T, D_in, D_out)."""
+    check_tensor(x, "x", 2)
+    check_tensor(w, "w", 2)
+    if bias is not None:
+        check_tensor(bias, "bias", 1)
+    check_same_device(x=x, w=w, bias=bias)
+    T, D_in = x.shape
+    D_out = w.shape[0]
+    if w.shape[1] != D_in:
+        raise ValueError(f"w: shape {tuple(w.shape)} does not match x's D_in {D_in}")
+    if bias is not None and bias.shape[0] != D_out:
+        raise ValueError(f"bias: shape {tuple(bias.shape)} does not match w's D_out {D_out}")
+    return T, D_in, D_out

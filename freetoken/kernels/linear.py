@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
+from freetoken.kernels.checks import check_linear_args, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
 from freetoken.kernels.linear_decode import MAX_ROWS, linear_decode
 
@@ -78,16 +78,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -
     check_tensor(x, "x", 2)
     if 0 < x.shape[0] <= MAX_ROWS:  # decode: the split-K GEMV (checks the rest itself)
         return linear_decode(x, w, bias)
-    check_tensor(w, "w", 2)
-    if bias is not None:
-        check_tensor(bias, "bias", 1)
-    check_same_device(x=x, w=w, bias=bias)
-    T, D_in = x.shape
-    D_out = w.shape[0]
-    if w.shape[1] != D_in:
-        raise ValueError(f"w: shape {tuple(w.shape)} does not match x's D_in {D_in}")
-    if bias is not None and bias.shape[0] != D_out:
-        raise ValueError(f"bias: shape {tuple(bias.shape)} does not match w's D_out {D_out}")
+    T, D_in, D_out = check_linear_args(x, w, bias)
     # 2. allocate
     out = torch.empty((T, D_out), dtype=x.dtype, device=x.device)
     if T == 0 or D_out == 0:

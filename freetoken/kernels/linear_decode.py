@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.checks import check_linear_args
 from freetoken.kernels.tuning import split_k, tuned
 
 MAX_ROWS = 4  # up to this many rows (decode, small batches) linear() takes this kernel
@@ -90,19 +90,9 @@ def _tile_counters(device: torch.device) -> torch.Tensor:
 def linear_decode(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, D_in] with T <= MAX_ROWS, w [D_out, D_in], bias [D_out] -> [T, D_out] in x's dtype (fp32 accumulate)."""
     # 1. check
-    check_tensor(x, "x", 2)
-    check_tensor(w, "w", 2)
-    if bias is not None:
-        check_tensor(bias, "bias", 1)
-    check_same_device(x=x, w=w, bias=bias)
-    T, D_in = x.shape
-    D_out = w.shape[0]
+    T, D_in, D_out = check_linear_args(x, w, bias)
     if T > MAX_ROWS:
         raise ValueError(f"x: {T} rows; linear_decode takes at most {MAX_ROWS} (use linear)")
-    if w.shape[1] != D_in:
-        raise ValueError(f"w: shape {tuple(w.shape)} does not match x's D_in {D_in}")
-    if bias is not None and bias.shape[0] != D_out:
-        raise ValueError(f"bias: shape {tuple(bias.shape)} does not match w's D_out {D_out}")
     # 2. allocate
     out = torch.empty((T, D_out), dtype=x.dtype, device=x.device)
     if T == 0 or D_out == 0:
