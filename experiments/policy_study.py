@@ -152,7 +152,7 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
              scenarios=(SOLO,)) -> list[dict]:
     """Rows of every policy label and Belady per (fraction, scenario); a scenario that changes no fold's calls
     (one sequence, no decode tokens) gets no rows. Counts are summed over the folds."""
-    if not scenarios or scenarios[0] is not SOLO:
+    if not scenarios or scenarios[0] != SOLO:
         raise ValueError("the scenarios start with the solo one (the others reuse its counts where they change nothing)")
     from freetoken.experiments.traces import memo, stream_of
 
@@ -170,15 +170,15 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
                                 fold.evaluate.num_experts)
             solo: dict[str, np.ndarray] = {}  # this fold's solo counts: a scenario that changes nothing reuses them
             for sc in scenarios:
-                own = sc is SOLO or sc.applies(fold.evaluate)
-                if own and sc is not SOLO:
+                own = sc == SOLO or sc.applies(fold.evaluate)
+                if own and sc != SOLO:
                     used.add(sc.label)
                 for label, policy, opts in [("belady", "belady", {})] + \
                         [(e.label, e.policy, options(e, decay, prior)) for e in entries]:
                     t = np.asarray(replay(fold.evaluate, policy, f, case.prefill_chunk, opts,
                                           fold.profile if label in PROFILED else None, card=case.card,
                                           scenario=sc.sim_fields()), float) if own else solo[label]
-                    if sc is SOLO:
+                    if sc == SOLO:
                         solo[label] = t
                     totals[(sc.label, label)] = totals.get((sc.label, label), np.zeros(5)) + t
                 advance(1 / (len(folds) * len(scenarios)))
@@ -195,7 +195,7 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
                           folds=len(folds), real=case.real, belady_ms_per_token=1e3 * belady[4] / tokens,
                           scenario=sc.label)
             named = [(e.label, "main", totals[(sc.label, e.label)], params(e, decays)) for e in entries]
-            if sc is SOLO:
+            if sc == SOLO:
                 named += [("windowed_future" if label.startswith("offline") else "hinted_sweep", label, t,
                            f"decay={'/'.join(map(str, decays))} {label}") for label, t in variant_totals.items()]
             for p, variant, t, par in named + [("belady", "main", belady, "bypass=True")]:

@@ -180,3 +180,19 @@ def test_configured_scenarios_are_the_rows_a_run_writes(tmp_path, monkeypatch):
     want = pd.DataFrame(ps.run_case(case, Path("."), [0.25], ps.ONLINE,
                                     scenarios=ps.scenarios((2,), 2, (0.5,))), columns=list(ps.COLUMNS))
     pd.testing.assert_frame_equal(rows[list(ps.COLUMNS)].reset_index(drop=True), want, check_dtype=False)
+
+
+def test_scenarios_that_crossed_a_process_boundary_run_the_same_rows():
+    """Hydra's joblib sweep pickles the scenarios into its workers: an unpickled solo scenario is equal to SOLO, not
+    the same object, and must be taken as the solo one (the whole multirun study failed on that)."""
+    import pickle
+
+    import pandas as pd
+
+    case, _ = _case()
+    shipped = pickle.loads(pickle.dumps(ps.SCENARIOS))
+    assert shipped[0] is not ps.SOLO
+    frame = lambda sc: pd.DataFrame(ps.run_case(case, Path("."), [0.25], ("lru",), scenarios=sc))  # noqa: E731
+    here = frame(ps.SCENARIOS)
+    assert set(here.scenario) == {s.label for s in ps.SCENARIOS}
+    pd.testing.assert_frame_equal(frame(shipped), here)
