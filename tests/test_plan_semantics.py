@@ -92,3 +92,14 @@ def test_streaming_prefill_leaves_the_cache_alone():
     lru.plan(Call(0, [0, 1], [1, 1], DECODE), Split("offload"))
     pre = lru.plan(Call(0, [2, 3, 0], [5, 2, 1], 0), Split("offload"))
     assert (pre.fetch_slots, pre.evict) == ([1, -1], [(0, 1)])
+
+
+def test_plan_from_kinds_by_hand_skips_the_padding_of_a_fixed_width_call():
+    """The array form the compiled and device decisions write: kind 0 hit, 1 fetch, 2 cpu, -1 padding (the device
+    decision's calls are padded to a fixed width); keys as layer * E + expert."""
+    from freetoken.placement.call import Plan
+
+    plan = Plan.from_kinds(1, [3, 5, 7, 0], [0, 1, 2, -1], [4, 9, -1, -1], evict_keys=[10], prefetch_keys=[14],
+                           num_experts=8)
+    assert (plan.hits, plan.hit_slots, plan.fetch, plan.fetch_slots, plan.cpu) == ([3], [4], [5], [9], [7])
+    assert plan.evict == [(1, 2)] and plan.prefetch == [(1, 6)]

@@ -84,8 +84,8 @@ def build_engine(args: argparse.Namespace):
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
                                   max_context=args.max_context, router_hint=True if args.router_hint else None,
-                                  kv_dtype=args.kv_dtype, placement=getattr(args, "placement", "auto"),
-                                  eager=getattr(args, "eager", False))
+                                  kv_dtype=args.kv_dtype, placement=args.placement,
+                                  eager=args.eager)
 
 
 def draft_config(args: argparse.Namespace):

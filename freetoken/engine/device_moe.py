@@ -144,9 +144,8 @@ class DeviceMoE:
                            torch.zeros_like(counts[0]), (slots < 0).sum()])
         self.totals[phase].add_(row)
         if ex.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
-            live_entries = [(e, k, sl) for e, k, sl in zip(experts.tolist(), kind.tolist(), slot.tolist()) if k >= 0]
-            es, ks, ss = zip(*live_entries) if live_entries else ((), (), ())  # kind -1: padding of the call
-            ex.plans.append(Plan.from_kinds(layer, es, ks, ss, evict[:int(counts[1])].tolist(), num_experts=E))
+            ex.plans.append(Plan.from_kinds(layer, experts.tolist(), kind.tolist(), slot.tolist(),
+                                            evict[:int(counts[1])].tolist(), num_experts=E))
         return y
 
     def _cpu_lane(self, layer, x, weights, experts, kind, ids):

@@ -52,8 +52,9 @@ class Plan:
     @classmethod
     def from_kinds(cls, layer: int, experts: Sequence[int], kinds: Sequence[int], slots: Sequence[int],
                    evict_keys: Sequence[int] = (), prefetch_keys: Sequence[int] = (), num_experts: int = 1) -> Plan:
-        """The Plan of the array form the compiled and device decisions write: kinds[i] (HIT / FETCH / CPU) and
-        slots[i] of experts[i]; evicted and prefetched keys as layer * num_experts + expert."""
+        """The Plan of the array form the compiled and device decisions write: kinds[i] (HIT / FETCH / CPU; a
+        negative kind is padding of a fixed-width call and is skipped) and slots[i] of experts[i]; evicted and
+        prefetched keys as layer * num_experts + expert."""
         hits, hit_slots, fetch, fetch_slots, cpu = [], [], [], [], []
         for e, k, s in zip(experts, kinds, slots):
             if k == HIT:
@@ -62,7 +63,7 @@ class Plan:
             elif k == FETCH:
                 fetch.append(e)
                 fetch_slots.append(s)
-            else:
+            elif k == CPU:
                 cpu.append(e)
         return cls(layer, hits, hit_slots, fetch, fetch_slots, cpu, [divmod(k, num_experts) for k in evict_keys],
                    [divmod(k, num_experts) for k in prefetch_keys])
