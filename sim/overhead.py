@@ -117,7 +117,7 @@ def ffn_calls(log, pipeline: bool) -> np.ndarray:
 
 def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, cuda_graphs: bool,
                    record: bool = False, device_placement: bool = False, cpu_split: bool = False,
-                   moe_graphs: bool = False) -> HostWork:
+                   moe_graphs: bool = False, streamed: np.ndarray | None = None) -> HostWork:
     """The live engine's host work per MoE call. Each step's call of MoE layer 0 also carries the step's dense
     layers (attention + one expert_ffn each), the final norm and lm_head. Per-step host work outside the layers
     (the sampler's read of the logits, one sync per token) is neither counted nor charged.
@@ -127,12 +127,17 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu).
     moe_graphs: with the device placement and no CPU lane, each decode call's MoE block (router, top-k, decision,
     gathers, expert FFNs) is one graph launch (engine/decode_graphs.py); attention, a shared expert and the step's
-    head stay eager; the recorder's one read per forward stays."""
+    head stay eager; the recorder's one read per forward stays.
+    streamed [N]: the prefill double buffer (double_buffer_streams): the experts streamed into each call's staging
+    set while the call before it ran, -1 where the call copies its own fetches. A streamed call copies those (every
+    non-resident expert of its layer, used or not) instead of its fetches, and runs one expert_ffn call."""
     k = KERNEL_LAUNCHES
     N = len(log)
     decode = log.phase != PREFILL
     first = log.layer == 0
     calls = np.full(N, 2 if pipeline else 1, np.int64) if device_placement else ffn_calls(log, pipeline)
+    if streamed is not None:  # the executor's streamed path: one group, already in staging
+        calls = np.where(streamed >= 0, 1, calls)
     ffn = k["expert_ffn_quant"] if shape.packed else k["expert_ffn"]
     shared = (k["expert_ffn"] + (k["linear"] if shape.shared_gate else 0)) if shape.shared_expert else 0
     linear = np.isin(log.layer, shape.linear_layers)
@@ -152,7 +157,9 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     glue_pre = np.where(linear, GLUE_PRE_LINEAR, GLUE_PRE + GLUE_OUT_GATE * shape.out_gate)
     pre, post = pre + glue_pre, post + glue_post
     pre_kernels, post_kernels = pre, post
-    experts = shape.tensors_per_expert * (log.fetched + log.prefetched)
+    copied = log.fetched + log.prefetched if streamed is None else np.where(
+        streamed >= 0, streamed + log.prefetched, log.fetched + log.prefetched)
+    experts = shape.tensors_per_expert * copied
     syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations
     copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
     charged = np.full(N, 1 + record)
@@ -174,6 +181,23 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
         copies = np.where(decode, experts + 2 * cpu, copies)
     return HostWork(_i(pre), _i(post), _i(pre_kernels), _i(post_kernels), _i(syncs), _i(copies), _i(charged),
                     _i(launches))
+
+
+def double_buffer_streams(calls, policy, split, num_experts: int) -> np.ndarray:
+    """Per call [N], what freetoken's prefill double buffer (engine/cache.py _stream_next) streams into it: a prefill
+    call of MoE layer l >= 1 gets every expert of layer l not resident when layer l - 1's call ran, -1 elsewhere.
+    It streams only with an offload split whose prefill fetches are not admitted (so residency cannot change between
+    the two calls). Replays `calls` through `policy` (a fresh one, as the replay that made the log) to read the
+    residency each call sees."""
+    streams = not (split.mode != "offload" or (policy.admits and split.admit_prefill))
+    out = []
+    for call in calls:
+        if streams and call.phase == PREFILL and call.layer >= 1:
+            out.append(sum(policy.slot(call.layer, e) < 0 for e in range(num_experts)))
+        else:
+            out.append(-1)
+        policy.plan(call, split)
+    return np.asarray(out, np.int64)
 
 
 def llamacpp_work(log, *, cuda_graphs: bool) -> HostWork:

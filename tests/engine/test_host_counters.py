@@ -11,7 +11,7 @@ import torch
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.placement import Split
-from freetoken.sim.overhead import LayerShape, freetoken_work
+from freetoken.sim.overhead import LayerShape, double_buffer_streams, freetoken_work
 from freetoken.sim.run import SimConfig, simulate
 
 from .conftest import FAMILIES, PROMPT
@@ -48,6 +48,48 @@ def test_cost_model_counts_equal_the_engines_counters(family, split, pipeline, c
     work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
                           record=True)
     assert work.totals() == engine.host.to_dict()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_prefill_double_buffer_copies_count_as_the_engine_does(family, pipeline, checkpoints):
+    """The prefill double buffer (on by default on CUDA; turned on here on the CPU, where its copies are immediate)
+    streams every non-resident expert of layer l + 1 while layer l runs, used or not: sim = live with
+    double_buffer_streams, and the streamed copies exceed the fetches (4-token chunks leave experts unused)."""
+    from freetoken.placement import build_policy
+    from freetoken.sim.calls import trace_stream
+
+    ckpt = checkpoints[family]
+    E, split = ckpt.config.num_experts, SPLITS["offload"]
+    cache = CacheConfig("lru", capacity=5, split=split, staging=2 * E)
+    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=pipeline)
+    engine.cache.executor.stream_prefill = True  # the CUDA default; needs staging >= 2 E, given above
+    list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
+    trace = engine.trace()
+    config = SimConfig("lru", split, capacity=5, prefill_chunk=CHUNK)
+    log = simulate(trace, config).log
+    policy = build_policy(config, trace.num_layers, E)
+    streamed = double_buffer_streams(trace_stream(trace, CHUNK).calls(), policy, split, E)
+    work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
+                          record=True, streamed=streamed)
+    assert work.totals() == engine.host.to_dict()
+    on = streamed >= 0
+    assert on.any() and int(streamed[on].sum()) > int(log.fetched[on].sum())  # unused experts streamed too
+    plain = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
+                           record=True)
+    assert plain.totals()["copies"] < engine.host.copies  # what the counts missed before
+
+
+def test_streamed_calls_copy_the_layers_non_resident_experts_by_hand():
+    # one prefill chunk over 2 MoE layers of 8 bf16 experts (2 tensors each); layer 1 has 2 experts resident, uses 3
+    # of them (hits 1, fetched 2) and gets the other 6 streamed: copies = ids + gates (2) + one slot-id upload + 2 x 6
+    from tests.test_cost_lanes import log_of
+
+    log = log_of(dict(layer=0, hits=1, fetched=3), dict(layer=1, hits=1, fetched=2))
+    work = freetoken_work(log, 2, LayerShape(), pipeline=True, cuda_graphs=False, record=True,
+                          streamed=np.array([-1, 6]))
+    # layer 0 fetches its own 3: ids + gates, the hits' and two fetched halves' slot uploads (3), 2 x 3 tensors
+    assert work.copies.tolist() == [2 + 3 + 6, 2 + 1 + 12]
 
 
 @pytest.mark.parametrize("split", sorted(SPLITS))
