@@ -115,8 +115,11 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
         "the MTP acceptance of the run is not published (0.85 assumed from DeepSeek-V3's report).",
         ("acceptance 0.95", {"acceptance": 0.95})),
     ("xeon / llama.cpp cpu-moe + MTP", "prefill_tok_s"): (
-        "copy-bound over PCIe 3.0 x16 (12.5 GB/s, a published typical figure, not measured on this box); the GGUF "
-        "type is assumed; llama.cpp's pipeline parallelism over the two GPUs is not modelled.",
+        "copy-bound over PCIe 3.0 x16 (12.5 GB/s, a published typical figure, not measured on this box), with "
+        "attention at Pascal's FP32 rate (ggml's flash-attention tile kernels; no tensor cores, FP16 at 1/64): "
+        "-23% while it was charged at the int8 dp4a rate. The GGUF type is assumed, and llama.cpp's pipeline "
+        "parallelism over the two GPUs (each on its own x16 link; ubatches of one batch in flight on both) is "
+        "not modelled.",
         ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
     ("xeon / llama.cpp cpu-moe", "prefill_tok_s"): (
         "as the MTP row's prefill.", ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
@@ -146,6 +149,8 @@ MISSES = {
     ("ryzen / FreeToken hybrid", "decode_tok_s"),
     ("ryzen / FreeToken offload", "decode_tok_s"),
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"),
+    ("xeon / llama.cpp cpu-moe + MTP", "prefill_tok_s"),
+    ("xeon / llama.cpp cpu-moe", "prefill_tok_s"),
 }
 
 

@@ -13,8 +13,8 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
 flows through sim.lanes.share (DRAM bandwidth split between them), `host="independent"` lets each run at its cap.
 GPU rates are achieved ones: datasheet x the hardware's gemm_efficiency (FLOPs) and gemv_efficiency (bytes); the
-experts' grouped GEMMs (hits, fetched) run at datasheet x moe_gemm_efficiency, attention's FLOPs at datasheet x
-attention_efficiency (each falls back to gemm_efficiency where a profile does not give it).
+experts' grouped GEMMs (hits, fetched) run at datasheet x moe_gemm_efficiency, attention's FLOPs at the 16-bit
+datasheet rate x attention_efficiency (each falls back to gemm_efficiency where a profile does not give it).
 Host work (sim.overhead.HostWork, optional): the launches before the router bound the dense part from below, the
 host syncs it charges follow it (the routing ids reach the host), the launches after bound the GPU lanes.
 """
@@ -33,6 +33,12 @@ from freetoken.sim.overhead import HostWork
 from freetoken.sim.replay import ReplayLog
 
 PREFILL = 0
+# Attention's QK^T and PV run on 16-bit inputs in every engine modelled, whatever the weights' GEMM path: FreeToken's
+# Triton attention and vLLM's FlashInfer in bf16; llama.cpp's flash attention (ggml-cuda fattn.cu) in its f16 mma
+# kernels (Turing and later) or wmma (Volta), and on GPUs without tensor cores (Pascal) in its tile / vec kernels at
+# the FP32 rate (GP104's FP16 runs at 1/64). So never at an int8 rate: the hardware's 16-bit tensor rate, which a
+# Pascal profile gives as its FP32 rate (gpu_bf16_tflops: "GEMMs run at the FP32 rate").
+ATTENTION_DTYPE = "bf16"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +112,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     hbm, bp, bh = hw.achieved_hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
     rate, cpu_rate = hw.achieved_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
     moe_rate = hw.moe_tflops(card.compute_dtype) * 1e12  # the experts' grouped GEMMs
-    attn_rate = hw.attention_tflops(card.compute_dtype) * 1e12  # flash attention over the context
+    attn_rate = hw.attention_tflops(ATTENTION_DTYPE) * 1e12  # flash attention over the context, 16-bit
     dram = hw.dram_gb_s * 1e9 if options.host == "shared" else math.inf
     latency = hw.cpu_lane_latency_us * 1e-6
     pcie_latency = hw.pcie_call_latency_us * 1e-6

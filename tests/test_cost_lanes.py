@@ -251,6 +251,16 @@ def test_attention_flops_run_at_the_attention_efficiency():
     assert toy_hw(gemm_efficiency=0.25).attention_tflops("bf16") == pytest.approx(0.25)  # not given: as a GEMM
 
 
+def test_attention_runs_at_the_16_bit_rate_when_the_weights_run_int8():
+    # llama.cpp on a Pascal-like GPU: its quantized weight GEMMs at the int8 (dp4a) rate, 4 TFLOPS; attention's flash
+    # kernels at the 16-bit field, the FP32 rate there, 1 TFLOPS (both at efficiency 1). Same chunk as above:
+    # GEMMs 6e9 / 4e12 = 1.5 ms, attention 22.002 GFLOP / 1e12 = 22.002 ms (at the int8 rate it would be 5.5 ms)
+    hw = toy_hw(gpu_int8_tflops=4.0, gemm_efficiency=1.0)
+    t = charge(log_of(dict(phase=0)), meta_of([1000], [5000]), toy_card(attention_width=1000, compute_dtype="int8"),
+               hw, CostOptions(host="independent")).seconds
+    assert t[0] == pytest.approx(1.5 * MS + 22.002 * MS, rel=1e-9)
+
+
 def test_linear_attention_states_are_read_and_written_once_per_call():
     # a hybrid card's states (3 MB a sequence over its one layer): a decode call reads and writes them, 6 MB at 3 GB/s
     t = seconds([dict(hits=1, hit_tokens=1)], [1], card=toy_card(state_bytes_per_sequence=3_000_000))[0]
