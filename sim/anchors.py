@@ -44,6 +44,13 @@ class Row:
     speculation: dict | None = None
 
 
+from freetoken.sim.engines import FREETOKEN_012_DECODE  # noqa: E402  the published runs' decode path
+
+_FT_CHUNK = ("2048-token prefill chunks (this engine's default; the run's is not published, and FreeToken 0.1.2's own "
+             "default is 8192: scheduler/config.py max_extend_tokens, variant)")
+_FT_DECODE_PATH = ("decode as FreeToken 0.1.2 runs it, counted from its code (sim/engines.py FREETOKEN_012_DECODE): "
+                   "one CUDA graph per step, no host launch or sync per layer, the LRU decided on the device and the "
+                   "misses gathered by a kernel on the compute stream before one grouped expert GEMM")
 _LLAMA = "GGUF Q4_K_M (assumed: the run's type is not published), ubatch 512 (llama-server's default)"
 # (machine, engine column, mode column) of the seed table -> Row
 CELLS: dict[tuple[str, str, str], Row] = {
@@ -55,12 +62,11 @@ CELLS: dict[tuple[str, str, str], Row] = {
         "vLLM's Marlin MoE kernel, FlagGems PR #3609), attention at FlashInfer's fa2 rate on this GPU at head dim "
         "256 (42%, FlashInfer PR #3576)"),
     ("ryzen", "FreeToken", "hybrid"): Row(
-        "rtx5090-ryzen", "freetoken-hybrid", 36864, {},
-        "FreeToken: 2048-token chunks (this engine's default; the run's is not published), paper split rule, "
-        "global LRU, eager Triton launches"),
+        "rtx5090-ryzen", "freetoken-hybrid", 36864, dict(FREETOKEN_012_DECODE),
+        f"FreeToken: {_FT_CHUNK}, paper split rule, global LRU, {_FT_DECODE_PATH}"),
     ("ryzen", "FreeToken", "offload"): Row(
-        "rtx5090-ryzen", "freetoken-offload", 36864, {},
-        "FreeToken: 2048-token chunks (this engine's default), global LRU, eager Triton launches"),
+        "rtx5090-ryzen", "freetoken-offload", 36864, dict(FREETOKEN_012_DECODE),
+        f"FreeToken: {_FT_CHUNK}, global LRU, {_FT_DECODE_PATH}"),
     ("ryzen", "llama.cpp", "-cmoe (all experts computed on CPU)"): Row(
         "rtx5090-ryzen", "llamacpp-cmoe", 36864, {"gguf_type": "q4_k_m", "prefill_chunk": 512, "cuda_graphs": True},
         f"llama.cpp -cmoe: {_LLAMA}, CUDA graphs per split (ggml PR #18934)"),
@@ -73,14 +79,20 @@ CELLS: dict[tuple[str, str, str], Row] = {
         f"llama.cpp --cpu-moe: {_LLAMA}, no CUDA graphs (Pascal)"),
 }
 
-_FT_DECODE = ("not the routing locality: a published Qwen3.5-122B-A10B decode run with a hot-expert cache (44 slots per "
-              "layer, re-pinned every 60 tokens: 15.65 -> 22.67 tok/s) needs a decode hit rate of at least 0.31 for "
-              "that cache, which the pinned (0.34) and Granite (0.41) localities give and the Mixtral (0.21) and "
-              "uniform (0.17) ones, the only ones that reach the published value, do not (sim/locality_evidence.py, "
-              "the table below). At the localities the run allows the cell is 60-63 tok/s: the ~8 ms per token "
-              "(~160 us per layer) still missing is FreeToken 0.1.2's own decode work, charged here from this "
-              "engine's code path (launches, syncs, kernel floors); a profile of FreeToken 0.1.2's decode step is "
-              "the missing input.",
+_FT_DECODE = ("not FreeToken 0.1.2's host work: counted from its code (tag v0.1.2) its decode step is one CUDA graph with "
+              "no host launch or sync per layer (the LRU is a device kernel, the misses an SM gather on the compute "
+              "stream, the hybrid CPU lane a flag handshake by stream memory operations). Charged that way the cell "
+              "is 60.4 tok/s, as when charged with this engine's eager launches (the graph saves the host launches, "
+              "~+9%; the gather in series with the hits' GEMM costs about as much). So 345 us per layer is predicted "
+              "against the published 508: ~163 us per layer (7.9 ms per token) of GPU-side time is unaccounted for. "
+              "Not the routing locality either: with the other inputs as they are, the published value needs a "
+              "decode miss rate of ~0.42 (pinned 0.19, Mixtral 0.38, uniform 0.71), and a published Qwen3.5-122B-A10B "
+              "decode run with a hot-expert cache (44 slots per layer, re-pinned every 60 tokens: 15.65 -> 22.67 "
+              "tok/s) needs a hot-cache hit rate of at least 0.31, which the pinned (0.34) and Granite (0.41) "
+              "localities give and the Mixtral (0.21) and uniform (0.17) ones do not (sim/locality_evidence.py, the "
+              "table below). Not measured, and the candidates: the decode rates of 0.1.2's 4-bit grouped expert "
+              "kernel and of its Gated DeltaNet decode kernels (charged here at the copy rate of HBM and a ~1 us "
+              "floor each); a profile of one 0.1.2 decode step on this box is the missing input.",
               None)
 # (row label, metric) -> (why it misses the target, optional (variant name, with_settings overrides))
 NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
@@ -333,14 +345,15 @@ def render(cells: list[Cell], evidence: dict[str, float] | None = None) -> str:
         "`band` is the prediction's range over routing localities: `predicted` routes with DeepSeek-V2-Lite's fitted",
         "locality (the synthetic default); the locality columns repeat it with the locality of other real traces,",
         "matched at this model's shape (sim/band.py ROUTINGS): Granite-3.0-1B decode steps, Mixtral-8x7B (vLLM), and",
-        "none (uniform routing). `variant` recomputes a missing cell with another value of its uncertain input.",
+        "none (uniform routing). `variant` recomputes a cell with another value of its uncertain input.",
         "",
         "| cell | engine | settings | metric | published | predicted | error | within 25% | pin | band | "
         + " | ".join(f"{r} locality" for r in PROXIES) + " | variant | why it misses |",
         "|---|---|---|---|---:|---:|---:|---|---:|---|" + "---:|" * len(PROXIES) + "---:|---|",
     ]
     for c in cells:
-        why, variant = NOTES.get((c.label, c.metric), ("", None)) if not c.within_target else ("", None)
+        why, variant = NOTES.get((c.label, c.metric), ("", None))
+        why = why if not c.within_target else ""
         proxies = " | ".join(_pct(c.proxies[r], c.published) if r in c.proxies else "" for r in PROXIES)
         alt = f"{variant[0]}: {_pct(c.variant, c.published)}" if variant and c.variant is not None else ""
         band = f"{c.band[0]:.1f} .. {c.band[1]:.1f}" if c.band else ""

@@ -7,7 +7,8 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
     pcie    (fetched + prefetched) * S over BP, plus the fetch lane's fixed latency (the routing ids reach the host
             and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute
             when `overlap`, and in prefill loaded during the previous call when `double_buffer` (two staging
-            buffers: layer l+1 streams in while layer l computes)
+            buffers: layer l+1 streams in while layer l computes); `decode_overlap` False: a decode call's copies
+            are a kernel on the compute stream (FreeToken 0.1.2's gather), between the router and every expert GEMM
     fetched computed on the GPU once their copy has landed: roofline(fetched * S / HBM, 2 P fetch_tokens / rate)
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
@@ -45,6 +46,7 @@ ATTENTION_DTYPE = "bf16"
 class CostOptions:
     host: str = "shared"  # independent | shared (PCIe DMA and the CPU lane draw from one DRAM)
     overlap: bool = True  # copies run on a second stream beside compute; False: copy, then compute
+    decode_overlap: bool = True  # False: decode's copies run on the compute stream (FreeToken 0.1.2's gather kernel)
     double_buffer: bool = True  # prefill: the next call's experts load while this call computes
     dispatch_us: float = 0.0  # the engine's host work per launch on top of the hardware's launch_us
 
@@ -153,7 +155,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
         d_p, d_c = share(pcie_bytes[i], bp, cpu_bytes[i], cpu_cap[i], dram)
         d_c += latency if cpu_bytes[i] else 0.0
         d_p += pcie_latency if pcie_bytes[i] else 0.0
-        if options.overlap:
+        if options.overlap and (options.decode_overlap or phase[i] == PREFILL):
             early = options.double_buffer and phase[i] == PREFILL and i and phase[i - 1] == PREFILL
             pcie_end = max(pcie_free, prev_start if early else routed) + d_p
             gpu_end = max(routed + t_hit[i], pcie_end) + t_fcomp[i]

@@ -26,6 +26,7 @@ class Engine:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # tokens per prefill call (llama.cpp: its ubatch)
     overlap: bool = True
     double_buffer: bool = True
+    decode_overlap: bool = True  # False: decode's miss copies on the compute stream, before all expert GEMMs
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
     admit_prefill: bool = False  # True: prefill fetches are offered cache slots like decode fetches
     expert_quant: str | None = None  # weight format the engine loads (QUANT_BITS), None = the card's
@@ -59,7 +60,7 @@ class Engine:
         return {"prefill_chunk": self.prefill_chunk, "expert_format": self.expert_quant or "card",
                 "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
                 "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx,
-                "kv_dtype": self.kv_dtype}
+                "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
@@ -68,7 +69,7 @@ class Engine:
 
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer,
-                           dispatch_us=self.dispatch_us)
+                           decode_overlap=self.decode_overlap, dispatch_us=self.dispatch_us)
 
     def hardware_for(self, hw: HardwareProfile) -> HardwareProfile:
         """The CPU lane's FLOP rate under this engine's threads and AMX setting (BH stays: ft bench bw measures it
@@ -109,6 +110,17 @@ ENGINES: dict[str, Engine] = {
 }
 
 
+# FreeToken 0.1.2's decode step (the release the published FreeToken anchors ran), counted from its code at tag v0.1.2
+# (github.com/FlashML-org/FreeToken): the whole decode step is one captured CUDA graph (engine/graph.py GraphRunner,
+# replayed per step), so a MoE layer launches nothing from the host and never syncs: the LRU decision is one device
+# kernel (moe/offload_kernels.py ensure_experts -> flashlib lru_ensure, rewriting expert ids to slots in place),
+# the misses move by one SM gather kernel reading pinned host memory (moe/offload_cache.py copy_missing ->
+# kernel/fast_index_copy.py fast_index_copy_multi) on the compute stream, then one grouped GEMM over hits and
+# fetched experts (layers/moe.py _decode_routed); hybrid layers hand the CPU lane its work through two stream memory
+# operations on mapped flags, no host function (moe/cpu_executor.py, flag sync); the scheduler prepares the next
+# step while the GPU runs (scheduler/scheduler.py overlap_loop). So: CUDA graphs on, and no copy beside the hits.
+FREETOKEN_012_DECODE = {"cuda_graphs": True, "decode_overlap": False}
+
 # GGUF types llama.cpp can load experts as: bits per weight (sim.model_card.QUANT_BITS) and the GEMM rate they run at
 GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8", "q4_k_m": "int8", "q5_k_m": "int8",
               "q6_k": "int8", "q8_0": "int8", "bf16": "bf16"}
@@ -116,7 +128,8 @@ GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8"
 
 def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type: str | None = None,
                   expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
-                  amx: bool | None = None, kv_dtype: str | None = None) -> Engine:
+                  amx: bool | None = None, kv_dtype: str | None = None,
+                  decode_overlap: bool | None = None) -> Engine:
     """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
@@ -142,6 +155,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
         new["amx"] = amx
     if kv_dtype is not None:
         new["kv_dtype"] = kv_dtype  # checked by Engine
+    if decode_overlap is not None:
+        new["decode_overlap"] = decode_overlap
     return replace(engine, **new)
 
 

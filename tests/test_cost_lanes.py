@@ -119,6 +119,18 @@ def test_copy_overlaps_resident_compute_only_with_overlap():
     assert seconds([call], [1], serial)[0] == pytest.approx(DENSE + 4 * MS)
 
 
+def test_decode_copies_on_the_compute_stream_wait_for_the_hits():
+    # FreeToken 0.1.2's decode: the miss gather is a kernel on the compute stream, so one hit (1 ms) and one fetch
+    # (2 ms of PCIe, 1 ms of compute) run in turn: 1 + 2 + 1 ms after the router instead of max(1, 2) + 1 = 3 ms.
+    # Prefill keeps the copy stream beside compute.
+    call = dict(hits=1, hit_tokens=1, fetched=1, fetch_tokens=1)
+    serial = CostOptions(host="independent", double_buffer=False, decode_overlap=False)
+    assert seconds([dict(phase=1, **call)], [1])[0] == pytest.approx(DENSE + 3 * MS)
+    assert seconds([dict(phase=1, **call)], [1], serial)[0] == pytest.approx(DENSE + 4 * MS)
+    prefill = [dict(phase=0, **call)]
+    assert seconds(prefill, [1], serial)[0] == pytest.approx(seconds(prefill, [1])[0])
+
+
 def test_double_buffering_loads_the_next_prefill_call_early():
     # two prefill calls of 1 token, each fetching one expert. Dense per call: 1 ms of bytes (FLOPs negligible).
     calls = [dict(phase=0, fetched=1, fetch_tokens=1, layer=0), dict(phase=0, fetched=1, fetch_tokens=1, layer=0)]
