@@ -92,12 +92,12 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
     ("ryzen / FreeToken offload", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): (
         "NVFP4's 4.5 bpw (-21% at the card's 4.25): copy-bound prefill streams every non-resident expert once per "
-        "chunk. The mechanism is this engine's hybrid prefill (a CPU lane beside the copies: 1.12x offload); "
-        "FreeToken 0.1.2's hybrid prefill streams whole layers to the GPU exactly as its offload does "
-        "(layers/moe.py _prefill_routed has no CPU path; hybrid changes decode only), so the published 1.29x over "
-        "offload comes from what differs there: its hybrid loads the native NVFP4 bank layout and FreeToken's "
-        "Triton kernels, its offload the b12x layout on sm_120 (moe/nvfp4_backends.py), which the model does not "
-        "separate. The chunk is not published either (variant).", ("8192-token chunks", {"prefill_chunk": 8192})),
+        "chunk. The mechanism is this engine's hybrid prefill (a CPU lane beside the copies: 1.12x offload). "
+        "FreeToken 0.1.2's hybrid prefill has none: it streams whole layers to the GPU exactly as its offload does "
+        "(layers/moe.py _prefill_routed has no CPU path; hybrid changes decode only), with the same default NVFP4 "
+        "kernels (--nvfp4-backend triton), so by its code the two published prefill figures would match; their "
+        "1.29x is not explained by 0.1.2's defaults, and the runs' settings are not published (the chunk: variant).",
+        ("8192-token chunks", {"prefill_chunk": 8192})),
     ("ryzen / FreeToken offload", "prefill_tok_s"): (
         "the chunk is not published (variant).", ("8192-token chunks", {"prefill_chunk": 8192})),
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): (
