@@ -19,7 +19,7 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
-from freetoken.placement.compiled.heap import pop, refile, remove_at
+from freetoken.placement.compiled.heap import pop, refile, remove_key
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.hinted_sweep import PRIOR_FLOOR
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK
@@ -279,12 +279,8 @@ def on_admit(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    pos = p[5]
-    i = pos[key]
-    pos[key] = -1
-    if i == HELD:  # the victim: victim() took it out of the walk already
-        return
-    remove_at(p[4], pos, p[7], HEAP_N, p[3], p[3], False, i)
+    # the victim is HELD (victim() took it out of the walk already): off the heap, left alone
+    remove_key(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
 
 
 @nb.njit(cache=True, inline="always")
