@@ -15,6 +15,7 @@ Layout
                    signature as driver.replay_calls), loaded by specialise.stream_for; CompiledPolicy.replay uses it
                    unless generic=True, and a test must show it equal to the generic driver (tests/test_lru_stream.py)
     heap.py        the indexed binary heap belady (by next use) and the sweeps (by z) keep their residents in
+    linked.py      the doubly linked lists over keys of lru (recency) and s3fifo (its three FIFOs)
 
 How to add a compiled policy `foo` (its Python reference freetoken/placement/foo.py already exists):
     1. Write freetoken/placement/compiled/foo.py with

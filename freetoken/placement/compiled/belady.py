@@ -10,7 +10,7 @@ import numpy as np
 
 from freetoken.placement.compiled.base import (is_protected, observe_call, on_miss, on_prefetch,  # noqa: F401
                                                prefetch_for)
-from freetoken.placement.compiled.heap import before, refile, remove_at
+from freetoken.placement.compiled.heap import before, refile, remove_key
 from freetoken.placement.compiled.setup import Setup
 
 TIE_DEPTH = 3  # as placement.belady: the next call, then the two after it
@@ -106,10 +106,7 @@ def on_admit(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    pos = p[9]
-    i = pos[key]
-    pos[key] = -1
-    remove_at(p[8], pos, p[11], 0, p[6], p[7], True, i)
+    remove_key(p[8], p[9], p[11], 0, p[6], p[7], True, key)
 
 
 @nb.njit(cache=True, inline="always")

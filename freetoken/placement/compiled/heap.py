@@ -80,6 +80,15 @@ def remove_at(heap, pos, size, at, a, b, desc, i):
 
 
 @nb.njit(cache=True, inline="always")
+def remove_key(heap, pos, size, at, a, b, desc, key):
+    """Take `key` off the heap if it is on it (pos >= 0); its pos becomes -1 either way (a resident that left)."""
+    i = pos[key]
+    pos[key] = -1
+    if i >= 0:
+        remove_at(heap, pos, size, at, a, b, desc, i)
+
+
+@nb.njit(cache=True, inline="always")
 def pop(heap, pos, size, at, a, b, desc):
     """Take the first key off the heap and return it (its pos is the caller's to mark)."""
     key = heap[0]

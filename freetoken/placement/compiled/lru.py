@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numba as nb
 import numpy as np
-from numba import uint64 as U64
 
 from freetoken.placement.compiled.base import (admission_order, begin_call, is_protected, on_miss,  # noqa: F401
                                                on_prefetch, prefetch_for, observe_call)
+from freetoken.placement.compiled.linked import append, unlink
 from freetoken.placement.compiled.setup import Setup
 
 
@@ -26,25 +26,16 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, scope: st
                   np.array([per_layer, num_experts], np.int64)), stream="lru_stream.py" if not per_layer else None)
 
 
-# list links are read as uint64: numba then indexes without the negative-index wraparound (~1.3x on the replay)
 @nb.njit(cache=True, inline="always")
 def _unlink(p, key):
     nxt, prv = p[0], p[1]
-    a, b = U64(prv[key]), U64(nxt[key])
-    nxt[a] = b
-    prv[b] = a
+    unlink(nxt, prv, key)
     nxt[key] = prv[key] = nxt.size - 1  # off the list: the sentinel (a canonical state, as lru_stream leaves it)
 
 
 @nb.njit(cache=True, inline="always")
 def _append(p, key):
-    nxt, prv = p[0], p[1]
-    sentinel = U64(nxt.size - 1)
-    tail = U64(prv[sentinel])
-    nxt[tail] = key
-    prv[key] = tail
-    nxt[key] = sentinel
-    prv[sentinel] = key
+    append(p[0], p[1], p[0].size - 1, key)
 
 
 @nb.njit(cache=True, inline="always")

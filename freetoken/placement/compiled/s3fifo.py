@@ -10,6 +10,7 @@ import numpy as np
 
 from freetoken.placement.compiled.base import (admission_order, is_protected, on_miss, on_prefetch,  # noqa: F401
                                                prefetch_for, observe_call)
+from freetoken.placement.compiled.linked import append, unlink
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.s3fifo import MAX_FREQ
 
@@ -37,23 +38,16 @@ def _sentinel(p, queue):
 
 @nb.njit(cache=True, inline="always")
 def _unlink(p, key):
-    nxt, prv, where, ints = p[0], p[1], p[2], p[5]
-    a, b = prv[key], nxt[key]
-    nxt[a] = b
-    prv[b] = a
+    where, ints = p[2], p[5]
+    unlink(p[0], p[1], key)
     ints[LEN0 + where[key]] -= 1
     where[key] = NONE
 
 
 @nb.njit(cache=True, inline="always")
 def _append(p, queue, key):
-    nxt, prv, where, ints = p[0], p[1], p[2], p[5]
-    s = _sentinel(p, queue)
-    tail = prv[s]
-    nxt[tail] = key
-    prv[key] = tail
-    nxt[key] = s
-    prv[s] = key
+    where, ints = p[2], p[5]
+    append(p[0], p[1], _sentinel(p, queue), key)
     where[key] = queue
     ints[LEN0 + queue] += 1
 

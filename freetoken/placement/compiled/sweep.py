@@ -5,8 +5,9 @@ Residents sit in an indexed min-heap by (z, key), z = log p - stamp log(decay) a
 live entry per resident; the reference's stale entries never count). The victim walk pops residents in that order
 with the reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, keeps what it
 popped for the call's later evictions (only the call's own, protected, keys change in between); the walk's keys go
-back on the heap when the next call begins, or when lookahead's pending keys (protected too) change. The hints come from the reference's own oracle draws
-(lookahead.noisy_future, hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
+back on the heap, under the z they had, when the next call begins, or when lookahead's pending keys (protected too)
+change. The hints come from the reference's own oracle draws (lookahead.noisy_future,
+hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
 Floating point follows the reference's operations in order (pow, exp, log are the same libm calls).
 """
 
@@ -18,7 +19,7 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
-from freetoken.placement.compiled.heap import pop, refile, remove_at
+from freetoken.placement.compiled.heap import pop, refile, remove_key
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.hinted_sweep import PRIOR_FLOOR
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK
@@ -26,7 +27,7 @@ from freetoken.placement.layer_sweep import _FLOOR, _SLACK
 SWEEP, LOOKAHEAD, HINTED = 0, 1, 2
 MODES = {"layer_sweep": SWEEP, "lookahead": LOOKAHEAD, "hinted_sweep": HINTED}
 # ints
-HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NHELD = range(13)
+HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NHELD, REACH = range(14)
 HELD = -2  # pos[key] of a resident the current call's walk took off the heap
 # floats
 DECAY, LOG_DECAY, MIN_CONF = range(3)
@@ -71,7 +72,7 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
                 np.zeros((depth, 0), np.int64)
         predicted = np.ascontiguousarray(predicted, np.int64)
     warm = sorted(ref.slot_of, key=ref.slot_of.__getitem__)  # slot order
-    ints = np.zeros(13, np.int64)
+    ints = np.zeros(14, np.int64)
     ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
     ints[DEPTH] = depth
     floats = np.array([decay, math.log(decay), min_confidence], np.float64)
@@ -103,6 +104,13 @@ def _push(p, key):
 
 
 @nb.njit(cache=True, inline="always")
+def _put_back(p, key):
+    """Refile a key the walk took off the heap under the z it had (unchanged since: a key whose rate changed was
+    refiled by on_hit): no log recomputed."""
+    refile(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
+
+
+@nb.njit(cache=True, inline="always")
 def _pop(p):
     """Take the least (z, key) off the heap; it is marked HELD."""
     key = pop(p[4], p[5], p[7], HEAP_N, p[3], p[3], False)
@@ -117,10 +125,10 @@ def _end_walk(p):
     held, found = p[6], p[19]
     for i in range(ints[NHELD]):
         if pos[held[i]] == HELD:
-            _push(p, held[i])
+            _put_back(p, held[i])
     for i in range(ints[NFOUND]):
         if pos[found[i]] == HELD:
-            _push(p, found[i])
+            _put_back(p, found[i])
     ints[NHELD] = 0
     ints[NFOUND] = 0
 
@@ -228,12 +236,15 @@ def _take_hint(p, c, layer):
     ints[NPRED] = n
     stamp = ints[STAMP]
     seen, a_of, q_of, n_of = p[14], p[15], p[16], p[17]
+    reach = 0  # the furthest hinted layer's distance (the walk's bound)
     for i in range(n):
         hl = order[i] // E
         if seen[hl] != stamp:
             seen[hl] = stamp
             n_of[hl] = 0
         n_of[hl] += 1
+        reach = max(reach, hl - layer)
+    ints[REACH] = reach
     for i in range(n):
         hl = order[i] // E
         a = acc[hl - layer - 1]
@@ -268,12 +279,8 @@ def on_admit(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    pos = p[5]
-    i = pos[key]
-    pos[key] = -1
-    if i == HELD:  # the victim: victim() took it out of the walk already
-        return
-    remove_at(p[4], pos, p[7], HEAP_N, p[3], p[3], False, i)
+    # the victim is HELD (victim() took it out of the walk already): off the heap, left alone
+    remove_key(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
 
 
 @nb.njit(cache=True, inline="always")
@@ -309,7 +316,7 @@ def _walk_on(p, st, shift):
         log_p = z[k] + shift
         bound = np.inf
         if log_p > -700.0:
-            bound = L * (1.0 + math.exp(-log_p)) * _SLACK if mode == HINTED else L * math.exp(-log_p) * _SLACK
+            bound = (ints[REACH] + L * math.exp(-log_p)) / _SLACK if mode == HINTED else L * math.exp(-log_p) * _SLACK
         i = ints[NFOUND]
         found[i], bounds[i] = k, bound
         waits[i] = _wait(p, k) if mode == HINTED else _sweep_wait(p, k)
