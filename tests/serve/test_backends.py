@@ -3,15 +3,13 @@ the same server give the same greedy text, and the same prefix reuse, on the dem
 
 from __future__ import annotations
 
-import openai
-
-from conftest import TIMEOUT, running
+from conftest import openai_client, running
 
 PROMPTS = ["hello there", "the experts"]
 
 
 def answers(url: str) -> list[str]:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    c = openai_client(url)
     return [c.chat.completions.create(model="freetoken-demo", messages=[{"role": "user", "content": p}],
                                       max_tokens=8, temperature=0).choices[0].message.content for p in PROMPTS]
 
