@@ -70,7 +70,7 @@ def start_server(model_dir: Path | None, backend: str = "engine", **overrides):
     from freetoken.serve.server import Server
     from freetoken.serve.startup import build_service, load
 
-    cfg = ServeConfig(model=model_dir, backend=backend, port=0, device_budget_gb=1.0, **overrides)
+    cfg = ServeConfig(**{"model": model_dir, "backend": backend, "port": 0, "device_budget_gb": 1.0, **overrides})
     backend_obj, _ = load(cfg, log=lambda s: None)
     service = build_service(backend_obj, cfg)
     server = Server(build_app(service, cfg), "127.0.0.1", 0, announce=False)

@@ -3,7 +3,9 @@ the same server give the same greedy text, and the same prefix reuse, on the dem
 
 from __future__ import annotations
 
-from conftest import openai_client, running
+import httpx
+
+from conftest import TIMEOUT, openai_client, running
 
 PROMPTS = ["hello there", "the experts"]
 
@@ -18,6 +20,7 @@ def test_hf_backend_matches_the_engine(served, greedy):
     with running(None, backend="hf") as (url, service):
         hf = answers(url)
         hf_reuse = service.backend.prefix_cache.stats.reused_tokens
+        assert httpx.get(url + "/health", timeout=TIMEOUT).json()["engine"]["placement"] is None  # no expert cache
     assert hf == [greedy(p, 8).text for p in PROMPTS]  # = ft generate's text
     before = served[1].backend.prefix_cache.stats.reused_tokens
     assert answers(served[0]) == hf
