@@ -2,8 +2,7 @@
 
 A sliding window is a narrower cache view (the last `window` keys); sinks (a per-head logit in the softmax
 denominator, value 0) join in the merge (SINKS flag). FP8_KV: the cache holds e4m3 codes (uint8) with one fp32 scale
-per (token, kv head) (kv_fp8.py); codes are decoded in registers, the K scale multiplies the scores, the V scale the
-probabilities (p v = (p * s_v) codes).
+per (token, kv head) (kv_fp8.py), decoded in attention_block.py's key-block step, which both attention kernels share.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.kernels.dot import mma
-from freetoken.kernels.packed_tiles import e4m3_bits_to_fp32
+from freetoken.kernels.attention_block import attend_block
 
 LOG2E = 1.4426950408889634
 TARGET_PROGRAMS = 256  # enough (kv head, split) programs to keep every SM of a large GPU streaming the cache
@@ -48,28 +46,11 @@ def _attention_decode_split_kernel(
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < hi
-        k = tl.load(k_ptr + offs_n[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
-                    mask=nmask[None, :] & (offs_d[:, None] < Dh), other=0)  # [BD, BN]
-        if FP8_KV:
-            k = e4m3_bits_to_fp32(k.to(tl.int32)).to(q.dtype)  # exact: e4m3 values fit bf16 / fp16
-            k_scale = tl.load(k_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
-            s = mma(q, k, tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32), DOT_FP32) * (k_scale * qk_scale)[None, :]
-        else:
-            s = mma(q, k, tl.zeros([BLOCK_G, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
-        s = tl.where(nmask[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: every split holds at least one key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-                    mask=nmask[:, None] & (offs_d[None, :] < Dh), other=0)  # [BN, BD]
-        if FP8_KV:
-            v = e4m3_bits_to_fp32(v.to(tl.int32)).to(q.dtype)
-            v_scale = tl.load(v_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
-            acc = mma((p * v_scale[None, :]).to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
-        else:
-            acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
-        m_i = m_new
+        m_i, l_i, acc = attend_block(  # the max stays finite: every split holds at least one key
+            q, m_i, l_i, acc, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr,
+            kvh, offs_n, nmask, offs_d, offs_d < Dh, nmask[None, :], qk_scale,
+            stride_ks, stride_kh, stride_vs, stride_vh, stride_scs,
+            DOT_FP32, FP8_KV, False, BLOCK_G, BLOCK_N)
     tl.store(part_out_ptr + heads[:, None] * stride_ph + split * stride_ps + offs_d[None, :],
              acc / l_i[:, None], mask=q_mask)
     tl.store(part_lse_ptr + heads * stride_lh + split, m_i + tl.log2(l_i), mask=offs_g < GROUP)

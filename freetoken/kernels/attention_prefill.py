@@ -2,8 +2,8 @@
 
 Options (constexpr flags, off by default): SINKS, a learned per-head logit joining each row's softmax denominator
 (gpt-oss); SLIDING, query p sees keys (p - window, p] only; FP8_KV, the cache holds e4m3 codes (uint8) with one
-fp32 scale per (token, kv head) (kv_fp8.py), decoded in registers, the scales folded into scores (K) and
-probabilities (V), as in attention_decode.py.
+fp32 scale per (token, kv head) (kv_fp8.py). Each key block is attention_block.py's step, shared with the decode
+kernel.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from freetoken.kernels.dot import mma
-from freetoken.kernels.packed_tiles import e4m3_bits_to_fp32
+from freetoken.kernels.attention_block import attend_block
 
 LOG2E = 1.4426950408889634
 
@@ -58,33 +57,16 @@ def _attention_prefill_kernel(
     for n0 in range(lo, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         nmask = offs_n < end
-        k = tl.load(k_ptr + offs_n[None, :] * stride_ks + kvh * stride_kh + offs_d[:, None],
-                    mask=nmask[None, :] & dmask[:, None], other=0)  # [BD, BN]
-        if FP8_KV:
-            k = e4m3_bits_to_fp32(k.to(tl.int32)).to(q.dtype)  # exact: e4m3 values fit bf16 / fp16
-            k_scale = tl.load(k_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
-            s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_FP32) * (k_scale * qk_scale)[None, :]
-        else:
-            s = mma(q, k, tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & nmask[None, :]
         if SLIDING:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
-        s = tl.where(visible, s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is visible to every row (or the sink is there)
-        if SLIDING and not SINKS:  # a row may see no key of this block yet: keep its -inf max out of the exponents
-            m_new = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + offs_n[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :],
-                    mask=nmask[:, None] & dmask[None, :], other=0)  # [BN, BD]
-        if FP8_KV:
-            v = e4m3_bits_to_fp32(v.to(tl.int32)).to(q.dtype)
-            v_scale = tl.load(v_scale_ptr + offs_n * stride_scs + kvh, mask=nmask, other=0.0)  # [BN]
-            acc = mma((p * v_scale[None, :]).to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
-        else:
-            acc = mma(p.to(v.dtype), v, acc * alpha[:, None], DOT_FP32)
-        m_i = m_new
+        # the max stays finite where key 0 is visible to every row (or the sink is there); sliding without sinks,
+        # a row may see no key of this block yet
+        m_i, l_i, acc = attend_block(
+            q, m_i, l_i, acc, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr,
+            kvh, offs_n, nmask, offs_d, dmask, visible, qk_scale,
+            stride_ks, stride_kh, stride_vs, stride_vh, stride_scs,
+            DOT_FP32, FP8_KV, SLIDING and not SINKS, BLOCK_M, BLOCK_N)
     if SLIDING and not SINKS:  # padding rows past T may have seen no key: 0 / 1, not 0 / 0 (never stored)
         l_i = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_i[:, None]

@@ -103,6 +103,7 @@ class EngineBackend:
         self._requests = itertools.count()
         self.split_reason = ""
         self.cache_note = ""
+        self.placement_asked = "auto"  # --placement as given; placement() says where the policy decides
 
     def model_memory(self) -> ModelMemory:
         return checkpoint_memory(self.ckpt, self.max_context, self.kv_dtype)
@@ -123,6 +124,7 @@ class EngineBackend:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
         self.split_reason = resolved.reason
+        self.placement_asked = placement
         kernels = resolve_kernels(kernels or "auto")
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
         if capacity is not None or fraction is not None:
@@ -190,7 +192,15 @@ class EngineBackend:
                                           [g.seq.request for g in gens])  # [B, V]
         return [g.take(row) for g, row in zip(gens, logits)]
 
+    def placement(self) -> dict:
+        """Where the expert-cache policy decides (device / host), which policy, what --placement asked, and the
+        start-up lines that say so (placement, decode)."""
+        cache = self.engine.cache
+        return {"policy": cache.policy.name, "decides_on": "host" if cache.device_moe is None else "device",
+                "asked": self.placement_asked, "line": cache.placement_line, "decode": self.engine.decode_line}
+
     def stats(self) -> dict:
-        return {"backend": "engine", "split": self.split_reason, "expert_cache": self.engine.counters.to_dict(),
+        return {"backend": "engine", "split": self.split_reason, "placement": self.placement(),
+                "expert_cache": self.engine.counters.to_dict(),
                 "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}
 

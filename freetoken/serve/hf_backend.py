@@ -92,4 +92,5 @@ class HFBackend:
                                 self.stop_token_ids)
 
     def stats(self) -> dict:
-        return {"backend": "hf", "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}
+        return {"backend": "hf", "placement": None,  # no expert cache: nothing decides placements
+                "prefix_cache": self.prefix_cache.summary() if self.prefix_cache else None}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +24,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from freetoken.engine import CacheConfig, Engine, SamplingParams
-from freetoken.models.checkpoint import Checkpoint, load_checkpoint
-
-from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
+from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
+                      assert_triton_matches, hf_answers, make_engine, random_hf)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
 import packers
@@ -53,37 +50,13 @@ ATTN = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 
-@dataclass
-class Model:
-    path: Path
-    ckpt: Checkpoint
-    tokens: list[int]  # prompt + HF's greedy continuation (DECODE_STEPS + 1 tokens)
-    logits: torch.Tensor  # [len(tokens), V] of HF's forward over tokens
-    picks: np.ndarray  # [len(tokens), MoE layers, K]: HF's gate's top-k ids, sorted per token
-
-
 def _hf_answers(hf, path: Path) -> Model:
-    picks = []
-    hooks = [layer.mlp.gate.register_forward_hook(lambda mod, args, out: picks.append(out[2]))
-             for layer in hf.model.layers[1:]]
-    with torch.no_grad():
-        gen = hf.generate(torch.tensor([PROMPT]), max_new_tokens=DECODE_STEPS + 1, do_sample=False,
-                          min_new_tokens=DECODE_STEPS + 1)
-        tokens = gen[0].tolist()
-        picks.clear()
-        logits = hf(torch.tensor([tokens])).logits[0].float()
-    for h in hooks:
-        h.remove()
-    picked = torch.stack(picks, dim=1).sort(dim=-1).values.numpy()  # [T, L, K]
-    return Model(path, load_checkpoint(path), tokens, logits, picked)
+    return hf_answers(hf, path, gates=[layer.mlp.gate for layer in hf.model.layers[1:]])
 
 
 def build(name: str, out: Path):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     model_type, kw = CONFIGS[name]
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kw)).eval()
+    hf = random_hf(model_type, **kw)
     if name == "v3":  # HF initialises the correction bias to zero
         g = torch.Generator().manual_seed(1)
         with torch.no_grad():
@@ -134,11 +107,6 @@ def models(tmp_path_factory) -> dict[str, Model]:
     return out
 
 
-def _engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None):
-    return Engine(ckpt or model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,
-                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=CHUNK)
-
-
 def test_the_checkpoints_are_what_they_claim(models):
     v2, v3 = models["v2"].ckpt.config, models["v3"].ckpt.config
     assert v2.family == "deepseek_v2" and v3.family == "deepseek_v3" and v2.moe_layers == v3.moe_layers == (1, 2)
@@ -156,41 +124,27 @@ def test_the_checkpoints_are_what_they_claim(models):
 
 @pytest.mark.parametrize("name", ["v2", "v3", "v3_fp8"])
 def test_logits_match_hf_every_capacity_every_split(name, models):
-    model = models[name]
-    L = len(model.ckpt.config.moe_layers)
-    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
-                (0, L * E // 2, L * E), f"deepseek {name}")
+    assert_logits_grid(models[name], E, f"deepseek {name}")
 
 
 @pytest.mark.parametrize("name", ["v2", "v3_fp8"])
 def test_triton_kernels(name, models):
     """The Triton path (interpreted on CPU): hits, fetches into slots and staging, and the CPU lane."""
     model = models[name]
-    engine = _engine(model, E, "hybrid", kernels="triton")
-    logits = run_steps(engine, model.tokens[:-1])
-    assert_close(logits, model.logits[:-1], f"deepseek {name} triton")
-    c = engine.counters
-    assert c.hits > 0 and c.fetched > 0 and c.cpu > 0
+    assert_triton_matches(model, E, len(model.tokens) - 1, f"deepseek {name} triton")
 
 
 @pytest.mark.parametrize("name", ["v2", "v3", "v3_fp8"])
 def test_greedy_tokens_equal_hf_generate(name, models):
-    model = models[name]
-    engine = _engine(model, 5, "hybrid")
-    got = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    assert got == model.tokens[len(PROMPT):]
+    assert_greedy_is_hf(models[name])
 
 
 @pytest.mark.parametrize("name", ["v2", "v3", "v3_fp8"])
 def test_recorded_routing_is_hf_router_topk(name, models):
     """The trace's picks are the ids HF's own gate (DeepseekV2TopkRouter / V3TopkRouter) selects."""
     model = models[name]
-    engine = _engine(model, 3, "offload")
-    out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    trace = engine.trace()
-    T = len(PROMPT) + DECODE_STEPS
-    assert trace.token.tolist() == PROMPT + out[:-1] and trace.experts.shape == (T, 2, K)
-    np.testing.assert_array_equal(np.sort(trace.experts, axis=-1), model.picks[:T])
+    assert len(model.ckpt.config.moe_layers) == 2
+    assert_routing_is_hf(model, K)
 
 
 @pytest.mark.parametrize("name,feature", [("v2", "interleave"), ("v2", "groups"), ("v2", "scale"),
@@ -206,12 +160,11 @@ def test_every_deepseek_feature_is_exercised(name, feature, models):
                "sigmoid": dict(routing=replace(cfg.routing, score="softmax")),
                "correction_bias": {}}[feature]
     ckpt = replace(model.ckpt, config=replace(cfg, **changed))
-    engine = _engine(model, 0, "offload", ckpt=ckpt)
+    engine = make_engine(model, 0, "offload", ckpt=ckpt)
     if feature == "correction_bias":
         for lw in engine.decoder.layers[1:]:
             lw.correction_bias = None
-    logits = run_steps(engine, model.tokens[:-1])
-    assert (logits - model.logits[:-1]).abs().max() > 100 * 1e-4 * model.logits.abs().max()
+    assert_moves_logits(engine, model)
 
 
 def test_published_configs_read():
@@ -291,7 +244,7 @@ def test_card_from_config_sizes_what_the_engine_holds(models):
 
     model = models["v3"]
     card = card_from_checkpoint(model.path)
-    engine = _engine(model, 3, "offload")
+    engine = make_engine(model, 3, "offload")
     kv = engine.new_kv(8)
     assert card.expert_bytes() == engine.store.expert_bytes
     assert card.kv_bytes_per_token == sum(t.numel() * t.element_size() for t in (*kv.k, *kv.v)) // 8

@@ -15,7 +15,7 @@ Tolerance as in test_hf_match.py: 1e-4 x max |logit|.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,12 +23,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from freetoken.engine import CacheConfig, Engine, SamplingParams
-from freetoken.models.checkpoint import Checkpoint, load_checkpoint
+from freetoken.engine import CacheConfig, Engine
+from freetoken.models.checkpoint import load_checkpoint
 from freetoken.models.config import CheckpointError
 
-from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
+from .conftest import PROMPT
+from .test_hf_match import run_steps
+from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
+                      assert_triton_matches, hf_answers, make_engine, random_hf)
 
 E, K, D, Dh = 8, 2, 64, 16
 COMMON = dict(hidden_size=D, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
@@ -47,15 +49,6 @@ CONFIGS = {
 }
 
 
-@dataclass
-class Model:
-    path: Path
-    ckpt: Checkpoint
-    tokens: list[int]  # prompt + HF's greedy continuation (DECODE_STEPS + 1 tokens)
-    logits: torch.Tensor  # [len(tokens), V] of HF's forward over tokens
-    picks: np.ndarray  # [len(tokens), MoE layers, K]: HF's gate's top-k ids, sorted per token
-
-
 def _correction_bias(mlp) -> torch.Tensor:
     """GLM keeps it in the gate, MiniMax-M2 beside it."""
     gate = mlp.gate
@@ -63,39 +56,19 @@ def _correction_bias(mlp) -> torch.Tensor:
 
 
 def build(name: str, out: Path) -> Model:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(name, **CONFIGS[name])).eval()
+    hf = random_hf(name, **CONFIGS[name])
     moe = [layer.mlp for layer in hf.model.layers if hasattr(layer.mlp, "gate")]
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # HF initialises the correction bias to zero
         for mlp in moe:
             _correction_bias(mlp).copy_(torch.randn(E, generator=g) * 0.3)
     hf.save_pretrained(out)
-    picks = []
-    hooks = [mlp.gate.register_forward_hook(lambda mod, args, out: picks.append(out[2])) for mlp in moe]
-    with torch.no_grad():
-        gen = hf.generate(torch.tensor([PROMPT]), max_new_tokens=DECODE_STEPS + 1, do_sample=False,
-                          min_new_tokens=DECODE_STEPS + 1)
-        tokens = gen[0].tolist()
-        picks.clear()
-        logits = hf(torch.tensor([tokens])).logits[0].float()
-    for h in hooks:
-        h.remove()
-    picked = torch.stack(picks, dim=1).sort(dim=-1).values.numpy()  # [T, L, K]
-    return Model(out, load_checkpoint(out), tokens, logits, picked)
+    return hf_answers(hf, out, gates=[mlp.gate for mlp in moe])
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Model]:
     return {name: build(name, tmp_path_factory.mktemp(name)) for name in CONFIGS}
-
-
-def _engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None,
-            chunk: int = CHUNK):
-    return Engine(ckpt or model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,
-                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=chunk)
 
 
 def test_the_checkpoints_are_what_they_claim(models):
@@ -114,43 +87,25 @@ def test_the_checkpoints_are_what_they_claim(models):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_logits_match_hf_every_capacity_every_split(name, models):
-    model = models[name]
-    L = len(model.ckpt.config.moe_layers)
-    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
-                (0, L * E // 2, L * E), name)
+    assert_logits_grid(models[name], E, name)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_triton_kernels(name, models):
     """The Triton path (interpreted on CPU) over the prompt (one chunk) and one decode step: hits, fetches, the CPU
     lane."""
-    model = models[name]
-    engine = _engine(model, E, "hybrid", kernels="triton", chunk=len(PROMPT))
-    T = len(PROMPT) + 1
-    assert_close(run_steps(engine, model.tokens[:T]), model.logits[:T], f"{name} triton")
-    c = engine.counters
-    assert c.hits > 0 and c.fetched > 0 and c.cpu > 0
+    assert_triton_matches(models[name], E, len(PROMPT) + 1, f"{name} triton", chunk=len(PROMPT))
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_tokens_equal_hf_generate(name, models):
-    model = models[name]
-    engine = _engine(model, 5, "hybrid")
-    got = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    assert got == model.tokens[len(PROMPT):]
+    assert_greedy_is_hf(models[name])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_recorded_routing_is_hf_router_topk(name, models):
     """The trace's picks are the ids HF's own gate (Glm4MoeTopkRouter / MiniMaxM2TopKRouter) selects."""
-    model = models[name]
-    engine = _engine(model, 3, "offload")
-    out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    trace = engine.trace()
-    T = len(PROMPT) + DECODE_STEPS
-    assert trace.token.tolist() == PROMPT + out[:-1]
-    assert trace.experts.shape == (T, len(model.ckpt.config.moe_layers), K)
-    np.testing.assert_array_equal(np.sort(trace.experts, axis=-1), model.picks[:T])
+    assert_routing_is_hf(models[name], K)
 
 
 FEATURES = [("glm4_moe", "partial_rotary"), ("glm4_moe", "qk_norm"), ("glm4_moe", "groups"), ("glm4_moe", "scale"),
@@ -171,14 +126,13 @@ def test_every_feature_is_exercised(name, feature, models):
                "sigmoid": dict(routing=replace(cfg.routing, score="softmax")),
                "renormalise": dict(norm_topk_prob=False),
                "sparse": dict(dsa=cfg.dsa and replace(cfg.dsa, index_topk=64))}.get(feature, {})
-    engine = _engine(model, 0, "offload", ckpt=replace(model.ckpt, config=replace(cfg, **changed)))
+    engine = make_engine(model, 0, "offload", ckpt=replace(model.ckpt, config=replace(cfg, **changed)))
     for lw in engine.decoder.layers:
         if feature == "correction_bias":
             lw.correction_bias = None
         if feature == "shared_expert":
             lw.shared_gate_up = None
-    logits = run_steps(engine, model.tokens[:-1])
-    assert (logits - model.logits[:-1]).abs().max() > 100 * 1e-4 * model.logits.abs().max()
+    assert_moves_logits(engine, model)
 
 
 # Published config.json fields (GLM-4.5 / 4.6 / 4.7 share the shape; MiniMax-M2 / M2.5 likewise): conf/model's
@@ -252,7 +206,7 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
     from freetoken.sim.planner import model_memory
 
     model = models[name]
-    card, engine = load_model_card(str(model.path)), _engine(model, 3, "offload")
+    card, engine = load_model_card(str(model.path)), make_engine(model, 3, "offload")
     sim_memory, engine_memory = model_memory(card), checkpoint_memory(model.ckpt, 64)
     for field in ("dense_bytes", "kv_bytes_per_token", "expert_bytes", "num_experts", "min_slots"):
         assert getattr(sim_memory, field) == getattr(engine_memory, field), field
@@ -306,7 +260,7 @@ def test_dsa_picks_are_hf_indexer_picks(models, monkeypatch):
         return picks
 
     monkeypatch.setattr(mla, "index_picks", spy)
-    run_steps(_engine(model, 0, "offload"), tokens)
+    run_steps(make_engine(model, 0, "offload"), tokens)
     checked = 0
     for layer, start, picks in ours:
         if picks is None:  # every query sees at most index_topk keys: all of them, as HF's picks

@@ -14,21 +14,21 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.models import CheckpointError
-from freetoken.models.checkpoint import Checkpoint, load_checkpoint
+from freetoken.models.checkpoint import load_checkpoint
 from freetoken.quant import expert_bytes
 
-from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
+from .conftest import PROMPT
+from .test_hf_match import run_steps
+from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
+                      assert_triton_matches, hf_answers, make_engine, random_hf)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
 import packers
@@ -38,34 +38,11 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
         "original_max_position_embeddings": 16, "rope_theta": 10000.0}
 
 
-@dataclass
-class Model:
-    path: Path
-    ckpt: Checkpoint
-    tokens: list[int]  # prompt + HF's greedy continuation (DECODE_STEPS + 1 tokens)
-    logits: torch.Tensor  # [len(tokens), V] of HF's forward over tokens
-    router_logits: list[torch.Tensor]  # per layer [len(tokens), E]
-
-
-def _hf_answers(hf, path: Path) -> Model:
-    with torch.no_grad():
-        gen = hf.generate(torch.tensor([PROMPT]), max_new_tokens=DECODE_STEPS + 1, do_sample=False,
-                          min_new_tokens=DECODE_STEPS + 1)
-        tokens = gen[0].tolist()
-        fwd = hf(torch.tensor([tokens]), output_router_logits=True)
-    return Model(path, load_checkpoint(path), tokens, fwd.logits[0].float(), [r.float() for r in fwd.router_logits])
-
-
 def build_dense(out: Path) -> Model:
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model("gpt_oss", hidden_size=D, intermediate_size=I, num_hidden_layers=LAYERS,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
-                               num_local_experts=E, num_experts_per_tok=2, sliding_window=WINDOW,
-                               swiglu_limit=1.0, rope_parameters=dict(YARN), max_position_embeddings=64,
-                               initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    hf = random_hf("gpt_oss", hidden_size=D, intermediate_size=I, num_hidden_layers=LAYERS, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, vocab_size=128, num_local_experts=E, num_experts_per_tok=2,
+                   sliding_window=WINDOW, swiglu_limit=1.0, rope_parameters=dict(YARN), max_position_embeddings=64,
+                   initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     assert hf.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -73,7 +50,7 @@ def build_dense(out: Path) -> Model:
             if name.endswith(("bias", "sinks")):
                 p.copy_(torch.randn(p.shape, generator=g) * (1.0 if name.endswith("sinks") else 0.3))
     hf.save_pretrained(out)
-    return _hf_answers(hf, out)
+    return hf_answers(hf, out, router_logits=True)
 
 
 def build_mxfp4(dense: Path, out: Path) -> Model:
@@ -93,7 +70,7 @@ def build_mxfp4(dense: Path, out: Path) -> Model:
     (out / "config.json").write_text(json.dumps(config | {"quantization_config": packers.CONFIGS["mxfp4"]()}))
     hf = AutoModelForCausalLM.from_pretrained(out, quantization_config=Mxfp4Config(dequantize=True),
                                               dtype=torch.float32).eval()
-    return _hf_answers(hf, out)
+    return hf_answers(hf, out, router_logits=True)
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +78,6 @@ def models(tmp_path_factory) -> dict[str, Model]:
     dense = build_dense(tmp_path_factory.mktemp("gpt_oss"))
     mxfp4 = build_mxfp4(dense.path, tmp_path_factory.mktemp("gpt_oss_mx") / "ckpt")
     return {"dense": dense, "mxfp4": mxfp4}
-
-
-def _engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None):
-    return Engine(ckpt or model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,
-                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=CHUNK)
 
 
 def test_the_checkpoints_are_what_they_claim(models):
@@ -120,47 +92,31 @@ def test_the_checkpoints_are_what_they_claim(models):
 
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_logits_match_hf_every_capacity_every_split(fmt, models):
-    model = models[fmt]
-    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
-                (0, LAYERS * E // 2, LAYERS * E), f"gpt_oss {fmt}")
+    assert_logits_grid(models[fmt], E, f"gpt_oss {fmt}")
 
 
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_triton_kernels(fmt, models):
     """The Triton path (interpreted on CPU): hits, fetches into slots and staging, and the CPU lane."""
     model = models[fmt]
-    engine = _engine(model, LAYERS * E // 2, "hybrid", kernels="triton")
-    logits = run_steps(engine, model.tokens[:-1])
-    assert_close(logits, model.logits[:-1], f"gpt_oss {fmt} triton")
-    c = engine.counters
-    assert c.hits > 0 and c.fetched > 0 and c.cpu > 0
+    assert_triton_matches(model, LAYERS * E // 2, len(model.tokens) - 1, f"gpt_oss {fmt} triton")
 
 
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_greedy_tokens_equal_hf_generate(fmt, models):
     """Decode runs to position 18, far past the window of 4 on the sliding layers."""
-    model = models[fmt]
-    engine = _engine(model, 5, "hybrid")
-    got = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    assert got == model.tokens[len(PROMPT):]
+    assert_greedy_is_hf(models[fmt])
 
 
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_recorded_routing_is_hf_router_topk(fmt, models):
-    model = models[fmt]
-    engine = _engine(model, 3, "offload")
-    out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    trace = engine.trace()
-    T = len(PROMPT) + DECODE_STEPS
-    assert trace.token.tolist() == PROMPT + out[:-1]
-    want = torch.stack([torch.topk(r[:T], 2, dim=-1).indices for r in model.router_logits], dim=1)  # [T, L, K]
-    np.testing.assert_array_equal(trace.experts, want.numpy())
+    assert_routing_is_hf(models[fmt], 2)
 
 
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_expert_biases_travel_with_the_expert(fmt, models):
     model = models[fmt]
-    engine = _engine(model, 3, "offload")
+    engine = make_engine(model, 3, "offload")
     store, pool = engine.store, engine.cache.pool
     bias_bytes = (2 * I + D) * 4  # fp32 gate_up and down biases
     weights = 3 * I * D * 4 if fmt == "dense" else 2 * expert_bytes(model.ckpt.quant, I, D) + expert_bytes(
@@ -187,8 +143,7 @@ def test_every_gpt_oss_feature_is_exercised(feature, models):
     ckpt = replace(model.ckpt, config=replace(cfg, **changed))
     if feature == "expert_bias":
         ckpt.expert_biases = None
-    logits = run_steps(_engine(model, 0, "offload", ckpt=ckpt), model.tokens[:-1])
-    assert (logits - model.logits[:-1]).abs().max() > 100 * 1e-4 * model.logits.abs().max()
+    assert_moves_logits(make_engine(model, 0, "offload", ckpt=ckpt), model)
 
 
 def test_missing_expert_bias_and_bad_layer_types_are_named(models, tmp_path):
@@ -236,5 +191,5 @@ def test_card_from_config_counts_the_expert_biases(fmt, models):
     model = models[fmt]
     card = card_from_checkpoint(model.path)
     assert card.expert_bias_params == 2 * I + D
-    assert card.expert_bytes() == _engine(model, 3, "offload").store.expert_bytes
+    assert card.expert_bytes() == make_engine(model, 3, "offload").store.expert_bytes
     assert model_memory(card).expert_bytes == checkpoint_memory(model.ckpt, 64).expert_bytes

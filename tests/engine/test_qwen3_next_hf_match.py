@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from freetoken.engine import CacheConfig, Engine, SamplingParams
+from freetoken.engine import CacheConfig, SamplingParams
 from freetoken.models import CheckpointError
-from freetoken.models.checkpoint import Checkpoint, load_checkpoint
+from freetoken.models.checkpoint import load_checkpoint
 
-from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
+from .conftest import PROMPT
+from .test_hf_match import CHUNK
+from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
+                      assert_triton_matches, hf_answers, make_engine, random_hf)
 
 E, K, D = 8, 2, 64
 TEXT = dict(hidden_size=D, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -44,15 +44,6 @@ VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hi
               spatial_merge_size=1, temporal_patch_size=1, num_position_embeddings=16)
 
 
-@dataclass
-class Model:
-    path: Path
-    ckpt: Checkpoint
-    tokens: list[int]  # prompt + HF's greedy continuation (DECODE_STEPS + 1 tokens)
-    logits: torch.Tensor  # [len(tokens), V] of HF's forward over tokens
-    picks: np.ndarray  # [len(tokens), MoE layers, K]: HF's gate's top-k ids, sorted per token
-
-
 def _randomise(hf) -> None:
     """HF starts every (1 + w) norm at w = 0 and the DeltaNet output norm at 1: random values make them count."""
     g = torch.Generator().manual_seed(1)
@@ -63,29 +54,16 @@ def _randomise(hf) -> None:
 
 
 def _answers(hf, path: Path, layers) -> Model:
-    picks = []
-    hooks = [layer.mlp.gate.register_forward_hook(lambda mod, args, out: picks.append(out[2]))
-             for layer in layers if hasattr(layer.mlp, "gate")]
-    with torch.no_grad():
-        gen = hf.generate(torch.tensor([PROMPT]), max_new_tokens=DECODE_STEPS + 1, do_sample=False,
-                          min_new_tokens=DECODE_STEPS + 1)
-        tokens = gen[0].tolist()
-        picks.clear()
-        logits = hf(input_ids=torch.tensor([tokens])).logits[0].float()
-    for h in hooks:
-        h.remove()
-    picked = torch.stack(picks, dim=1).sort(dim=-1).values.numpy()  # [T, L, K]
-    return Model(path, load_checkpoint(path), tokens, logits, picked)
+    return hf_answers(hf, path, gates=[layer.mlp.gate for layer in layers if hasattr(layer.mlp, "gate")])
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Model]:
-    from transformers import AutoConfig, AutoModelForCausalLM, Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
 
     out = {}
     for name, (model_type, kw) in CONFIGS.items():
-        torch.manual_seed(0)
-        hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kw)).eval()
+        hf = random_hf(model_type, **kw)
         _randomise(hf)
         path = tmp_path_factory.mktemp(name)
         hf.save_pretrained(path)
@@ -98,11 +76,6 @@ def models(tmp_path_factory) -> dict[str, Model]:
     hf.save_pretrained(path)
     out["multimodal"] = _answers(hf, path, hf.model.language_model.layers)
     return out
-
-
-def _engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None):
-    return Engine(ckpt or model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,
-                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=CHUNK)
 
 
 def test_the_checkpoints_are_what_they_claim(models):
@@ -123,43 +96,24 @@ def _fields(cfg) -> dict:
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe", "multimodal"])
 def test_logits_match_hf_every_capacity_every_split(name, models):
-    model = models[name]
-    L = len(model.ckpt.config.moe_layers)
-    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
-                (0, L * E // 2, L * E), f"{name}")
+    assert_logits_grid(models[name], E, f"{name}")
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
 def test_triton_kernels(name, models):
     """The Triton path (interpreted on CPU): conv, chunked and recurrent delta rule, gated norm, and the cache's
     hits, fetches and CPU lane. Three decode steps (the interpreter is slow; the grid above decodes eight)."""
-    model = models[name]
-    engine = _engine(model, E, "hybrid", kernels="triton")
-    n = len(PROMPT) + 3
-    logits = run_steps(engine, model.tokens[:n])
-    assert_close(logits, model.logits[:n], f"{name} triton")
-    c = engine.counters
-    assert c.hits > 0 and c.fetched > 0 and c.cpu > 0
+    assert_triton_matches(models[name], E, len(PROMPT) + 3, f"{name} triton")
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe", "multimodal"])
 def test_greedy_tokens_equal_hf_generate(name, models):
-    model = models[name]
-    engine = _engine(model, 5, "hybrid")
-    got = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    assert got == model.tokens[len(PROMPT):]
+    assert_greedy_is_hf(models[name])
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
 def test_recorded_routing_is_hf_router_topk(name, models):
-    model = models[name]
-    engine = _engine(model, 3, "offload")
-    out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
-    trace = engine.trace()
-    T = len(PROMPT) + DECODE_STEPS
-    L = len(model.ckpt.config.moe_layers)
-    assert trace.token.tolist() == PROMPT + out[:-1] and trace.experts.shape == (T, L, K)
-    np.testing.assert_array_equal(np.sort(trace.experts, axis=-1), model.picks[:T])
+    assert_routing_is_hf(models[name], K)
 
 
 def test_every_qwen3_next_feature_is_exercised(models):
@@ -170,25 +124,23 @@ def test_every_qwen3_next_feature_is_exercised(models):
     model = models["qwen3_next"]
     cfg = model.ckpt.config
     for what, changed in (("offset", dict(norm_unit_offset=False)), ("rotary", dict(rotary_dim=16))):
-        engine = _engine(model, 0, "offload", ckpt=replace(model.ckpt, config=replace(cfg, **changed)))
-        logits = run_steps(engine, model.tokens[:-1])
-        assert (logits - model.logits[:-1]).abs().max() > 100 * 1e-4 * model.logits.abs().max(), what
+        assert_moves_logits(make_engine(model, 0, "offload", ckpt=replace(model.ckpt, config=replace(cfg, **changed))),
+                            model, what)
     for what in ("out_gate", "norm"):
-        engine = _engine(model, 0, "offload")
+        engine = make_engine(model, 0, "offload")
         for lw in engine.decoder.layers:
             if what == "out_gate":
                 lw.out_gate = None
             elif lw.deltanet is not None:
                 lw.deltanet.norm = torch.ones_like(lw.deltanet.norm)
-        logits = run_steps(engine, model.tokens[:-1])
-        assert (logits - model.logits[:-1]).abs().max() > 100 * 1e-4 * model.logits.abs().max(), what
+        assert_moves_logits(engine, model, what)
 
 
 def test_recurrent_state_is_reused_only_where_it_exists(models):
     """A second turn that appends prefills only the new tokens (the states are at the cache's length); one that
     edits earlier restarts from zero. Both equal a cold run."""
     model = models["qwen3_5_moe"]
-    engine = _engine(model, 5, "hybrid")
+    engine = make_engine(model, 5, "hybrid")
     turn1 = model.tokens[:len(PROMPT) + 3]
     cold = list(engine.generate(model.tokens, SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[]))
     kv = engine.new_kv(64)
@@ -201,7 +153,7 @@ def test_recurrent_state_is_reused_only_where_it_exists(models):
     before = engine.stats.prefill_tokens
     got = list(engine.generate(edited, SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[], kv=kv))
     assert engine.stats.prefill_tokens - before == len(edited)
-    assert got == list(_engine(model, 5, "hybrid").generate(edited, SamplingParams(greedy=True), max_tokens=4,
+    assert got == list(make_engine(model, 5, "hybrid").generate(edited, SamplingParams(greedy=True), max_tokens=4,
                                                            stop_token_ids=[]))
 
 
@@ -275,7 +227,7 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
 
     model = models[name]
     card = card_from_checkpoint(model.path)
-    engine = _engine(model, 3, "offload")
+    engine = make_engine(model, 3, "offload")
     kv = engine.new_kv(8)
     cfg = model.ckpt.config
     assert card.expert_bytes() == engine.store.expert_bytes

@@ -20,6 +20,30 @@ TIMEOUT = 30.0  # seconds, for every client call
 LONG = " ".join(str(i) for i in range(1500))  # > 2048 tokens for the demo model, > 1024 for the tiny one
 
 
+class Served(NamedTuple):
+    """A running server: its base url and the service behind it."""
+    url: str
+    service: object
+
+    @property
+    def model_id(self) -> str:
+        return self.service.backend.model_id
+
+
+def openai_client(url: str, api_key: str = "unused"):
+    """The official OpenAI client on a server's /v1, with the bounded timeout and no retries."""
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key=api_key, timeout=TIMEOUT, max_retries=0)
+
+
+def anthropic_client(url: str, api_key: str = "unused"):
+    """The official Anthropic client on a server, with the bounded timeout and no retries."""
+    import anthropic
+
+    return anthropic.Anthropic(base_url=url, api_key=api_key, timeout=TIMEOUT, max_retries=0)
+
+
 class Greedy(NamedTuple):
     prompt_tokens: int
     text: str  # the completion, stop token dropped
@@ -46,7 +70,7 @@ def start_server(model_dir: Path | None, backend: str = "engine", **overrides):
     from freetoken.serve.server import Server
     from freetoken.serve.startup import build_service, load
 
-    cfg = ServeConfig(model=model_dir, backend=backend, port=0, device_budget_gb=1.0, **overrides)
+    cfg = ServeConfig(**{"model": model_dir, "backend": backend, "port": 0, "device_budget_gb": 1.0, **overrides})
     backend_obj, _ = load(cfg, log=lambda s: None)
     service = build_service(backend_obj, cfg)
     server = Server(build_app(service, cfg), "127.0.0.1", 0, announce=False)
@@ -56,9 +80,10 @@ def start_server(model_dir: Path | None, backend: str = "engine", **overrides):
 
 @contextlib.contextmanager
 def running(model_dir: Path | None, **overrides):
+    """-> Served (url, service) while the block runs; model_dir None: the shipped demo model."""
     server, thread, service = start_server(model_dir, **overrides)
     try:
-        yield server.url, service
+        yield Served(server.url, service)
     finally:
         server.stop(thread)
         service.shutdown()
@@ -73,7 +98,7 @@ def served():
 
 @pytest.fixture(scope="session")
 def model_id(served):
-    return served[1].backend.model_id
+    return served.model_id
 
 
 @pytest.fixture(scope="session")
@@ -88,12 +113,28 @@ def tiny_served(tiny_model_dir):
         yield s
 
 
-@pytest.fixture(scope="session")
-def tiny_engine(tiny_model_dir):
-    """A separate Engine on the tiny checkpoint, for cold runs and its tokenizer."""
+def reference_engine(model_dir: Path, **options):
+    """A separate Engine on a checkpoint (reference kernels, as the CPU server runs), for cold runs and its
+    tokenizer."""
     from freetoken.engine import Engine
 
-    return Engine.from_pretrained(tiny_model_dir, kernels="reference")
+    return Engine.from_pretrained(model_dir, kernels="reference", **options)
+
+
+@pytest.fixture(scope="session")
+def tiny_client(tiny_served):
+    """The OpenAI client on the tiny model's server."""
+    return openai_client(tiny_served.url)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_id(tiny_served):
+    return tiny_served.model_id
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model_dir):
+    return reference_engine(tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

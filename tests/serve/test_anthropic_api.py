@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import pytest
 
-from conftest import TIMEOUT
+from conftest import TIMEOUT, anthropic_client
 
 from test_textstream import clean_stop
 
@@ -19,7 +18,7 @@ GREEDY = {"temperature": 0}  # this SDK version takes sampling settings only as 
 
 @pytest.fixture(scope="module")
 def client(served):
-    return anthropic.Anthropic(base_url=served[0], api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return anthropic_client(served[0])
 
 
 def test_message_equals_engine_greedy(client, model_id, greedy):
@@ -77,8 +76,8 @@ def test_stop_sequence(client, model_id, greedy):
 
 def test_system_and_tool_blocks_render_and_count(tiny_served, tiny_engine):
     """On the tiny model, whose chat template renders tools (the demo's does not)."""
-    client = anthropic.Anthropic(base_url=tiny_served[0], api_key="unused", timeout=TIMEOUT, max_retries=0)
-    model_id = tiny_served[1].backend.model_id
+    client = anthropic_client(tiny_served.url)
+    model_id = tiny_served.model_id
     tools = [{"name": "read", "description": "Read a file", "input_schema": {"type": "object"}}]
     messages = [{"role": "user", "content": "read a.txt"},
                 {"role": "assistant", "content": [{"type": "text", "text": "ok"},

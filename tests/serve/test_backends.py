@@ -3,15 +3,15 @@ the same server give the same greedy text, and the same prefix reuse, on the dem
 
 from __future__ import annotations
 
-import openai
+import httpx
 
-from conftest import TIMEOUT, running
+from conftest import TIMEOUT, openai_client, running
 
 PROMPTS = ["hello there", "the experts"]
 
 
 def answers(url: str) -> list[str]:
-    c = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    c = openai_client(url)
     return [c.chat.completions.create(model="freetoken-demo", messages=[{"role": "user", "content": p}],
                                       max_tokens=8, temperature=0).choices[0].message.content for p in PROMPTS]
 
@@ -20,6 +20,7 @@ def test_hf_backend_matches_the_engine(served, greedy):
     with running(None, backend="hf") as (url, service):
         hf = answers(url)
         hf_reuse = service.backend.prefix_cache.stats.reused_tokens
+        assert httpx.get(url + "/health", timeout=TIMEOUT).json()["engine"]["placement"] is None  # no expert cache
     assert hf == [greedy(p, 8).text for p in PROMPTS]  # = ft generate's text
     before = served[1].backend.prefix_cache.stats.reused_tokens
     assert answers(served[0]) == hf

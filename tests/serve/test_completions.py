@@ -8,43 +8,31 @@ import openai
 import pytest
 import torch
 
-from conftest import TIMEOUT
-
 TEXT = "The cat sat on"
 
 
-@pytest.fixture(scope="module")
-def client(tiny_served):
-    return openai.OpenAI(base_url=tiny_served[0] + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_served):
-    return tiny_served[1].backend.model_id
-
-
-def test_text_and_ids_give_the_engines_greedy_continuation(client, model, tiny_engine):
+def test_text_and_ids_give_the_engines_greedy_continuation(tiny_client, tiny_model_id, tiny_engine):
     from freetoken.engine import SamplingParams
 
     tok = tiny_engine.tokenizer
     ids = tok.encode(TEXT)
     expect = list(tiny_engine.generate(ids, SamplingParams(greedy=True), max_tokens=8))  # stop token included
-    by_text = client.completions.create(model=model, prompt=TEXT, max_tokens=8, temperature=0)
-    by_ids = client.completions.create(model=model, prompt=ids, max_tokens=8, temperature=0)
+    by_text = tiny_client.completions.create(model=tiny_model_id, prompt=TEXT, max_tokens=8, temperature=0)
+    by_ids = tiny_client.completions.create(model=tiny_model_id, prompt=ids, max_tokens=8, temperature=0)
     assert by_text.choices[0].text == by_ids.choices[0].text == tok.decode(expect, skip_special_tokens=True)
     stopped = expect[-1] in tiny_engine.default_stop_ids()
     assert by_text.usage.prompt_tokens == len(ids) and by_text.usage.completion_tokens == len(expect)
     assert by_text.choices[0].finish_reason == ("stop" if stopped else "length")
-    streamed = client.completions.create(model=model, prompt=TEXT, max_tokens=8, temperature=0, stream=True,
-                                         echo=True)
+    streamed = tiny_client.completions.create(model=tiny_model_id, prompt=TEXT, max_tokens=8, temperature=0,
+                                              stream=True, echo=True)
     assert "".join(c.choices[0].text for c in streamed if c.choices) == TEXT + by_text.choices[0].text
 
 
-def test_echo_logprobs_are_the_prompts_log_softmax(client, model, tiny_engine):
+def test_echo_logprobs_are_the_prompts_log_softmax(tiny_client, tiny_model_id, tiny_engine):
     ids = tiny_engine.tokenizer.encode(TEXT)
     logits = tiny_engine.prefill(ids, tiny_engine.new_kv(), all_logits=True).float()  # [T, V]
     ref = torch.log_softmax(logits, -1)
-    r = client.completions.create(model=model, prompt=TEXT, max_tokens=0, echo=True, logprobs=2)
+    r = tiny_client.completions.create(model=tiny_model_id, prompt=TEXT, max_tokens=0, echo=True, logprobs=2)
     lp = r.choices[0].logprobs
     assert r.choices[0].text == TEXT and r.usage.completion_tokens == 0
     assert lp.tokens == [tiny_engine.tokenizer.decode([t]) for t in ids]
@@ -56,8 +44,8 @@ def test_echo_logprobs_are_the_prompts_log_softmax(client, model, tiny_engine):
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(ids))]
 
 
-def test_generated_logprobs_and_refusals(client, model, tiny_served):
-    r = client.completions.create(model=model, prompt=TEXT, max_tokens=4, temperature=0, logprobs=3)
+def test_generated_logprobs_and_refusals(tiny_client, tiny_model_id, tiny_served):
+    r = tiny_client.completions.create(model=tiny_model_id, prompt=TEXT, max_tokens=4, temperature=0, logprobs=3)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")  # no stop token
     assert "".join(lp.tokens) == r.choices[0].text
@@ -65,5 +53,5 @@ def test_generated_logprobs_and_refusals(client, model, tiny_served):
     for kw, param in (({"suffix": "x"}, "suffix"), ({"prompt": ["a", "b"]}, "prompt"),
                       ({"max_tokens": 0}, "max_tokens"), ({"prompt": [10**9]}, "prompt")):
         with pytest.raises(openai.BadRequestError) as e:
-            client.completions.create(**{"model": model, "prompt": TEXT, "max_tokens": 2, **kw})
+            tiny_client.completions.create(**{"model": tiny_model_id, "prompt": TEXT, "max_tokens": 2, **kw})
         assert e.value.body["param"] == param

@@ -7,16 +7,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 
-from conftest import TIMEOUT, running, start_server
+from conftest import TIMEOUT, openai_client, running, start_server
 
 
 def test_concurrent_clients_get_correct_answers(served, model_id, greedy):
     prompts = [f"question number {i}" for i in range(5)]
     expect = [greedy(p, 5).text for p in prompts]
-    client = openai.OpenAI(base_url=served[0] + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    client = openai_client(served[0])
 
     def ask(i):
         if i % 2:  # half of them stream
@@ -81,7 +80,7 @@ def test_four_concurrent_requests_decode_together_and_equal_their_solo_runs(gree
     prompts = [f"tell me about expert {i}" for i in range(4)]
     expect = [greedy(p, 24) for p in prompts]
     with running(None, max_running=4) as (url, service):
-        client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+        client = openai_client(url)
 
         def ask(p):
             r = client.chat.completions.create(model=service.backend.model_id, max_tokens=24, temperature=0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from conftest import LONG, TIMEOUT
+from conftest import LONG, TIMEOUT, anthropic_client, openai_client
 
 
 def openai_cases(model):
@@ -96,13 +96,13 @@ def test_sdk_clients_raise_their_own_error_types(served, model_id, client_kind):
     import openai
 
     if client_kind == "openai":
-        c = openai.OpenAI(base_url=served[0] + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+        c = openai_client(served[0])
         with pytest.raises(openai.NotFoundError):
             c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(openai.BadRequestError, match="context"):
             c.chat.completions.create(model=model_id, messages=[{"role": "user", "content": LONG}])
     else:
-        c = anthropic.Anthropic(base_url=served[0], api_key="x", timeout=TIMEOUT, max_retries=0)
+        c = anthropic_client(served[0])
         with pytest.raises(anthropic.NotFoundError):
             c.messages.create(model="nope", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(anthropic.BadRequestError):

@@ -5,11 +5,10 @@ Reference: the engine alone on the whole prompt with an empty cache (cold)."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 
-from conftest import TIMEOUT, running
-from test_prefix_reuse import ask, cold, naive_lcp, prefix_stats
+from conftest import openai_client, reference_engine, running
+from test_prefix_reuse import CONVO, EDITED, ask, cold, naive_lcp, prefix_stats, render, second_turn
 from tinymodel import write_tiny_model
 
 
@@ -26,14 +25,12 @@ def hybrid_served(hybrid_dir):
 
 @pytest.fixture(scope="module")
 def hybrid_engine(hybrid_dir):
-    from freetoken.engine import Engine
-
-    return Engine.from_pretrained(hybrid_dir, kernels="reference")
+    return reference_engine(hybrid_dir)
 
 
 @pytest.fixture(scope="module")
 def client(hybrid_served):
-    return openai.OpenAI(base_url=hybrid_served[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return openai_client(hybrid_served.url)
 
 
 def test_the_model_is_hybrid(hybrid_served):
@@ -42,45 +39,23 @@ def test_the_model_is_hybrid(hybrid_served):
 
 
 def test_second_turn_prefills_only_the_new_tokens(client, hybrid_served, hybrid_engine):
-    service = hybrid_served[1]
-    model_id = service.backend.model_id
-    first = [{"role": "user", "content": "tell me about cats, briefly"}]
-    ids1, text1, out1 = cold(hybrid_engine, first, 6)
-    assert ask(client, model_id, first).choices[0].message.content == text1
-    second = first + [{"role": "assistant", "content": text1}, {"role": "user", "content": "and dogs?"}]
-    ids2, text2, _ = cold(hybrid_engine, second, 6)
-    computed_in_turn1 = ids1 + out1[:-1]
-    assert naive_lcp(ids2, computed_in_turn1) == len(computed_in_turn1)
-    before = prefix_stats(service)
-    r2 = ask(client, model_id, second)
-    after = prefix_stats(service)
-    assert after["reused_tokens"] - before["reused_tokens"] == len(computed_in_turn1)  # the state at turn 1's end
-    assert after["computed_tokens"] - before["computed_tokens"] == len(ids2) - len(computed_in_turn1)
+    """All of turn 1's tokens are reused: the recurrent state at turn 1's end was kept."""
+    _, before, after, _ = second_turn(client, hybrid_served.model_id, hybrid_served.service, hybrid_engine)
     assert after["anchor_hits"] - before["anchor_hits"] == 1
     assert after["snapshot_hits"] - before["snapshot_hits"] == 1  # resumed from the recurrent state kept there
-    assert r2.choices[0].message.content == text2  # same as the cold run
 
 
 def test_an_edit_resumes_from_the_anchor_before_it(client, hybrid_served, hybrid_engine):
     """KV could be reused up to the edit, but the recurrent state exists only at anchors: the reuse falls back to
     the system message's end, and the answer still equals a cold run."""
-    service = hybrid_served[1]
-    model_id = service.backend.model_id
-    convo = [{"role": "system", "content": "you are terse"},
-             {"role": "user", "content": "first question about the sea"},
-             {"role": "assistant", "content": "an answer"},
-             {"role": "user", "content": "a follow-up"}]
-    ask(client, model_id, convo, max_tokens=2)
-    tok = hybrid_engine.tokenizer
-    render = lambda msgs, gen: tok.encode(  # noqa: E731
-        tok.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False), add_special_tokens=False)
-    edited = [convo[0], {"role": "user", "content": "first question about the moon"}] + convo[2:]
-    ids, text, _ = cold(hybrid_engine, edited, 3)
+    service, model_id = hybrid_served.service, hybrid_served.model_id
+    ask(client, model_id, CONVO, max_tokens=2)
+    ids, text, _ = cold(hybrid_engine, EDITED, 3)
     before = prefix_stats(service)
-    r = ask(client, model_id, edited, max_tokens=3)
+    r = ask(client, model_id, EDITED, max_tokens=3)
     after = prefix_stats(service)
-    system_end = len(render(convo[:1], False))
-    assert system_end < naive_lcp(render(convo, True), ids)  # the KV prefix reaches past the anchor
+    system_end = len(render(hybrid_engine, CONVO[:1], False))
+    assert system_end < naive_lcp(render(hybrid_engine, CONVO, True), ids)  # the KV prefix reaches past the anchor
     assert after["reused_tokens"] - before["reused_tokens"] == system_end
     assert after["computed_tokens"] - before["computed_tokens"] == len(ids) - system_end
     assert r.choices[0].message.content == text

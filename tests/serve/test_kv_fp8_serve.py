@@ -3,9 +3,8 @@ and the prefix cache keeps fp8 pieces (codes and scales) that a later turn resum
 
 from __future__ import annotations
 
-import openai
-
-from conftest import TIMEOUT, running
+from conftest import openai_client, reference_engine, running
+from test_prefix_reuse import ask, cold
 
 
 def test_fp8_kv_plan_by_hand():
@@ -29,28 +28,13 @@ def test_fp8_kv_plan_by_hand():
 
 def test_fp8_prefix_reuse_resumes_exactly(tiny_model_dir):
     """Turn 2 reuses turn 1's fp8 KV from the prefix cache and answers as a cold fp8 engine on the whole prompt."""
-    from freetoken.engine import Engine, SamplingParams
-
-    cold_engine = Engine.from_pretrained(tiny_model_dir, kernels="reference", kv_dtype="fp8")
-    tok = cold_engine.tokenizer
-
-    def cold(messages):
-        ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
-                         add_special_tokens=False)
-        out = list(cold_engine.generate(ids, SamplingParams(greedy=True), max_tokens=6))
-        return tok.decode([t for t in out if t not in cold_engine.default_stop_ids()])
-
-    with running(tiny_model_dir, kv_dtype="fp8") as (url, service):
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-        model = service.backend.model_id
-
-        def ask(messages):
-            return client.chat.completions.create(model=model, messages=messages, max_tokens=6, temperature=0)
-
+    cold_engine = reference_engine(tiny_model_dir, kv_dtype="fp8")
+    with running(tiny_model_dir, kv_dtype="fp8") as served:
+        client = openai_client(served.url)
         first = [{"role": "user", "content": "tell me about cats, briefly"}]
-        text1 = ask(first).choices[0].message.content
-        assert text1 == cold(first)
+        text1 = ask(client, served.model_id, first).choices[0].message.content
+        assert text1 == cold(cold_engine, first, 6)[1]
         second = first + [{"role": "assistant", "content": text1}, {"role": "user", "content": "and dogs?"}]
-        r2 = ask(second)
+        r2 = ask(client, served.model_id, second)
         assert r2.usage.prompt_tokens_details.cached_tokens > 0
-        assert r2.choices[0].message.content == cold(second)
+        assert r2.choices[0].message.content == cold(cold_engine, second, 6)[1]

@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import TIMEOUT
+from conftest import TIMEOUT, anthropic_client, openai_client
 
 KEY = "sk-test-0123"
 
@@ -72,7 +72,7 @@ def test_deep_json_is_a_400(served):
 
 
 def test_health_answers_while_a_request_generates(served, model_id):
-    client = openai.OpenAI(base_url=served[0] + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    client = openai_client(served[0])
     r, probes = while_probing_health(served[0], lambda: client.chat.completions.create(
         model=model_id, messages=[{"role": "user", "content": "go on"}], max_tokens=200, temperature=0,
         logit_bias={"5": 100}))  # a token that is no stop token: all 200 steps run
@@ -98,19 +98,19 @@ def test_api_key_in_both_apis(keyed):
     url, model = keyed
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.AuthenticationError) as e:
-        openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0, timeout=TIMEOUT).models.list()
+        openai_client(url, api_key="wrong").models.list()
     assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
     r = httpx.post(url + "/v1/chat/completions", json={"model": model, "messages": msgs}, timeout=TIMEOUT)
     assert r.status_code == 401 and "missing API key" in r.json()["error"]["message"]
     with pytest.raises(anthropic.AuthenticationError) as e:
-        anthropic.Anthropic(base_url=url, api_key="wrong", max_retries=0, timeout=TIMEOUT).messages.create(
+        anthropic_client(url, api_key="wrong").messages.create(
             model=model, max_tokens=2, messages=msgs)
     assert e.value.status_code == 401 and e.value.body["error"]["type"] == "authentication_error"
     assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200  # open without a key
     assert httpx.get(url + "/metrics", timeout=TIMEOUT).status_code == 401
-    ok = openai.OpenAI(base_url=url + "/v1", api_key=KEY, max_retries=0, timeout=TIMEOUT)
+    ok = openai_client(url, api_key=KEY)
     assert ok.chat.completions.create(model=model, messages=msgs, max_tokens=2).usage.completion_tokens >= 1
-    m = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0, timeout=TIMEOUT).messages.create(
+    m = anthropic_client(url, api_key=KEY).messages.create(
         model=model, max_tokens=2, messages=msgs)  # the SDK sends x-api-key
     assert m.usage.output_tokens >= 1
 
@@ -123,7 +123,7 @@ def metrics(url: str) -> dict[str, float]:
 
 def test_metrics_count_what_was_served(tiny_served):
     url, service = tiny_served
-    client = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    client = openai_client(url)
     before = metrics(url)
     usages = [client.chat.completions.create(model=service.backend.model_id, max_tokens=n, temperature=0,
                                              messages=[{"role": "user", "content": f"count {n}"}]).usage
@@ -146,7 +146,7 @@ def test_metrics_count_what_was_served(tiny_served):
 
 
 def test_model_by_id_and_version(served, model_id):
-    client = openai.OpenAI(base_url=served[0] + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    client = openai_client(served[0])
     assert client.models.retrieve(model_id).id == model_id
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")

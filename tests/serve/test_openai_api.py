@@ -3,10 +3,9 @@ own generate on the same chat prompt, streamed equals non-streamed, usage counts
 
 from __future__ import annotations
 
-import openai
 import pytest
 
-from conftest import TIMEOUT
+from conftest import openai_client
 
 from test_textstream import clean_stop
 
@@ -15,7 +14,7 @@ PROMPT = "hello there"
 
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return openai_client(served[0])
 
 
 def chat(client, model_id, text=PROMPT, **kw):
@@ -68,10 +67,9 @@ def test_seeded_sampling_is_reproducible(client, model_id):
     assert a.choices[0].message.content == b.choices[0].message.content
 
 
-def test_tools_and_tool_history_reach_the_prompt(tiny_served, tiny_engine):
+def test_tools_and_tool_history_reach_the_prompt(tiny_client, tiny_model_id, tiny_engine):
     """On the tiny model, whose chat template renders tools (the demo's does not)."""
-    client = openai.OpenAI(base_url=tiny_served[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-    model_id = tiny_served[1].backend.model_id
+    client, model_id = tiny_client, tiny_model_id
     tools = [{"type": "function", "function": {"name": "list_dir", "description": "List a directory",
                                                "parameters": {"type": "object",
                                                               "properties": {"path": {"type": "string"}}}}}]

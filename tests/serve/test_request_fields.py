@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 import math
 
-import anthropic
 import httpx
 import jsonschema
-import openai
 import pytest
 import torch
 
-from conftest import TIMEOUT
+from conftest import TIMEOUT, anthropic_client, openai_client
 
 PROMPT = "hello there"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -33,12 +31,12 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 @pytest.fixture(scope="module")
 def client(served):
-    return openai.OpenAI(base_url=served[0] + "/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return openai_client(served[0])
 
 
 @pytest.fixture(scope="module")
 def aclient(served):
-    return anthropic.Anthropic(base_url=served[0], api_key="unused", timeout=TIMEOUT, max_retries=0)
+    return anthropic_client(served[0])
 
 
 @pytest.fixture(scope="module")

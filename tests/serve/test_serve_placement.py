@@ -72,3 +72,24 @@ def test_device_placement_serves_what_the_host_placement_serves():
         runs[placement] = (tokens, engine.counters.hits, engine.counters.misses)
     assert runs["device"] == runs["host"]
     assert runs["host"][2] > 0  # misses happened: the decisions were exercised
+
+
+@pytest.mark.parametrize("asked, decides_on, decode", [
+    ("auto", "host", "decode: eager (CUDA graphs hold the device placement only)"),  # auto without CUDA: the host
+    ("host", "host", "decode: eager (CUDA graphs hold the device placement only)"),
+    ("device", "device", "decode: eager (CUDA graphs need CUDA)"),
+])
+def test_health_reports_the_placement(asked, decides_on, decode):
+    """/health says where the policy decides, which policy, what --placement asked, and the start-up lines; the
+    engine behind it agrees (its device decision exists exactly when /health says device)."""
+    import httpx
+
+    from conftest import TIMEOUT, running
+
+    with running(None, placement=asked, device_budget_gb=0.0009, kv_floor=512) as served:
+        health = httpx.get(served.url + "/health", timeout=TIMEOUT).json()
+        engine = served.service.backend.engine
+    line = {"host": HOST_LINE, "device": DEVICE_LINE}[decides_on]
+    assert health["engine"]["placement"] == {"policy": "lru", "decides_on": decides_on, "asked": asked,
+                                             "line": line, "decode": decode}
+    assert (engine.cache.device_moe is not None) == (decides_on == "device")

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 
-import anthropic
-import openai
 import pytest
 
-from conftest import TIMEOUT
+from conftest import anthropic_client, openai_client
 
 ANSWER = 'Let me look.<tool_call>\n{"name": "list_dir", "arguments": {"path": "/tmp"}}\n</tool_call>'
 TOOLS = [{"type": "function", "function": {"name": "list_dir", "parameters": {"type": "object"}}}]
@@ -71,7 +69,7 @@ def replay(request, tiny_engine):
 
 def test_openai_tool_calls(replay):
     url, answer = replay
-    c = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    c = openai_client(url)
     kw = dict(model="replay", messages=[{"role": "user", "content": "ls /tmp"}], tools=TOOLS)
     r = c.chat.completions.create(**kw)
     chunks = list(c.chat.completions.create(**kw, stream=True))
@@ -91,7 +89,7 @@ def test_openai_tool_calls(replay):
 
 def test_anthropic_tool_use(replay):
     url, answer = replay
-    c = anthropic.Anthropic(base_url=url, api_key="x", timeout=TIMEOUT, max_retries=0)
+    c = anthropic_client(url)
     kw = dict(model="replay", max_tokens=200, messages=[{"role": "user", "content": "ls /tmp"}],
               tools=[{"name": "list_dir", "input_schema": {"type": "object"}}])
     m = c.messages.create(**kw)
@@ -109,7 +107,7 @@ def test_anthropic_tool_use(replay):
 
 def test_responses_function_call(replay):
     url, answer = replay
-    c = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    c = openai_client(url)
     kw = dict(model="replay", input="ls /tmp", tools=[{"type": "function", "name": "list_dir",
                                                       "parameters": {"type": "object"}}])
     r = c.responses.create(**kw)
@@ -144,14 +142,14 @@ def think_replay(tiny_engine):
 
 def test_reasoning_reaches_each_api_in_its_own_field(think_replay):
     url = think_replay
-    c = openai.OpenAI(base_url=url + "/v1", api_key="x", timeout=TIMEOUT, max_retries=0)
+    c = openai_client(url)
     kw = dict(model="replay", messages=[{"role": "user", "content": "ls"}])
     msg = c.chat.completions.create(**kw).choices[0].message
     assert (msg.reasoning_content, msg.content) == ("look in /tmp", "It is empty.")
     chunks = [ch.choices[0].delta for ch in c.chat.completions.create(**kw, stream=True) if ch.choices]
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in chunks) == "look in /tmp"
     assert "".join(d.content or "" for d in chunks) == "It is empty."
-    a = anthropic.Anthropic(base_url=url, api_key="x", timeout=TIMEOUT, max_retries=0)
+    a = anthropic_client(url)
     akw = dict(model="replay", max_tokens=200, messages=[{"role": "user", "content": "ls"}])
     on = dict(thinking={"type": "enabled", "budget_tokens": 100})
     with a.messages.stream(**akw, **on) as s:
