@@ -125,3 +125,14 @@ def test_engine_double_buffer_reaches_the_cost_models_engine():
         EngineSpec("freetoken-offload", double_buffer=1)
     with pytest.raises(ValueError, match="engine: engine double_buffer: freetoken streams"):
         EngineSpec("freetoken-hybrid", double_buffer=True)
+
+
+def test_engine_decode_overlap_reaches_the_cost_models_engine():
+    from freetoken.experiments.specs import EngineSpec
+
+    cfg = compose(["engine=freetoken-hybrid", "engine.decode_overlap=false"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert engine.decode_overlap is False and engine.cost_options("shared").decode_overlap is False
+    assert instantiate(compose(["engine=freetoken-hybrid"]).engine, _convert_="all").engine().decode_overlap is True
+    with pytest.raises(ValueError, match="engine.decode_overlap must be true, false or null, got 'no'"):
+        EngineSpec("freetoken-offload", decode_overlap="no")

@@ -222,3 +222,14 @@ def test_double_buffer_flag_charges_the_streamed_calls(capsys):
     assert on["prefill_tok_s"] > off["prefill_tok_s"] and on["fetched_gb"] == off["fetched_gb"]
     assert main(["predict", *args, "--engine", "freetoken-hybrid", "--double-buffer", "on"]) == 2
     assert "double_buffer: freetoken streams" in capsys.readouterr().err
+
+
+def test_decode_overlap_flag_reaches_the_engine(capsys):
+    # off: a decode call's copies wait for the hits' GEMMs and the fetched experts wait for the copies, so a
+    # miss-heavy decode (Qwen3-30B-A3B on the 8 GB laptop: a few hundred cached experts) can only get slower
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx4060-laptop", "--kv-floor", "4096", "--prompt-tokens", "64",
+            "--decode-tokens", "8", "--no-band"]
+    on, off = (run_json(capsys, *args, "--decode-overlap", v) for v in ("on", "off"))
+    assert (on["inputs"]["engine_settings"]["decode_overlap"], off["inputs"]["engine_settings"]["decode_overlap"]) == (
+        True, False)
+    assert off["decode_tok_s"] < on["decode_tok_s"] and off["prefill_tok_s"] == on["prefill_tok_s"]
