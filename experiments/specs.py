@@ -181,12 +181,17 @@ class EngineSpec:
     cpu_threads: int | None = None  # CPU-lane threads (KTransformers' cpu_infer)
     amx: bool | None = None  # KTransformers' AMX backend
     kv_dtype: str | None = None  # KV cache storage: auto | bf16 | fp8 (freetoken.kv_dtype)
+    double_buffer: bool | None = None  # freetoken-offload's prefill double buffer (two layers of staging slots)
+    decode_overlap: bool | None = None  # decode's copies beside the hits' compute (False: FreeToken 0.1.2's gather)
 
     def __post_init__(self) -> None:
         from freetoken.sim.engines import ENGINES
 
         if self.name not in ENGINES:
             raise ValueError(f"engine.name: unknown {self.name!r}; valid: {', '.join(ENGINES)}")
+        for name in ("cuda_graphs", "amx", "double_buffer", "decode_overlap"):
+            if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
+                raise ValueError(f"engine.{name} must be true, false or null, got {getattr(self, name)!r}")
         try:
             self.engine()
         except ValueError as e:
@@ -198,7 +203,8 @@ class EngineSpec:
 
         return with_settings(get_engine(self.name), prefill_chunk=self.prefill_chunk, gguf_type=self.gguf_type,
                              expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,
-                             cpu_threads=self.cpu_threads, amx=self.amx, kv_dtype=self.kv_dtype)
+                             cpu_threads=self.cpu_threads, amx=self.amx, kv_dtype=self.kv_dtype,
+                             double_buffer=self.double_buffer, decode_overlap=self.decode_overlap)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freetoken.sim.engines import FREETOKEN_012_DECODE  # the published FreeToken runs' decode path
+from freetoken.sim.engines import FREETOKEN_012_DECODE, FREETOKEN_012_OFFLOAD_PREFILL  # the published FreeToken runs'
 
 # llama.cpp's MTP on Qwen3.5: one MTP block drafting one token; acceptance as DeepSeek-V3's technical report gives
 # for its (one-token) MTP draft: 85-90% (low end taken). The review does not publish the run's acceptance.
@@ -36,6 +36,8 @@ _FT_CHUNK = ("prefill as this engine runs it: 2048-token chunks streaming only t
 _FT_DECODE_PATH = ("decode as FreeToken 0.1.2 runs it, counted from its code (sim/engines.py FREETOKEN_012_DECODE): "
                    "one CUDA graph per step, no host launch or sync per layer, the LRU decided on the device and the "
                    "misses gathered by a kernel on the compute stream before one grouped expert GEMM")
+_FT_DOUBLE = ("the prefill double buffer on, as FreeToken 0.1.2's default (engine/config.py moe_prefill_overlap; two "
+              "expert layers of its slot cache, engine/cache_budget.py; sim/engines.py FREETOKEN_012_OFFLOAD_PREFILL)")
 _LLAMA = "GGUF Q4_K_M (assumed: the run's type is not published), ubatch 512 (llama-server's default)"
 # (machine, engine column, mode column) of the seed table -> Row
 CELLS: dict[tuple[str, str, str], Row] = {
@@ -50,8 +52,9 @@ CELLS: dict[tuple[str, str, str], Row] = {
         "rtx5090-ryzen", "freetoken-hybrid", 36864, {**FREETOKEN_012_DECODE, "expert_format": "nvfp4"},
         f"FreeToken: {_FT_FORMAT}, {_FT_CHUNK}, paper split rule, global LRU, {_FT_DECODE_PATH}"),
     ("ryzen", "FreeToken", "offload"): Row(
-        "rtx5090-ryzen", "freetoken-offload", 36864, {**FREETOKEN_012_DECODE, "expert_format": "nvfp4"},
-        f"FreeToken: {_FT_FORMAT}, {_FT_CHUNK}, global LRU, {_FT_DECODE_PATH}"),
+        "rtx5090-ryzen", "freetoken-offload", 36864,
+        {**FREETOKEN_012_DECODE, **FREETOKEN_012_OFFLOAD_PREFILL, "expert_format": "nvfp4"},
+        f"FreeToken: {_FT_FORMAT}, {_FT_CHUNK}, {_FT_DOUBLE}, global LRU, {_FT_DECODE_PATH}"),
     ("ryzen", "llama.cpp", "-cmoe (all experts computed on CPU)"): Row(
         "rtx5090-ryzen", "llamacpp-cmoe", 36864, {"gguf_type": "q4_k_m", "prefill_chunk": 512, "cuda_graphs": True},
         f"llama.cpp -cmoe: {_LLAMA}, CUDA graphs per split (ggml PR #18934)"),
@@ -91,9 +94,11 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
     ("ryzen / FreeToken hybrid", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken offload", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): (
-        "NVFP4's 4.5 bpw (-21% at the card's 4.25): copy-bound prefill streams every non-resident expert once per "
-        "chunk. The mechanism is this engine's hybrid prefill (a CPU lane beside the copies: 1.12x offload). "
-        "FreeToken 0.1.2's hybrid prefill has none: it streams whole layers to the GPU exactly as its offload does "
+        "this engine's hybrid prefill: copy-bound, every non-resident expert copied once per chunk after its layer's "
+        "router, beside a CPU lane, and without the prefill double buffer (the engine streams the next layer only with "
+        "the offload split, engine/cache.py _stream_next): 0.79x the offload row, which streams it. "
+        "FreeToken 0.1.2's hybrid prefill has no CPU lane: it streams whole layers to the GPU, double-buffered, exactly "
+        "as its offload does "
         "(layers/moe.py _prefill_routed has no CPU path; hybrid changes decode only), with the same default NVFP4 "
         "kernels (--nvfp4-backend triton), so by its code the two published prefill figures would match; their "
         "1.29x is not explained by 0.1.2's defaults, and the runs' settings are not published (the chunk: variant).",
@@ -133,8 +138,8 @@ PINS: dict[tuple[str, str], float] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "decode_tok_s"): 0.30,
     ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 0.50,
     ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.45,
-    ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.35,
-    ("ryzen / FreeToken offload", "decode_tok_s"): 0.50,
+    ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.60,
+    ("ryzen / FreeToken offload", "decode_tok_s"): 0.45,
     ("ryzen / FreeToken offload", "prefill_tok_s"): 0.25,
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): 0.20,
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "prefill_tok_s"): 0.60,

@@ -106,10 +106,17 @@ def call_meta(trace, prefill_chunk: int) -> CallMeta:
 
 
 def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
-           options: CostOptions = CostOptions(), host_work: HostWork | None = None) -> CallTimes:
+           options: CostOptions = CostOptions(), host_work: HostWork | None = None,
+           streamed: np.ndarray | None = None) -> CallTimes:
+    """streamed [N]: freetoken's prefill double buffer (sim.overhead.double_buffer_streams): a call with streamed >= 0
+    had that many experts (its layer's non-resident ones, used or not) copied while the call before it ran, in place
+    of its fetches; only those calls load early. None: `double_buffer` loads every prefill call after a prefill call
+    early, its fetches."""
     N = len(log)
     if len(meta.tokens) != N:
         raise ValueError(f"call metadata has {len(meta.tokens)} calls, the replay log {N}")
+    if streamed is not None and not options.double_buffer:
+        raise ValueError("streamed prefill copies are the double buffer's: charge them with double_buffer on")
     S, P, Lm = card.expert_bytes(), card.expert_params, card.moe_layers
     hbm, bp, bh = hw.achieved_hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
     rate, cpu_rate = hw.achieved_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
@@ -132,7 +139,8 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
                          gemm_flops / rate + attn_flops / attn_rate)  # [N]
     t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, moe_rate)
     t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, moe_rate)
-    pcie_bytes = ((log.fetched + log.prefetched) * S).astype(np.float64)
+    copied = log.fetched if streamed is None else np.where(streamed >= 0, streamed, log.fetched)
+    pcie_bytes = ((copied + log.prefetched) * S).astype(np.float64)
     cpu_bytes = (log.cpu * S).astype(np.float64)
     t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)
     cpu_cap = np.divide(cpu_bytes, t_cpu_alone, out=np.full(N, bh), where=t_cpu_alone > 0)
@@ -156,7 +164,10 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
         d_c += latency if cpu_bytes[i] else 0.0
         d_p += pcie_latency if pcie_bytes[i] else 0.0
         if options.overlap and (options.decode_overlap or phase[i] == PREFILL):
-            early = options.double_buffer and phase[i] == PREFILL and i and phase[i - 1] == PREFILL
+            if streamed is not None:
+                early = streamed[i] >= 0
+            else:
+                early = options.double_buffer and phase[i] == PREFILL and i and phase[i - 1] == PREFILL
             pcie_end = max(pcie_free, prev_start if early else routed) + d_p
             gpu_end = max(routed + t_hit[i], pcie_end) + t_fcomp[i]
         else:  # one stream: the copy waits for the resident experts' compute, the fetched ones wait for the copy

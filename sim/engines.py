@@ -25,7 +25,10 @@ class Engine:
     policy_options: dict = field(default_factory=dict)  # n_cpu_layers: "all" | int | absent (from capacity)
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # tokens per prefill call (llama.cpp: its ubatch)
     overlap: bool = True
-    double_buffer: bool = True
+    # prefill: layer l+1's non-resident experts stream into a second staging set while layer l computes. freetoken's
+    # needs two layers of staging rows (engine/executor.py stream_prefill); its default planner reserves one
+    # (placement.memory.cache_rows), so off unless asked, which then plans two
+    double_buffer: bool = False
     decode_overlap: bool = True  # False: decode's miss copies on the compute stream, before all expert GEMMs
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
     admit_prefill: bool = False  # True: prefill fetches are offered cache slots like decode fetches
@@ -51,6 +54,11 @@ class Engine:
             raise ValueError(f"engine host_work {self.host_work!r} is not one of {', '.join(FLAVOURS)}")
         if self.cpu_threads < 0 or self.dispatch_us < 0:
             raise ValueError("engine cpu_threads and dispatch_us must be >= 0")
+        if self.double_buffer and not self.overlap:
+            raise ValueError("engine double_buffer needs overlap (a copy stream beside compute)")
+        if self.double_buffer and self.host_work == "freetoken" and (self.split != "offload" or self.admit_prefill):
+            raise ValueError(f"engine double_buffer: freetoken streams the next layer in prefill only with the "
+                             f"offload split and no prefill admission (this engine: split {self.split})")
         from freetoken.kv_dtype import check_kv_dtype
 
         check_kv_dtype(self.kv_dtype, "kv_dtype")
@@ -60,12 +68,17 @@ class Engine:
         return {"prefill_chunk": self.prefill_chunk, "expert_format": self.expert_quant or "card",
                 "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
                 "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx,
-                "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap}
+                "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap, "double_buffer": self.double_buffer}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
         return Split(self.split, self.rule if hybrid else "balanced", hw.pcie_gb_s if hybrid else 0.0,
                      hw.host_gb_s if hybrid else 0.0, fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
+
+    def staging_layers(self) -> int:
+        """Layers of experts the slot pool keeps as staging beside the cache (engines with staging): two with the
+        double buffer (one set per layer in flight), else one."""
+        return 2 if self.double_buffer else 1
 
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer,
@@ -89,7 +102,7 @@ class Engine:
 # freetoken: Triton kernels launched from Python. vLLM PR #34838 (GB200): Triton's JIT dispatch 8.68 us per call,
 # 4.51 us through a cached launcher; the difference is Python work per launch on top of the driver's issue time.
 FREETOKEN_DISPATCH_US = 4.2
-_LLAMACPP = dict(split="cpu", prefill_chunk=512, overlap=False, double_buffer=False, prefill_fetch_min_tokens=32,
+_LLAMACPP = dict(split="cpu", prefill_chunk=512, overlap=False, prefill_fetch_min_tokens=32,
                  expert_quant="q4_k_m", dense_quant="q4_k_m", host_work="llamacpp", cuda_graphs=True,
                  compute_dtype="int8")  # GGUF Q4_K_M; MMQ kernels: int8 dot products; CUDA graphs per split (#18934)
 
@@ -102,7 +115,7 @@ ENGINES: dict[str, Engine] = {
                             about="-cmoe: all routed experts on the CPU; batches >= 32 tokens copy them to the GPU"),
     "llamacpp-ncmoe": Engine("static_layers", **_LLAMACPP,
                              about="--n-cpu-moe N: the first N MoE layers on the CPU (N from VRAM unless given)"),
-    "ktransformers": Engine("frequency", "cpu", double_buffer=False, host_work="graph", cuda_graphs=True,
+    "ktransformers": Engine("frequency", "cpu", host_work="graph", cuda_graphs=True,
                             about="most-used experts pinned on the GPU (profile = the trace), misses on the CPU"),
     "resident": Engine("static_layers", "offload", policy_options={"n_cpu_layers": 0}, resident=True,
                        host_work="graph", cuda_graphs=True,
@@ -120,6 +133,12 @@ ENGINES: dict[str, Engine] = {
 # operations on mapped flags, no host function (moe/cpu_executor.py, flag sync); the scheduler prepares the next
 # step while the GPU runs (scheduler/scheduler.py overlap_loop). So: CUDA graphs on, and no copy beside the hits.
 FREETOKEN_012_DECODE = {"cuda_graphs": True, "decode_overlap": False}
+# FreeToken 0.1.2's offload prefill, at the same tag: double-buffered by default (engine/config.py
+# moe_prefill_overlap=True): layer l+1 streams into the second of two expert-layer buffers behind layer l's GEMMs
+# (layers/moe.py _wait_prefill_overlap), the two buffers borrowed from the slot cache when it holds >= 2 x num_experts
+# (engine/cache_budget.py). It copies whole layers (moe_prefill_hit_d2d off), where this engine streams the
+# non-resident experts only.
+FREETOKEN_012_OFFLOAD_PREFILL = {"double_buffer": True}
 
 # GGUF types llama.cpp can load experts as: bits per weight (sim.model_card.QUANT_BITS) and the GEMM rate they run at
 GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8", "q4_k_m": "int8", "q5_k_m": "int8",
@@ -129,7 +148,7 @@ GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8"
 def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type: str | None = None,
                   expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
                   amx: bool | None = None, kv_dtype: str | None = None,
-                  decode_overlap: bool | None = None) -> Engine:
+                  decode_overlap: bool | None = None, double_buffer: bool | None = None) -> Engine:
     """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
@@ -157,6 +176,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
         new["kv_dtype"] = kv_dtype  # checked by Engine
     if decode_overlap is not None:
         new["decode_overlap"] = decode_overlap
+    if double_buffer is not None:
+        new["double_buffer"] = double_buffer  # checked by Engine
     return replace(engine, **new)
 
 

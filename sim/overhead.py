@@ -188,16 +188,17 @@ def double_buffer_streams(calls, policy, split, num_experts: int) -> np.ndarray:
     call of MoE layer l >= 1 gets every expert of layer l not resident when layer l - 1's call ran, -1 elsewhere.
     It streams only with an offload split whose prefill fetches are not admitted (so residency cannot change between
     the two calls). Replays `calls` through `policy` (a fresh one, as the replay that made the log) to read the
-    residency each call sees."""
-    streams = not (split.mode != "offload" or (policy.admits and split.admit_prefill))
-    out = []
-    for call in calls:
-        if streams and call.phase == PREFILL and call.layer >= 1:
-            out.append(sum(policy.slot(call.layer, e) < 0 for e in range(num_experts)))
-        else:
-            out.append(-1)
+    residency each call sees; the replay stops after the last streamed call."""
+    calls = list(calls)
+    out = np.full(len(calls), -1, np.int64)
+    if split.mode != "offload" or (policy.admits and split.admit_prefill):
+        return out
+    last = max((i for i, c in enumerate(calls) if c.phase == PREFILL and c.layer >= 1), default=-1)
+    for i, call in enumerate(calls[:last + 1]):
+        if call.phase == PREFILL and call.layer >= 1:
+            out[i] = sum(policy.slot(call.layer, e) < 0 for e in range(num_experts))
         policy.plan(call, split)
-    return np.asarray(out, np.int64)
+    return out
 
 
 def llamacpp_work(log, *, cuda_graphs: bool) -> HostWork:
@@ -223,9 +224,13 @@ def graph_work(log) -> HostWork:
 
 
 def host_work(flavour: str, log, num_layers: int, shape: LayerShape, *, cuda_graphs: bool,
-              pipeline: bool = True, record: bool = False) -> HostWork:
+              pipeline: bool = True, record: bool = False, streamed: np.ndarray | None = None) -> HostWork:
+    """streamed: freetoken's prefill double buffer (double_buffer_streams), where the engine has it on."""
+    if streamed is not None and flavour != "freetoken":
+        raise ValueError(f"streamed prefill copies are freetoken's double buffer, not {flavour}'s")
     if flavour == "freetoken":
-        return freetoken_work(log, num_layers, shape, pipeline=pipeline, cuda_graphs=cuda_graphs, record=record)
+        return freetoken_work(log, num_layers, shape, pipeline=pipeline, cuda_graphs=cuda_graphs, record=record,
+                              streamed=streamed)
     if flavour == "llamacpp":
         return llamacpp_work(log, cuda_graphs=cuda_graphs)
     if flavour == "graph":

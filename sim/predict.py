@@ -16,10 +16,11 @@ from freetoken.sim.cost import call_meta, charge
 from freetoken.sim.engines import Engine, get_engine
 from freetoken.sim.hardware import HardwareProfile
 from freetoken.sim.model_card import ModelCard
-from freetoken.sim.overhead import LayerShape, host_work
+from freetoken.placement import build_policy
+from freetoken.sim.overhead import LayerShape, double_buffer_streams, host_work
 from freetoken.sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
 from freetoken.sim.prediction import Prediction, summarize
-from freetoken.sim.run import SimConfig, simulate
+from freetoken.sim.run import SimConfig, call_stream, simulate
 
 # Synthetic routing knobs: what sim.synth.fit_spec finds for the recorded DeepSeek-V2-Lite trace (fine-grained
 # experts with a shared expert, as the Qwen3.5 / DeepSeek families; the same values as the shipped 48x128 trace,
@@ -112,17 +113,19 @@ class Setup:
 def prepare(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, *, min_context: int = DEFAULT_KV_FLOOR,
             n_cpu_layers: int | None = None, capacity: int | None = None) -> Setup:
     """capacity: the policy's expert slots instead of the memory planner's (must not exceed the model's experts;
-    the planner's, for engines with staging, are its slots less one layer, as freetoken's slot pool splits them)."""
+    the planner's, for engines with staging, are its slots less one layer, two with the double buffer, as freetoken's
+    slot pool splits them)."""
     engine = get_engine(engine_name) if isinstance(engine_name, str) else engine_name
     engine_name = engine_name if isinstance(engine_name, str) else "custom"
     card = card.with_quant(engine.expert_quant, engine.dense_quant, engine.compute_dtype).with_kv(engine.kv_dtype)
     hw = engine.hardware_for(hw)
-    plan = plan_for(card, hw, min_context)
+    layers = engine.staging_layers() if engine.staging else 1
+    plan = plan_for(card, hw, min_context, layers)
     if capacity is not None and not 0 <= capacity <= card.num_keys:
         raise ValueError(f"capacity {capacity} must lie in [0, {card.num_keys}]: {card.name} has {card.moe_layers} "
                          f"MoE layers x {card.num_experts} experts")
     if capacity is None:
-        capacity = policy_capacity(plan, card) if engine.staging else plan.expert_slots
+        capacity = policy_capacity(plan, card, layers) if engine.staging else plan.expert_slots
     if engine.resident and capacity < card.num_keys:
         raise ValueError(f"engine {engine_name}: all {card.num_keys} experts of {card.name} need "
                          f"{card.all_expert_bytes() / 2**30:.1f} GiB; {hw.name} leaves room for {capacity} "
@@ -155,10 +158,12 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
         check_shape(warmup, card, "warm-up trace")
     result = simulate(run, config, on_call=on_call)
     meta = call_meta(run, engine.prefill_chunk)
-    work = host_work(engine.host_work, result.log, card.num_layers, layer_shape(card), cuda_graphs=engine.cuda_graphs)
-    times = charge(result.log, meta, card, hw, engine.cost_options(host), work)
+    streamed = prefill_streams(engine, run, config)
+    work = host_work(engine.host_work, result.log, card.num_layers, layer_shape(card), cuda_graphs=engine.cuda_graphs,
+                     streamed=streamed)
+    times = charge(result.log, meta, card, hw, engine.cost_options(host), work, streamed=streamed)
     measured = None if warmup is None else result.log.request > 0
-    pred = summarize(result.log, meta, times, card.expert_bytes(), measured, model=card.name, hardware=hw.name,
+    pred = summarize(result.log, meta, times, card.expert_bytes(), measured, streamed, model=card.name, hardware=hw.name,
                      engine=engine_name, policy=result.policy, split=result.split, capacity_experts=capacity,
                      total_experts=card.num_keys)
     pred.inputs = {"expert_bytes": card.expert_bytes(), "expert_bits": card.expert_bits,
@@ -173,8 +178,18 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
                    "gemv_efficiency": hw.gemv_efficiency,
                    "moe_gemm_efficiency": hw.moe_gemm_efficiency or hw.gemm_efficiency,
                    "attention_efficiency": hw.attention_efficiency or hw.gemm_efficiency,
-                   "host_work_per_decode_token": _per_token(work, result.log, measured)}
+                   "host_work_per_decode_token": _per_token(work, result.log, measured),
+                   "host_work_prefill": _prefill_totals(work, result.log, measured)}
     return pred
+
+
+def prefill_streams(engine: Engine, run: RoutingTrace, config: SimConfig) -> np.ndarray | None:
+    """[N] what freetoken's prefill double buffer streams into each call (sim.overhead.double_buffer_streams), when
+    the engine has it on; None otherwise (each call copies its own fetches)."""
+    if not (engine.double_buffer and engine.host_work == "freetoken"):
+        return None
+    policy = build_policy(config, run.num_layers, run.num_experts)  # fresh, as the replay's
+    return double_buffer_streams(call_stream(run, config)[0].calls(), policy, config.split, run.num_experts)
 
 
 def layer_shape(card: ModelCard) -> LayerShape:
@@ -189,6 +204,12 @@ def layer_shape(card: ModelCard) -> LayerShape:
     linear = tuple(l for l in range(card.moe_layers) if (l + 1) % every) if hybrid else ()
     return LayerShape(qk_norm=True, shared_expert=shared, shared_gate=shared, packed=packed,
                       tensors_per_expert=tensors, linear_layers=linear, out_gate=hybrid)
+
+
+def _prefill_totals(work, log, measured) -> dict[str, int]:
+    """Launches, syncs and copies of the reported prefill calls (the double buffer's streamed copies among them)."""
+    keep = log.phase == PREFILL if measured is None else (log.phase == PREFILL) & measured
+    return {name: int(getattr(work, name)[keep].sum()) for name in ("launches", "syncs", "copies")}
 
 
 def _per_token(work, log, measured) -> dict[str, float]:

@@ -58,11 +58,13 @@ def _take(columns, mask: np.ndarray):
 
 
 def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: int,
-              measured: np.ndarray | None = None, **labels) -> Prediction:
+              measured: np.ndarray | None = None, streamed: np.ndarray | None = None, **labels) -> Prediction:
     """measured: [N] calls to report (the rest warmed the cache). Replay and charge are causal, so dropping the
-    warm-up's calls leaves the measured calls' times exactly as they ran after it."""
+    warm-up's calls leaves the measured calls' times exactly as they ran after it. streamed: [N] the prefill double
+    buffer's copies (sim.overhead.double_buffer_streams), which replace a streamed call's fetches on PCIe."""
+    copied = log.fetched if streamed is None else np.where(streamed >= 0, streamed, log.fetched)
     if measured is not None:
-        log, meta, times = _take(log, measured), _take(meta, measured), _take(times, measured)
+        log, meta, times, copied = _take(log, measured), _take(meta, measured), _take(times, measured), copied[measured]
     pre, dec = log.phase == PREFILL, log.phase == DECODE
     first_layer = log.layer == 0  # one entry per chunk / token
     prompt = int(meta.tokens[pre & first_layer].sum())
@@ -86,7 +88,7 @@ def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: in
         turn_latency_p50_s=float(np.median(per_turn)) if len(per_turn) else 0.0,
         turn_latency_worst_s=float(per_turn.max()) if len(per_turn) else 0.0,
         miss_rate=_miss(log, slice(None)), miss_rate_prefill=_miss(log, pre), miss_rate_decode=_miss(log, dec),
-        fetched_gb=float((log.fetched.sum() + log.prefetched.sum()) * expert_bytes / 1e9),
+        fetched_gb=float((copied.sum() + log.prefetched.sum()) * expert_bytes / 1e9),
         cpu_gb=float(log.cpu.sum() * expert_bytes / 1e9),
         lane_busy_s={"gpu": float(times.gpu.sum()), "pcie": float(times.pcie.sum()), "cpu": float(times.cpu.sum())},
         decode_tok_s_turn_mean=float(turn_rates.mean()) if len(turn_rates) else 0.0,

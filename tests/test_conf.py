@@ -112,3 +112,27 @@ def test_engine_settings_reach_the_cost_models_engine():
 
     with pytest.raises(ValueError, match="engine: a GGUF type applies to llama.cpp"):
         EngineSpec("freetoken-offload", gguf_type="q8_0")
+
+
+def test_engine_double_buffer_reaches_the_cost_models_engine():
+    from freetoken.experiments.specs import EngineSpec
+
+    cfg = compose(["engine=freetoken-offload", "engine.double_buffer=true"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert engine.double_buffer is True and engine.staging_layers() == 2
+    assert instantiate(compose(["engine=freetoken-offload"]).engine, _convert_="all").engine().double_buffer is False
+    with pytest.raises(ValueError, match="engine.double_buffer must be true, false or null, got 1"):
+        EngineSpec("freetoken-offload", double_buffer=1)
+    with pytest.raises(ValueError, match="engine: engine double_buffer: freetoken streams"):
+        EngineSpec("freetoken-hybrid", double_buffer=True)
+
+
+def test_engine_decode_overlap_reaches_the_cost_models_engine():
+    from freetoken.experiments.specs import EngineSpec
+
+    cfg = compose(["engine=freetoken-hybrid", "engine.decode_overlap=false"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert engine.decode_overlap is False and engine.cost_options("shared").decode_overlap is False
+    assert instantiate(compose(["engine=freetoken-hybrid"]).engine, _convert_="all").engine().decode_overlap is True
+    with pytest.raises(ValueError, match="engine.decode_overlap must be true, false or null, got 'no'"):
+        EngineSpec("freetoken-offload", decode_overlap="no")

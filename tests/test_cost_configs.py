@@ -151,3 +151,21 @@ def test_cpu_threads_and_amx_settings_by_hand():
     assert (bf16.expert_quant, bf16.compute_dtype, bf16.prefill_chunk) == ("bf16", "bf16", 2048)
     with pytest.raises(ValueError, match="unknown GGUF type"):
         with_settings(get_engine("llamacpp-cmoe"), gguf_type="q9_z")
+
+
+def test_double_buffer_is_an_engine_setting_with_two_layers_of_staging():
+    from freetoken.sim.engines import get_engine, with_settings
+    from freetoken.sim.predict import prepare
+
+    # off by default: the engine's planner reserves one layer of staging, and its executor needs two to stream
+    assert not get_engine("freetoken-offload").double_buffer and not get_engine("freetoken-hybrid").double_buffer
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen")
+    on = with_settings(get_engine("freetoken-offload"), double_buffer=True)
+    assert on.settings()["double_buffer"] is True and on.cost_options("shared").double_buffer
+    slots = plan_for(card, hw).expert_slots  # the same slots; one more layer (128 experts) of them is staging
+    assert prepare(card, hw, "freetoken-offload").config.capacity == slots - 128
+    assert prepare(card, hw, on).config.capacity == slots - 2 * 128
+    with pytest.raises(ValueError, match="256 expert slots"):  # the fit check asks for both staging layers
+        prepare(card, load_hardware("rtx4060-laptop"), on)
+    with pytest.raises(ValueError, match="double_buffer: freetoken streams .* offload split"):
+        with_settings(get_engine("freetoken-hybrid"), double_buffer=True)

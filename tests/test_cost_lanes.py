@@ -277,3 +277,22 @@ def test_linear_attention_states_are_read_and_written_once_per_call():
     # a hybrid card's states (3 MB a sequence over its one layer): a decode call reads and writes them, 6 MB at 3 GB/s
     t = seconds([dict(hits=1, hit_tokens=1)], [1], card=toy_card(state_bytes_per_sequence=3_000_000))[0]
     assert t == pytest.approx(DENSE + 2 * MS + 1 * MS, rel=1e-9)
+
+
+def test_streamed_calls_copy_the_layers_stream_early_and_no_other_call_does():
+    # freetoken's double buffer: two 1-token prefill calls (layers 0, 1) each using one expert. Layer 0 copies its
+    # own: dense d, copy 2 ms, compute 1 ms -> ends at d + 3. Layer 1 had its layer's 3 non-resident experts (one
+    # used) streamed from when layer 0's copy freed the copy lane (d + 2): 3 x 2 ms -> lands at d + 8; routed at
+    # 2d + 3 < d + 8, so its fetched expert computes 1 ms after the stream: ends d + 9, the call 6 ms
+    calls = [dict(phase=0, fetched=1, fetch_tokens=1, layer=0), dict(phase=0, fetched=1, fetch_tokens=1, layer=1)]
+    d = DENSE
+    log, meta, on = log_of(*calls), meta_of([1, 1]), CostOptions(host="independent", double_buffer=True)
+    times = charge(log, meta, toy_card(), toy_hw(), on, streamed=np.array([-1, 3]))
+    assert times.seconds.tolist() == pytest.approx([d + 3 * MS, 6 * MS])
+    assert times.pcie.tolist() == pytest.approx([2 * MS, 6 * MS])  # every streamed expert crosses PCIe
+    # a call the engine does not stream (-1: layer 0 of a chunk, hybrid) loads after its routing, its fetches
+    unstreamed = charge(log, meta, toy_card(), toy_hw(), on, streamed=np.array([-1, -1])).seconds
+    assert unstreamed.tolist() == pytest.approx([d + 3 * MS, d + 3 * MS])
+    with pytest.raises(ValueError, match="double_buffer on"):
+        charge(log, meta, toy_card(), toy_hw(), CostOptions(host="independent", double_buffer=False),
+               streamed=np.array([-1, 3]))

@@ -200,3 +200,36 @@ def test_speculative_and_batched_decode_flags_match_the_library(capsys):
     assert out["variants"]["batched"]["tok_s"] == pytest.approx(both.tok_s)
     assert main(["predict", *args, "--draft-depth", "2"]) == 2
     assert "give both --draft-depth and --acceptance" in capsys.readouterr().err
+
+
+def test_double_buffer_flag_charges_the_streamed_calls(capsys):
+    # Qwen3-30B-A3B (48 MoE layers x 128 experts), a cold cache and two 2048-token prefill chunks: every call fetches
+    # its layer's 128 experts (a chunk uses each: (1 - 8/128)^2048 ~ 1e-57 unused) and prefill admits none, so the
+    # cache stays empty. With the double buffer the 2 x 47 calls of layers >= 1 get those 128 streamed instead: the
+    # same expert copies, one expert_ffn call instead of the pipeline's two halves (one slot-id upload, one
+    # expert_ffn's launches fewer each), and the copies start a call early
+    from freetoken.kernel_launches import KERNEL_LAUNCHES
+
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--prompt-tokens", "4096",
+            "--decode-tokens", "8", "--no-band"]
+    off, on = (run_json(capsys, *args, "--double-buffer", v) for v in ("off", "on"))
+    assert (off["inputs"]["engine_settings"]["double_buffer"], on["inputs"]["engine_settings"]["double_buffer"]) == (
+        False, True)
+    assert off["capacity_experts"] - on["capacity_experts"] == 128  # the second layer of staging
+    a, b = off["inputs"]["host_work_prefill"], on["inputs"]["host_work_prefill"]
+    assert a["copies"] - b["copies"] == 94 and a["syncs"] == b["syncs"]
+    assert a["launches"] - b["launches"] == 94 * KERNEL_LAUNCHES["expert_ffn"]
+    assert on["prefill_tok_s"] > off["prefill_tok_s"] and on["fetched_gb"] == off["fetched_gb"]
+    assert main(["predict", *args, "--engine", "freetoken-hybrid", "--double-buffer", "on"]) == 2
+    assert "double_buffer: freetoken streams" in capsys.readouterr().err
+
+
+def test_decode_overlap_flag_reaches_the_engine(capsys):
+    # off: a decode call's copies wait for the hits' GEMMs and the fetched experts wait for the copies, so a
+    # miss-heavy decode (Qwen3-30B-A3B on the 8 GB laptop: a few hundred cached experts) can only get slower
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx4060-laptop", "--kv-floor", "4096", "--prompt-tokens", "64",
+            "--decode-tokens", "8", "--no-band"]
+    on, off = (run_json(capsys, *args, "--decode-overlap", v) for v in ("on", "off"))
+    assert (on["inputs"]["engine_settings"]["decode_overlap"], off["inputs"]["engine_settings"]["decode_overlap"]) == (
+        True, False)
+    assert off["decode_tok_s"] < on["decode_tok_s"] and off["prefill_tok_s"] == on["prefill_tok_s"]

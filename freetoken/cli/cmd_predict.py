@@ -61,6 +61,12 @@ def register(sub) -> None:
     p.add_argument("--gguf-type", help="llama.cpp GGUF type of the model file: q4_k_m (default), q8_0, bf16, ...")
     p.add_argument("--cuda-graphs", choices=["on", "off"], help="decode as captured CUDA graphs (default: the "
                                                                 "engine's: llama.cpp, ktransformers, resident on)")
+    p.add_argument("--double-buffer", choices=["on", "off"],
+                   help="freetoken-offload: prefill streams layer l+1's non-resident experts while layer l computes "
+                        "(two layers of staging slots; default off, as the engine's planner reserves one)")
+    p.add_argument("--decode-overlap", choices=["on", "off"],
+                   help="decode's expert copies beside the resident experts' compute (default on); off: on the "
+                        "compute stream before every expert GEMM (FreeToken 0.1.2's gather kernel)")
     p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
     p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
@@ -84,10 +90,13 @@ def engine_from_args(args: argparse.Namespace):
     if args.prefill_chunk is not None and args.ubatch is not None:
         raise ValueError("give one of --prefill-chunk and --ubatch")
     graphs = None if args.cuda_graphs is None else args.cuda_graphs == "on"
+    double = None if args.double_buffer is None else args.double_buffer == "on"
+    decode_overlap = None if args.decode_overlap is None else args.decode_overlap == "on"
     return with_settings(engine, prefill_chunk=args.prefill_chunk if args.ubatch is None else args.ubatch,
                          gguf_type=args.gguf_type, expert_format=args.expert_format, cuda_graphs=graphs,
                          cpu_threads=args.cpu_threads, amx=True if args.amx else None,
-                         kv_dtype=check_kv_dtype(args.kv_dtype))
+                         kv_dtype=check_kv_dtype(args.kv_dtype), double_buffer=double,
+                         decode_overlap=decode_overlap)
 
 
 def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> None:

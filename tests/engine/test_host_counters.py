@@ -52,32 +52,43 @@ def test_cost_model_counts_equal_the_engines_counters(family, split, pipeline, c
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
 @pytest.mark.parametrize("pipeline", [False, True])
-def test_prefill_double_buffer_copies_count_as_the_engine_does(family, pipeline, checkpoints):
-    """The prefill double buffer (on by default on CUDA; turned on here on the CPU, where its copies are immediate)
-    streams every non-resident expert of layer l + 1 while layer l runs, used or not: sim = live with
-    double_buffer_streams, and the streamed copies exceed the fetches (4-token chunks leave experts unused)."""
-    from freetoken.placement import build_policy
-    from freetoken.sim.calls import trace_stream
+@pytest.mark.parametrize("double_buffer", [False, True])
+def test_prefill_double_buffer_copies_count_as_the_engine_does(family, pipeline, double_buffer, checkpoints):
+    """The cost model's engine setting double_buffer against the live engine run that way: off is what the engine
+    does with its planner's one layer of staging (even where its executor would stream, as on CUDA); on needs two
+    layers of staging, and then layer l + 1's every non-resident expert streams while layer l runs, used or not.
+    The counts come from sim.predict.prefill_streams, as `ft predict` charges them: sim = live in both settings."""
+    from freetoken.engine.executor import LiveExecutor
+    from freetoken.sim.engines import get_engine, with_settings
+    from freetoken.sim.predict import prefill_streams
 
     ckpt = checkpoints[family]
     E, split = ckpt.config.num_experts, SPLITS["offload"]
-    cache = CacheConfig("lru", capacity=5, split=split, staging=2 * E)
+    model = with_settings(get_engine("freetoken-offload"), double_buffer=double_buffer)
+    assert get_engine("freetoken-offload").double_buffer is False  # the default: what the default planner allows
+    cache = CacheConfig("lru", capacity=5, split=split, staging=model.staging_layers() * E)
     engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=pipeline)
-    engine.cache.executor.stream_prefill = True  # the CUDA default; needs staging >= 2 E, given above
+    c = engine.cache
+    # as on CUDA (stream_prefill's default there); on the CPU its copies are immediate, the counts the same
+    c.executor = LiveExecutor(c.store, c.pool, c.executor.kernels, "cpu", pipeline=pipeline, host=engine.host,
+                              stream_prefill=True)
+    assert c.executor.stream_prefill is double_buffer  # one layer of staging cannot double buffer
     list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
     trace = engine.trace()
     config = SimConfig("lru", split, capacity=5, prefill_chunk=CHUNK)
     log = simulate(trace, config).log
-    policy = build_policy(config, trace.num_layers, E)
-    streamed = double_buffer_streams(trace_stream(trace, CHUNK).calls(), policy, split, E)
+    streamed = prefill_streams(model, trace, config)
     work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
                           record=True, streamed=streamed)
     assert work.totals() == engine.host.to_dict()
+    if not double_buffer:
+        assert streamed is None
+        return
     on = streamed >= 0
     assert on.any() and int(streamed[on].sum()) > int(log.fetched[on].sum())  # unused experts streamed too
     plain = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
                            record=True)
-    assert plain.totals()["copies"] < engine.host.copies  # what the counts missed before
+    assert plain.totals()["copies"] < engine.host.copies  # what the counts miss without the streams
 
 
 def test_streamed_calls_copy_the_layers_non_resident_experts_by_hand():
