@@ -6,7 +6,7 @@ counts are kept as columns (ReplayLog) so the cost model and per-request / per-p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 import numpy as np
@@ -48,9 +48,12 @@ class ReplayResult:
     log: ReplayLog
     expert_bytes: int = 0
     plans: list[Plan] | None = None
+    summed: Counts | None = None  # the totals as a compiled replay summed them while it ran (= count(log))
 
     @property
     def total(self) -> Counts:
+        if self.summed is not None:
+            return replace(self.summed)  # a fresh record, as count() gives
         return count(self.log, None, self.expert_bytes)
 
     def by_phase(self) -> dict[str, Counts]:
@@ -85,18 +88,29 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     if stream.num_experts != policy.num_experts or (C and int(stream.layer.max()) >= policy.num_layers):
         raise ValueError(f"the calls need {int(stream.layer.max()) + 1 if C else 0} layers x {stream.num_experts} "
                          f"experts; the policy has {policy.num_layers} x {policy.num_experts}")
-    counts = np.empty((8, C), np.int64)  # hits .. cpu_tokens: every call's column written by the compiled loop
+    # hits .. cpu_tokens, then experts and tokens: every call's column written by the compiled loop (the last
+    # two by a stream replay only)
+    counts = np.empty((10, C), np.int64)
     step = max(1, -(-C // PROGRESS_STEPS)) if on_call is not None else max(C, 1)
+    sums = [0, 0, 0, 0]  # hits, cpu, evictions, cpu_tokens, while every chunk returns them
     for c0 in range(0, C, step):
         c1 = min(C, c0 + step)
-        policy.replay(stream, split, c0, c1, counts)
+        got = policy.replay(stream, split, c0, c1, counts)
+        sums = None if got is None or sums is None else [a + b for a, b in zip(sums, got)]
         if on_call is not None:
             on_call(c1 - c0)
-    tokens = np.add(counts[5], counts[6])  # [C] (token, expert) pairs per call: each is hit, fetched or cpu
-    np.add(tokens, counts[7], out=tokens)
-    log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, stream.sizes(), tokens, *counts)
+    summed = None
+    if sums is not None and C:
+        hits, cpu, evictions, cpu_tokens = sums
+        fetched = stream.num_accesses - hits - cpu
+        summed = Counts(C, hits, fetched, cpu, evictions, 0, cpu_tokens, fetched * expert_bytes)
+    else:  # [C] distinct experts, and (token, expert) pairs (each is hit, fetched or cpu)
+        np.subtract(stream.offsets[1:], stream.offsets[:-1], out=counts[8])
+        np.add(counts[5], counts[6], out=counts[9])
+        np.add(counts[9], counts[7], out=counts[9])
+    log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, counts[8], counts[9], *counts[:8])
     mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
-    return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes)
+    return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes, summed=summed)
 
 
 def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,

@@ -49,3 +49,25 @@ def test_bench_bad_input_is_one_line(tmp_path, capsys):
     path, _ = _top1_decode(tmp_path)
     assert main(["bench", "sim", "--trace", str(path), "--fraction", "1.5"]) == 2
     assert "--fraction" in capsys.readouterr().err
+
+
+def test_bench_race_on_more_traces(tmp_path, capsys):
+    path, trace = _top1_decode(tmp_path)
+    other = save(trace.select(np.arange(trace.num_tokens) < 200), tmp_path / "head.safetensors")
+    assert main(["bench", "sim", "--trace", str(path), "--capacities", "2", "--repeat", "1", "--no-per-request",
+                 "--policies", "lru", "--race", str(other), "--min-seconds", "0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    race = out["races"][str(other)]
+    want = replay(list(trace_calls(trace.select(np.arange(300) < 200))), LRU(race["capacity"], 3, 8), Split())
+    assert race["accesses"] == 200 * 3 and race["capacity"] == out["capacity"]
+    for mode in ("", "interleaved_"):  # both timings count the same misses on each side, and the loop alone too
+        for side in ("ours", "ours_loop", "ours_from_trace", "libcachesim"):
+            assert race[f"{mode}{side}"]["misses"] == want.total.misses
+            assert out[f"{mode}{side}"]["misses"] == out["ours"]["misses"]
+        assert race[f"{mode}ours_vs_libcachesim"] == (race[f"{mode}libcachesim"]["seconds"]
+                                                      / race[f"{mode}ours"]["seconds"])
+    assert main(["bench", "sim", "--trace", str(path), "--race", str(tmp_path / "nope.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--race" in err[0] and "no such file" in err[0]
+    assert main(["bench", "sim", "--trace", str(path), "--min-seconds", "-1"]) == 2
+    assert "--min-seconds" in capsys.readouterr().err

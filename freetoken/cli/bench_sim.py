@@ -5,7 +5,8 @@ libCacheSim is measured on its fastest documented Python path, end to end: the k
 oracleGeneral binary trace (numpy, one write), read by its C reader and run by `process_trace` in C. Its
 per-request path (`cache.get(Request)` from Python) is timed too. Our side is `sim.replay.replay_stream` with the
 production (compiled) LRU policy over the same calls, building the policy and producing the full per-call log; it
-is timed from the call stream (as libCacheSim from the keys) and, separately, from the trace (conversion included).
+is timed from the call stream (as libCacheSim from the keys) and, separately, from the trace (conversion included);
+the two sides' runs alternate (freetoken.cli.lru_race). --race adds that race alone on more traces.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from freetoken.cli.common import print_json, progress
+from freetoken.cli.lru_race import MIN_SECONDS, race, speed
 from freetoken.paths import DEFAULT_TRACE
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK
 
@@ -96,9 +98,6 @@ def libcachesim_misses_per_request(keys: np.ndarray, capacity: int) -> int:
     return len(keys) - hits
 
 
-MIN_TIMED_SECONDS = 0.5  # a measurement repeats until it has run this long (runs of a small trace take ~1 ms)
-
-
 def _timed(fn, repeat: int = 1, min_seconds: float = 0.0):
     """(result, wall seconds, CPU seconds): the best of `repeat` runs, or of as many as fill min_seconds (the
     best of a few ms-long runs is noise on a shared machine). Wall and CPU time each take their own best."""
@@ -113,17 +112,12 @@ def _timed(fn, repeat: int = 1, min_seconds: float = 0.0):
     return out, best_wall, best_cpu
 
 
-def _speed(misses: int, wall: float, cpu: float, n: int) -> dict:
-    return {"misses": misses, "seconds": wall, "cpu_seconds": cpu, "accesses_per_s": n / wall,
-            "accesses_per_cpu_s": n / cpu if cpu else float("inf")}
-
-
 CLASSIC = ("lru", "static_layers", "frequency", "belady", "layer_sweep", "s3fifo")  # the end-to-end target set
 
 
 def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, fraction: float = 0.25,
               per_request: bool = True, repeat: int = 3, policies: list[str] | None = None,
-              log=lambda s: None) -> dict:
+              log=lambda s: None, min_seconds: float = MIN_SECONDS) -> dict:
     import numpy as np
 
     from freetoken.placement import POLICIES, Split, is_compiled, make_policy
@@ -135,6 +129,8 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
         raise ValueError(f"--capacities must be >= 1, got {capacities}")
     if repeat < 1:
         raise ValueError(f"--repeat must be >= 1, got {repeat}")
+    if min_seconds < 0:
+        raise ValueError(f"--min-seconds must be >= 0, got {min_seconds}")
     unknown = sorted(set(policies or ()) - set(POLICIES))
     if unknown:
         raise ValueError(f"--policies: unknown {', '.join(unknown)}; valid: {', '.join(sorted(POLICIES))}")
@@ -143,7 +139,7 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
     n = stream.num_accesses
     if n == 0:
         raise ValueError("the trace has no expert accesses")
-    capacity = max(int(stream.sizes().max()), int(round(fraction * trace.num_keys)))
+    capacity = race_capacity(trace, stream, fraction)
     split = Split("offload")
     out = {"trace": trace.source, "model": trace.model, "accesses": n, "calls": stream.num_calls,
            "top_k": trace.top_k, "capacity": capacity, "build_calls_s": t_calls, "repeat": repeat}
@@ -151,21 +147,12 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
     def lru_misses(cap: int) -> int:
         return replay_stream(stream, make_policy("lru", cap, L, E), split).total.misses
 
-    # replay speed on the same key stream. Both sides start from the call stream's keys: ours builds the policy,
-    # replays and sums its per-call log; libCacheSim's time includes writing its input file and reading it in C.
-    # "ours_from_trace" adds the trace -> call stream conversion (libCacheSim has no counterpart: it gets the keys)
-    lru_misses(capacity)  # loads (or, the first time ever, compiles) the compiled driver outside the timing
-    log(f"replaying {n} accesses through compiled lru at capacity {capacity} (best of >= {repeat} runs)")
-    out["ours"] = _speed(*_timed(lambda: lru_misses(capacity), repeat, MIN_TIMED_SECONDS), n)
-    out["ours_from_trace"] = _speed(*_timed(lambda: replay_stream(
-        trace_stream(trace, prefill_chunk), make_policy("lru", capacity, L, E), split).total.misses, repeat,
-        MIN_TIMED_SECONDS), n)
-    log("libcachesim: oracleGeneral file + C reader + process_trace")
-    out["libcachesim"] = _speed(*_timed(lambda: libcachesim_misses(stream.keys, capacity), repeat,
-                                        MIN_TIMED_SECONDS), n)
+    # replay speed on the same key stream (freetoken.cli.lru_race): ours and libCacheSim alternate, best rounds
+    log(f"racing compiled lru against libcachesim on {n} accesses at capacity {capacity} (runs interleaved)")
+    out.update(race(trace, stream, capacity, prefill_chunk, repeat, min_seconds))
     if per_request:
         log("libcachesim: one Request at a time from Python")
-        out["libcachesim_per_request"] = _speed(*_timed(
+        out["libcachesim_per_request"] = speed(*_timed(
             lambda: libcachesim_misses_per_request(stream.keys, capacity), repeat), n)
 
     # every policy, end to end as `ft sim` runs it (calls built, options derived, replayed), and its replay alone:
@@ -194,8 +181,8 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
         if alone.total.misses != result.total.misses:
             raise RuntimeError(f"policy {name}: the replay alone counts {alone.total.misses} misses, end to end "
                                f"{result.total.misses}")
-        out["policies"][name] = {**_speed(result.total.misses, wall, cpu, n), "compiled": is_compiled(name),
-                                 "replay": _speed(alone.total.misses, r_wall, r_cpu, n)}
+        out["policies"][name] = {**speed(result.total.misses, wall, cpu, n), "compiled": is_compiled(name),
+                                 "replay": speed(alone.total.misses, r_wall, r_cpu, n)}
     done = [out["policies"][p] for p in CLASSIC if p in out["policies"]]
     if len(done) == len(CLASSIC):
         out["classic_seconds"] = sum(r["seconds"] for r in done)
@@ -220,13 +207,10 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
     out["mrc"] = {"seconds": t_mrc, "cpu_seconds": c_mrc, "capacities": len(grid), "replays_seconds": wall,
                   "replays_cpu_seconds": cpu, "speedup": wall / t_mrc, "cpu_speedup": cpu / c_mrc if c_mrc else None,
                   "agrees_with_replays": bool(agree), "min_exact_capacity": curve.min_exact_capacity}
-    for name in ("libcachesim", "libcachesim_per_request"):  # > 1: ours is faster
-        if name in out:
-            out[f"ours_vs_{name}"] = out[name]["seconds"] / out["ours"]["seconds"]
-            out[f"ours_vs_{name}_cpu"] = out[name]["cpu_seconds"] / out["ours"]["cpu_seconds"]
-    out["ours_from_trace_vs_libcachesim"] = out["libcachesim"]["seconds"] / out["ours_from_trace"]["seconds"]
-    out["ours_from_trace_vs_libcachesim_cpu"] = (out["libcachesim"]["cpu_seconds"]
-                                                 / out["ours_from_trace"]["cpu_seconds"])
+    if "libcachesim_per_request" in out:  # > 1: ours is faster
+        out["ours_vs_libcachesim_per_request"] = out["libcachesim_per_request"]["seconds"] / out["ours"]["seconds"]
+        out["ours_vs_libcachesim_per_request_cpu"] = (out["libcachesim_per_request"]["cpu_seconds"]
+                                                      / out["ours"]["cpu_seconds"])
     return out
 
 
@@ -242,8 +226,29 @@ def register(sub) -> None:
     p.add_argument("--policies", help="comma-separated policies to time end to end (default: all)")
     p.add_argument("--rss", action="store_true",
                    help="also measure peak RSS: `ft sim` (lru) vs a process that only runs libCacheSim on the keys")
+    p.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
+                   help="the LRU race: each way of timing (back to back, interleaved) repeats runs this long")
+    p.add_argument("--race", nargs="+", metavar="TRACE", default=[],
+                   help="more traces: on each, the LRU race alone (ours vs libcachesim, same capacity rule)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
+
+
+def race_capacity(trace, stream, fraction: float) -> int:
+    """The race's LRU size: `fraction` of all experts, at least the largest call."""
+    return max(int(stream.sizes().max()), int(round(fraction * trace.num_keys)))
+
+
+def race_on(trace, prefill_chunk: int, fraction: float, repeat: int, min_seconds: float) -> dict:
+    """lru_race.race on one more trace, with its size: {'accesses', 'calls', 'capacity', ...race's rows}."""
+    from freetoken.sim.calls import trace_stream
+
+    stream = trace_stream(trace, prefill_chunk)
+    if stream.num_accesses == 0:
+        raise ValueError(f"{trace.source}: the trace has no expert accesses")
+    capacity = race_capacity(trace, stream, fraction)
+    return {"accesses": stream.num_accesses, "calls": stream.num_calls, "capacity": capacity,
+            **race(trace, stream, capacity, prefill_chunk, repeat, min_seconds)}
 
 
 def load_any(path: str):
@@ -261,32 +266,39 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--prefill-chunk must be positive, got {args.prefill_chunk}")
     if not 0 < args.fraction <= 1:
         raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
-    if not Path(args.trace).is_file():
-        raise ValueError(f"--trace {args.trace}: no such file")
+    for flag, path in [("--trace", args.trace)] + [("--race", path) for path in args.race]:
+        if not Path(path).is_file():
+            raise ValueError(f"{flag} {path}: no such file")
     trace = load_any(args.trace)
     log = (lambda s: None) if args.json else (lambda s: print(f"  {s}", flush=True))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None
     out = run_bench(trace, args.capacities, args.prefill_chunk, args.fraction, not args.no_per_request,
-                    args.repeat, policies, log)
+                    args.repeat, policies, log, args.min_seconds)
     if args.rss:
         from freetoken.cli.peak_rss import peak_rss
 
         log("peak RSS: ft sim vs libCacheSim alone, each in a fresh process")
         out["rss"] = peak_rss(trace, args.trace, out["capacity"], args.prefill_chunk)
     out["trace"] = args.trace
+    out["races"] = {}
+    for path in args.race:
+        log(f"race on {path}")
+        out["races"][path] = race_on(load_any(path), args.prefill_chunk, args.fraction, args.repeat,
+                                       args.min_seconds)
     if args.json:
         print_json(out)
         return 0
     print(f"{args.trace}: {out['accesses']} accesses in {out['calls']} calls (top-{out['top_k']}), "
           f"LRU capacity {out['capacity']}; wall (CPU) ms, best of >= {out['repeat']} runs; the call stream is "
           f"built in {out['build_calls_s'] * 1e3:.1f} ms")
-    rows = [("ours: LRU replay of the call stream", "ours"), ("ours: trace -> call stream + replay", "ours_from_trace"),
-            ("libcachesim: file + C reader", "libcachesim"), ("libcachesim: Request per key", "libcachesim_per_request")]
-    for label, key in rows:
-        if key in out:
-            r = out[key]
-            print(f"  {label:36s} {r['seconds'] * 1e3:9.2f} ms ({r['cpu_seconds'] * 1e3:.2f})  "
-                  f"{r['accesses_per_s'] / 1e6:6.2f} M accesses/s  misses {r['misses']}")
+    rows = [("ours: LRU replay of the call stream", "ours"), ("  of which the compiled loop", "ours_loop"),
+            ("ours: trace -> call stream + replay", "ours_from_trace"), ("libcachesim: file + C reader", "libcachesim")]
+    for mode, title in (("", "runs back to back"), ("interleaved_", "runs interleaved")):
+        print(f"  {title}:")
+        for label, key in rows:
+            _print_row(label, out[f"{mode}{key}"])
+    if "libcachesim_per_request" in out:
+        _print_row("libcachesim: Request per key", out["libcachesim_per_request"])
     if out["top_k"] > 1:
         print("  (top-k: libcachesim is a sequential cache, ours the set-access model; misses differ, see docs/sim.md)")
     for name, r in out["policies"].items():
@@ -300,15 +312,32 @@ def run(args: argparse.Namespace) -> int:
     print(f"  one-pass MRC {m['seconds']:.3f} s ({m['cpu_seconds']:.3f}) vs {m['capacities']} replays "
           f"{m['replays_seconds']:.3f} s ({m['replays_cpu_seconds']:.3f}); equal at every capacity: "
           f"{m['agrees_with_replays']}")
-    for key in ("libcachesim", "libcachesim_per_request"):
-        if f"ours_vs_{key}" in out:
-            print(f"ratio replay speed ours / {key}: {out[f'ours_vs_{key}']:.2f}x wall, "
-                  f"{out[f'ours_vs_{key}_cpu']:.2f}x CPU (both given the call stream's keys)")
+    _print_ratios(args.trace, out)
+    if "ours_vs_libcachesim_per_request" in out:
+        print(f"ratio replay speed ours / libcachesim_per_request: {out['ours_vs_libcachesim_per_request']:.2f}x "
+              f"wall, {out['ours_vs_libcachesim_per_request_cpu']:.2f}x CPU (both given the call stream's keys)")
     print(f"ratio replay speed ours / libcachesim with our trace -> call stream conversion timed in: "
           f"{out['ours_from_trace_vs_libcachesim']:.2f}x wall, {out['ours_from_trace_vs_libcachesim_cpu']:.2f}x CPU")
+    for path, r in out["races"].items():
+        _print_ratios(path, r)
     print(f"ratio {m['capacities']} replays / one-pass MRC: {m['speedup']:.1f}x wall, {m['cpu_speedup']:.1f}x CPU")
     if "rss" in out:
         r = out["rss"]
         print(f"ratio peak RSS ft sim / libcachesim alone: {r['ratio']:.2f}x ({r['ft_sim_mib']:.0f} MiB vs "
               f"{r['libcachesim_mib']:.0f} MiB)")
     return 0
+
+
+def _print_row(label: str, r: dict) -> None:
+    print(f"  {label:36s} {r['seconds'] * 1e3:9.3f} ms ({r['cpu_seconds'] * 1e3:.3f})  "
+          f"{r['accesses_per_s'] / 1e6:6.2f} M accesses/s  misses {r['misses']}")
+
+
+def _print_ratios(path: str, r: dict) -> None:
+    """The race's two ratios (back to back, interleaved) with the times they divide."""
+    for mode, title in (("", "back to back"), ("interleaved_", "interleaved")):
+        print(f"ratio replay speed ours / libcachesim{'' if not mode else ' (' + title + ')'}: "
+              f"{r[f'{mode}ours_vs_libcachesim']:.2f}x wall, {r[f'{mode}ours_vs_libcachesim_cpu']:.2f}x CPU on "
+              f"{path} ({title}: ours {r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop "
+              f"{r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} ms, libcachesim "
+              f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms; both given the call stream's keys)")

@@ -52,17 +52,35 @@ def _among(keys, lo, hi, key):
     return False
 
 
+@njit(cache=True, inline="always")
+def _push(queue, pos, head, tail, key):
+    """key to the back of the queue (compacting it first when full); returns (head, tail)."""
+    if tail == queue.size:
+        tail = _compact(queue, pos, head, tail)
+        head = 0
+    queue[tail] = key
+    pos[key] = tail
+    return head, tail + 1
+
+
 @njit(cache=True, _nrt=False)
 def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
-    """Calls c0..c1-1; log [8, C] columns as driver.replay_calls."""
+    """Calls c0..c1-1; log [8, C] columns as driver.replay_calls. With log [10, C], rows 8 and 9 get each call's
+    distinct experts and (token, expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits,
+    cpu, evictions and cpu tokens over these calls (their totals without a pass over the log)."""
+    if split[0] == 0:  # offload: every miss fetched, whatever the other fields say (a copy with the split folded)
+        return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, True)
+    return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, False)
+
+
+@njit(cache=True, inline="always")
+def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, offload):
     slot_of, key_of_slot, free, last_use, mark, ints = st
     nxt, prv, held, E = p[0], p[1], p[2], p[4][1]
     kind, miss, rank, order = buf[0], buf[2], buf[3], buf[4]
     queue, pos = buf[7], buf[8]  # queue [2K + 2] (live entries <= capacity + 1 <= K + 1); pos [K] of its live entry
-    size = queue.size
     sentinel = U64(nxt.size - 1)
     capacity = key_of_slot.size
-    offload = split[0] == 0  # every miss fetched, whatever the other fields say
     admit_prefill = split[7] != 0
     now, nfree, stamp = ints[CLOCK], ints[NFREE], ints[STAMP]
     head = tail = 0
@@ -75,8 +93,8 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
         tail += 1
         k = U64(nxt[k])
     base_admits = flags[0] != 0 and capacity > 0
-    hits, fetched, cpu, evicted, prefetched, hit_tokens, fetch_tokens, cpu_tokens = (  # log's rows, each [C]
-        log[0], log[1], log[2], log[3], log[4], log[5], log[6], log[7])
+    sums = log.shape[0] > 8
+    total_h = total_u = total_ne = total_ut = 0
     hi = offsets[c0]
     for c in range(c0, c1):
         lo, hi = hi, offsets[U64(c + 1)]
@@ -99,23 +117,21 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
                     m += 1
             choose(split, keys[lo:hi], tokens[lo:hi], last_use, miss, m, slot_of.size, kind, rank, order)
         admits = base_admits and (admit_prefill or phase[U64(c)] != PREFILL)
-        h = f = u = ht = ft = ut = ne = 0
+        h = u = ht = ut = tt = ne = 0  # fetched = size - h - u, fetch tokens = tt - ht - ut
         for i in range(lo, hi):
             key = U64(keys[i])
             t = tokens[i]
-            cached = slot_of[key] >= 0
-            if cached:  # hit: to the back
+            tt += t
+            if slot_of[key] >= 0:  # hit: to the back
                 h += 1
                 ht += t
+                head, tail = _push(queue, pos, head, tail, key)
             elif offload or kind[i - lo] == 1:
-                f += 1
-                ft += t
                 if admits:
                     s = -1
                     if nfree > 0:
                         nfree -= 1
                         s = free[nfree]
-                        cached = True
                     else:
                         while head < tail:  # the least recent live unprotected entry
                             k = U64(queue[head])
@@ -132,33 +148,33 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
                             pos[k] = -1
                             head += 1
                             ne += 1
-                            cached = True
                             break
-                    if cached:
+                    if s >= 0:
                         slot_of[key] = s
                         key_of_slot[U64(s)] = key
+                        head, tail = _push(queue, pos, head, tail, key)
             else:
                 u += 1
                 ut += t
-            if cached:
-                if tail == size:
-                    tail = _compact(queue, pos, head, tail)
-                    head = 0
-                queue[tail] = key
-                pos[key] = tail
-                tail += 1
             mark[key] = stamp  # (already, unless scan)
             last_use[key] = now
             now += 1
+        total_h += h
+        total_u += u
+        total_ne += ne
+        total_ut += ut
         cu = U64(c)
-        hits[cu] = h
-        fetched[cu] = f
-        cpu[cu] = u
-        evicted[cu] = ne
-        prefetched[cu] = 0
-        hit_tokens[cu] = ht
-        fetch_tokens[cu] = ft
-        cpu_tokens[cu] = ut
+        log[0, cu] = h
+        log[1, cu] = hi - lo - h - u
+        log[2, cu] = u
+        log[3, cu] = ne
+        log[4, cu] = 0
+        log[5, cu] = ht
+        log[6, cu] = tt - ht - ut
+        log[7, cu] = ut
+        if sums:
+            log[8, cu] = hi - lo
+            log[9, cu] = tt
     ints[CLOCK], ints[NFREE], ints[STAMP] = now, nfree, stamp
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
@@ -176,3 +192,4 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
             last = k
     nxt[last] = sentinel
     prv[sentinel] = last
+    return total_h, total_u, total_ne, total_ut

@@ -89,17 +89,14 @@ class CompiledPolicy(PlacementPolicy):
         return Plan.from_kinds(call.layer, experts, kind[:n].tolist(), slot[:n].tolist(), ev[:ne].tolist(),
                                pf[:npf].tolist(), E)
 
-    def replay(self, stream, split: Split, c0: int = 0, c1: int | None = None, log: np.ndarray | None = None,
-               generic: bool = False):
+    def replay(self, stream, split: Split, c0: int, c1: int, log: np.ndarray, generic: bool = False):
         """Calls c0..c1-1 of a CallStream in compiled code; fills log [8, C] (see driver.replay_calls). The
-        policy's own stream replay when its Setup names one, unless generic (the driver's, same results)."""
-        c1 = stream.num_calls if c1 is None else c1
-        if log is None:
-            log = np.zeros((8, stream.num_calls), np.int64)
+        policy's own stream replay when its Setup names one, unless generic (the driver's, same results). Returns
+        None, or from a stream replay the sums (hits, cpu, evictions, cpu_tokens) over these calls; it then also
+        fills rows 8, 9 (experts, tokens per call) of a log [10, C]."""
         name, code = (self._module, self._driver) if generic else self._stream
-        _timed_first(name, code.replay_calls, self.state, self.core, stream.keys, stream.tokens,
-                     stream.offsets, stream.phase, c0, c1, split_array(split), self.flags, self._buf, log)
-        return log
+        return _timed_first(name, code.replay_calls, self.state, self.core, stream.keys, stream.tokens,
+                            stream.offsets, stream.phase, c0, c1, split_array(split), self.flags, self._buf, log)
 
     # inspection (the reference's attributes, read from the arrays)
     @property
