@@ -98,17 +98,15 @@ def libcachesim_misses_per_request(keys: np.ndarray, capacity: int) -> int:
     return len(keys) - hits
 
 
-def _timed(fn, repeat: int = 1, min_seconds: float = 0.0):
-    """(result, wall seconds, CPU seconds): the best of `repeat` runs, or of as many as fill min_seconds (the
-    best of a few ms-long runs is noise on a shared machine). Wall and CPU time each take their own best."""
+def _timed(fn, repeat: int = 1):
+    """(result, wall seconds, CPU seconds): the best of `repeat` runs (one run of a few ms is noise on a shared
+    machine). Wall and CPU time each take their own best."""
     best_wall = best_cpu = float("inf")
-    runs, spent = 0, 0.0
-    while runs < repeat or spent < min_seconds:
+    for _ in range(repeat):
         w0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        wall = time.perf_counter() - w0
-        best_wall, best_cpu = min(best_wall, wall), min(best_cpu, time.process_time() - c0)
-        runs, spent = runs + 1, spent + wall
+        best_wall = min(best_wall, time.perf_counter() - w0)
+        best_cpu = min(best_cpu, time.process_time() - c0)
     return out, best_wall, best_cpu
 
 
