@@ -183,6 +183,7 @@ class EngineSpec:
     kv_dtype: str | None = None  # KV cache storage: auto | bf16 | fp8 (freetoken.kv_dtype)
     double_buffer: bool | None = None  # freetoken-offload's prefill double buffer (two layers of staging slots)
     decode_overlap: bool | None = None  # decode's copies beside the hits' compute (False: FreeToken 0.1.2's gather)
+    prefill_split: str | None = None  # same (as decode) | offload (every miss fetched: FreeToken 0.1.2's hybrid)
 
     def __post_init__(self) -> None:
         from freetoken.sim.engines import ENGINES
@@ -192,6 +193,11 @@ class EngineSpec:
         for name in ("cuda_graphs", "amx", "double_buffer", "decode_overlap"):
             if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
                 raise ValueError(f"engine.{name} must be true, false or null, got {getattr(self, name)!r}")
+        from freetoken.sim.engines import PREFILL_SPLITS
+
+        if self.prefill_split is not None and self.prefill_split not in PREFILL_SPLITS:
+            raise ValueError(f"engine.prefill_split: unknown {self.prefill_split!r}; "
+                             f"valid: {', '.join(PREFILL_SPLITS)}")
         try:
             self.engine()
         except ValueError as e:
@@ -204,7 +210,8 @@ class EngineSpec:
         return with_settings(get_engine(self.name), prefill_chunk=self.prefill_chunk, gguf_type=self.gguf_type,
                              expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,
                              cpu_threads=self.cpu_threads, amx=self.amx, kv_dtype=self.kv_dtype,
-                             double_buffer=self.double_buffer, decode_overlap=self.decode_overlap)
+                             double_buffer=self.double_buffer, decode_overlap=self.decode_overlap,
+                             prefill_split=self.prefill_split)
 
 
 @dataclass(frozen=True, slots=True)

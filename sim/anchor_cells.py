@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freetoken.sim.engines import FREETOKEN_012_DECODE, FREETOKEN_012_OFFLOAD_PREFILL  # the published FreeToken runs'
+from freetoken.sim.engines import (  # the published FreeToken runs'
+    FREETOKEN_012_DECODE, FREETOKEN_012_HYBRID_PREFILL, FREETOKEN_012_OFFLOAD_PREFILL)
 
 # llama.cpp's MTP on Qwen3.5: one MTP block drafting one token; acceptance as DeepSeek-V3's technical report gives
 # for its (one-token) MTP draft: 85-90% (low end taken). The review does not publish the run's acceptance.
@@ -38,6 +39,10 @@ _FT_DECODE_PATH = ("decode as FreeToken 0.1.2 runs it, counted from its code (si
                    "misses gathered by a kernel on the compute stream before one grouped expert GEMM")
 _FT_DOUBLE = ("the prefill double buffer on, as FreeToken 0.1.2's default (engine/config.py moe_prefill_overlap; two "
               "expert layers of its slot cache, engine/cache_budget.py; sim/engines.py FREETOKEN_012_OFFLOAD_PREFILL)")
+_FT_HYBRID_PREFILL = ("prefill as FreeToken 0.1.2's hybrid runs it: no CPU lane, every miss fetched, double-buffered "
+                      "as its offload (layers/moe.py _prefill_routed reads no decode_target; engine/engine.py builds "
+                      "the hybrid cache with the same moe_prefill_overlap; sim/engines.py "
+                      "FREETOKEN_012_HYBRID_PREFILL: prefill_split offload, double_buffer on)")
 _LLAMA = "GGUF Q4_K_M (assumed: the run's type is not published), ubatch 512 (llama-server's default)"
 # (machine, engine column, mode column) of the seed table -> Row
 CELLS: dict[tuple[str, str, str], Row] = {
@@ -49,8 +54,10 @@ CELLS: dict[tuple[str, str, str], Row] = {
         "vLLM's Marlin MoE kernel, FlagGems PR #3609), attention at FlashInfer's fa2 rate on this GPU at head dim "
         "256 (42%, FlashInfer PR #3576)"),
     ("ryzen", "FreeToken", "hybrid"): Row(
-        "rtx5090-ryzen", "freetoken-hybrid", 36864, {**FREETOKEN_012_DECODE, "expert_format": "nvfp4"},
-        f"FreeToken: {_FT_FORMAT}, {_FT_CHUNK}, paper split rule, global LRU, {_FT_DECODE_PATH}"),
+        "rtx5090-ryzen", "freetoken-hybrid", 36864,
+        {**FREETOKEN_012_DECODE, **FREETOKEN_012_HYBRID_PREFILL, "expert_format": "nvfp4"},
+        f"FreeToken: {_FT_FORMAT}, {_FT_CHUNK}, {_FT_HYBRID_PREFILL}, paper split rule in decode, global LRU, "
+        f"{_FT_DECODE_PATH}"),
     ("ryzen", "FreeToken", "offload"): Row(
         "rtx5090-ryzen", "freetoken-offload", 36864,
         {**FREETOKEN_012_DECODE, **FREETOKEN_012_OFFLOAD_PREFILL, "expert_format": "nvfp4"},
@@ -69,12 +76,12 @@ CELLS: dict[tuple[str, str, str], Row] = {
 
 _FT_DECODE = ("not FreeToken 0.1.2's host work: counted from its code (tag v0.1.2) its decode step is one CUDA graph with "
               "no host launch or sync per layer (the LRU is a device kernel, the misses an SM gather on the compute "
-              "stream, the hybrid CPU lane a flag handshake by stream memory operations). Charged that way the cell "
-              "is 58.1 tok/s, as with this engine's eager launches (58.8: the graph saves the host launches, +8%; the "
-              "gather in series with the hits' GEMM costs -8%). So 359 us per layer is predicted against the "
-              "published 500-508: ~145 us per layer (7 ms per token) of GPU-side time is unaccounted for. Not the "
+              "stream, the hybrid CPU lane a flag handshake by stream memory operations). Charged that way the cells "
+              "are 57.3 tok/s, as with this engine's eager launches (58.2: the graph saves the host launches, +7%; the "
+              "gather in series with the hits' GEMM costs -8%). So 364 us per layer is predicted against the "
+              "published 501-508: ~140 us per layer (7 ms per token) of GPU-side time is unaccounted for. Not the "
               "routing locality either: with the other inputs as they are, the published value needs a decode miss "
-              "rate of ~0.39 (pinned 0.20, Mixtral 0.39, uniform 0.73), and a published Qwen3.5-122B-A10B decode run "
+              "rate of ~0.40 (pinned 0.21, Mixtral 0.40-0.41, uniform 0.75), and a published Qwen3.5-122B-A10B decode run "
               "with a hot-expert cache (44 slots per layer, re-pinned every 60 tokens: 15.65 -> 22.67 tok/s) needs a "
               "hot-cache hit rate of at least 0.31, which the pinned (0.34) and Granite (0.41) localities give and "
               "the Mixtral (0.21) and uniform (0.17) ones do not (sim/locality_evidence.py, the table below). Not "
@@ -94,14 +101,13 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
     ("ryzen / FreeToken hybrid", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken offload", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken hybrid", "prefill_tok_s"): (
-        "this engine's hybrid prefill: copy-bound, every non-resident expert copied once per chunk after its layer's "
-        "router, beside a CPU lane, and without the prefill double buffer (the engine streams the next layer only with "
-        "the offload split, engine/cache.py _stream_next): 0.79x the offload row, which streams it. "
-        "FreeToken 0.1.2's hybrid prefill has no CPU lane: it streams whole layers to the GPU, double-buffered, exactly "
-        "as its offload does "
-        "(layers/moe.py _prefill_routed has no CPU path; hybrid changes decode only), with the same default NVFP4 "
-        "kernels (--nvfp4-backend triton), so by its code the two published prefill figures would match; their "
-        "1.29x is not explained by 0.1.2's defaults, and the runs' settings are not published (the chunk: variant).",
+        "charged as FreeToken 0.1.2's hybrid prefill runs: no CPU lane, every miss fetched, double-buffered, the "
+        "same mechanism and kernels as its offload (layers/moe.py _prefill_routed has no CPU path, hybrid changes "
+        "decode only; the default NVFP4 backend, --nvfp4-backend triton, loads the same native banks for both), so "
+        "the cell is the offload row's prefill (copy-bound over PCIe). The published hybrid prefill is 1.29x the "
+        "published offload one, which 0.1.2's code and defaults do not explain; the runs' settings are not "
+        "published (the chunk: variant). This engine's own hybrid prefill, with a CPU lane and no double buffer "
+        "(prefill_split same), would be 1853.9 (-51%).",
         ("8192-token chunks", {"prefill_chunk": 8192})),
     ("ryzen / FreeToken offload", "prefill_tok_s"): (
         "the chunk is not published (variant).", ("8192-token chunks", {"prefill_chunk": 8192})),
@@ -138,7 +144,7 @@ PINS: dict[tuple[str, str], float] = {
     ("ultra7 / vLLM fully resident (AutoRound int4)", "decode_tok_s"): 0.30,
     ("ultra7 / vLLM fully resident (AutoRound int4)", "prefill_tok_s"): 0.50,
     ("ryzen / FreeToken hybrid", "decode_tok_s"): 0.45,
-    ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.60,
+    ("ryzen / FreeToken hybrid", "prefill_tok_s"): 0.45,
     ("ryzen / FreeToken offload", "decode_tok_s"): 0.45,
     ("ryzen / FreeToken offload", "prefill_tok_s"): 0.25,
     ("ryzen / llama.cpp -cmoe (all experts computed on CPU)", "decode_tok_s"): 0.20,

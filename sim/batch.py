@@ -125,7 +125,8 @@ def replay_items(setup, trace: RoutingTrace, items: list[Item]) -> tuple[ReplayL
         seqs.append(sequences)
         for r in requests:
             seen[int(r)] = seen.get(int(r), 0) + 1
-    result = replay(calls, policy, config.split, expert_bytes=config.expert_bytes, keep_plans=True)
+    result = replay(calls, policy, config.split, expert_bytes=config.expert_bytes, keep_plans=True,
+                    prefill_split=config.prefill_split)
     log = result.log
     for i, (call, plan) in enumerate(zip(calls, result.plans)):  # several decode tokens: pairs per lane
         if call.phase == DECODE and sum(call.tokens) > len(call.experts):

@@ -16,6 +16,11 @@ from freetoken.sim.cost import CostOptions
 from freetoken.sim.hardware import HardwareProfile
 from freetoken.sim.model_card import ModelCard
 
+# prefill_split: how an engine's prefill calls split their misses. same: as its decode does (this engine's hybrid:
+# a CPU lane in prefill too); offload: every miss fetched to the GPU (FreeToken 0.1.2's hybrid: its CPU lane is
+# decode's only), whatever the engine's split
+PREFILL_SPLITS = ("same", "offload")
+
 
 @dataclass(frozen=True, slots=True)
 class Engine:
@@ -30,6 +35,7 @@ class Engine:
     # (placement.memory.cache_rows), so off unless asked, which then plans two
     double_buffer: bool = False
     decode_overlap: bool = True  # False: decode's miss copies on the compute stream, before all expert GEMMs
+    prefill_split: str = "same"  # PREFILL_SPLITS: how prefill calls split their misses
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
     admit_prefill: bool = False  # True: prefill fetches are offered cache slots like decode fetches
     expert_quant: str | None = None  # weight format the engine loads (QUANT_BITS), None = the card's
@@ -54,11 +60,15 @@ class Engine:
             raise ValueError(f"engine host_work {self.host_work!r} is not one of {', '.join(FLAVOURS)}")
         if self.cpu_threads < 0 or self.dispatch_us < 0:
             raise ValueError("engine cpu_threads and dispatch_us must be >= 0")
+        if self.prefill_split not in PREFILL_SPLITS:
+            raise ValueError(f"engine prefill_split {self.prefill_split!r} is not one of {', '.join(PREFILL_SPLITS)}")
         if self.double_buffer and not self.overlap:
             raise ValueError("engine double_buffer needs overlap (a copy stream beside compute)")
-        if self.double_buffer and self.host_work == "freetoken" and (self.split != "offload" or self.admit_prefill):
+        if self.double_buffer and self.host_work == "freetoken" and (self.prefill_mode() != "offload"
+                                                                      or self.admit_prefill):
             raise ValueError(f"engine double_buffer: freetoken streams the next layer in prefill only with the "
-                             f"offload split and no prefill admission (this engine: split {self.split})")
+                             f"offload split and no prefill admission (this engine's prefill: split "
+                             f"{self.prefill_mode()}; prefill_split offload gives it one)")
         from freetoken.kv_dtype import check_kv_dtype
 
         check_kv_dtype(self.kv_dtype, "kv_dtype")
@@ -68,12 +78,24 @@ class Engine:
         return {"prefill_chunk": self.prefill_chunk, "expert_format": self.expert_quant or "card",
                 "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
                 "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx,
-                "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap, "double_buffer": self.double_buffer}
+                "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap, "double_buffer": self.double_buffer,
+                "prefill_split": self.prefill_split}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
         return Split(self.split, self.rule if hybrid else "balanced", hw.pcie_gb_s if hybrid else 0.0,
                      hw.host_gb_s if hybrid else 0.0, fetch_min_pairs=self.prefill_fetch_min_tokens * card.top_k, admit_prefill=self.admit_prefill)
+
+    def prefill_mode(self) -> str:
+        """The split mode prefill calls run with: the engine's own, or offload (prefill_split)."""
+        return self.split if self.prefill_split == "same" else self.prefill_split
+
+    def prefill_split_for(self) -> Split | None:
+        """The Split prefill calls use where it is not the engine's own (sim.run.SimConfig.prefill_split); None
+        where prefill splits its misses as decode does."""
+        if self.prefill_mode() == self.split:
+            return None
+        return Split(self.prefill_mode(), admit_prefill=self.admit_prefill)
 
     def staging_layers(self) -> int:
         """Layers of experts the slot pool keeps as staging beside the cache (engines with staging): two with the
@@ -140,6 +162,16 @@ FREETOKEN_012_DECODE = {"cuda_graphs": True, "decode_overlap": False}
 # non-resident experts only.
 FREETOKEN_012_OFFLOAD_PREFILL = {"double_buffer": True}
 
+# FreeToken 0.1.2's hybrid prefill, at the same tag: its hybrid mode (--moe-backend hybrid) changes decode only.
+# OffloadMoELayer._prefill_routed (layers/moe.py) reads no decode_target: a hybrid layer's prefill streams whole layers
+# into the same double buffer as offload (_wait_prefill_overlap) and runs the same _expert_gemm kernels on the GPU,
+# no CPU work; only _decode_routed branches to _decode_hybrid, where misses beyond the fetch cap go to the CPU. The
+# engine builds the hybrid cache with the same prefill_overlap (engine/engine.py _init_offload_moe_cache:
+# OffloadMoeCache(prefill_overlap=config.moe_prefill_overlap), default True), and with the default NVFP4 backend
+# (--nvfp4-backend triton) offload's banks are the native "nvfp4" layout the hybrid's are (moe/expert_banks.py
+# _nvfp4_banks). So: every prefill miss fetched, double-buffered, as the offload row's prefill.
+FREETOKEN_012_HYBRID_PREFILL = {"prefill_split": "offload", **FREETOKEN_012_OFFLOAD_PREFILL}
+
 # GGUF types llama.cpp can load experts as: bits per weight (sim.model_card.QUANT_BITS) and the GEMM rate they run at
 GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8", "q4_k_m": "int8", "q5_k_m": "int8",
               "q6_k": "int8", "q8_0": "int8", "bf16": "bf16"}
@@ -148,7 +180,8 @@ GGUF_TYPES = {"q2_k": "int8", "q3_k_m": "int8", "q4_0": "int8", "iq4_xs": "int8"
 def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type: str | None = None,
                   expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
                   amx: bool | None = None, kv_dtype: str | None = None,
-                  decode_overlap: bool | None = None, double_buffer: bool | None = None) -> Engine:
+                  decode_overlap: bool | None = None, double_buffer: bool | None = None,
+                  prefill_split: str | None = None) -> Engine:
     """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
@@ -178,6 +211,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
         new["decode_overlap"] = decode_overlap
     if double_buffer is not None:
         new["double_buffer"] = double_buffer  # checked by Engine
+    if prefill_split is not None:
+        new["prefill_split"] = prefill_split  # checked by Engine
     return replace(engine, **new)
 
 

@@ -183,21 +183,23 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
                     _i(launches))
 
 
-def double_buffer_streams(calls, policy, split, num_experts: int) -> np.ndarray:
+def double_buffer_streams(calls, policy, split, num_experts: int, prefill_split=None) -> np.ndarray:
     """Per call [N], what freetoken's prefill double buffer (engine/cache.py _stream_next) streams into it: a prefill
     call of MoE layer l >= 1 gets every expert of layer l not resident when layer l - 1's call ran, -1 elsewhere.
-    It streams only with an offload split whose prefill fetches are not admitted (so residency cannot change between
-    the two calls). Replays `calls` through `policy` (a fresh one, as the replay that made the log) to read the
-    residency each call sees; the replay stops after the last streamed call."""
+    It streams only where prefill's split (prefill_split, else split) is offload and its fetches are not admitted
+    (so residency cannot change between the two calls). Replays `calls` through `policy` (a fresh one, as the
+    replay that made the log; each call with its phase's split) to read the residency each call sees; the replay
+    stops after the last streamed call."""
     calls = list(calls)
     out = np.full(len(calls), -1, np.int64)
-    if split.mode != "offload" or (policy.admits and split.admit_prefill):
+    prefill = split if prefill_split is None else prefill_split
+    if prefill.mode != "offload" or (policy.admits and prefill.admit_prefill):
         return out
     last = max((i for i, c in enumerate(calls) if c.phase == PREFILL and c.layer >= 1), default=-1)
     for i, call in enumerate(calls[:last + 1]):
         if call.phase == PREFILL and call.layer >= 1:
             out[i] = sum(policy.slot(call.layer, e) < 0 for e in range(num_experts))
-        policy.plan(call, split)
+        policy.plan(call, prefill if call.phase == PREFILL else split)
     return out
 
 

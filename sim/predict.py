@@ -141,7 +141,7 @@ def prepare(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, *, 
             raise ValueError(f"--n-cpu-moe applies to static-layer engines (llamacpp-*), not {engine_name}")
         options["n_cpu_layers"] = n_cpu_layers
     config = SimConfig(policy, engine.split_for(card, hw), capacity=capacity, prefill_chunk=engine.prefill_chunk,
-                       expert_bytes=card.expert_bytes(), options=options)
+                       expert_bytes=card.expert_bytes(), options=options, prefill_split=engine.prefill_split_for())
     return Setup(card, hw, engine, engine_name, config)
 
 
@@ -189,7 +189,8 @@ def prefill_streams(engine: Engine, run: RoutingTrace, config: SimConfig) -> np.
     if not (engine.double_buffer and engine.host_work == "freetoken"):
         return None
     policy = build_policy(config, run.num_layers, run.num_experts)  # fresh, as the replay's
-    return double_buffer_streams(call_stream(run, config)[0].calls(), policy, config.split, run.num_experts)
+    return double_buffer_streams(call_stream(run, config)[0].calls(), policy, config.split, run.num_experts,
+                                 config.prefill_split)
 
 
 def layer_shape(card: ModelCard) -> LayerShape:

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.placement import DECODE, Call, CallStream, PlacementPolicy, Plan, Split
+from freetoken.placement import DECODE, PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts, count
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
@@ -76,14 +76,17 @@ PROGRESS_STEPS = 100  # a compiled replay returns to Python this many times, to 
 
 
 def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
-                  keep_plans: bool = False, on_call: Callable[..., None] | None = None) -> ReplayResult:
+                  keep_plans: bool = False, on_call: Callable[..., None] | None = None,
+                  prefill_split: Split | None = None) -> ReplayResult:
     """Replay a CallStream. A compiled policy runs it in compiled code, filling the log's columns in place (a few
-    returns to Python for progress); any other policy (or keep_plans) goes call by call through policy.plan."""
+    returns to Python for progress); any other policy (or keep_plans) goes call by call through policy.plan.
+    prefill_split: the split prefill calls use (None: `split`, as decode's); the compiled replay then runs each
+    phase's run of calls with its own."""
     from freetoken.placement.compiled import CompiledPolicy
 
     if keep_plans or not isinstance(policy, CompiledPolicy):
         return replay(stream.calls(), policy, split, expert_bytes=expert_bytes, keep_plans=keep_plans,
-                      on_call=on_call)
+                      on_call=on_call, prefill_split=prefill_split)
     C = stream.num_calls
     if stream.num_experts != policy.num_experts or (C and int(stream.layer.max()) >= policy.num_layers):
         raise ValueError(f"the calls need {int(stream.layer.max()) + 1 if C else 0} layers x {stream.num_experts} "
@@ -95,8 +98,9 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     sums = [0, 0, 0, 0]  # hits, cpu, evictions, cpu_tokens, while every chunk returns them
     for c0 in range(0, C, step):
         c1 = min(C, c0 + step)
-        got = policy.replay(stream, split, c0, c1, counts)
-        sums = None if got is None or sums is None else [a + b for a, b in zip(sums, got)]
+        for lo, hi, phase_split in _phase_runs(stream.phase, c0, c1, split, prefill_split):
+            got = policy.replay(stream, phase_split, lo, hi, counts)
+            sums = None if got is None or sums is None else [a + b for a, b in zip(sums, got)]
         if on_call is not None:
             on_call(c1 - c0)
     summed = None
@@ -113,15 +117,28 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes, summed=summed)
 
 
+def _phase_runs(phase: np.ndarray, c0: int, c1: int, split: Split, prefill_split: Split | None):
+    """(lo, hi, split) over calls c0..c1-1: one run with `split` when prefill has no split of its own, else each
+    run of same-phase calls with its phase's split."""
+    if prefill_split is None or prefill_split == split:
+        return [(c0, c1, split)]
+    cuts = c0 + 1 + np.flatnonzero(phase[c0 + 1:c1] != phase[c0:c1 - 1])  # first call of each new run
+    bounds = [c0, *cuts.tolist(), c1]
+    return [(lo, hi, prefill_split if phase[lo] == PREFILL else split) for lo, hi in zip(bounds, bounds[1:])]
+
+
 def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
-           keep_plans: bool = False, on_call: Callable[..., None] | None = None) -> ReplayResult:
-    """Run every call through policy.plan and log what the plan moves. on_call: progress hook, once per call."""
+           keep_plans: bool = False, on_call: Callable[..., None] | None = None,
+           prefill_split: Split | None = None) -> ReplayResult:
+    """Run every call through policy.plan and log what the plan moves. on_call: progress hook, once per call.
+    prefill_split: the split prefill calls use (None: `split`)."""
     rows: list[tuple[int, ...]] = []  # one row of COLUMNS per call (a single append on the hot path)
     row = rows.append
     plans: list[Plan] | None = [] if keep_plans else None
     plan_fn = policy.plan
+    by_phase = (split, split) if prefill_split is None else (prefill_split, split)  # indexed by call.phase
     for call in calls:
-        plan = plan_fn(call, split)
+        plan = plan_fn(call, by_phase[call.phase])
         n = len(call.experts)
         h, f, c = len(plan.hits), len(plan.fetch), len(plan.cpu)
         if call.phase == DECODE:  # one token: every expert computes one (token, expert) pair

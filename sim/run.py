@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from freetoken.placement import POLICIES, CacheConfig, build_policy
+from freetoken.placement import POLICIES, CacheConfig, Split, build_policy
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
 from freetoken.sim.calls import trace_key_stream, trace_stream
@@ -21,9 +21,12 @@ class SimConfig(CacheConfig):
     draft_depth: int = 0  # > 0: speculative decoding, each decode step one verify call of d + 1 tokens
     acceptance: float = 1.0  # a: the chance a drafted token is the true next one (sim/speculative.py)
     draft_seed: int = 0  # seeds the drafts' acceptance draws
+    prefill_split: Split | None = None  # the split prefill calls use (an engine setting, sim.engines); None: split's
 
     def __post_init__(self) -> None:
         CacheConfig.__post_init__(self)
+        if self.prefill_split is not None and not isinstance(self.prefill_split, Split):
+            raise ConfigError("{prefill_split} must be a Split or None, got {v!r}", v=self.prefill_split)
         if not (isinstance(self.draft_depth, int) and self.draft_depth >= 0):
             raise ConfigError("{draft_depth} must be >= 0, got {v}", v=self.draft_depth)
         if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)) \
@@ -91,4 +94,4 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
                                   library=library)
     return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
-                         on_call=on_call)
+                         on_call=on_call, prefill_split=getattr(config, "prefill_split", None))

@@ -136,3 +136,15 @@ def test_engine_decode_overlap_reaches_the_cost_models_engine():
     assert instantiate(compose(["engine=freetoken-hybrid"]).engine, _convert_="all").engine().decode_overlap is True
     with pytest.raises(ValueError, match="engine.decode_overlap must be true, false or null, got 'no'"):
         EngineSpec("freetoken-offload", decode_overlap="no")
+
+
+def test_engine_prefill_split_reaches_the_cost_models_engine():
+    from freetoken.experiments.specs import EngineSpec
+
+    cfg = compose(["engine=freetoken-hybrid", "engine.prefill_split=offload", "engine.double_buffer=true"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert (engine.prefill_split, engine.prefill_mode(), engine.split) == ("offload", "offload", "hybrid")
+    assert engine.double_buffer and engine.staging_layers() == 2  # an offload prefill may double buffer
+    assert instantiate(compose(["engine=freetoken-hybrid"]).engine, _convert_="all").engine().prefill_split == "same"
+    with pytest.raises(ValueError, match="engine.prefill_split: unknown 'cpu'; valid: same, offload"):
+        EngineSpec("freetoken-hybrid", prefill_split="cpu")

@@ -169,3 +169,47 @@ def test_double_buffer_is_an_engine_setting_with_two_layers_of_staging():
         prepare(card, load_hardware("rtx4060-laptop"), on)
     with pytest.raises(ValueError, match="double_buffer: freetoken streams .* offload split"):
         with_settings(get_engine("freetoken-hybrid"), double_buffer=True)
+
+
+def test_prefill_split_fetches_every_prefill_miss_and_leaves_decode_alone():
+    # one MoE layer of 4 experts, top-2, no cache (capacity 0): two requests, each a 4-token prompt (one prefill call
+    # using experts 0-3, two tokens each) and one decode token (experts 0, 1). Hybrid split, paper rule, BP 1, BH 2:
+    # q* = round(m / 2). Prefill as decode: m = 4 -> 2 fetched (most tokens, ties to the lowest id: 0, 1; 4 pairs),
+    # 2 on the CPU (4 pairs). prefill_split offload: 4 fetched (8 pairs), none on the CPU. Decode either way: m = 2,
+    # 1 fetched, 1 on the CPU. Calls P D P D: the compiled replay runs each phase's run with its split
+    from freetoken.sim.run import SimConfig, simulate
+    from freetoken.trace import RoutingTrace
+
+    rows = [[0, 1], [2, 3], [0, 2], [1, 3], [0, 1]] * 2
+    trace = RoutingTrace(np.array(rows, np.int16).reshape(10, 1, 2), 4, request=np.repeat([0, 1], 5).astype(np.int32),
+                         phase=np.array([0, 0, 0, 0, 1] * 2, np.int8))
+    hybrid = Split("hybrid", "paper", 1.0, 2.0, admit_prefill=False)
+    offload = Split("offload", admit_prefill=False)
+    for keep_plans in (False, True):  # compiled stream replay; call by call through policy.plan
+        same = simulate(trace, SimConfig("lru", hybrid, capacity=0, prefill_chunk=4), keep_plans=keep_plans).log
+        split = simulate(trace, SimConfig("lru", hybrid, capacity=0, prefill_chunk=4, prefill_split=offload),
+                         keep_plans=keep_plans).log
+        assert same.phase.tolist() == [0, 1, 0, 1]
+        assert (same.fetched.tolist(), same.cpu.tolist()) == ([2, 1, 2, 1], [2, 1, 2, 1])
+        assert (same.fetch_tokens.tolist(), same.cpu_tokens.tolist()) == ([4, 1, 4, 1], [4, 1, 4, 1])
+        assert (split.fetched.tolist(), split.cpu.tolist()) == ([4, 1, 4, 1], [0, 1, 0, 1])
+        assert (split.fetch_tokens.tolist(), split.cpu_tokens.tolist()) == ([8, 1, 8, 1], [0, 1, 0, 1])
+
+
+def test_prefill_split_is_an_engine_setting():
+    from freetoken.sim.engines import FREETOKEN_012_HYBRID_PREFILL, get_engine, with_settings
+    from freetoken.sim.predict import prepare
+
+    card, hw = load_model_card("qwen3-30b-a3b"), load_hardware("rtx5090-ryzen")
+    own = get_engine("freetoken-hybrid")
+    assert own.prefill_split == "same" and prepare(card, hw, own).config.prefill_split is None  # its CPU lane stays
+    ft012 = with_settings(own, **FREETOKEN_012_HYBRID_PREFILL)
+    setup = prepare(card, hw, ft012)
+    assert setup.config.prefill_split == Split("offload", admit_prefill=False)
+    assert setup.config.split.mode == "hybrid" and ft012.settings()["prefill_split"] == "offload"
+    assert setup.config.capacity == prepare(card, hw, with_settings(get_engine("freetoken-offload"),
+                                                                    double_buffer=True)).config.capacity
+    with pytest.raises(ValueError, match="engine prefill_split 'cpu' is not one of same, offload"):
+        with_settings(own, prefill_split="cpu")
+    with pytest.raises(ValueError, match="double_buffer: .*this engine's prefill: split hybrid"):
+        with_settings(own, double_buffer=True)

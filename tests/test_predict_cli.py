@@ -233,3 +233,28 @@ def test_decode_overlap_flag_reaches_the_engine(capsys):
     assert (on["inputs"]["engine_settings"]["decode_overlap"], off["inputs"]["engine_settings"]["decode_overlap"]) == (
         True, False)
     assert off["decode_tok_s"] < on["decode_tok_s"] and off["prefill_tok_s"] == on["prefill_tok_s"]
+
+
+def test_prefill_split_flag_fetches_every_prefill_miss(capsys):
+    # Qwen3-30B-A3B (48 MoE layers x 128 experts of 9,437,184 bytes), a cold cache, two 2048-token prefill chunks and
+    # no decode: every call misses its layer's 128 experts (as above) and prefill admits none. freetoken-hybrid's own
+    # prefill (paper rule, BP 56.0, BH 63.6): q* = round(128 x 56 / 63.6) = 113 fetched, 15 on the CPU, per call;
+    # --prefill-split offload: all 128 fetched, none on the CPU. With the double buffer as well, its prefill is
+    # freetoken-offload's with the double buffer, call for call
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--prompt-tokens", "4096",
+            "--decode-tokens", "0", "--no-band"]
+    S, calls = 9_437_184, 2 * 48
+    same = run_json(capsys, *args, "--engine", "freetoken-hybrid")
+    split = run_json(capsys, *args, "--engine", "freetoken-hybrid", "--prefill-split", "offload")
+    assert same["inputs"]["engine_settings"]["prefill_split"] == "same"
+    assert split["inputs"]["engine_settings"]["prefill_split"] == "offload"
+    assert same["inputs"]["expert_bytes"] == S
+    assert (same["fetched_gb"], same["cpu_gb"]) == pytest.approx((calls * 113 * S / 1e9, calls * 15 * S / 1e9))
+    assert (split["fetched_gb"], split["cpu_gb"]) == pytest.approx((calls * 128 * S / 1e9, 0.0))
+    both = run_json(capsys, *args, "--engine", "freetoken-hybrid", "--prefill-split", "offload", "--double-buffer", "on")
+    offload = run_json(capsys, *args, "--engine", "freetoken-offload", "--double-buffer", "on")
+    assert both["prefill_tok_s"] == pytest.approx(offload["prefill_tok_s"], rel=1e-12)
+    assert both["inputs"]["host_work_prefill"] == offload["inputs"]["host_work_prefill"]
+    with pytest.raises(SystemExit):  # argparse's choices: one line naming the flag
+        main(["predict", *args, "--prefill-split", "cpu"])
+    assert "argument --prefill-split: invalid choice: 'cpu'" in capsys.readouterr().err
