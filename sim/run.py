@@ -85,6 +85,8 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first."""
     expert_bytes = getattr(config, "expert_bytes", 0)
     library, profile = profile, profile if profile is not None else trace
+    if isinstance(config.options.get("hint"), str):  # hint=recorded / measured: built from the replayed trace
+        config = _with_replayed_hint(config, trace)
     if stream is None:
         stream = call_stream(trace, config)[0]
     future = future_stream(config, trace, stream)
@@ -92,3 +94,20 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
                                   library=library)
     return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
                          on_call=on_call)
+
+
+def _with_replayed_hint(config: CacheConfig, trace: RoutingTrace) -> CacheConfig:
+    """config with options hint=recorded / measured replaced by that hint object of `trace` (router_hint.replay_hint):
+    the calls of the run that recorded it, so one sequence at a time (no batch, no simulated drafts)."""
+    from dataclasses import replace
+
+    from freetoken.placement.router_hint import replay_hint
+
+    if getattr(config, "batch", 1) > 1 or getattr(config, "draft_depth", 0):
+        raise ConfigError("{options}: hint={kind} replays the recorded run's own calls; it takes neither {batch} > 1 "
+                          "nor {draft_depth} > 0", kind=config.options["hint"])
+    try:
+        hint = replay_hint(config.options["hint"], trace, config.prefill_chunk, getattr(config, "draft_seed", 0))
+    except ValueError as e:
+        raise ConfigError(str(e).replace("{", "{{").replace("}", "}}")) from None
+    return replace(config, options={**config.options, "hint": hint})
