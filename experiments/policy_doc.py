@@ -29,6 +29,10 @@ def scenario_text(labels) -> list[str]:
                 f"(sim/speculative.py): each decode step one verify call of {depth + 1} tokens, a draft the true " \
                 "next token with probability x while the drafts before it were (else another token of the " \
                 "sequence, whose experts the verify call loads too), the next step at the corrected / bonus token"
+    both = sorted({x for x in labels if x.startswith("batch ") and " draft " in x}, key=len)
+    if both:
+        text += "; `batch N draft d a=x` runs both: each step, every sequence of the batch verifies its token and " \
+                "draft in the step's one call per layer"
     text += ". Belady is replayed on each scenario's own calls. The per-trace tables below are `solo`" + \
         ("; the scenarios are compared in the signal section." if batches or drafts else
          " (no other scenario was run).")

@@ -3,7 +3,7 @@ real engine has closes (router hint, batch, drafts), the goal check per scenario
 
 from __future__ import annotations
 
-from freetoken.experiments.policy_grid import HINTED, LOOKAHEAD_ACCURACY, ONLINE, SOLO, scenario_order
+from freetoken.experiments.policy_grid import HINTED, LOOKAHEAD_ACCURACY, ONLINE, SOLO, drafts_of, scenario_order
 
 GOAL_FRACTIONS = (0.25, 0.37, 0.50)
 GOAL_RATIO = 1.25
@@ -87,7 +87,7 @@ def _status(cells, traces, p: str, s: str) -> tuple[list[list[str]], list[str]]:
     for trace in traces:
         row, met_all = [trace], True
         for f in GOAL_FRACTIONS:
-            by = cells.get((trace, f, s)) or cells.get((trace, f, SOLO.label))
+            by = cells.get((trace, f, s)) or cells.get((trace, f, drafts_of(s))) or cells.get((trace, f, SOLO.label))
             if not by or p not in by:
                 row.append("")
                 met_all = False
@@ -129,10 +129,10 @@ def goal_check(frame) -> list[str]:
     for (p, s), (n_traces, met, ok, n) in ranked[:12]:
         out.append(f"| {p} | {s} | {n_traces} | {ok} | {met} | {n} |")
     out += ["", "(the 12 pairs meeting the goal on most traces, then in most cells; a trace the scenario cannot show "
-            "counts with solo)", ""]
+            "counts with its drafts alone, else solo)", ""]
     (p, s), _ = ranked[0]
     rows, met_traces = _status(cells, traces, p, s)
-    out += [f"Status per trace for {p} ({s}; traces the scenario cannot show: solo):", "",
+    out += [f"Status per trace for {p} ({s}; traces the scenario cannot show: its drafts alone, else solo):", "",
             "| trace | " + " | ".join(f"{f:.0%}" for f in GOAL_FRACTIONS) + " | met |",
             "|---|" + "---|" * (len(GOAL_FRACTIONS) + 1)]
     out += ["| " + " | ".join(row) + " |" for row in rows]

@@ -29,18 +29,19 @@ class SimConfig(CacheConfig):
         if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)) \
                 or not 0 <= self.acceptance <= 1:
             raise ConfigError("{acceptance} must lie in [0, 1], got {v}", v=self.acceptance)
-        if self.draft_depth and self.batch > 1:
-            raise ConfigError("{draft_depth} > 0 and {batch} > 1 together are not simulated; give one of them")
         if not (isinstance(self.expert_bytes, int) and self.expert_bytes >= 0):
             raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
         if not (isinstance(self.batch, int) and self.batch >= 1):
             raise ConfigError("{batch} must be >= 1, got {v}", v=self.batch)
 
     def batched_stream(self, trace: RoutingTrace):
-        """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
+        """batch > 1: the trace's MoE calls in the order continuous batching plans them (with draft_depth > 0: each
+        step every sequence's verify call of d + 1 tokens, in one call per layer)."""
+        from freetoken.sim.batch import Speculation
         from freetoken.sim.continuous import batched_stream
 
-        return batched_stream(trace, self.batch, self.prefill_chunk)
+        spec = Speculation(self.draft_depth, float(self.acceptance)) if self.draft_depth else None
+        return batched_stream(trace, self.batch, self.prefill_chunk, spec, self.draft_seed)
 
     def speculative_stream(self, trace: RoutingTrace):
         """draft_depth > 0: (the verify calls' CallStream, the Steps it ran)."""
