@@ -161,6 +161,11 @@ def test_sim_replays_a_recorded_or_measured_hint_from_the_trace():
         ref = replay(trace_calls(trace, 64), make_policy("hinted_sweep", 10, 4, 16, hint=hint, **opts),
                      Split("offload"), keep_plans=True)
         assert sim.plans == ref.plans and sim.total.prefetched == ref.total.prefetched
+    plain = random_trace(50)  # no recorded hint: neither replay may stand in a perfect one for it
+    for kind in ("recorded", "measured"):
+        with pytest.raises(ValueError, match=f"hint={kind} needs a trace with a recorded hint"):
+            simulate(plain, SimConfig("hinted_sweep", Split("offload"), capacity=10, prefill_chunk=64,
+                                      options={**opts, "hint": kind}))
     for bad, err in (({"hint": "router"}, "live only"), ({"hint": "later"}, "one of recorded, measured"),
                      ({"hint": "recorded", "batch": 2}, "takes neither")):
         extra = {"batch": bad.pop("batch")} if "batch" in bad else {}

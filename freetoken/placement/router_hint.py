@@ -142,4 +142,7 @@ def replay_hint(kind: str, trace, prefill_chunk: int, seed: int = 0):
                          f"hint=recorded (the predictions a live run recorded) or hint=measured")
     if kind not in REPLAYED:
         raise ValueError(f"options: hint must be one of {', '.join(REPLAYED)} in a replay, got {kind!r}")
+    if trace.hint is None:  # (MeasuredHint alone would take an unmeasured layer as never read: a perfect hint)
+        raise ValueError(f"options: hint={kind} needs a trace with a recorded hint (record it with the engine's "
+                         f"router hint on); this one holds none")
     return RecordedHint(trace, prefill_chunk) if kind == "recorded" else MeasuredHint(trace, prefill_chunk, seed=seed)
