@@ -95,9 +95,9 @@ def intro(accuracy: float, confidence: float, scenarios=("solo",)) -> list[str]:
         f"accuracies are assumed ({accuracy} in the main rows), not measured: no real trace holds a recorded hint",
         "(the engine records one, `hint [T, L, K]`, and `ft sim --policy-option hint=recorded` replays it; tiny",
         "random models, the only ones run live here, measured 0.31-0.72, which says nothing of a trained router;",
-        "for scale, the repository the",
-        "Mixtral logs come from reports 55.6% top-1 / 73.2% top-2 accuracy for its cross-layer expert predictor",
-        "(Mario928/speculative-moe, README); the sweep below covers 0.6-1.0); warm-started policies can come",
+        "for scale, the repository the Mixtral logs come from reports 55.6% top-1 / 73.2% top-2 accuracy for its",
+        "cross-layer expert predictor (Mario928/speculative-moe, README); the sweep below covers 0.6-1.0);",
+        "warm-started policies can come",
         "out under the cold-start Belady figure by up to one cache fill. `slots` is per fold. Decode time is given",
         "where conf/model holds the traced model's card (Mixtral); the hint sweep runs on the Mixtral and Granite",
         "logs at 25% and 50% (Qwen has no next layer; DeepSeek and the synthetic trace are left out for time).",
@@ -205,7 +205,10 @@ def findings(frame) -> list[str]:
                 "No signal computed within the current token carries that, so on the Mixtral and Granite logs the",
                 "1.25x goal is out of reach of these online signals alone; the batch and draft scenarios above",
                 "show what routing several tokens per call changes. On DeepSeek each call is a whole prompt's",
-                "layer (prefill only) and Belady itself misses most accesses: little reuse is left for foresight to exploit.", ""]
+                "layer (prefill only) and Belady itself misses most accesses: little reuse is left for foresight to exploit.",
+                "docs/policy_gap.md (`python -m experiments.policy_gap`) measures the rest on the Mixtral, Qwen and",
+                "Granite logs: 13 published online policies (ARC, LIRS, Cacheus, LeCaR, ...) on the same key streams,",
+                "the spread of the excess over layers, and the best fixed set on order-shuffled routing.", ""]
     out += _prefetch_and_time(main)
     return out
 
