@@ -46,3 +46,18 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --cases: not a real-trace case: synthetic/48x128-top8",
                    f"error: --traces: {tmp_path / 'none'} is not a directory"]
+
+
+def test_best_scenario_falls_back_to_drafts_for_one_sequence():
+    from freetoken.experiments.policy_gap import BEST, best_scenario
+
+    t = two_sequences(3)
+    opts = {"decay": 0.9, "prior": None}
+    both = best_scenario(t, 0.5, 4, opts)
+    assert both["step scenario"] == BEST.label and both["step probe"] is not None
+    assert both["step belady"] == replay(t, "belady", 0.5, 4, {}, scenario=BEST.sim_fields())[1]
+    one = t.select(t.request == 0)
+    alone = best_scenario(one, 0.5, 4, opts)
+    drafts = dict(batch=1, draft_depth=BEST.draft_depth, acceptance=BEST.acceptance)
+    assert alone["step scenario"] == "drafts"
+    assert alone["step belady"] == replay(one, "belady", 0.5, 4, {}, scenario=drafts)[1]
