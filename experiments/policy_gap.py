@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from freetoken.experiments.policy_grid import Scenario
 from freetoken.experiments.policy_hints import replay
 from freetoken.experiments.policy_study import CASES, fit_decay
 from freetoken.experiments.traces import stream_of
+from freetoken.paths import WORK_ROOT
 from freetoken.placement import DECODE
 from freetoken.placement.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
@@ -188,7 +190,10 @@ def render(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.policy_gap", description=__doc__.split("\n")[0])
     ap.add_argument("--cases", nargs="+", default=list(GAP_CASES), metavar="CASE")
-    ap.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "traces")
+    ap.add_argument("--traces", type=Path, default=Path(os.environ.get("FT_SHARED_TRACES", WORK_ROOT.parent / "shared"
+                                                                       / "traces")),
+                    help="the real traces (default: $FT_SHARED_TRACES, else ../shared/traces beside the checkout, as "
+                         "the study's)")
     ap.add_argument("--doc", type=Path, help="write the table here (default: print it)")
     args = ap.parse_args(argv)
     try:
