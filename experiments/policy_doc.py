@@ -9,7 +9,37 @@ from freetoken.experiments.policy_hints import HARDWARE, HINT_FRACTIONS, REST_OF
 CARD = "mixtral-8x7b"
 
 
-def intro(accuracy: float, confidence: float) -> list[str]:
+def scenario_text(labels) -> list[str]:
+    """The scenarios paragraph, from the scenario labels the rows hold (conf/study/policy.yaml chose them)."""
+    import textwrap
+
+    batches = sorted({int(x.split()[1]) for x in labels if x.startswith("batch ")})
+    drafts: dict[int, list[str]] = {}
+    for x in labels:
+        if x.startswith("draft "):
+            depth, _, rate = x.removeprefix("draft ").partition(" a=")
+            drafts.setdefault(int(depth), []).append(rate)
+    text = "Scenarios (experiments/policy_grid.py, chosen in conf/study/policy.yaml): `solo` replays each sequence " \
+           "alone, as recorded"
+    if batches:
+        text += f"; `batch N` (N = {', '.join(map(str, batches))}) runs up to N sequences under the server's " \
+                "continuous batching (sim/continuous.py: one decode call per layer over the union of their experts)"
+    for depth, rates in sorted(drafts.items()):
+        text += f"; `draft {depth} a=x` (x = {', '.join(sorted(rates, key=float))}) is speculative decoding " \
+                f"(sim/speculative.py): each decode step one verify call of {depth + 1} tokens, a draft the true " \
+                "next token with probability x while the drafts before it were (else another token of the " \
+                "sequence, whose experts the verify call loads too), the next step at the corrected / bonus token"
+    both = sorted({x for x in labels if x.startswith("batch ") and " draft " in x}, key=len)
+    if both:
+        text += "; `batch N draft d a=x` runs both: each step, every sequence of the batch verifies its token and " \
+                "draft in the step's one call per layer"
+    text += ". Belady is replayed on each scenario's own calls. The per-trace tables below are `solo`" + \
+        ("; the scenarios are compared in the signal section." if batches or drafts else
+         " (no other scenario was run).")
+    return textwrap.wrap(text, 110)
+
+
+def intro(accuracy: float, confidence: float, scenarios=("solo",)) -> list[str]:
     return [
         "# Placement-policy study",
         "",
@@ -25,13 +55,7 @@ def intro(accuracy: float, confidence: float) -> list[str]:
         "frequency start with their pinned set resident, layer_sweep, lookahead and hinted_sweep with their",
         "highest-prior keys (no cold misses); lru, s3fifo and Belady start empty.",
         "",
-        "Scenarios (experiments/policy_grid.py): `solo` replays each sequence alone, as recorded; `batch N` runs",
-        "up to N sequences under the server's continuous batching (sim/continuous.py: one decode call per layer",
-        "over the union of their experts); `draft 3 a=x` is speculative decoding (sim/speculative.py): each decode",
-        "step one verify call of 4 tokens, a draft the true next token with probability x while the drafts before",
-        "it were (else another token of the sequence, whose experts the verify call loads too), the next step at",
-        "the corrected / bonus token. Belady is replayed on each scenario's own calls. The per-trace tables below",
-        "are `solo`; the scenarios are compared in the signal section.",
+        *scenario_text(scenarios),
         "",
         "Policies (freetoken/placement/, each also runs live in the engine):",
         "",
@@ -68,9 +92,12 @@ def intro(accuracy: float, confidence: float) -> list[str]:
         "chunk of 32 calls and only cold misses remain); the Qwen log holds layer 0 only, so there is no sweep and",
         "layer_sweep is a decayed LFU there (and no next layer to hint: hinted_sweep equals layer_sweep);",
         "DeepSeek is profiled on the first half of its prompts and evaluated on the second half only; hint",
-        "accuracies are assumed, not measured (the traces hold no hidden states; for scale, the repository the",
-        "Mixtral logs come from reports 55.6% top-1 / 73.2% top-2 accuracy for its cross-layer expert predictor",
-        "(Mario928/speculative-moe, README); the sweep below covers 0.6-1.0); warm-started policies can come",
+        f"accuracies are assumed ({accuracy} in the main rows), not measured: no real trace holds a recorded hint",
+        "(the engine records one, `hint [T, L, K]`, and `ft sim --policy-option hint=recorded` replays it; tiny",
+        "random models, the only ones run live here, measured 0.31-0.72, which says nothing of a trained router;",
+        "for scale, the repository the Mixtral logs come from reports 55.6% top-1 / 73.2% top-2 accuracy for its",
+        "cross-layer expert predictor (Mario928/speculative-moe, README); the sweep below covers 0.6-1.0);",
+        "warm-started policies can come",
         "out under the cold-start Belady figure by up to one cache fill. `slots` is per fold. Decode time is given",
         "where conf/model holds the traced model's card (Mixtral); the hint sweep runs on the Mixtral and Granite",
         "logs at 25% and 50% (Qwen has no next layer; DeepSeek and the synthetic trace are left out for time).",
@@ -178,7 +205,10 @@ def findings(frame) -> list[str]:
                 "No signal computed within the current token carries that, so on the Mixtral and Granite logs the",
                 "1.25x goal is out of reach of these online signals alone; the batch and draft scenarios above",
                 "show what routing several tokens per call changes. On DeepSeek each call is a whole prompt's",
-                "layer (prefill only) and Belady itself misses most accesses: little reuse is left for foresight to exploit.", ""]
+                "layer (prefill only) and Belady itself misses most accesses: little reuse is left for foresight to exploit.",
+                "docs/policy_gap.md (`python -m experiments.policy_gap`) measures the rest on the Mixtral, Qwen and",
+                "Granite logs: 13 published online policies (ARC, LIRS, Cacheus, LeCaR, ...) on the same key streams,",
+                "the spread of the excess over layers, and the best fixed set on order-shuffled routing.", ""]
     out += _prefetch_and_time(main)
     return out
 

@@ -1,7 +1,7 @@
 """The policy study's grid: the policies (each a POLICIES key with fixed options, labelled as in the report) and the
 decode scenarios every (case, residency) is replayed under: one sequence at a time, continuous batching of 4 or 8
 sequences (sim/continuous.py), or speculative decoding with a draft of depth 3 accepted at a = 0.6 / 0.8
-(sim/speculative.py); those are the defaults, conf/study/policy.yaml sets them per run (scenarios()). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
+(sim/speculative.py), and each batch size with each draft rate; those are the defaults, conf/study/policy.yaml sets them per run (scenarios()). Belady is replayed on each scenario's own calls: the ratio of a scenario is to its own bound.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ HINTED_CONFIDENCE = 0.9  # hinted_sweep prefetches a predicted expert only when 
 BATCHES = (4, 8)  # the study's defaults; conf/study/policy.yaml sets them per run
 DRAFT_DEPTH = 3
 ACCEPTANCES = (0.6, 0.8)
+COMBINE = True  # also each batch size with each draft rate
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,13 +80,14 @@ class Scenario:
         return dict(batch=self.batch, draft_depth=self.draft_depth, acceptance=self.acceptance)
 
     def applies(self, trace: RoutingTrace) -> bool:
-        """Whether it changes the calls: drafts need decode tokens, a batch two sequences that decode."""
+        """Whether it changes the calls: drafts need decode tokens, a batch two sequences that decode (a batch with
+        drafts both: with one sequence it is the drafts alone)."""
         decode = trace.phase == DECODE
-        if self.draft_depth:
-            return bool(decode.any())
         if self.batch > 1:
             keys = trace.request.astype(np.int64)[decode] << 32 | trace.turn.astype(np.int64)[decode]
             return len(np.unique(keys)) > 1
+        if self.draft_depth:
+            return bool(decode.any())
         return True
 
 
@@ -109,23 +111,36 @@ def check_scenarios(batches, draft_depth, acceptances, prefix: str = "") -> None
         raise ValueError(f"{prefix}acceptances need draft_depth >= 1 (got draft_depth 0 and {list(acceptances)})")
 
 
-def scenarios(batches=BATCHES, draft_depth: int = DRAFT_DEPTH, acceptances=ACCEPTANCES) -> tuple[Scenario, ...]:
-    """Solo, continuous batching at each batch size, a draft of draft_depth at each acceptance."""
+def scenarios(batches=BATCHES, draft_depth: int = DRAFT_DEPTH, acceptances=ACCEPTANCES,
+              combine: bool = COMBINE) -> tuple[Scenario, ...]:
+    """Solo, continuous batching at each batch size, a draft of draft_depth at each acceptance, and (combine) each
+    batch size with each draft rate: every sequence of the batch verifies its drafts in the step's one call."""
     check_scenarios(batches, draft_depth, acceptances)
-    return (SOLO, *(Scenario(f"batch {b}", "batch", batch=b) for b in batches),
-            *(Scenario(f"draft {draft_depth} a={a}", "drafts", draft_depth=draft_depth, acceptance=a)
-              for a in acceptances))
+    drafts = [Scenario(f"draft {draft_depth} a={a}", "drafts", draft_depth=draft_depth, acceptance=a)
+              for a in acceptances]
+    both = [Scenario(f"batch {b} {d.label}", "batch + drafts", batch=b, draft_depth=draft_depth,
+                     acceptance=d.acceptance) for b in batches for d in drafts] if combine else []
+    return (SOLO, *(Scenario(f"batch {b}", "batch", batch=b) for b in batches), *drafts, *both)
+
+
+def drafts_of(label: str) -> str:
+    """The drafts part of a scenario label ("batch 4 draft 3 a=0.8" -> "draft 3 a=0.8"; "" without drafts)."""
+    i = label.find("draft ")
+    return label[i:] if i >= 0 else ""
 
 
 def scenario_order(label: str) -> tuple:
-    """Sort key of a scenario label as scenarios() orders them: solo, batches by size, drafts by depth and rate."""
+    """Sort key of a scenario label as scenarios() orders them: solo, batches by size, drafts by depth and rate,
+    then batches with drafts."""
     if label == SOLO.label:
         return (0,)
-    kind, _, rest = label.partition(" ")
-    if kind == "batch":
-        return (1, int(rest))
-    depth, _, rate = rest.partition(" a=")
-    return (2, int(depth), float(rate))
+    drafts = drafts_of(label)
+    depth, _, rate = drafts.removeprefix("draft ").partition(" a=")
+    draft_key = (int(depth), float(rate)) if drafts else ()
+    if label.startswith("batch "):
+        size = int(label.split()[1])
+        return (3, size, *draft_key) if drafts else (1, size)
+    return (2, *draft_key)
 
 
 SCENARIOS: tuple[Scenario, ...] = scenarios()

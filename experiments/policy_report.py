@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
-from freetoken.experiments.policy_grid import HINTED_CONFIDENCE, LOOKAHEAD_ACCURACY, ONLINE, SOLO
+from freetoken.experiments.policy_grid import HINTED_CONFIDENCE, LOOKAHEAD_ACCURACY, ONLINE, SOLO, scenario_order
 from freetoken.experiments.policy_signals import goal_check, signal_table
 
 COLUMNS = ("trace", "policy", "fraction", "capacity", "misses", "accesses", "miss_rate", "prefetched", "transfers",
@@ -35,7 +35,9 @@ def _pct(x: float) -> str:
 
 def render(frame) -> str:
     """docs/policy_study.md from the results table alone."""
-    lines = intro(LOOKAHEAD_ACCURACY, HINTED_CONFIDENCE)
+    labels = sorted(set(frame.scenario.astype(str)), key=scenario_order) if "scenario" in frame.columns \
+        else [SOLO.label]
+    lines = intro(LOOKAHEAD_ACCURACY, HINTED_CONFIDENCE, labels)
     everything = frame
     if "scenario" in frame.columns:
         frame = frame[frame.scenario.astype(str) == SOLO.label]

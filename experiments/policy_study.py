@@ -29,7 +29,7 @@ import hydra
 import numpy as np
 
 from freetoken.experiments.launchers import launch
-from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, DRAFT_DEPTH, ONLINE, PROFILED,
+from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, COMBINE, DRAFT_DEPTH, ONLINE, PROFILED,
                                                SCENARIOS, SOLO, check_scenarios, options, params, scenarios)
 from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
 from freetoken.experiments.policy_report import COLUMNS, render, write_outputs  # noqa: F401  (the study's names)
@@ -217,7 +217,7 @@ REPORT = "policy_study.md"
 @dataclass(frozen=True, slots=True)
 class StudySpec:
     """conf/study: which case at which residency; traces: the real traces' directory; doc: a tracked doc to rewrite
-    too (None: only the report in the results dir); batches, draft_depth, acceptances: the decode scenarios."""
+    too (None: only the report in the results dir); batches, draft_depth, acceptances, combine: the decode scenarios."""
 
     case: str
     fraction: float
@@ -226,6 +226,7 @@ class StudySpec:
     batches: tuple[int, ...] = BATCHES
     draft_depth: int = DRAFT_DEPTH
     acceptances: tuple[float, ...] = ACCEPTANCES
+    combine: bool = COMBINE
 
     def __post_init__(self) -> None:
         if self.case not in CASES:
@@ -238,9 +239,11 @@ class StudySpec:
                 raise ValueError(f"study.{name}: a list, got {getattr(self, name)!r}")
             object.__setattr__(self, name, tuple(getattr(self, name)))  # Hydra gives lists
         check_scenarios(self.batches, self.draft_depth, self.acceptances, "study.")
+        if not isinstance(self.combine, bool):
+            raise ValueError(f"study.combine: true or false, got {self.combine!r}")
 
     def scenarios(self):
-        return scenarios(self.batches, self.draft_depth, self.acceptances)
+        return scenarios(self.batches, self.draft_depth, self.acceptances, self.combine)
 
 
 def validate(cfg) -> None:

@@ -58,19 +58,22 @@ def num_calls(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -
 class Steps:
     """The groups of trace rows a replay runs as calls, in order (prefill chunks, batched decode steps, verify steps):
     rows[offsets[g]:offsets[g+1]] is group g, phase[g] its phase; accepted[g] the drafts a verify step accepted
-    (0 elsewhere)."""
+    (0 elsewhere; a batched verify step: summed over its sequences), produced[g] the decode tokens it made."""
 
     rows: np.ndarray  # [R] trace rows (a verify step: its true token first, then its drafts in draft order)
     offsets: np.ndarray  # [G + 1]
     phase: np.ndarray  # [G] int8
     accepted: np.ndarray  # [G]
+    produced: np.ndarray  # [G] decode tokens a decode group made: accepted + 1, summed over a batched step's sequences
 
     @classmethod
-    def of(cls, groups: list[np.ndarray], phase: list[int], accepted: list[int] | None = None) -> "Steps":
+    def of(cls, groups: list[np.ndarray], phase: list[int], accepted: list[int] | None = None,
+           produced: list[int] | None = None) -> "Steps":
         sizes = [len(g) for g in groups]
         rows = np.concatenate(groups).astype(np.int64) if groups else np.zeros(0, np.int64)
-        return cls(rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.asarray(phase, np.int8),
-                   np.asarray(accepted if accepted is not None else [0] * len(groups), np.int64))
+        acc = np.asarray(accepted if accepted is not None else [0] * len(groups), np.int64)
+        return cls(rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.asarray(phase, np.int8), acc,
+                   np.asarray(produced, np.int64) if produced is not None else acc + 1)
 
     @property
     def verify_steps(self) -> int:
@@ -79,7 +82,7 @@ class Steps:
     @property
     def decode_tokens(self) -> int:
         """Tokens the verify steps produced: each step its accepted drafts and the corrected / bonus token."""
-        return int((self.accepted[self.phase == DECODE] + 1).sum())
+        return int(self.produced[self.phase == DECODE].sum())
 
 
 def steps_stream(trace: RoutingTrace, steps: Steps) -> CallStream:

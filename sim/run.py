@@ -32,18 +32,19 @@ class SimConfig(CacheConfig):
         if isinstance(self.acceptance, bool) or not isinstance(self.acceptance, (int, float)) \
                 or not 0 <= self.acceptance <= 1:
             raise ConfigError("{acceptance} must lie in [0, 1], got {v}", v=self.acceptance)
-        if self.draft_depth and self.batch > 1:
-            raise ConfigError("{draft_depth} > 0 and {batch} > 1 together are not simulated; give one of them")
         if not (isinstance(self.expert_bytes, int) and self.expert_bytes >= 0):
             raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
         if not (isinstance(self.batch, int) and self.batch >= 1):
             raise ConfigError("{batch} must be >= 1, got {v}", v=self.batch)
 
     def batched_stream(self, trace: RoutingTrace):
-        """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
+        """batch > 1: the trace's MoE calls in the order continuous batching plans them (with draft_depth > 0: each
+        step every sequence's verify call of d + 1 tokens, in one call per layer)."""
+        from freetoken.sim.batch import Speculation
         from freetoken.sim.continuous import batched_stream
 
-        return batched_stream(trace, self.batch, self.prefill_chunk)
+        spec = Speculation(self.draft_depth, float(self.acceptance)) if self.draft_depth else None
+        return batched_stream(trace, self.batch, self.prefill_chunk, spec, self.draft_seed)
 
     def speculative_stream(self, trace: RoutingTrace):
         """draft_depth > 0: (the verify calls' CallStream, the Steps it ran)."""
@@ -88,10 +89,29 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first."""
     expert_bytes = getattr(config, "expert_bytes", 0)
     library, profile = profile, profile if profile is not None else trace
+    if isinstance(config.options.get("hint"), str):  # hint=recorded / measured: built from the replayed trace
+        config = _with_replayed_hint(config, trace)
     if stream is None:
         stream = call_stream(trace, config)[0]
     future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
-                                  library=library)
+                          library=library)
     return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
                          on_call=on_call, prefill_split=getattr(config, "prefill_split", None))
+
+
+def _with_replayed_hint(config: CacheConfig, trace: RoutingTrace) -> CacheConfig:
+    """config with options hint=recorded / measured replaced by that hint object of `trace` (router_hint.replay_hint):
+    the calls of the run that recorded it, so one sequence at a time (no batch, no simulated drafts)."""
+    from dataclasses import replace
+
+    from freetoken.placement.router_hint import replay_hint
+
+    if getattr(config, "batch", 1) > 1 or getattr(config, "draft_depth", 0):
+        raise ConfigError("{options}: hint={kind} replays the recorded run's own calls; it takes neither {batch} > 1 "
+                          "nor {draft_depth} > 0", kind=config.options["hint"])
+    try:
+        hint = replay_hint(config.options["hint"], trace, config.prefill_chunk, getattr(config, "draft_seed", 0))
+    except ValueError as e:
+        raise ConfigError(str(e).replace("{", "{{").replace("}", "}}")) from None
+    return replace(config, options={**config.options, "hint": hint})

@@ -25,28 +25,35 @@ from freetoken.sim.batch import Speculation
 from freetoken.sim.calls import Steps, segments, steps_stream
 
 
+def verify_step(t: int, lo: int, hi: int, spec: Speculation, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    """One verify step at decode row t of the sequence's rows [lo, hi): (its rows: t, then the d drafts; the drafts
+    it accepted). The next step starts at t + accepted + 1."""
+    n, d, a = hi - lo, spec.depth, spec.acceptance
+    u = rng.random(d)  # [d] acceptance draws
+    other = rng.integers(0, max(n - 1, 1), size=d)  # [d] index among the sequence's other rows
+    rows, k, chain = [t], 0, True
+    for j in range(1, d + 1):
+        true = t + j
+        if chain and true < hi and u[j - 1] < a:
+            rows.append(true)
+            k += 1
+            continue
+        chain = False
+        if n == 1:  # a one-token sequence has no other token: the draft repeats it
+            rows.append(lo)
+            continue
+        skip = (true if true < hi else t) - lo  # the true token (past the end: the current one) is no draw
+        i = int(other[j - 1])
+        rows.append(lo + i + (i >= skip))
+    return np.asarray(rows, np.int64), k
+
+
 def draft_rows(lo: int, hi: int, spec: Speculation, rng: np.random.Generator) -> tuple[list[np.ndarray], list[int]]:
     """Verify steps of the decode rows [lo, hi) of one sequence: (rows of each step, drafts each accepted)."""
-    steps, accepted, t, n = [], [], lo, hi - lo
-    d, a = spec.depth, spec.acceptance
+    steps, accepted, t = [], [], lo
     while t < hi:
-        u = rng.random(d)  # [d] acceptance draws
-        other = rng.integers(0, max(n - 1, 1), size=d)  # [d] index among the sequence's other rows
-        rows, k, chain = [t], 0, True
-        for j in range(1, d + 1):
-            true = t + j
-            if chain and true < hi and u[j - 1] < a:
-                rows.append(true)
-                k += 1
-                continue
-            chain = False
-            if n == 1:  # a one-token sequence has no other token: the draft repeats it
-                rows.append(lo)
-                continue
-            skip = (true if true < hi else t) - lo  # the true token (past the end: the current one) is no draw
-            i = int(other[j - 1])
-            rows.append(lo + i + (i >= skip))
-        steps.append(np.asarray(rows, np.int64))
+        rows, k = verify_step(t, lo, hi, spec, rng)
+        steps.append(rows)
         accepted.append(k)
         t += k + 1
     return steps, accepted

@@ -125,6 +125,32 @@ def test_hinted_sweep_matches_brute_force_plan_by_plan(seed, capacity, acc, min_
         assert sum(len(p.prefetch) for p in got) > 0
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_measure_weighs_each_hint_by_its_running_accuracy(seed):
+    """measure=True makes the Plans of the same policy whose assumed accuracy, call by call, is the tally written
+    here: of the keys each layer's calls used, the share the hint of the call before (one layer down) named."""
+    calls = _calls(seed, chunk=1)
+    hint = ScriptedHint(seed)
+    acc = (0.7, 0.5)
+    got = HintedSweep(5, L, E, hint=hint, accuracy=acc, depth=2, min_confidence=0.3, decay=0.8, measure=True)
+    plans = [got.plan(c, Split("offload")) for c in calls]
+    ref = HintedSweep(5, L, E, hint=type("Log", (), {"upcoming": lambda s, c, it=iter(hint.log): next(it)})(),
+                      accuracy=acc, depth=2, min_confidence=0.3, decay=0.8)
+    right, used = [0] * L, [0] * L
+    for i, call in enumerate(calls):
+        if i and calls[i - 1].layer == call.layer - 1:
+            named = {k for k in hint.log[i - 1] if k // E == call.layer}
+            true = {call.layer * E + e for e in call.experts}
+            right[call.layer] += len(named & true)
+            used[call.layer] += len(true)
+        nxt = call.layer + 1
+        ref.acc = ((right[nxt] / used[nxt]) if nxt < L and used[nxt] else acc[0], acc[1])
+        assert ref.plan(call, Split("offload")) == plans[i], f"call {i}"
+    assert got.measured_accuracy() == pytest.approx([r / u if u else math.nan for r, u in zip(right, used)],
+                                                    nan_ok=True)
+    assert sum(used) > 0
+
+
 def test_posterior_limits_by_hand():
     # 2 layers x 4 experts, capacity 4: no hint for layer 1 -> layer_sweep's wait. Call 0 on layer 0 uses
     # expert 0 at decay 0.5: p(0, 0) = 0.5. Keys of layer 1 have p = 0, so their prior p is floored at

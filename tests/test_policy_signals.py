@@ -35,9 +35,33 @@ def test_signal_table_closes_the_gap_by_hand():
     text = "\n".join(signal_table(frame))
     assert "| t | 25% | 1.50 layer_sweep | 1.40 lookahead (1.40) | 1.22 layer_sweep (1.10) | 1.28 lookahead (1.15) |" \
         in text
-    assert "- solo + router hint: closes 20% of the gap to its own bound" in text
+    assert "- solo + router hint (assumed a=0.8): closes 20% of the gap to its own bound" in text
     assert "- draft 3 a=0.6: closes 56% of the gap" in text
     assert "transfers -27% on average (-27% to -27%) against solo no hint" in text
+
+
+def test_report_intro_describes_the_scenarios_the_rows_hold():
+    from freetoken.experiments.policy_doc import scenario_text
+
+    full = " ".join(scenario_text(["solo", "batch 4", "batch 8", "draft 3 a=0.6", "draft 3 a=0.8"]))
+    assert "`batch N` (N = 4, 8)" in full and "`draft 3 a=x` (x = 0.6, 0.8)" in full
+    assert "one verify call of 4 tokens" in full and full.endswith("compared in the signal section.")
+    other = " ".join(scenario_text(["solo", "draft 2 a=0.5"]))
+    assert "batch" not in other and "`draft 2 a=x` (x = 0.5)" in other and "verify call of 3 tokens" in other
+    assert " ".join(scenario_text(["solo"])).endswith("are `solo` (no other scenario was run).")
+    both = " ".join(scenario_text(["solo", "batch 4", "draft 3 a=0.8", "batch 4 draft 3 a=0.8"]))
+    assert "`batch N` (N = 4)" in both and "(x = 0.8)" in both and "`batch N draft d a=x` runs both" in both
+
+
+def test_scenario_labels_sort_and_split():
+    from freetoken.experiments.policy_grid import drafts_of, scenario_order, scenarios
+
+    labels = [s.label for s in scenarios((4, 8), 3, (0.6, 0.8), combine=True)]
+    assert labels == ["solo", "batch 4", "batch 8", "draft 3 a=0.6", "draft 3 a=0.8", "batch 4 draft 3 a=0.6",
+                      "batch 4 draft 3 a=0.8", "batch 8 draft 3 a=0.6", "batch 8 draft 3 a=0.8"]
+    assert sorted(reversed(labels), key=scenario_order) == labels
+    assert drafts_of("batch 8 draft 3 a=0.6") == "draft 3 a=0.6" and drafts_of("batch 8") == ""
+    assert [s.label for s in scenarios((4,), 3, (0.8,), combine=False)] == ["solo", "batch 4", "draft 3 a=0.8"]
 
 
 def test_goal_check_names_the_pair_and_the_trace_status():

@@ -152,16 +152,21 @@ def test_hydra_study_scenario_settings_compose_and_validate(tmp_path):
 
     spec = build(_hydra_cfg(tmp_path, "deepseek-v2-lite", 0.25), "study")
     assert spec.scenarios() == ps.SCENARIOS
-    assert [s.label for s in ps.SCENARIOS] == ["solo", "batch 4", "batch 8", "draft 3 a=0.6", "draft 3 a=0.8"]
+    assert [s.label for s in ps.SCENARIOS] == ["solo", "batch 4", "batch 8", "draft 3 a=0.6", "draft 3 a=0.8",
+                                              "batch 4 draft 3 a=0.6", "batch 4 draft 3 a=0.8",
+                                              "batch 8 draft 3 a=0.6", "batch 8 draft 3 a=0.8"]
     spec = build(_hydra_cfg(tmp_path, "deepseek-v2-lite", 0.25, **{"study.batches": [2], "study.draft_depth": 5,
                                                                     "study.acceptances": [0.7]}), "study")
     assert [(s.label, s.batch, s.draft_depth, s.acceptance) for s in spec.scenarios()] == \
-        [("solo", 1, 0, 1.0), ("batch 2", 2, 0, 1.0), ("draft 5 a=0.7", 1, 5, 0.7)]
+        [("solo", 1, 0, 1.0), ("batch 2", 2, 0, 1.0), ("draft 5 a=0.7", 1, 5, 0.7), ("batch 2 draft 5 a=0.7", 2, 5, 0.7)]
+    spec = build(_hydra_cfg(tmp_path, "deepseek-v2-lite", 0.25, **{"study.combine": False}), "study")
+    assert [s.label for s in spec.scenarios()] == ["solo", "batch 4", "batch 8", "draft 3 a=0.6", "draft 3 a=0.8"]
     bad = [({"study.batches": [1, 4]}, r"^study\.batches: distinct whole numbers >= 2 .*got \[1, 4\]$"),
            ({"study.batches": 4}, r"^study\.batches: a list, got 4$"),
            ({"study.draft_depth": -1}, r"^study\.draft_depth must be a whole number >= 0 .*got -1$"),
            ({"study.acceptances": [0.6, 1.2]}, r"^study\.acceptances: distinct rates in \[0, 1\], got \[0\.6, 1\.2\]$"),
-           ({"study.draft_depth": 0}, r"^study\.acceptances need draft_depth >= 1 ")]
+           ({"study.draft_depth": 0}, r"^study\.acceptances need draft_depth >= 1 "),
+           ({"study.combine": "yes"}, r"^study\.combine: true or false, got 'yes'$")]
     for values, message in bad:
         with pytest.raises(ValueError, match=message):
             build(_hydra_cfg(tmp_path, "deepseek-v2-lite", 0.25, **values), "study")
@@ -176,7 +181,7 @@ def test_configured_scenarios_are_the_rows_a_run_writes(tmp_path, monkeypatch):
     ps.run_study(_hydra_cfg(tmp_path / "results", "tiny", 0.25, **{"study.batches": [2], "study.draft_depth": 2,
                                                                    "study.acceptances": [0.5]}))
     rows = pd.read_parquet(tmp_path / "results" / "policy_study_policies.parquet")
-    assert list(dict.fromkeys(rows.scenario)) == ["solo", "batch 2", "draft 2 a=0.5"]
+    assert list(dict.fromkeys(rows.scenario)) == ["solo", "batch 2", "draft 2 a=0.5", "batch 2 draft 2 a=0.5"]
     want = pd.DataFrame(ps.run_case(case, Path("."), [0.25], ps.ONLINE,
                                     scenarios=ps.scenarios((2,), 2, (0.5,))), columns=list(ps.COLUMNS))
     pd.testing.assert_frame_equal(rows[list(ps.COLUMNS)].reset_index(drop=True), want, check_dtype=False)

@@ -115,3 +115,60 @@ def test_forward_spans_by_hand():
     assert forward_spans(trace, 2) == [(0, 2), (2, 3), (3, 6), (6, 7), (7, 9)]
     plain = RoutingTrace(experts=ex, num_experts=2, request=trace.request, phase=trace.phase)
     assert forward_spans(plain, 2) == [(0, 2), (2, 3)] + [(t, t + 1) for t in range(3, 9)]
+
+
+def hinted_trace(tokens: int, keep=(0.7, 0.4, 0.95), seed: int = 4) -> RoutingTrace:
+    """random_trace's routing (4 layers, top-2 of 16) with a recorded hint of layers 1-3: each true pick kept with
+    probability keep[l - 1], else an expert the token does not use."""
+    t = random_trace(tokens)
+    rng = np.random.default_rng(seed)
+    hint = np.full_like(t.experts, -1)
+    for layer in (1, 2, 3):
+        for i in range(tokens):
+            unused = np.setdiff1d(np.arange(16), t.experts[i, layer])
+            hint[i, layer] = [e if rng.random() < keep[layer - 1] else rng.choice(unused) for e in t.experts[i, layer]]
+    return RoutingTrace(experts=t.experts, num_experts=16, phase=t.phase, hint=hint)
+
+
+def test_hinted_sweep_measures_a_recorded_hint_as_the_trace_does():
+    """measure=True: after a replay of decode tokens (a call = one token's top-k), the running tally per layer is
+    the trace's own measured accuracy (trace.stats.hint_accuracy); the option's 0.9 is not what it weighs by."""
+    from freetoken.placement import Split
+    from freetoken.placement.hinted_sweep import HintedSweep
+
+    trace = hinted_trace(300)
+    measured = hint_accuracy(trace)
+    policy = HintedSweep(10, 4, 16, hint=RecordedHint(trace, 64), accuracy=0.9, depth=1, min_confidence=0.5,
+                         decay=0.8, measure=True)
+    plans = [policy.plan(c, Split("offload")) for c in trace_calls(trace, 64)]
+    assert policy.measured_accuracy() == pytest.approx(measured.tolist(), nan_ok=True)
+    assert not np.allclose(measured[1:], 0.9)
+    plain = make_policy("hinted_sweep", 10, 4, 16, hint=RecordedHint(trace, 64), accuracy=0.9, depth=1,
+                        min_confidence=0.5, decay=0.8)
+    assert [plain.plan(c, Split("offload")) for c in trace_calls(trace, 64)] != plans
+
+
+def test_sim_replays_a_recorded_or_measured_hint_from_the_trace():
+    from freetoken.placement import Split
+    from freetoken.sim.replay import replay
+    from freetoken.sim.run import SimConfig, simulate
+
+    trace = hinted_trace(200)
+    opts = dict(depth=1, min_confidence=0.5, decay=0.8, measure=True)
+    for kind, hint in (("recorded", RecordedHint(trace, 64)), ("measured", MeasuredHint(trace, 64, seed=0))):
+        sim = simulate(trace, SimConfig("hinted_sweep", Split("offload"), capacity=10, prefill_chunk=64,
+                                        options={**opts, "hint": kind}), keep_plans=True)
+        ref = replay(trace_calls(trace, 64), make_policy("hinted_sweep", 10, 4, 16, hint=hint, **opts),
+                     Split("offload"), keep_plans=True)
+        assert sim.plans == ref.plans and sim.total.prefetched == ref.total.prefetched
+    plain = random_trace(50)  # no recorded hint: neither replay may stand in a perfect one for it
+    for kind in ("recorded", "measured"):
+        with pytest.raises(ValueError, match=f"hint={kind} needs a trace with a recorded hint"):
+            simulate(plain, SimConfig("hinted_sweep", Split("offload"), capacity=10, prefill_chunk=64,
+                                      options={**opts, "hint": kind}))
+    for bad, err in (({"hint": "router"}, "live only"), ({"hint": "later"}, "one of recorded, measured"),
+                     ({"hint": "recorded", "batch": 2}, "takes neither")):
+        extra = {"batch": bad.pop("batch")} if "batch" in bad else {}
+        with pytest.raises(ValueError, match=err):
+            simulate(trace, SimConfig("hinted_sweep", Split("offload"), capacity=10, prefill_chunk=64,
+                                      options={**opts, **bad}, **extra))

@@ -141,3 +141,16 @@ def test_scenario_call_stream_is_built_once_and_replays_as_simulate(trace_file, 
     assert (out["hits"], out["misses"], out["evictions"]) == (direct.total.hits, direct.total.misses,
                                                              direct.total.evictions)
     assert len(built) == 3  # the second CLI run once more, simulate() once
+
+
+def test_interpreted_options_are_noted_and_replay_the_reference(trace_file, capsys):
+    """hinted_sweep measure=true runs the interpreted class: ft sim says so, and its counts are simulate()'s."""
+    args = ["sim", "--trace", str(trace_file), "--policy", "hinted_sweep", "--capacity", "10", "--prefill-chunk", "4",
+            "--policy-option", "measure=true"]
+    assert main(args) == 0
+    assert "note: policy hinted_sweep: these options run interpreted (slow path)" in capsys.readouterr().out
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    direct = simulate(load(trace_file), SimConfig("hinted_sweep", Split("offload"), capacity=10, prefill_chunk=4,
+                                                  options={"measure": True})).total
+    assert (out["misses"], out["prefetched"]) == (direct.misses, direct.prefetched)

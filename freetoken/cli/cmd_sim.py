@@ -39,8 +39,10 @@ def run(args: argparse.Namespace) -> int:
                                     draft_seed=args.draft_seed)  # flags checked before any loading
     trace = load(args.trace)
     stream, steps = call_stream(trace, config)  # built once: counted for the progress bar, then replayed
-    if not is_compiled(config.policy) and not args.json:
-        print(f"note: policy {config.policy} has no compiled decision; it runs interpreted (slow path)", flush=True)
+    interpreted = "hint" in config.options or config.options.get("measure")  # Python hint objects, the tally
+    if (interpreted or not is_compiled(config.policy)) and not args.json:
+        why = ": these options run" if interpreted else " has no compiled decision; it runs"
+        print(f"note: policy {config.policy}{why} interpreted (slow path)", flush=True)
     with progress(stream.num_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
         result = simulate(trace, config, on_call=None if args.json else advance, stream=stream)
     out = result.to_dict()

@@ -54,8 +54,11 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
     if unknown:
         raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
                          f"it takes: {', '.join(sorted(accepted)) or 'none'}")
-    if not reference and is_compiled(name) and options.get("hint") is None:  # a live hint: a Python object
+    # a live hint is a Python object; hinted_sweep's running accuracy tally (measure) exists only interpreted
+    if not reference and is_compiled(name) and options.get("hint") is None and not options.get("measure"):
         from freetoken.placement.compiled import CompiledPolicy
+
+        options.pop("measure", None)  # off: no tally, the compiled decision is the same
 
         return CompiledPolicy(name, capacity, num_layers, num_experts, **options)
     return cls(capacity, num_layers, num_experts, **options)

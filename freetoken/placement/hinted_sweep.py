@@ -21,6 +21,11 @@ the hint then only steers eviction, which is where it can save copies (a prefetc
 The hint is `upcoming(call) -> keys` (live: the router of the next layers run on the hidden state that routed
 this call; simulator: `DistanceOracle`), asked at the start of each call's plan, so it steers this call's own
 evictions and then its prefetches; keys of layers outside (call.layer, call.layer + depth] are ignored.
+
+`accuracy` is assumed. measure=True replaces it, for a layer one call ahead, by the accuracy the hint has shown
+in this run so far: of the keys the next-layer calls used, the share the hint of the call before named (a running
+tally per layer, which the engine keeps as well: the truth arrives one call after each prediction). A layer not
+yet scored keeps the option's a.
 """
 
 from __future__ import annotations
@@ -88,8 +93,13 @@ class HintedSweep(LayerSweep):
 
     def __init__(self, capacity: int, num_layers: int, num_experts: int, future: KeyStream | None = None,
                  accuracy: float | Sequence[float] = 0.8, depth: int = 1, min_confidence: float = 0.9,
-                 seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True, prior=None, scan: int = 64):
+                 seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True, prior=None, scan: int = 64,
+                 measure: bool = False):
         super().__init__(capacity, num_layers, num_experts, decay=decay, bypass=bypass, prior=prior, scan=scan)
+        self.measure = measure
+        self._named_right = [0] * num_layers  # per layer: used keys the hint named one call before (measure)
+        self._used = [0] * num_layers  # per layer: keys its scored calls used
+        self._named_next: tuple[int, set[int]] | None = None  # (layer, keys) the standing hint named one call on
         self.acc = accuracies(accuracy, depth)
         self.depth = depth
         self.min_confidence = min_confidence
@@ -111,6 +121,8 @@ class HintedSweep(LayerSweep):
 
     def _take_hint(self, call: Call) -> None:
         E, lo, hi = self.num_experts, call.layer + 1, call.layer + self.depth
+        if self.measure:
+            self._score(call)
         keys = [k for k in self.hint.upcoming(call) if lo <= k // E <= hi]
         per_layer: dict[int, int] = {}
         for k in keys:
@@ -118,10 +130,26 @@ class HintedSweep(LayerSweep):
         self._hinted = {}
         for layer, n in per_layer.items():
             a = self.acc[layer - call.layer - 1]
+            if self.measure and layer == lo and self._used[layer]:
+                a = self._named_right[layer] / self._used[layer]
             self._hinted[layer] = (a, min(1.0, n * (1 - a) / (E - 1)), n)
         self._predicted = set(keys)
         self._predicted_order = keys
         self._reach = max(self._hinted) - call.layer if self._hinted else 0
+        if self.measure:
+            self._named_next = (lo, {k for k in keys if k // E == lo})
+
+    def _score(self, call: Call) -> None:
+        """Tally the standing hint's naming of this call's keys, when it was made one call before for this layer."""
+        named, self._named_next = self._named_next, None
+        if named is not None and named[0] == call.layer:
+            used = {call.layer * self.num_experts + e for e in call.experts}
+            self._named_right[call.layer] += len(used & named[1])
+            self._used[call.layer] += len(used)
+
+    def measured_accuracy(self) -> list[float]:
+        """[L] the hint's accuracy one call ahead so far, per layer (nan: not scored yet; measure=True only)."""
+        return [r / u if u else math.nan for r, u in zip(self._named_right, self._used)]
 
     def prefetch_for(self, call: Call) -> list[int]:
         return [k for k in self._predicted_order if self.confidence(k) >= self.min_confidence]

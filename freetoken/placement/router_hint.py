@@ -13,6 +13,9 @@ A policy takes `hint=` an object with `upcoming(call) -> keys`:
 - `MeasuredHint(trace, chunk, seed)`: a synthetic hint at the per-layer accuracy a trace measured
   (`freetoken.trace.stats.hint_accuracy`): each true key of layer l kept with probability a_l, else a uniformly
   drawn other expert of the layer (lookahead's noise model), seeded.
+In the simulator (`ft sim`), the option hint="recorded" or hint="measured" builds them from the replayed trace
+(replay_hint). hinted_sweep with measure=True weighs any of these hints by the accuracy it has shown so far in the
+run, which the engine can measure as well (sim = live), instead of an assumed one.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from freetoken.placement.lookahead import noisy_keys
 from freetoken.placement.stream import KeyStream
 
 ROUTER = "router"  # the CacheConfig option value hint="router": the engine's early router, live
+REPLAYED = ("recorded", "measured")  # hint= values the simulator builds from the replayed trace (replay_hint)
 
 
 def predicted_keys(layer: int, ids: np.ndarray, num_experts: int) -> list[int]:
@@ -128,3 +132,17 @@ class MeasuredHint(StreamHint):
         self.accuracy = acc
         keys = noisy_keys(truth.keys, E, acc[truth.keys // E], np.random.default_rng(seed))  # [N]
         super().__init__(truth, KeyStream(keys, truth.offsets), E)
+
+
+def replay_hint(kind: str, trace, prefill_chunk: int, seed: int = 0):
+    """The simulator's hint for the option hint=kind: "recorded" (RecordedHint) or "measured" (MeasuredHint at the
+    trace's measured accuracy, seeded); the live router needs the engine."""
+    if kind == ROUTER:
+        raise ValueError(f"options: hint={ROUTER!r} is the engine's early router, live only; a replay takes "
+                         f"hint=recorded (the predictions a live run recorded) or hint=measured")
+    if kind not in REPLAYED:
+        raise ValueError(f"options: hint must be one of {', '.join(REPLAYED)} in a replay, got {kind!r}")
+    if trace.hint is None:  # (MeasuredHint alone would take an unmeasured layer as never read: a perfect hint)
+        raise ValueError(f"options: hint={kind} needs a trace with a recorded hint (record it with the engine's "
+                         f"router hint on); this one holds none")
+    return RecordedHint(trace, prefill_chunk) if kind == "recorded" else MeasuredHint(trace, prefill_chunk, seed=seed)

@@ -81,13 +81,16 @@ def test_router_hint_cannot_be_off_when_the_policy_reads_it(checkpoints):
                kernels="reference", device="cpu")
 
 
-@pytest.mark.parametrize("policy", ["lookahead", "hinted_sweep"])
-def test_sim_with_recorded_hint_makes_the_live_plans(policy, checkpoints):
+@pytest.mark.parametrize("policy,measure", [("lookahead", False), ("hinted_sweep", False), ("hinted_sweep", True)])
+def test_sim_with_recorded_hint_makes_the_live_plans(policy, measure, checkpoints):
     """Sim = live with the live hint: the engine plans with its early router's predictions; the simulator replays
-    the recorded trace with the recorded predictions (RecordedHint) and makes the same Plans, call by call."""
+    the recorded trace with the recorded predictions (RecordedHint) and makes the same Plans, call by call
+    (measure: hinted_sweep weighs the hint by the accuracy it has shown so far, live and replayed alike)."""
     ckpt = checkpoints["qwen3_moe"]
     prefetched = 0
     opts = {"hint": "router", "min_confidence": 0.5} if policy == "hinted_sweep" else {"hint": "router"}
+    if measure:
+        opts["measure"] = True
     for capacity in (3, 7):
         for split in (Split("offload"), Split("hybrid", bp=2.0, bh=1.0)):
             engine = Engine(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts),
