@@ -113,8 +113,17 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
         np.add(counts[5], counts[6], out=counts[9])
         np.add(counts[9], counts[7], out=counts[9])
     log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, counts[8], counts[9], *counts[:8])
-    mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
-    return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes, summed=summed)
+    return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes,
+                        summed=summed)
+
+
+def split_label(split: Split, prefill_split: Split | None = None) -> str:
+    """The split as results name it (hybrid-<rule>), with prefill's own when it differs from decode's."""
+    def name(sp: Split) -> str:
+        return sp.mode if sp.mode != "hybrid" else f"hybrid-{sp.rule}"
+    if prefill_split is None or prefill_split == split:
+        return name(split)
+    return f"{name(split)} (prefill {name(prefill_split)})"
 
 
 def _phase_runs(phase: np.ndarray, c0: int, c1: int, split: Split, prefill_split: Split | None):
@@ -156,5 +165,4 @@ def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expe
             on_call()
     table = np.array(rows, np.int64).reshape(len(rows), len(COLUMNS)).T.copy()  # [columns, calls]
     log = ReplayLog(**dict(zip(COLUMNS, table)))
-    mode = split.mode if split.mode != "hybrid" else f"hybrid-{split.rule}"
-    return ReplayResult(policy.name, mode, policy.capacity, log, expert_bytes, plans)
+    return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes, plans)

@@ -186,9 +186,13 @@ def test_prefill_split_fetches_every_prefill_miss_and_leaves_decode_alone():
     hybrid = Split("hybrid", "paper", 1.0, 2.0, admit_prefill=False)
     offload = Split("offload", admit_prefill=False)
     for keep_plans in (False, True):  # compiled stream replay; call by call through policy.plan
-        same = simulate(trace, SimConfig("lru", hybrid, capacity=0, prefill_chunk=4), keep_plans=keep_plans).log
-        split = simulate(trace, SimConfig("lru", hybrid, capacity=0, prefill_chunk=4, prefill_split=offload),
-                         keep_plans=keep_plans).log
+        same_run = simulate(trace, SimConfig("lru", hybrid, capacity=0, prefill_chunk=4), keep_plans=keep_plans)
+        split_run = simulate(trace, SimConfig("lru", hybrid, capacity=0, prefill_chunk=4, prefill_split=offload),
+                             keep_plans=keep_plans)
+        same, split = same_run.log, split_run.log
+        # the run's totals add up over its phase runs; its label names prefill's own split
+        assert (split_run.total.fetched, split_run.total.cpu, split_run.total.cpu_tokens) == (10, 2, 2)
+        assert (same_run.split, split_run.split) == ("hybrid-paper", "hybrid-paper (prefill offload)")
         assert same.phase.tolist() == [0, 1, 0, 1]
         assert (same.fetched.tolist(), same.cpu.tolist()) == ([2, 1, 2, 1], [2, 1, 2, 1])
         assert (same.fetch_tokens.tolist(), same.cpu_tokens.tolist()) == ([4, 1, 4, 1], [4, 1, 4, 1])
