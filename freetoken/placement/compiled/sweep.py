@@ -2,13 +2,17 @@
 one driver, the policy chosen by ints[MODE].
 
 Residents sit in an indexed min-heap by (z, key), z = log p - stamp log(decay) as the reference's heap entries (one
-live entry per resident; the reference's stale entries never count). The victim walk pops residents in that order
-with the reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, keeps what it
-popped for the call's later evictions (only the call's own, protected, keys change in between); the walk's keys go
-back on the heap, under the z they had, when the next call begins, or when lookahead's pending keys (protected too)
+live entry per resident; the reference's stale entries never count). The heap does not change during a call: the
+call's uses, admissions and evictions touch only its protected keys and its victims, so they are listed and applied
+when the next call begins (a key's z is the same then: its rate and stamp change once per call, at its use). The
+victim walk therefore reads the heap in (z, key) order without popping it: a small frontier heap holds the keys
+whose parents were read (a binary heap's sorted order), so nothing is pushed back afterwards. The walk keeps the
+reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, what it found for the
+call's later evictions; it starts over when the next call begins, or when lookahead's pending keys (protected too)
 change. The hints come from the reference's own oracle draws (lookahead.noisy_future,
 hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
-Floating point follows the reference's operations in order (pow, exp, log are the same libm calls).
+Floating point follows the reference's operations in order (pow, exp, log are the same libm calls; decay ** d for
+d < POWERS is read from a table of those same pow results).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ from freetoken.placement.layer_sweep import _FLOOR, _SLACK
 SWEEP, LOOKAHEAD, HINTED = 0, 1, 2
 MODES = {"layer_sweep": SWEEP, "lookahead": LOOKAHEAD, "hinted_sweep": HINTED}
 # ints
-HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NHELD, REACH = range(14)
-HELD = -2  # pos[key] of a resident the current call's walk took off the heap
+HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NFRONT, REACH, \
+    NTOUCHED, NSCANNED = range(16)
+POWERS = 4096  # decay ** d tabled for d < POWERS (visits of a layer since a key's stamp)
 # floats
 DECAY, LOG_DECAY, MIN_CONF = range(3)
 
@@ -72,23 +77,27 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
                 np.zeros((depth, 0), np.int64)
         predicted = np.ascontiguousarray(predicted, np.int64)
     warm = sorted(ref.slot_of, key=ref.slot_of.__getitem__)  # slot order
-    ints = np.zeros(14, np.int64)
+    ints = np.zeros(16, np.int64)
+    ints[NFRONT] = -1  # no walk under way
     ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
     ints[DEPTH] = depth
     floats = np.array([decay, math.log(decay), min_confidence], np.float64)
     state = (np.asarray(ref._p, np.float64), np.zeros(K, np.int64), np.zeros(num_layers, np.int64),
              np.zeros(K, np.float64),  # rates, their stamps, visits per layer, z of residents
              np.zeros(capacity + 1, np.int64), np.full(K, -1, np.int64),  # heap of residents, position in it
-             # the walk: protected keys it took off the heap (one may come back on and off again: once per key
-             # the call hits, admits or prefetches)
-             np.zeros(capacity + (depth + 1) * num_experts + 1, np.int64),
+             np.zeros(capacity + 2, np.int64),  # the walk's frontier: a heap of keys (at most one per key read, + 1)
              ints, floats, offsets, call_layer, predicted, acc,
              np.full(K, -1, np.int64),  # mark == ints[STAMP]: pending (lookahead) or predicted (hinted)
              np.full(num_layers, -1, np.int64), np.zeros(num_layers, np.float64), np.zeros(num_layers, np.float64),
              np.zeros(num_layers, np.int64),  # hinted layers: stamp, accuracy a, chance q, count n
              np.zeros(K, np.int64),  # hinted: the predicted keys, nearest first
              np.zeros(capacity + 1, np.int64), np.zeros(capacity + 1, np.float64),
-             np.zeros(capacity + 1, np.float64))  # the walk: unprotected residents found, their bounds and waits
+             np.zeros(capacity + 1, np.float64),  # the walk: unprotected residents found, their bounds and waits
+             np.full(K, -1, np.int64),  # the frontier's positions
+             np.zeros(K, np.int64), np.zeros(K, np.int64),  # keys the call touched (refiled when the next begins)
+             _powers(decay, np.empty(POWERS, np.float64)),  # decay ** d
+             np.zeros(capacity + 1, np.int64),  # the walk's scan: index of the longest wait in found[:i + 1]
+             np.zeros(capacity + 1, np.float64))  # and the least bound in found[:i + 1]
     for k in warm:
         _push(state, k)
     return Setup(state, tuple(warm), prefetches=mode != SWEEP)
@@ -104,40 +113,64 @@ def _push(p, key):
 
 
 @nb.njit(cache=True, inline="always")
-def _put_back(p, key):
-    """Refile a key the walk took off the heap under the z it had (unchanged since: a key whose rate changed was
-    refiled by on_hit): no log recomputed."""
-    refile(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
+def _touch(p, key):
+    """List `key` (used, admitted or evicted in this call) for _settle."""
+    listed, ints = p[24], p[7]
+    if listed[key] == 0:
+        listed[key] = 1
+        p[23][ints[NTOUCHED]] = key
+        ints[NTOUCHED] += 1
 
 
-@nb.njit(cache=True, inline="always")
-def _pop(p):
-    """Take the least (z, key) off the heap; it is marked HELD."""
-    key = pop(p[4], p[5], p[7], HEAP_N, p[3], p[3], False)
-    p[5][key] = HELD
-    return key
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _settle(p, slot_of):
+    """Apply the last call's changes to the heap: its evicted keys leave, its used and admitted keys are refiled
+    under their z now (evictions first: the heap never holds more than the capacity)."""
+    ints, touched, listed = p[7], p[23], p[24]
+    n = ints[NTOUCHED]
+    for i in range(n):
+        key = touched[i]
+        if slot_of[key] < 0:
+            remove_key(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
+    for i in range(n):
+        key = touched[i]
+        listed[key] = 0
+        if slot_of[key] >= 0:
+            _push(p, key)
+    ints[NTOUCHED] = 0
 
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _end_walk(p):
-    """Put the walk's keys that are still resident and off the heap back on it."""
-    pos, ints = p[5], p[7]
-    held, found = p[6], p[19]
-    for i in range(ints[NHELD]):
-        if pos[held[i]] == HELD:
-            _put_back(p, held[i])
-    for i in range(ints[NFOUND]):
-        if pos[found[i]] == HELD:
-            _put_back(p, found[i])
-    ints[NHELD] = 0
+    """Forget the walk: the next one reads the heap from its root."""
+    ints, front, fpos = p[7], p[6], p[22]
+    for i in range(ints[NFRONT]):
+        fpos[front[i]] = -1
+    ints[NFRONT] = -1
     ints[NFOUND] = 0
+    ints[NSCANNED] = 0
+
+
+@nb.njit(cache=True)
+def _powers(decay, out):
+    """out[d] = decay ** d, the very pow the estimate would call."""
+    for d in range(out.size):
+        out[d] = decay ** float(d)
+    return out
 
 
 # the estimate
 @nb.njit(cache=True, inline="always")
+def _decayed(p, d):
+    """decay ** d (d >= 0 visits)."""
+    powers = p[25]
+    return powers[d] if d < powers.size else p[8][DECAY] ** float(d)
+
+
+@nb.njit(cache=True, inline="always")
 def _rate(p, key):
     E = p[7][NUM_E]
-    return p[0][key] * p[8][DECAY] ** float(p[2][key // E] - p[1][key])
+    return p[0][key] * _decayed(p, p[2][key // E] - p[1][key])
 
 
 @nb.njit(cache=True, inline="always")
@@ -190,6 +223,7 @@ def begin_call(p, st, c, keys):
     ints = p[7]
     mode = ints[MODE]
     E = ints[NUM_E]
+    _settle(p, st[0])
     _end_walk(p)  # waits move with the layer
     if keys.size == 0:
         return
@@ -257,14 +291,14 @@ def _use(p, key):
     rate, stamp, floats = p[0], p[1], p[8]
     v = p[2][key // p[7][NUM_E]]
     decay = floats[DECAY]
-    rate[key] = rate[key] * decay ** float(v - stamp[key]) + (1.0 - decay)
+    rate[key] = rate[key] * _decayed(p, v - stamp[key]) + (1.0 - decay)
     stamp[key] = v
 
 
 @nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     _use(p, key)
-    _push(p, key)
+    _touch(p, key)
 
 
 @nb.njit(cache=True, inline="always")
@@ -274,13 +308,12 @@ def on_miss(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
-    _push(p, key)
+    _touch(p, key)
 
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    # the victim is HELD (victim() took it out of the walk already): off the heap, left alone
-    remove_key(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
+    _touch(p, key)  # victim() took it out of the walk already
 
 
 @nb.njit(cache=True, inline="always")
@@ -301,17 +334,26 @@ def prefetch_for(p, st, c, keys, out):
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _walk_on(p, st, shift):
-    """Pop the heap up to the next unprotected resident and append it to the walk's found list; False at the end."""
-    ints, z = p[7], p[3]
-    mode, L = ints[MODE], ints[NUM_L]
-    held, found, bounds, waits = p[6], p[19], p[20], p[21]
-    while ints[HEAP_N] > 0:
-        k = _pop(p)
-        if is_protected(st, k) or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
-            if ints[NHELD] == held.size:
-                raise RuntimeError("sweep: the walk's held list overflowed (a bug: it is sized for every case)")
-            held[ints[NHELD]] = k
-            ints[NHELD] += 1
+    """Read the heap on, in (z, key) order, up to the next unprotected resident and append it to the walk's found
+    list; False at the end. The frontier holds the keys whose parent was read."""
+    ints, z, heap, pos = p[7], p[3], p[4], p[5]
+    mode, L, n = ints[MODE], ints[NUM_L], ints[HEAP_N]
+    front, fpos, slot_of = p[6], p[22], st[0]
+    found, bounds, waits = p[19], p[20], p[21]
+    if ints[NFRONT] < 0:  # a fresh walk: from the root
+        ints[NFRONT] = 0
+        if n > 0:
+            refile(front, fpos, ints, NFRONT, z, z, False, heap[0])
+    while ints[NFRONT] > 0:
+        k = pop(front, fpos, ints, NFRONT, z, z, False)
+        fpos[k] = -1
+        child = 2 * pos[k] + 1
+        if child < n:
+            refile(front, fpos, ints, NFRONT, z, z, False, heap[child])
+            if child + 1 < n:
+                refile(front, fpos, ints, NFRONT, z, z, False, heap[child + 1])
+        # skipped: protected (lookahead: pending too), or evicted earlier in this call (still on the heap)
+        if is_protected(st, k) or slot_of[k] < 0 or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
             continue
         log_p = z[k] + shift
         bound = np.inf
@@ -325,32 +367,63 @@ def _walk_on(p, st, shift):
     return False
 
 
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _scan(p, st, to_beat):
+    """The reference's scan of the walk: the index in found of the unprotected resident with the longest wait
+    (ties: lowest key) among those read before a bound stops it or `scan` were read; -1 when there is none or the
+    reference bypasses for a key waiting to_beat (-inf: never).
+
+    The reference stops at the first bound under max(longest wait so far, to_beat). The scan here keeps its stop
+    rule without to_beat (found[:NSCANNED] scanned; best[i], least[i]: the argmax and the least bound of
+    found[:i + 1]), so a call's later evictions resume it: found only grows between evictions, and an eviction
+    keeps the scan before its index. to_beat then only cuts it short: at the first bound under to_beat the
+    reference stops with nothing found waiting longer than that bound (the scan passed it), so it bypasses; if no
+    bound falls under to_beat, both stop where the scan does, with the same argmax."""
+    ints, found, bounds, waits, best, least = p[7], p[19], p[20], p[21], p[26], p[27]
+    i = ints[NSCANNED]
+    if i > 0 and least[i - 1] < to_beat:
+        return -1
+    at = best[i - 1] if i > 0 else -1
+    best_wait = waits[at] if at >= 0 else -np.inf
+    low = least[i - 1] if i > 0 else np.inf
+    shift = ints[MOST_VISITS] * p[8][LOG_DECAY]
+    while i < ints[SCAN]:  # protected keys do not count
+        if i == ints[NFOUND] and not _walk_on(p, st, shift):
+            break
+        if bounds[i] < best_wait:
+            break  # heap order is ascending p: no later key waits longer
+        if bounds[i] < to_beat:
+            ints[NSCANNED] = i
+            return -1
+        w = waits[i]
+        if w > best_wait or (at >= 0 and w == best_wait and found[i] < found[at]):
+            at, best_wait = i, w
+        best[i] = at
+        low = min(low, bounds[i])
+        least[i] = low
+        i += 1
+    ints[NSCANNED] = i
+    return -1 if at < 0 or to_beat > best_wait else at
+
+
 @nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     """The unprotected resident with the longest wait (ties: lowest key), walked from the least likely; -1 when
     `key` waits longer still (bypass, or a hinted prefetch)."""
-    ints, floats = p[7], p[8]
+    ints = p[7]
     found, bounds, waits = p[19], p[20], p[21]
     mode, E = ints[MODE], ints[NUM_E]
     if mode == HINTED:
         weigh = ints[BYPASS] != 0 or (p[13][key] == ints[STAMP] and p[14][key // E] == ints[STAMP])
     else:
         weigh = ints[BYPASS] != 0
-    to_beat = _wait(p, key) if weigh else -np.inf
-    shift = ints[MOST_VISITS] * floats[LOG_DECAY]
-    best, best_wait, at = -1, -np.inf, -1
-    for i in range(ints[SCAN]):  # protected keys do not count
-        if i == ints[NFOUND] and not _walk_on(p, st, shift):
-            break
-        if bounds[i] < (best_wait if best_wait > to_beat else to_beat):
-            break  # heap order is ascending p: no later key waits longer
-        w, k = waits[i], found[i]
-        if w > best_wait or (w == best_wait and k < best):
-            best, best_wait, at = k, w, i
-    if best < 0 or to_beat > best_wait:
+    at = _scan(p, st, _wait(p, key) if weigh else -np.inf)
+    if at < 0:
         return -1
-    n = ints[NFOUND] - 1  # the victim leaves the walk (on_evict sees it HELD and leaves the heap alone)
+    best = found[at]
+    n = ints[NFOUND] - 1  # the victim leaves the walk (and the heap when the next call begins)
     for i in range(at, n):
         found[i], bounds[i], waits[i] = found[i + 1], bounds[i + 1], waits[i + 1]
     ints[NFOUND] = n
+    ints[NSCANNED] = at  # the scan before the victim stands
     return best
