@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
-from freetoken.placement.compiled.heap import pop, refile, remove_key
+from freetoken.placement.compiled.heap import refile, remove_key
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.hinted_sweep import PRIOR_FLOOR
 from freetoken.placement.layer_sweep import _FLOOR, _SLACK
@@ -93,7 +93,6 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
              np.zeros(K, np.int64),  # hinted: the predicted keys, nearest first
              np.zeros(capacity + 1, np.int64), np.zeros(capacity + 1, np.float64),
              np.zeros(capacity + 1, np.float64),  # the walk: unprotected residents found, their bounds and waits
-             np.full(K, -1, np.int64),  # the frontier's positions
              np.zeros(K, np.int64), np.zeros(K, np.int64),  # keys the call touched (refiled when the next begins)
              _powers(decay, np.empty(POWERS, np.float64)),  # decay ** d
              np.zeros(capacity + 1, np.int64),  # the walk's scan: index of the longest wait in found[:i + 1]
@@ -115,10 +114,10 @@ def _push(p, key):
 @nb.njit(cache=True, inline="always")
 def _touch(p, key):
     """List `key` (used, admitted or evicted in this call) for _settle."""
-    listed, ints = p[24], p[7]
+    listed, ints = p[23], p[7]
     if listed[key] == 0:
         listed[key] = 1
-        p[23][ints[NTOUCHED]] = key
+        p[22][ints[NTOUCHED]] = key
         ints[NTOUCHED] += 1
 
 
@@ -126,7 +125,7 @@ def _touch(p, key):
 def _settle(p, slot_of):
     """Apply the last call's changes to the heap: its evicted keys leave, its used and admitted keys are refiled
     under their z now (evictions first: the heap never holds more than the capacity)."""
-    ints, touched, listed = p[7], p[23], p[24]
+    ints, touched, listed = p[7], p[22], p[23]
     n = ints[NTOUCHED]
     for i in range(n):
         key = touched[i]
@@ -140,12 +139,10 @@ def _settle(p, slot_of):
     ints[NTOUCHED] = 0
 
 
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+@nb.njit(cache=True, inline="always")
 def _end_walk(p):
     """Forget the walk: the next one reads the heap from its root."""
-    ints, front, fpos = p[7], p[6], p[22]
-    for i in range(ints[NFRONT]):
-        fpos[front[i]] = -1
+    ints = p[7]
     ints[NFRONT] = -1
     ints[NFOUND] = 0
     ints[NSCANNED] = 0
@@ -163,7 +160,7 @@ def _powers(decay, out):
 @nb.njit(cache=True, inline="always")
 def _decayed(p, d):
     """decay ** d (d >= 0 visits)."""
-    powers = p[25]
+    powers = p[24]
     return powers[d] if d < powers.size else p[8][DECAY] ** float(d)
 
 
@@ -184,7 +181,7 @@ def _sweep_wait(p, key):
     return _distance(p, key) + p[7][NUM_L] * (1.0 / max(_rate(p, key), _FLOOR) - 1.0)
 
 
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+@nb.njit(cache=True, inline="always")  # hot (per key read, per predicted key): a call copies the state tuple
 def _posterior(p, key):
     """hinted_sweep: (r, p) of `key` given the standing hint."""
     ints = p[7]
@@ -322,36 +319,87 @@ def prefetch_for(p, st, c, keys, out):
     if ints[MODE] == LOOKAHEAD:
         _end_walk(p)  # the pending keys (protected) change
         return _upcoming(p, c, keys[0] // ints[NUM_E], out) if keys.size else 0
-    n = 0
-    if ints[MODE] == HINTED:
-        order, min_conf = p[18], p[8][MIN_CONF]
-        for i in range(ints[NPRED]):
-            if _posterior(p, order[i])[0] >= min_conf:
-                out[n] = order[i]
-                n += 1
-    return n
+    return _confident(p, out) if ints[MODE] == HINTED else 0
 
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _confident(p, out):
+    """hinted_sweep: the predicted keys, nearest first, whose posterior reaches min_confidence."""
+    ints, order, min_conf = p[7], p[18], p[8][MIN_CONF]
+    n = 0
+    for i in range(ints[NPRED]):
+        if _posterior(p, order[i])[0] >= min_conf:
+            out[n] = order[i]
+            n += 1
+    return n
+
+
+@nb.njit(cache=True, inline="always")
+def _front_up(front, i, z):
+    """Sift front[i] up the frontier heap (by z, then key)."""
+    key = front[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        q = front[parent]
+        if z[key] > z[q] or (z[key] == z[q] and key > q):
+            break
+        front[i] = q
+        i = parent
+    front[i] = key
+
+
+@nb.njit(cache=True, inline="always")
+def _front_down(front, n, z):
+    """Sift front[0] down the frontier heap front[:n]."""
+    if n == 0:
+        return
+    key = front[0]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        c = front[child]
+        if child + 1 < n:
+            d = front[child + 1]
+            if z[d] < z[c] or (z[d] == z[c] and d < c):
+                child, c = child + 1, d
+        if z[key] < z[c] or (z[key] == z[c] and key < c):
+            break
+        front[i] = c
+        i = child
+    front[i] = key
+
+
+@nb.njit(cache=True, inline="always")  # one caller, _scan
 def _walk_on(p, st, shift):
     """Read the heap on, in (z, key) order, up to the next unprotected resident and append it to the walk's found
     list; False at the end. The frontier holds the keys whose parent was read."""
     ints, z, heap, pos = p[7], p[3], p[4], p[5]
     mode, L, n = ints[MODE], ints[NUM_L], ints[HEAP_N]
-    front, fpos, slot_of = p[6], p[22], st[0]
+    front, slot_of = p[6], st[0]
     found, bounds, waits = p[19], p[20], p[21]
     if ints[NFRONT] < 0:  # a fresh walk: from the root
         ints[NFRONT] = 0
         if n > 0:
-            refile(front, fpos, ints, NFRONT, z, z, False, heap[0])
+            front[0] = heap[0]
+            ints[NFRONT] = 1
     while ints[NFRONT] > 0:
-        k = pop(front, fpos, ints, NFRONT, z, z, False)
-        fpos[k] = -1
-        child = 2 * pos[k] + 1
+        k = front[0]
+        child = 2 * pos[k] + 1  # k's children in the heap take its place in the frontier
+        m = ints[NFRONT]
         if child < n:
-            refile(front, fpos, ints, NFRONT, z, z, False, heap[child])
+            front[0] = heap[child]
+            _front_down(front, m, z)
             if child + 1 < n:
-                refile(front, fpos, ints, NFRONT, z, z, False, heap[child + 1])
+                front[m] = heap[child + 1]
+                _front_up(front, m, z)
+                m += 1
+        else:
+            m -= 1
+            front[0] = front[m]
+            _front_down(front, m, z)
+        ints[NFRONT] = m
         # skipped: protected (lookahead: pending too), or evicted earlier in this call (still on the heap)
         if is_protected(st, k) or slot_of[k] < 0 or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
             continue
@@ -379,7 +427,7 @@ def _scan(p, st, to_beat):
     keeps the scan before its index. to_beat then only cuts it short: at the first bound under to_beat the
     reference stops with nothing found waiting longer than that bound (the scan passed it), so it bypasses; if no
     bound falls under to_beat, both stop where the scan does, with the same argmax."""
-    ints, found, bounds, waits, best, least = p[7], p[19], p[20], p[21], p[26], p[27]
+    ints, found, bounds, waits, best, least = p[7], p[19], p[20], p[21], p[25], p[26]
     i = ints[NSCANNED]
     if i > 0 and least[i - 1] < to_beat:
         return -1
