@@ -276,11 +276,12 @@ def _take_hint(p, c, layer):
         n_of[hl] += 1
         reach = max(reach, hl - layer)
     ints[REACH] = reach
-    for i in range(n):
-        hl = order[i] // E
-        a = acc[hl - layer - 1]
-        a_of[hl] = a
-        q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
+    for j in range(1, reach + 1):  # once per hinted layer (the keys come layer by layer)
+        hl = layer + j
+        if seen[hl] == stamp:
+            a = acc[j - 1]
+            a_of[hl] = a
+            q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
 
 
 @nb.njit(cache=True, inline="always")
@@ -327,6 +328,8 @@ def _confident(p, out):
     """hinted_sweep: the predicted keys, nearest first, whose posterior reaches min_confidence."""
     ints, order, min_conf = p[7], p[18], p[8][MIN_CONF]
     n = 0
+    if min_conf > 1.0:  # a posterior never exceeds 1 (num <= den): the hint only steers eviction
+        return 0
     for i in range(ints[NPRED]):
         if _posterior(p, order[i])[0] >= min_conf:
             out[n] = order[i]
