@@ -2,13 +2,18 @@
 one driver, the policy chosen by ints[MODE].
 
 Residents sit in an indexed min-heap by (z, key), z = log p - stamp log(decay) as the reference's heap entries (one
-live entry per resident; the reference's stale entries never count). The victim walk pops residents in that order
-with the reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, keeps what it
-popped for the call's later evictions (only the call's own, protected, keys change in between); the walk's keys go
-back on the heap, under the z they had, when the next call begins, or when lookahead's pending keys (protected too)
+live entry per resident; the reference's stale entries never count). The heap does not change during a call: the
+call's uses, admissions and evictions touch only its protected keys and its victims, so they are listed and applied
+when the next call begins (a key's z is the same then: its rate and stamp change once per call, at its use). The
+victim walk therefore reads the heap in (z, key) order without popping it: a small frontier heap holds the keys
+whose parents were read (a binary heap's sorted order), so nothing is pushed back afterwards. The walk keeps the
+reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, what it found for the
+call's later evictions; it starts over when the next call begins, or when lookahead's pending keys (protected too)
 change. The hints come from the reference's own oracle draws (lookahead.noisy_future,
 hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
-Floating point follows the reference's operations in order (pow, exp, log are the same libm calls).
+The state layout and the estimate (rates, waits, posteriors) are in sweep_estimate.py. Floating point follows the
+reference's operations in order (pow, exp, log are the same libm calls; decay ** d for
+d < POWERS is read from a table of those same pow results).
 """
 
 from __future__ import annotations
@@ -19,18 +24,13 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
-from freetoken.placement.compiled.heap import pop, refile, remove_key
+from freetoken.placement.compiled.heap import refile, remove_key
 from freetoken.placement.compiled.setup import Setup
-from freetoken.placement.hinted_sweep import PRIOR_FLOOR
-from freetoken.placement.layer_sweep import _FLOOR, _SLACK
-
-SWEEP, LOOKAHEAD, HINTED = 0, 1, 2
-MODES = {"layer_sweep": SWEEP, "lookahead": LOOKAHEAD, "hinted_sweep": HINTED}
-# ints
-HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRED, NFOUND, NHELD, REACH = range(14)
-HELD = -2  # pos[key] of a resident the current call's walk took off the heap
-# floats
-DECAY, LOG_DECAY, MIN_CONF = range(3)
+from freetoken.placement.compiled.sweep_estimate import (
+    BYPASS, DEPTH, HEAP_N, HINTED, LAYER, LOG_DECAY, LOOKAHEAD, MIN_CONF, MODE, MODES, MOST_VISITS, NFOUND,
+    NFRONT, NPRED, NSCANNED, NTOUCHED, NUM_E, NUM_L, POWERS, REACH, SCAN, STAMP, SWEEP, _FLOOR, _posterior, _powers,
+    _sweep_wait, _use, _wait)
+from freetoken.placement.layer_sweep import _SLACK
 
 
 def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=None, accuracy=0.8, depth: int = 1,
@@ -72,23 +72,26 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
                 np.zeros((depth, 0), np.int64)
         predicted = np.ascontiguousarray(predicted, np.int64)
     warm = sorted(ref.slot_of, key=ref.slot_of.__getitem__)  # slot order
-    ints = np.zeros(14, np.int64)
+    ints = np.zeros(16, np.int64)
+    ints[NFRONT] = -1  # no walk under way
     ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
     ints[DEPTH] = depth
     floats = np.array([decay, math.log(decay), min_confidence], np.float64)
     state = (np.asarray(ref._p, np.float64), np.zeros(K, np.int64), np.zeros(num_layers, np.int64),
              np.zeros(K, np.float64),  # rates, their stamps, visits per layer, z of residents
              np.zeros(capacity + 1, np.int64), np.full(K, -1, np.int64),  # heap of residents, position in it
-             # the walk: protected keys it took off the heap (one may come back on and off again: once per key
-             # the call hits, admits or prefetches)
-             np.zeros(capacity + (depth + 1) * num_experts + 1, np.int64),
+             np.zeros(capacity + 2, np.int64),  # the walk's frontier: a heap of keys (at most one per key read, + 1)
              ints, floats, offsets, call_layer, predicted, acc,
              np.full(K, -1, np.int64),  # mark == ints[STAMP]: pending (lookahead) or predicted (hinted)
              np.full(num_layers, -1, np.int64), np.zeros(num_layers, np.float64), np.zeros(num_layers, np.float64),
              np.zeros(num_layers, np.int64),  # hinted layers: stamp, accuracy a, chance q, count n
              np.zeros(K, np.int64),  # hinted: the predicted keys, nearest first
              np.zeros(capacity + 1, np.int64), np.zeros(capacity + 1, np.float64),
-             np.zeros(capacity + 1, np.float64))  # the walk: unprotected residents found, their bounds and waits
+             np.zeros(capacity + 1, np.float64),  # the walk: unprotected residents found, their bounds and waits
+             np.zeros(K, np.int64), np.zeros(K, np.int64),  # keys the call touched (refiled when the next begins)
+             _powers(decay, np.empty(POWERS, np.float64)),  # decay ** d
+             np.zeros(capacity + 1, np.int64),  # the walk's scan: index of the longest wait in found[:i + 1]
+             np.zeros(capacity + 1, np.float64))  # and the least bound in found[:i + 1]
     for k in warm:
         _push(state, k)
     return Setup(state, tuple(warm), prefetches=mode != SWEEP)
@@ -104,84 +107,40 @@ def _push(p, key):
 
 
 @nb.njit(cache=True, inline="always")
-def _put_back(p, key):
-    """Refile a key the walk took off the heap under the z it had (unchanged since: a key whose rate changed was
-    refiled by on_hit): no log recomputed."""
-    refile(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
-
-
-@nb.njit(cache=True, inline="always")
-def _pop(p):
-    """Take the least (z, key) off the heap; it is marked HELD."""
-    key = pop(p[4], p[5], p[7], HEAP_N, p[3], p[3], False)
-    p[5][key] = HELD
-    return key
+def _touch(p, key):
+    """List `key` (used, admitted or evicted in this call) for _settle."""
+    listed, ints = p[23], p[7]
+    if listed[key] == 0:
+        listed[key] = 1
+        p[22][ints[NTOUCHED]] = key
+        ints[NTOUCHED] += 1
 
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _settle(p, slot_of):
+    """Apply the last call's changes to the heap: its evicted keys leave, its used and admitted keys are refiled
+    under their z now (evictions first: the heap never holds more than the capacity)."""
+    ints, touched, listed = p[7], p[22], p[23]
+    n = ints[NTOUCHED]
+    for i in range(n):
+        key = touched[i]
+        if slot_of[key] < 0:
+            remove_key(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
+    for i in range(n):
+        key = touched[i]
+        listed[key] = 0
+        if slot_of[key] >= 0:
+            _push(p, key)
+    ints[NTOUCHED] = 0
+
+
+@nb.njit(cache=True, inline="always")
 def _end_walk(p):
-    """Put the walk's keys that are still resident and off the heap back on it."""
-    pos, ints = p[5], p[7]
-    held, found = p[6], p[19]
-    for i in range(ints[NHELD]):
-        if pos[held[i]] == HELD:
-            _put_back(p, held[i])
-    for i in range(ints[NFOUND]):
-        if pos[found[i]] == HELD:
-            _put_back(p, found[i])
-    ints[NHELD] = 0
+    """Forget the walk: the next one reads the heap from its root."""
+    ints = p[7]
+    ints[NFRONT] = -1
     ints[NFOUND] = 0
-
-
-# the estimate
-@nb.njit(cache=True, inline="always")
-def _rate(p, key):
-    E = p[7][NUM_E]
-    return p[0][key] * p[8][DECAY] ** float(p[2][key // E] - p[1][key])
-
-
-@nb.njit(cache=True, inline="always")
-def _distance(p, key):
-    ints = p[7]
-    return (key // ints[NUM_E] - ints[LAYER] - 1) % ints[NUM_L] + 1
-
-
-@nb.njit(cache=True, inline="always")
-def _sweep_wait(p, key):
-    return _distance(p, key) + p[7][NUM_L] * (1.0 / max(_rate(p, key), _FLOOR) - 1.0)
-
-
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
-def _posterior(p, key):
-    """hinted_sweep: (r, p) of `key` given the standing hint."""
-    ints = p[7]
-    E = ints[NUM_E]
-    layer = key // E
-    rate = _rate(p, key)
-    if p[14][layer] != ints[STAMP]:
-        return rate, max(rate, _FLOOR)
-    a, q, n = p[15][layer], p[16][layer], p[17][layer]
-    rate = min(max(rate, PRIOR_FLOOR * n / E), 1.0)
-    if p[13][key] == ints[STAMP]:
-        num = rate * a
-        den = rate * a + (1 - rate) * q
-    else:
-        num = rate * (1 - a)
-        den = rate * (1 - a) + (1 - rate) * (1 - q)
-    return (num / den if den > 0 else 0.0), rate
-
-
-@nb.njit(cache=True, inline="always")
-def _wait(p, key):
-    """The policy's own wait of `key` (lookahead: a pending key waits only its distance)."""
-    ints = p[7]
-    mode = ints[MODE]
-    if mode == LOOKAHEAD and p[13][key] == ints[STAMP]:
-        return float(_distance(p, key))
-    if mode == HINTED and p[14][key // ints[NUM_E]] == ints[STAMP]:
-        r, rate = _posterior(p, key)
-        return _distance(p, key) + (1.0 - r) * ints[NUM_L] / rate
-    return _sweep_wait(p, key)
+    ints[NSCANNED] = 0
 
 
 # hooks
@@ -190,6 +149,7 @@ def begin_call(p, st, c, keys):
     ints = p[7]
     mode = ints[MODE]
     E = ints[NUM_E]
+    _settle(p, st[0])
     _end_walk(p)  # waits move with the layer
     if keys.size == 0:
         return
@@ -245,26 +205,18 @@ def _take_hint(p, c, layer):
         n_of[hl] += 1
         reach = max(reach, hl - layer)
     ints[REACH] = reach
-    for i in range(n):
-        hl = order[i] // E
-        a = acc[hl - layer - 1]
-        a_of[hl] = a
-        q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
-
-
-@nb.njit(cache=True, inline="always")
-def _use(p, key):
-    rate, stamp, floats = p[0], p[1], p[8]
-    v = p[2][key // p[7][NUM_E]]
-    decay = floats[DECAY]
-    rate[key] = rate[key] * decay ** float(v - stamp[key]) + (1.0 - decay)
-    stamp[key] = v
+    for j in range(1, reach + 1):  # once per hinted layer (the keys come layer by layer)
+        hl = layer + j
+        if seen[hl] == stamp:
+            a = acc[j - 1]
+            a_of[hl] = a
+            q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
 
 
 @nb.njit(cache=True, inline="always")
 def on_hit(p, key, now):
     _use(p, key)
-    _push(p, key)
+    _touch(p, key)
 
 
 @nb.njit(cache=True, inline="always")
@@ -274,13 +226,12 @@ def on_miss(p, key, now):
 
 @nb.njit(cache=True, inline="always")
 def on_admit(p, key, now):
-    _push(p, key)
+    _touch(p, key)
 
 
 @nb.njit(cache=True, inline="always")
 def on_evict(p, key):
-    # the victim is HELD (victim() took it out of the walk already): off the heap, left alone
-    remove_key(p[4], p[5], p[7], HEAP_N, p[3], p[3], False, key)
+    _touch(p, key)  # victim() took it out of the walk already
 
 
 @nb.njit(cache=True, inline="always")
@@ -289,29 +240,91 @@ def prefetch_for(p, st, c, keys, out):
     if ints[MODE] == LOOKAHEAD:
         _end_walk(p)  # the pending keys (protected) change
         return _upcoming(p, c, keys[0] // ints[NUM_E], out) if keys.size else 0
-    n = 0
-    if ints[MODE] == HINTED:
-        order, min_conf = p[18], p[8][MIN_CONF]
-        for i in range(ints[NPRED]):
-            if _posterior(p, order[i])[0] >= min_conf:
-                out[n] = order[i]
-                n += 1
-    return n
+    return _confident(p, out) if ints[MODE] == HINTED else 0
 
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _confident(p, out):
+    """hinted_sweep: the predicted keys, nearest first, whose posterior reaches min_confidence."""
+    ints, order, min_conf = p[7], p[18], p[8][MIN_CONF]
+    n = 0
+    if min_conf > 1.0:  # a posterior never exceeds 1 (num <= den): the hint only steers eviction
+        return 0
+    for i in range(ints[NPRED]):
+        if _posterior(p, order[i])[0] >= min_conf:
+            out[n] = order[i]
+            n += 1
+    return n
+
+
+@nb.njit(cache=True, inline="always")
+def _front_up(front, i, z):
+    """Sift front[i] up the frontier heap (by z, then key)."""
+    key = front[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        q = front[parent]
+        if z[key] > z[q] or (z[key] == z[q] and key > q):
+            break
+        front[i] = q
+        i = parent
+    front[i] = key
+
+
+@nb.njit(cache=True, inline="always")
+def _front_down(front, n, z):
+    """Sift front[0] down the frontier heap front[:n]."""
+    if n == 0:
+        return
+    key = front[0]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        c = front[child]
+        if child + 1 < n:
+            d = front[child + 1]
+            if z[d] < z[c] or (z[d] == z[c] and d < c):
+                child, c = child + 1, d
+        if z[key] < z[c] or (z[key] == z[c] and key < c):
+            break
+        front[i] = c
+        i = child
+    front[i] = key
+
+
+@nb.njit(cache=True, inline="always")  # one caller, _scan
 def _walk_on(p, st, shift):
-    """Pop the heap up to the next unprotected resident and append it to the walk's found list; False at the end."""
-    ints, z = p[7], p[3]
-    mode, L = ints[MODE], ints[NUM_L]
-    held, found, bounds, waits = p[6], p[19], p[20], p[21]
-    while ints[HEAP_N] > 0:
-        k = _pop(p)
-        if is_protected(st, k) or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
-            if ints[NHELD] == held.size:
-                raise RuntimeError("sweep: the walk's held list overflowed (a bug: it is sized for every case)")
-            held[ints[NHELD]] = k
-            ints[NHELD] += 1
+    """Read the heap on, in (z, key) order, up to the next unprotected resident and append it to the walk's found
+    list; False at the end. The frontier holds the keys whose parent was read."""
+    ints, z, heap, pos = p[7], p[3], p[4], p[5]
+    mode, L, n = ints[MODE], ints[NUM_L], ints[HEAP_N]
+    front, slot_of = p[6], st[0]
+    found, bounds, waits = p[19], p[20], p[21]
+    if ints[NFRONT] < 0:  # a fresh walk: from the root
+        ints[NFRONT] = 0
+        if n > 0:
+            front[0] = heap[0]
+            ints[NFRONT] = 1
+    while ints[NFRONT] > 0:
+        k = front[0]
+        child = 2 * pos[k] + 1  # k's children in the heap take its place in the frontier
+        m = ints[NFRONT]
+        if child < n:
+            front[0] = heap[child]
+            _front_down(front, m, z)
+            if child + 1 < n:
+                front[m] = heap[child + 1]
+                _front_up(front, m, z)
+                m += 1
+        else:
+            m -= 1
+            front[0] = front[m]
+            _front_down(front, m, z)
+        ints[NFRONT] = m
+        # skipped: protected (lookahead: pending too), or evicted earlier in this call (still on the heap)
+        if is_protected(st, k) or slot_of[k] < 0 or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
             continue
         log_p = z[k] + shift
         bound = np.inf
@@ -325,32 +338,63 @@ def _walk_on(p, st, shift):
     return False
 
 
+@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
+def _scan(p, st, to_beat):
+    """The reference's scan of the walk: the index in found of the unprotected resident with the longest wait
+    (ties: lowest key) among those read before a bound stops it or `scan` were read; -1 when there is none or the
+    reference bypasses for a key waiting to_beat (-inf: never).
+
+    The reference stops at the first bound under max(longest wait so far, to_beat). The scan here keeps its stop
+    rule without to_beat (found[:NSCANNED] scanned; best[i], least[i]: the argmax and the least bound of
+    found[:i + 1]), so a call's later evictions resume it: found only grows between evictions, and an eviction
+    keeps the scan before its index. to_beat then only cuts it short: at the first bound under to_beat the
+    reference stops with nothing found waiting longer than that bound (the scan passed it), so it bypasses; if no
+    bound falls under to_beat, both stop where the scan does, with the same argmax."""
+    ints, found, bounds, waits, best, least = p[7], p[19], p[20], p[21], p[25], p[26]
+    i = ints[NSCANNED]
+    if i > 0 and least[i - 1] < to_beat:
+        return -1
+    at = best[i - 1] if i > 0 else -1
+    best_wait = waits[at] if at >= 0 else -np.inf
+    low = least[i - 1] if i > 0 else np.inf
+    shift = ints[MOST_VISITS] * p[8][LOG_DECAY]
+    while i < ints[SCAN]:  # protected keys do not count
+        if i == ints[NFOUND] and not _walk_on(p, st, shift):
+            break
+        if bounds[i] < best_wait:
+            break  # heap order is ascending p: no later key waits longer
+        if bounds[i] < to_beat:
+            ints[NSCANNED] = i
+            return -1
+        w = waits[i]
+        if w > best_wait or (at >= 0 and w == best_wait and found[i] < found[at]):
+            at, best_wait = i, w
+        best[i] = at
+        low = min(low, bounds[i])
+        least[i] = low
+        i += 1
+    ints[NSCANNED] = i
+    return -1 if at < 0 or to_beat > best_wait else at
+
+
 @nb.njit(cache=True, inline="always")
 def victim(p, st, key, now):
     """The unprotected resident with the longest wait (ties: lowest key), walked from the least likely; -1 when
     `key` waits longer still (bypass, or a hinted prefetch)."""
-    ints, floats = p[7], p[8]
+    ints = p[7]
     found, bounds, waits = p[19], p[20], p[21]
     mode, E = ints[MODE], ints[NUM_E]
     if mode == HINTED:
         weigh = ints[BYPASS] != 0 or (p[13][key] == ints[STAMP] and p[14][key // E] == ints[STAMP])
     else:
         weigh = ints[BYPASS] != 0
-    to_beat = _wait(p, key) if weigh else -np.inf
-    shift = ints[MOST_VISITS] * floats[LOG_DECAY]
-    best, best_wait, at = -1, -np.inf, -1
-    for i in range(ints[SCAN]):  # protected keys do not count
-        if i == ints[NFOUND] and not _walk_on(p, st, shift):
-            break
-        if bounds[i] < (best_wait if best_wait > to_beat else to_beat):
-            break  # heap order is ascending p: no later key waits longer
-        w, k = waits[i], found[i]
-        if w > best_wait or (w == best_wait and k < best):
-            best, best_wait, at = k, w, i
-    if best < 0 or to_beat > best_wait:
+    at = _scan(p, st, _wait(p, key) if weigh else -np.inf)
+    if at < 0:
         return -1
-    n = ints[NFOUND] - 1  # the victim leaves the walk (on_evict sees it HELD and leaves the heap alone)
+    best = found[at]
+    n = ints[NFOUND] - 1  # the victim leaves the walk (and the heap when the next call begins)
     for i in range(at, n):
         found[i], bounds[i], waits[i] = found[i + 1], bounds[i + 1], waits[i + 1]
     ints[NFOUND] = n
+    ints[NSCANNED] = at  # the scan before the victim stands
     return best
