@@ -16,11 +16,10 @@ from freetoken.sim.cost import call_meta, charge
 from freetoken.sim.engines import Engine, get_engine
 from freetoken.sim.hardware import HardwareProfile
 from freetoken.sim.model_card import ModelCard
-from freetoken.placement import build_policy
 from freetoken.sim.overhead import LayerShape, double_buffer_streams, host_work
 from freetoken.sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
 from freetoken.sim.prediction import Prediction, summarize
-from freetoken.sim.run import SimConfig, call_stream, simulate
+from freetoken.sim.run import SimConfig, call_stream, replay_setup, simulate
 
 # Synthetic routing knobs: what sim.synth.fit_spec finds for the recorded DeepSeek-V2-Lite trace (fine-grained
 # experts with a shared expert, as the Qwen3.5 / DeepSeek families; the same values as the shipped 48x128 trace,
@@ -156,9 +155,10 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     run = trace if warmup is None else join_after(warmup, trace)
     if warmup is not None:
         check_shape(warmup, card, "warm-up trace")
-    result = simulate(run, config, on_call=on_call)
+    stream = call_stream(run, config)[0]  # one call stream for the replay and the double buffer's pass
+    result = simulate(run, config, on_call=on_call, stream=stream)
     meta = call_meta(run, engine.prefill_chunk)
-    streamed = prefill_streams(engine, run, config)
+    streamed = prefill_streams(engine, run, config, stream)
     work = host_work(engine.host_work, result.log, card.num_layers, layer_shape(card), cuda_graphs=engine.cuda_graphs,
                      streamed=streamed)
     times = charge(result.log, meta, card, hw, engine.cost_options(host), work, streamed=streamed)
@@ -183,14 +183,13 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     return pred
 
 
-def prefill_streams(engine: Engine, run: RoutingTrace, config: SimConfig) -> np.ndarray | None:
+def prefill_streams(engine: Engine, run: RoutingTrace, config: SimConfig, stream=None) -> np.ndarray | None:
     """[N] what freetoken's prefill double buffer streams into each call (sim.overhead.double_buffer_streams), when
-    the engine has it on; None otherwise (each call copies its own fetches)."""
+    the engine has it on; None otherwise (each call copies its own fetches). stream: the replay's call stream."""
     if not (engine.double_buffer and engine.host_work == "freetoken"):
         return None
-    policy = build_policy(config, run.num_layers, run.num_experts)  # fresh, as the replay's
-    return double_buffer_streams(call_stream(run, config)[0].calls(), policy, config.split, run.num_experts,
-                                 config.prefill_split)
+    config, stream, policy = replay_setup(run, config, stream=stream)  # a fresh policy, as the replay's
+    return double_buffer_streams(stream.calls(), policy, config.split, run.num_experts, config.prefill_split)
 
 
 def layer_shape(card: ModelCard) -> LayerShape:

@@ -88,6 +88,15 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     the verify calls of speculative decoding). stream: that call stream when the caller already built it
     (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first."""
     expert_bytes = getattr(config, "expert_bytes", 0)
+    config, stream, policy = replay_setup(trace, config, profile, stream)
+    return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
+                         on_call=on_call, prefill_split=getattr(config, "prefill_split", None))
+
+
+def replay_setup(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None, stream=None):
+    """(config, stream, policy) of a replay of `trace` (see simulate): the hint option resolved, the call stream
+    (built unless given) and a fresh policy with its profile / future / library inputs. A second pass over the
+    same calls (the cost model's prefill double buffer) starts from the same."""
     library, profile = profile, profile if profile is not None else trace
     if isinstance(config.options.get("hint"), str):  # hint=recorded / measured: built from the replayed trace
         config = _with_replayed_hint(config, trace)
@@ -96,8 +105,7 @@ def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | N
     future = future_stream(config, trace, stream)
     policy = build_policy(config, trace.num_layers, trace.num_experts, profile=profile, future=future,
                           library=library)
-    return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
-                         on_call=on_call, prefill_split=getattr(config, "prefill_split", None))
+    return config, stream, policy
 
 
 def _with_replayed_hint(config: CacheConfig, trace: RoutingTrace) -> CacheConfig:
