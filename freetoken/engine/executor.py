@@ -97,13 +97,9 @@ class LiveExecutor:
         slots = slot_of[ids]  # [T, K]
         cpu_part = self._cpu_lane_start(layer, plan.cpu, x, weights, ids) if plan.cpu else None
         ffn = self.kernels.expert_ffn_quant if pool.packed else self.kernels.expert_ffn
-        if ready_already:  # fetches streamed during the previous layer: one group, its event
+        if ready_already or not self.pipeline or not fetched:  # one group (streamed: also the previous layer's event)
             ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
-            self._wait([ready, *events, streamed[1]])
-            y = ffn(x, self._slots(slots), weights, *pool.weights, max_experts=E, **pool.ffn_options)
-        elif not self.pipeline or not fetched:
-            ready, events = self._copy(layer, [fetched], plan.prefetch, prefetch_slots or [])
-            self._wait([ready, *events])
+            self._wait([ready, *events, streamed[1] if ready_already else None])
             y = ffn(x, self._slots(slots), weights, *pool.weights, max_experts=E, **pool.ffn_options)
         else:  # hits while the copies run; then each fetched group as soon as its copies land
             halves = 2 if phase == PREFILL and len(fetched) >= 2 else 1  # prefill: double-buffered fetches
