@@ -46,6 +46,7 @@ def worker() -> None:
     import numpy as np
 
     from freetoken.placement import Split, make_policy
+    from freetoken.sim.replay import replay_stream
 
     split = Split("offload")
     for trace_name, (trace, stream) in _traces().items():
@@ -58,17 +59,19 @@ def worker() -> None:
                     extra = {"future": stream.key_stream()} if name != "layer_sweep" else {}
                     return make_policy(name, cap, L, E, **extra, **options)
 
-                build().replay(stream, split, 0, min(8, stream.num_calls))  # loads the compiled code, untimed
+                replay_stream(stream, build(), split)  # loads the compiled code, untimed
                 cpu = float("inf")
                 for _ in range(REPEAT[trace_name]):  # a fresh policy each time; the best CPU time counts
                     policy = build()
                     c0 = time.process_time()
-                    log = policy.replay(stream, split)
+                    log = replay_stream(stream, policy, split).log
                     cpu = min(cpu, time.process_time() - c0)
-                digest = hashlib.sha256(np.ascontiguousarray(log[:5]).tobytes()).hexdigest()[:16]
+                # per call: hits, fetched, cpu, evictions, prefetched (the replay API both checkouts share)
+                moved = np.stack([log.hits, log.fetched, log.cpu, log.evictions, log.prefetched]).astype(np.int64)
+                digest = hashlib.sha256(np.ascontiguousarray(moved).tobytes()).hexdigest()[:16]
                 print(json.dumps({"case": f"{trace_name} {name}{options or ''} {fraction:.0%}",
                                   "accesses": int(stream.num_accesses), "cpu_s": cpu, "digest": digest,
-                                  "misses": int(log[1].sum() + log[2].sum())}), flush=True)
+                                  "misses": int(log.fetched.sum() + log.cpu.sum())}), flush=True)
 
 
 def _run(checkout: Path) -> list[dict]:
