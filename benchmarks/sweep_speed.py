@@ -46,7 +46,7 @@ def worker() -> None:
     import numpy as np
 
     from freetoken.placement import Split, make_policy
-    from freetoken.sim.replay import replay_stream
+    from sim.replay import replay_stream
 
     split = Split("offload")
     for trace_name, (trace, stream) in _traces().items():
