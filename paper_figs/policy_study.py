@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from freetoken.experiments.policy_grid import HINTED
+from freetoken.experiments.policy_signals import GOAL_FRACTIONS, GOAL_RATIO
 from freetoken.paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
 from freetoken.paper_figs.table import FigureError, load_table
 
@@ -18,9 +20,6 @@ EXPERIMENTS = (("policy_study", "policy_study"),)
 COLUMNS = ("trace", "policy", "fraction", "scenario", "variant", "real", "transfers", "ratio_to_belady")
 HINT = "python -m experiments.policy_study -m experiment=policy_study"
 SHOWN = ("lru", "lru per_layer", "frequency", "ktransformers_dynamic", "moe_infinity", "layer_sweep", "hinted_sweep")
-GOAL_RATIO = 1.25
-GOAL_FRACTIONS = (0.25, 0.37, 0.5)
-HINTED = ("lookahead", "hinted_sweep")
 
 
 def _rows(results_dir):
