@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 
 from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan
 from freetoken.placement.callstream import CallStream, call_stream, make_call
-from freetoken.placement.config import DEFAULT_PREFILL_CHUNK, CacheConfig, build_policy, cache_config
+from freetoken.placement.config import (DEFAULT_PREFILL_CHUNK, CacheConfig, build_policy, cache_config,
+                                        constructor_options)
 from freetoken.placement.counts import Counts
 from freetoken.placement.frequency import Frequency
 from freetoken.placement.hinted_sweep import HintedSweep
@@ -49,7 +49,7 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
         cls = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(sorted(POLICIES))}") from None
-    accepted = _options_of(cls)
+    accepted = constructor_options(cls)
     unknown = set(options) - accepted
     if unknown:
         raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
@@ -62,14 +62,6 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
 
         return CompiledPolicy(name, capacity, num_layers, num_experts, **options)
     return cls(capacity, num_layers, num_experts, **options)
-
-
-@functools.lru_cache(maxsize=None)
-def _options_of(cls: type) -> frozenset[str]:
-    """The constructor options a policy class takes (read once per class)."""
-    import inspect
-
-    return frozenset(inspect.signature(cls.__init__).parameters) - {"self", "capacity", "num_layers", "num_experts"}
 
 
 def is_compiled(name: str) -> bool:

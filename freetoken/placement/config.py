@@ -11,6 +11,7 @@ built: counts, a KeyStream) or from a trace file (`profile`, `future`); a simula
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -55,8 +56,13 @@ def policy_class(name: str) -> type[PlacementPolicy]:
 
 def policy_option_names(name: str) -> set[str]:
     """Keyword options of the policy's constructor (profile / future / hint among them where it reads them)."""
-    params = set(inspect.signature(policy_class(name).__init__).parameters)
-    return params - {"self", "capacity", "num_layers", "num_experts"}
+    return set(constructor_options(policy_class(name)))
+
+
+@functools.lru_cache(maxsize=None)
+def constructor_options(cls: type) -> frozenset[str]:
+    """The keyword options a policy class's constructor takes (read once per class)."""
+    return frozenset(inspect.signature(cls.__init__).parameters) - {"self", "capacity", "num_layers", "num_experts"}
 
 
 @dataclass(frozen=True, slots=True)
