@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from freetoken.experiments.policy_grid import draft_depth_rate
 from freetoken.experiments.policy_hints import HARDWARE, HINT_FRACTIONS, REST_OF_TOKEN, WINDOW_TOKENS
 
 CARD = "mixtral-8x7b"
@@ -17,8 +18,8 @@ def scenario_text(labels) -> list[str]:
     drafts: dict[int, list[str]] = {}
     for x in labels:
         if x.startswith("draft "):
-            depth, _, rate = x.removeprefix("draft ").partition(" a=")
-            drafts.setdefault(int(depth), []).append(rate)
+            depth, rate = draft_depth_rate(x)
+            drafts.setdefault(depth, []).append(rate)
     text = "Scenarios (experiments/policy_grid.py, chosen in conf/study/policy.yaml): `solo` replays each sequence " \
            "alone, as recorded"
     if batches:
@@ -29,8 +30,7 @@ def scenario_text(labels) -> list[str]:
                 f"(sim/speculative.py): each decode step one verify call of {depth + 1} tokens, a draft the true " \
                 "next token with probability x while the drafts before it were (else another token of the " \
                 "sequence, whose experts the verify call loads too), the next step at the corrected / bonus token"
-    both = sorted({x for x in labels if x.startswith("batch ") and " draft " in x}, key=len)
-    if both:
+    if any(x.startswith("batch ") and " draft " in x for x in labels):
         text += "; `batch N draft d a=x` runs both: each step, every sequence of the batch verifies its token and " \
                 "draft in the step's one call per layer"
     text += ". Belady is replayed on each scenario's own calls. The per-trace tables below are `solo`" + \

@@ -129,14 +129,22 @@ def drafts_of(label: str) -> str:
     return label[i:] if i >= 0 else ""
 
 
+def draft_depth_rate(label: str) -> tuple[int, str] | None:
+    """(depth, rate as written) of a scenario label's drafts ("batch 4 draft 3 a=0.8" -> (3, "0.8")); None without."""
+    drafts = drafts_of(label)
+    if not drafts:
+        return None
+    depth, _, rate = drafts.removeprefix("draft ").partition(" a=")
+    return int(depth), rate
+
+
 def scenario_order(label: str) -> tuple:
     """Sort key of a scenario label as scenarios() orders them: solo, batches by size, drafts by depth and rate,
     then batches with drafts."""
     if label == SOLO.label:
         return (0,)
-    drafts = drafts_of(label)
-    depth, _, rate = drafts.removeprefix("draft ").partition(" a=")
-    draft_key = (int(depth), float(rate)) if drafts else ()
+    drafts = draft_depth_rate(label)
+    draft_key = (drafts[0], float(drafts[1])) if drafts else ()
     if label.startswith("batch "):
         size = int(label.split()[1])
         return (3, size, *draft_key) if drafts else (1, size)
