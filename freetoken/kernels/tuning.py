@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import warnings
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
@@ -38,11 +38,13 @@ def load_table(path: Path = CONFIG_FILE) -> dict:
     return table
 
 
+@cache  # read on every decode launch; a device's name and SM count do not change in a process
 def device_name(device: torch.device) -> str:
     """The key a device's configs live under: the CUDA device name; 'interpreter' for CPU tensors."""
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "interpreter"
 
 
+@cache
 def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
