@@ -1,5 +1,6 @@
 """experiments/policy_gap.py: the order-shuffled trace keeps every token's routing and moves only decode rows within
-their sequence; the per-layer excess sums to the replays' totals; the one-line CLI errors."""
+their sequence; the per-layer excess sums to the replays' totals and equals each layer's misses counted from the
+Plans; the one-line CLI errors."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import numpy as np
 
 from freetoken.experiments.policy_gap import main, per_layer_excess, shuffled
 from freetoken.experiments.policy_hints import replay
+from freetoken.placement import Split
+from freetoken.sim.run import SimConfig, simulate
 from freetoken.trace import DECODE, PREFILL, RoutingTrace
 
 
@@ -38,6 +41,17 @@ def test_per_layer_excess_sums_to_the_replays_difference():
     excess = per_layer_excess(t, 0.5, 4, opts)
     total = replay(t, "layer_sweep", 0.5, 4, opts)[1] - replay(t, "belady", 0.5, 4, {})[1]
     assert excess.shape == (3,) and excess.sum() == total
+
+    def layer_misses(policy, options):  # each layer's misses counted from the Plans, call by call
+        config = SimConfig(policy, Split("offload"), fraction=0.5, prefill_chunk=4, options=options)
+        out = np.zeros(3, np.int64)
+        for plan in simulate(t, config, keep_plans=True).plans:
+            out[plan.layer] += len(plan.fetch) + len(plan.cpu)
+        return out
+
+    expected = layer_misses("layer_sweep", opts) - layer_misses("belady", {})
+    assert len(set(expected.tolist())) > 1  # the layers differ: a misattributed layer would show
+    np.testing.assert_array_equal(excess, expected)
 
 
 def test_cli_errors_are_one_line(capsys, tmp_path):
