@@ -30,7 +30,7 @@ import numpy as np
 from freetoken.sim.hardware import HardwareProfile
 from freetoken.sim.lanes import HOST_MODES, roofline, share
 from freetoken.sim.model_card import ModelCard
-from freetoken.sim.overhead import HostWork
+from freetoken.sim.overhead import HostWork, copied_experts
 from freetoken.sim.replay import ReplayLog
 
 PREFILL = 0
@@ -139,7 +139,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
                          gemm_flops / rate + attn_flops / attn_rate)  # [N]
     t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, moe_rate)
     t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, moe_rate)
-    copied = log.fetched if streamed is None else np.where(streamed >= 0, streamed, log.fetched)
+    copied = copied_experts(log, streamed)
     pcie_bytes = ((copied + log.prefetched) * S).astype(np.float64)
     cpu_bytes = (log.cpu * S).astype(np.float64)
     t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)

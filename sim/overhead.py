@@ -157,9 +157,7 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     glue_pre = np.where(linear, GLUE_PRE_LINEAR, GLUE_PRE + GLUE_OUT_GATE * shape.out_gate)
     pre, post = pre + glue_pre, post + glue_post
     pre_kernels, post_kernels = pre, post
-    copied = log.fetched + log.prefetched if streamed is None else np.where(
-        streamed >= 0, streamed + log.prefetched, log.fetched + log.prefetched)
-    experts = shape.tensors_per_expert * copied
+    experts = shape.tensors_per_expert * (copied_experts(log, streamed) + log.prefetched)
     syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations
     copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
     charged = np.full(N, 1 + record)
@@ -181,6 +179,12 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
         copies = np.where(decode, experts + 2 * cpu, copies)
     return HostWork(_i(pre), _i(post), _i(pre_kernels), _i(post_kernels), _i(syncs), _i(copies), _i(charged),
                     _i(launches))
+
+
+def copied_experts(log, streamed: np.ndarray | None) -> np.ndarray:
+    """[N] experts a call copies in for its own use: its fetches, or on a streamed call what the prefill double
+    buffer streamed into it (double_buffer_streams; -1 where nothing streamed). Prefetches come on top."""
+    return log.fetched if streamed is None else np.where(streamed >= 0, streamed, log.fetched)
 
 
 def double_buffer_streams(calls, policy, split, num_experts: int, prefill_split=None) -> np.ndarray:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 
 from freetoken.sim.cost import CallMeta, CallTimes
+from freetoken.sim.overhead import copied_experts
 from freetoken.sim.replay import ReplayLog
 
 PREFILL, DECODE = 0, 1
@@ -62,7 +63,7 @@ def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: in
     """measured: [N] calls to report (the rest warmed the cache). Replay and charge are causal, so dropping the
     warm-up's calls leaves the measured calls' times exactly as they ran after it. streamed: [N] the prefill double
     buffer's copies (sim.overhead.double_buffer_streams), which replace a streamed call's fetches on PCIe."""
-    copied = log.fetched if streamed is None else np.where(streamed >= 0, streamed, log.fetched)
+    copied = copied_experts(log, streamed)
     if measured is not None:
         log, meta, times, copied = _take(log, measured), _take(meta, measured), _take(times, measured), copied[measured]
     pre, dec = log.phase == PREFILL, log.phase == DECODE
