@@ -29,14 +29,6 @@ def trace_stream(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     return call_stream(trace.experts, trace.num_experts, trace.request, trace.turn, trace.phase, prefill_chunk)
 
 
-def chunk_calls(experts: np.ndarray, num_experts: int, request: int) -> list[Call]:
-    """experts [n, L, K] of one prefill chunk of one request -> its L calls (the stream builder, one segment)."""
-    n = len(experts)
-    zeros = np.zeros(n, np.int64)
-    stream = call_stream(experts, num_experts, np.full(n, request, np.int64), zeros, zeros + PREFILL, max(n, 1))
-    return list(stream.calls())
-
-
 def trace_calls(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> Iterator[Call]:
     return trace_stream(trace, prefill_chunk).calls()
 
