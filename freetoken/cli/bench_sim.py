@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from freetoken.cli.common import print_json, progress
-from freetoken.cli.lru_race import MIN_SECONDS, race, speed
+from freetoken.cli.lru_race import MIN_SECONDS, best_runs, race, speed
 from freetoken.paths import DEFAULT_TRACE
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK
 
@@ -101,13 +100,7 @@ def libcachesim_misses_per_request(keys: np.ndarray, capacity: int) -> int:
 def _timed(fn, repeat: int = 1):
     """(result, wall seconds, CPU seconds): the best of `repeat` runs (one run of a few ms is noise on a shared
     machine). Wall and CPU time each take their own best."""
-    best_wall = best_cpu = float("inf")
-    for _ in range(repeat):
-        w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
-        best_wall = min(best_wall, time.perf_counter() - w0)
-        best_cpu = min(best_cpu, time.process_time() - c0)
-    return out, best_wall, best_cpu
+    return best_runs({"run": (None, lambda _: fn())}, repeat, 0.0, False)["run"]
 
 
 CLASSIC = ("lru", "static_layers", "frequency", "belady", "layer_sweep", "s3fifo")  # the end-to-end target set
@@ -159,13 +152,12 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
     from freetoken.sim.run import SimConfig, future_stream, simulate
 
     def replay_alone(config: SimConfig):
-        """(result, wall, CPU): the best of `repeat` replays, each of a freshly built policy."""
-        best = None
-        for _ in range(repeat):
-            policy = build_policy(config, L, E, profile=trace, future=future_stream(config, trace, stream))
-            run = _timed(lambda: replay_stream(stream, policy, config.split))
-            best = run if best is None else (run[0], min(best[1], run[1]), min(best[2], run[2]))
-        return best
+        """(result, wall, CPU): the best of `repeat` replays, each of a freshly built policy (built untimed)."""
+        def fresh():
+            return build_policy(config, L, E, profile=trace, future=future_stream(config, trace, stream))
+
+        timed = (fresh, lambda policy: replay_stream(stream, policy, config.split))
+        return best_runs({"replay": timed}, repeat, 0.0, False)["replay"]
 
     out["policies"] = {}
     head = trace.select(np.arange(trace.num_tokens) < min(trace.num_tokens, 64))  # loads compiled code, untimed
