@@ -90,19 +90,6 @@ class DeviceMoE:
         if st.b_gate_up is not None:
             st.b_gate_up, st.b_down = pin(st.b_gate_up), pin(st.b_down)
 
-    def tensor_pairs(self, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(host store [E, ...], pool [S, ...]) per expert tensor: what one fetch moves (= SlotPool.load)."""
-        st, pool = self.store, self.pool
-        if st.packed:
-            pairs = [(src, dst) for name in ("gate", "up", "down")
-                     for src, dst in zip(getattr(st, name)[layer].tensors().values(),
-                                         getattr(pool, name).tensors().values())]
-        else:
-            pairs = [(st.gate_up[layer], pool.w_gate_up), (st.down[layer], pool.w_down)]
-        if st.b_gate_up is not None:
-            pairs += [(st.b_gate_up[layer], pool.b_gate_up), (st.b_down[layer], pool.b_down)]
-        return pairs
-
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                  phase: int) -> torch.Tensor:
         """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]."""
@@ -164,7 +151,7 @@ class DeviceMoE:
         """Copy the fetched experts into their slots: on CUDA on the copy stream after the decision (which follows
         every earlier FFN on the compute stream, so a replaced slot is no longer read); returns its event."""
         ex = self.executor
-        pairs = self.tensor_pairs(layer)
+        pairs = self.pool.tensor_pairs(self.store, layer)
         ex.host.launches += KERNEL_LAUNCHES["gather_experts"] * len(pairs)
         if not ex.cuda:
             for src, dst in pairs:

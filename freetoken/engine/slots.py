@@ -165,15 +165,19 @@ class SlotPool:
         weights = sum(len(w.tensors()) for w in self.weights) if self.packed else 2
         return weights + (2 if self.b_gate_up is not None else 0)
 
+    def tensor_pairs(self, store: ExpertStore, layer: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(host store [E, ...], pool [S, ...]) per expert tensor of `layer`: what one load moves, expert by expert
+        (load) or as one gather of many (the device MoE)."""
+        if self.packed:
+            pairs = [(getattr(store, name)[layer].tensors()[t], tensor) for name in ("gate", "up", "down")
+                     for t, tensor in getattr(self, name).tensors().items()]
+        else:
+            pairs = [(store.gate_up[layer], self.w_gate_up), (store.down[layer], self.w_down)]
+        if self.b_gate_up is not None:
+            pairs += [(store.b_gate_up[layer], self.b_gate_up), (store.b_down[layer], self.b_down)]
+        return pairs
+
     def load(self, slot: int, store: ExpertStore, layer: int, expert: int) -> None:
         """Copy one expert host -> slot (asynchronous from pinned memory on the current CUDA stream)."""
-        if self.b_gate_up is not None:
-            self.b_gate_up[slot].copy_(store.b_gate_up[layer][expert], non_blocking=True)
-            self.b_down[slot].copy_(store.b_down[layer][expert], non_blocking=True)
-        if self.packed:
-            self.gate.copy_slot(slot, store.gate[layer], expert, non_blocking=True)
-            self.up.copy_slot(slot, store.up[layer], expert, non_blocking=True)
-            self.down.copy_slot(slot, store.down[layer], expert, non_blocking=True)
-            return
-        self.w_gate_up[slot].copy_(store.gate_up[layer][expert], non_blocking=True)
-        self.w_down[slot].copy_(store.down[layer][expert], non_blocking=True)
+        for src, dst in self.tensor_pairs(store, layer):
+            dst[slot].copy_(src[expert], non_blocking=True)
