@@ -40,14 +40,15 @@ def _store(seed: int = 0) -> ExpertStore:
     return ExpertStore([(torch.randn(E, 2 * I, D, generator=g) / 4, torch.randn(E, D, I, generator=g) / 4)])
 
 
-def _reference(store: ExpertStore, x, weights, ids) -> torch.Tensor:
-    """sum_k w[t, k] * down(silu(gate x) * up x) for each token, expert by expert."""
+def moe_reference(store: ExpertStore, x, weights, ids, layer: int = 0) -> torch.Tensor:
+    """sum_k w[t, k] * down(silu(gate x) * up x) for each token, expert by expert (`layer`'s experts)."""
+    inter = store.down[layer].shape[-1]
     out = torch.zeros(x.shape)
     for t in range(x.shape[0]):
         for k in range(ids.shape[1]):
-            gu, dn = store.gate_up[0][ids[t, k]], store.down[0][ids[t, k]]
+            gu, dn = store.gate_up[layer][ids[t, k]], store.down[layer][ids[t, k]]
             h = x[t] @ gu.T
-            out[t] += weights[t, k] * (dn @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+            out[t] += weights[t, k] * (dn @ (torch.nn.functional.silu(h[:inter]) * h[inter:]))
     return out
 
 
@@ -65,7 +66,7 @@ def test_cpu_lane_issued_before_gpu_waits(overlap, pipeline, phase):
     y = ex.run(plan, x, weights, ids, phase)
     assert ex.log[0] == "cpu issued" and "gpu waits" in ex.log and ex.log.count("cpu issued") == 1
     assert ex.log.index("cpu issued") < ex.log.index("copies issued") < ex.log.index("gpu waits")
-    torch.testing.assert_close(y, _reference(store, x, weights, ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, moe_reference(store, x, weights, ids), rtol=1e-5, atol=1e-5)
     assert (ex._cpu_worker is not None) == overlap
 
 

@@ -11,6 +11,7 @@ from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import kernel_set
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.placement import PREFILL, Plan, Split
+from tests.engine.test_lane_order import moe_reference
 
 E, D, I = 4, 16, 8
 
@@ -23,16 +24,6 @@ class LoadLog(SlotPool):
     def load(self, slot, store, layer, expert):
         self.log.append((slot, layer, expert))
         super().load(slot, store, layer, expert)
-
-
-def _reference(store, layer, x, weights, ids):
-    out = torch.zeros(x.shape)
-    for t in range(x.shape[0]):
-        for k in range(ids.shape[1]):
-            gu, dn = store.gate_up[layer][ids[t, k]], store.down[layer][ids[t, k]]
-            h = x[t] @ gu.T
-            out[t] += weights[t, k] * (dn @ (torch.nn.functional.silu(h[:I]) * h[I:]))
-    return out
 
 
 def test_next_layer_streams_during_this_call():
@@ -53,8 +44,8 @@ def test_next_layer_streams_during_this_call():
     assert pool.log == staged0 + streamed1  # layer 1's copies issued within layer 0's call
     y1 = ex.run(Plan(1, [], [], [0, 1, 2], [-1, -1, -1], []), x, weights, ids, PREFILL)
     assert pool.log == staged0 + streamed1  # nothing copied again
-    torch.testing.assert_close(y0, _reference(store, 0, x, weights, ids), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(y1, _reference(store, 1, x, weights, ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y0, moe_reference(store, x, weights, ids, 0), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y1, moe_reference(store, x, weights, ids, 1), rtol=1e-5, atol=1e-5)
 
 
 def test_engine_prefill_stream_keeps_the_tokens(tmp_path):
