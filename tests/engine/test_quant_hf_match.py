@@ -20,13 +20,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from freetoken.engine import CacheConfig, Engine
 from freetoken.models import CheckpointError
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.quant import expert_bytes
 
 from .conftest import DECODE_STEPS, PROMPT
-from .test_hf_match import CHUNK, SPLITS, assert_close, assert_grid, run_steps
+from .test_hf_match import assert_close, assert_grid, run_steps
+from .tiny_hf import make_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
 import packers
@@ -131,11 +131,6 @@ def quant_models(tmp_path_factory):
     return get
 
 
-def _engine(model: QuantModel, capacity: int, split: str, kernels: str = "reference") -> Engine:
-    return Engine(model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,
-                  device="cuda" if kernels == "triton" and torch.cuda.is_available() else "cpu", prefill_chunk=CHUNK)
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_logits_match_hf_every_capacity_every_split(fmt, quant_models):
     model = quant_models(fmt)
@@ -147,14 +142,14 @@ def test_logits_match_hf_every_capacity_every_split(fmt, quant_models):
         if capacity == 0 and split == "offload":  # every expert through the staging rows
             assert c.fetched_bytes == c.fetched * engine.store.expert_bytes and c.fetched > 0
 
-    assert_grid(lambda capacity, split: _engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
+    assert_grid(lambda capacity, split: make_engine(model, capacity, split), model.tokens[:-1], model.logits[:-1],
                 (0, LAYERS * E // 2, LAYERS * E), fmt, staged_bytes)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_slot_pool_holds_packed_bytes(fmt, quant_models):
     model = quant_models(fmt)
-    engine = _engine(model, 3, "hybrid")
+    engine = make_engine(model, 3, "hybrid")
     store, pool = engine.store, engine.cache.pool
     fq = model.ckpt.quant
     assert store.packed and pool.packed
@@ -170,7 +165,7 @@ def test_slot_pool_holds_packed_bytes(fmt, quant_models):
 def test_triton_expert_ffn_quant(fmt, quant_models):
     """The Triton path (interpreted on CPU): hits, fetches into slots and staging, and the CPU lane."""
     model = quant_models(fmt)
-    engine = _engine(model, LAYERS * E // 2, "hybrid", kernels="triton")
+    engine = make_engine(model, LAYERS * E // 2, "hybrid", kernels="triton")
     logits = run_steps(engine, model.tokens[:-1])
     assert_close(logits, model.logits[:-1], f"{fmt} triton")
     c = engine.counters
