@@ -92,9 +92,10 @@ def engine_from_args(args: argparse.Namespace):
         raise ValueError("--ubatch applies to llama.cpp engines (llamacpp-*); use --prefill-chunk")
     if args.prefill_chunk is not None and args.ubatch is not None:
         raise ValueError("give one of --prefill-chunk and --ubatch")
-    graphs = None if args.cuda_graphs is None else args.cuda_graphs == "on"
-    double = None if args.double_buffer is None else args.double_buffer == "on"
-    decode_overlap = None if args.decode_overlap is None else args.decode_overlap == "on"
+    def on_off(value: str | None) -> bool | None:  # an on|off flag; None: the engine's own setting
+        return None if value is None else value == "on"
+
+    graphs, double, decode_overlap = on_off(args.cuda_graphs), on_off(args.double_buffer), on_off(args.decode_overlap)
     return with_settings(engine, prefill_chunk=args.prefill_chunk if args.ubatch is None else args.ubatch,
                          gguf_type=args.gguf_type, expert_format=args.expert_format, cuda_graphs=graphs,
                          cpu_threads=args.cpu_threads, amx=True if args.amx else None,
