@@ -184,6 +184,7 @@ class EngineSpec:
     double_buffer: bool | None = None  # freetoken-offload's prefill double buffer (two layers of staging slots)
     decode_overlap: bool | None = None  # decode's copies beside the hits' compute (False: FreeToken 0.1.2's gather)
     prefill_split: str | None = None  # same (as decode) | offload (every miss fetched: FreeToken 0.1.2's hybrid)
+    decode_gather_gb_s: float | None = None  # decode's copies at this rate (an SM gather: FreeToken 0.1.2's); 0: BP
 
     def __post_init__(self) -> None:
         from freetoken.sim.engines import ENGINES
@@ -195,6 +196,9 @@ class EngineSpec:
                 raise ValueError(f"engine.{name} must be true, false or null, got {getattr(self, name)!r}")
         from freetoken.sim.engines import PREFILL_SPLITS
 
+        gather = self.decode_gather_gb_s
+        if gather is not None and (isinstance(gather, bool) or not isinstance(gather, (int, float)) or not gather >= 0):
+            raise ValueError(f"engine.decode_gather_gb_s must be a number >= 0 or null, got {gather!r}")
         if self.prefill_split is not None and self.prefill_split not in PREFILL_SPLITS:
             raise ValueError(f"engine.prefill_split: unknown {self.prefill_split!r}; "
                              f"valid: {', '.join(PREFILL_SPLITS)}")
@@ -211,7 +215,7 @@ class EngineSpec:
                              expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,
                              cpu_threads=self.cpu_threads, amx=self.amx, kv_dtype=self.kv_dtype,
                              double_buffer=self.double_buffer, decode_overlap=self.decode_overlap,
-                             prefill_split=self.prefill_split)
+                             prefill_split=self.prefill_split, decode_gather_gb_s=self.decode_gather_gb_s)
 
 
 @dataclass(frozen=True, slots=True)

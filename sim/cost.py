@@ -8,7 +8,9 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
             and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute
             when `overlap`, and in prefill loaded during the previous call when `double_buffer` (two staging
             buffers: layer l+1 streams in while layer l computes); `decode_overlap` False: a decode call's copies
-            are a kernel on the compute stream (FreeToken 0.1.2's gather), between the router and every expert GEMM
+            are a kernel on the compute stream (FreeToken 0.1.2's gather), between the router and every expert GEMM;
+            `decode_gather_gb_s` > 0: a decode call's copies run at that rate (an SM kernel reading pinned host
+            memory, not the copy engine whose rate BP is), never above BP; prefill's copies stay at BP
     fetched computed on the GPU once their copy has landed: roofline(fetched * S / HBM, 2 P fetch_tokens / rate)
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
@@ -49,10 +51,13 @@ class CostOptions:
     decode_overlap: bool = True  # False: decode's copies run on the compute stream (FreeToken 0.1.2's gather kernel)
     double_buffer: bool = True  # prefill: the next call's experts load while this call computes
     dispatch_us: float = 0.0  # the engine's host work per launch on top of the hardware's launch_us
+    decode_gather_gb_s: float = 0.0  # > 0: decode's copies at this rate (an SM gather kernel), capped by BP
 
     def __post_init__(self) -> None:
         if self.host not in HOST_MODES:
             raise ValueError(f"host {self.host!r} is not one of {', '.join(HOST_MODES)}")
+        if not self.decode_gather_gb_s >= 0:
+            raise ValueError(f"decode_gather_gb_s must be >= 0, got {self.decode_gather_gb_s}")
         if self.double_buffer and not self.overlap:
             raise ValueError("double_buffer needs overlap (a copy stream beside compute)")
 
@@ -119,6 +124,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
         raise ValueError("streamed prefill copies are the double buffer's: charge them with double_buffer on")
     S, P, Lm = card.expert_bytes(), card.expert_params, card.moe_layers
     hbm, bp, bh = hw.achieved_hbm_gb_s * 1e9, hw.pcie_gb_s * 1e9, hw.host_gb_s * 1e9
+    bp_decode = min(bp, options.decode_gather_gb_s * 1e9) if options.decode_gather_gb_s else bp
     rate, cpu_rate = hw.achieved_tflops(card.compute_dtype) * 1e12, hw.cpu_tflops * 1e12
     moe_rate = hw.moe_tflops(card.compute_dtype) * 1e12  # the experts' grouped GEMMs
     attn_rate = hw.attention_tflops(ATTENTION_DTYPE) * 1e12  # flash attention over the context, 16-bit
@@ -160,7 +166,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     for i in range(N):
         start = end
         routed = start + max(t_dense[i], pre[i]) + stall[i]  # launched, computed, and its routing on the host
-        d_p, d_c = share(pcie_bytes[i], bp, cpu_bytes[i], cpu_cap[i], dram)
+        d_p, d_c = share(pcie_bytes[i], bp if phase[i] == PREFILL else bp_decode, cpu_bytes[i], cpu_cap[i], dram)
         d_c += latency if cpu_bytes[i] else 0.0
         d_p += pcie_latency if pcie_bytes[i] else 0.0
         if options.overlap and (options.decode_overlap or phase[i] == PREFILL):

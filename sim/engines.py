@@ -35,6 +35,9 @@ class Engine:
     # (placement.memory.cache_rows), so off unless asked, which then plans two
     double_buffer: bool = False
     decode_overlap: bool = True  # False: decode's miss copies on the compute stream, before all expert GEMMs
+    # > 0: decode's miss copies run at this rate (GB/s), an SM kernel reading pinned host memory instead of the copy
+    # engine (whose rate is the hardware's BP, which still caps it); prefill's copies stay at BP. 0: at BP
+    decode_gather_gb_s: float = 0.0
     prefill_split: str = "same"  # PREFILL_SPLITS: how prefill calls split their misses
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
     admit_prefill: bool = False  # True: prefill fetches are offered cache slots like decode fetches
@@ -60,6 +63,9 @@ class Engine:
             raise ValueError(f"engine host_work {self.host_work!r} is not one of {', '.join(FLAVOURS)}")
         if self.cpu_threads < 0 or self.dispatch_us < 0:
             raise ValueError("engine cpu_threads and dispatch_us must be >= 0")
+        if not self.decode_gather_gb_s >= 0:
+            raise ValueError(f"engine decode_gather_gb_s must be >= 0 (0: at the hardware's PCIe rate), got "
+                             f"{self.decode_gather_gb_s}")
         if self.prefill_split not in PREFILL_SPLITS:
             raise ValueError(f"engine prefill_split {self.prefill_split!r} is not one of {', '.join(PREFILL_SPLITS)}")
         if self.double_buffer and not self.overlap:
@@ -79,7 +85,7 @@ class Engine:
                 "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
                 "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx,
                 "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap, "double_buffer": self.double_buffer,
-                "prefill_split": self.prefill_split}
+                "prefill_split": self.prefill_split, "decode_gather_gb_s": self.decode_gather_gb_s or "BP"}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
@@ -104,7 +110,8 @@ class Engine:
 
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer,
-                           decode_overlap=self.decode_overlap, dispatch_us=self.dispatch_us)
+                           decode_overlap=self.decode_overlap, dispatch_us=self.dispatch_us,
+                           decode_gather_gb_s=self.decode_gather_gb_s)
 
     def hardware_for(self, hw: HardwareProfile) -> HardwareProfile:
         """The CPU lane's FLOP rate under this engine's threads and AMX setting (BH stays: ft bench bw measures it
@@ -154,7 +161,17 @@ ENGINES: dict[str, Engine] = {
 # fetched experts (layers/moe.py _decode_routed); hybrid layers hand the CPU lane its work through two stream memory
 # operations on mapped flags, no host function (moe/cpu_executor.py, flag sync); the scheduler prepares the next
 # step while the GPU runs (scheduler/scheduler.py overlap_loop). So: CUDA graphs on, and no copy beside the hits.
-FREETOKEN_012_DECODE = {"cuda_graphs": True, "decode_overlap": False}
+# The gather is SM loads of pinned host memory (kernel/csrc/jit/fast_index_copy.cuh fast_index_copy_multi, 8 blocks
+# of 1024 threads per bank), not the copy engine: its authors measured it at ~31 GB/s, PCIe-bound (kernel/
+# fast_index_copy.py, fast_index_copy_multi_jit's docstring; their GPU is an H100, sm_90, PCIe 5.0 x16: moe/
+# offload_cache.py, benchmarks/bench_offload_cache_copy.py; the same code quotes ~55 GB/s for PCIe copies on a
+# Sapphire Rapids host, kernel/csrc/cpu_moe/cpu_moe_ext.cpp). The review's "host RAM 63.6, PCIe 56.0 GB/s" on the
+# anchor box read as ft bench bw's ceilings line (moe/benchbw.py _print_report: CPU STREAM read, PCIe linear H2D,
+# measure_pcie_bw: the copy engine), not its per-format PCIe-gather column; the copy engine is what 0.1.2's prefill
+# uses (offload_cache.py prefetch_prefill_layer: whole-layer copy_ on a copy stream), its decode does not. The gather
+# rate is not measured on the anchor box's GPU (an RTX 5090, also PCIe 5.0 x16).
+FREETOKEN_012_GATHER_GB_S = 31.0
+FREETOKEN_012_DECODE = {"cuda_graphs": True, "decode_overlap": False, "decode_gather_gb_s": FREETOKEN_012_GATHER_GB_S}
 # FreeToken 0.1.2's offload prefill, at the same tag: double-buffered by default (engine/config.py
 # moe_prefill_overlap=True): layer l+1 streams into the second of two expert-layer buffers behind layer l's GEMMs
 # (layers/moe.py _wait_prefill_overlap), the two buffers borrowed from the slot cache when it holds >= 2 x num_experts
@@ -181,7 +198,7 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
                   expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
                   amx: bool | None = None, kv_dtype: str | None = None,
                   decode_overlap: bool | None = None, double_buffer: bool | None = None,
-                  prefill_split: str | None = None) -> Engine:
+                  prefill_split: str | None = None, decode_gather_gb_s: float | None = None) -> Engine:
     """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
@@ -213,6 +230,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
         new["double_buffer"] = double_buffer  # checked by Engine
     if prefill_split is not None:
         new["prefill_split"] = prefill_split  # checked by Engine
+    if decode_gather_gb_s is not None:
+        new["decode_gather_gb_s"] = float(decode_gather_gb_s)  # checked by Engine
     return replace(engine, **new)
 
 

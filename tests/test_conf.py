@@ -138,6 +138,19 @@ def test_engine_decode_overlap_reaches_the_cost_models_engine():
         EngineSpec("freetoken-offload", decode_overlap="no")
 
 
+def test_engine_decode_gather_rate_reaches_the_cost_models_engine():
+    from freetoken.experiments.specs import EngineSpec
+
+    cfg = compose(["engine=freetoken-offload", "engine.decode_gather_gb_s=31.0"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert engine.decode_gather_gb_s == 31.0 and engine.cost_options("shared").decode_gather_gb_s == 31.0
+    assert instantiate(compose(["engine=freetoken-offload"]).engine, _convert_="all").engine().decode_gather_gb_s == 0
+    with pytest.raises(ValueError, match="engine.decode_gather_gb_s must be a number >= 0 or null, got -1"):
+        EngineSpec("freetoken-offload", decode_gather_gb_s=-1)
+    with pytest.raises(ValueError, match="engine.decode_gather_gb_s must be a number >= 0 or null, got 'fast'"):
+        EngineSpec("freetoken-offload", decode_gather_gb_s="fast")
+
+
 def test_engine_prefill_split_reaches_the_cost_models_engine():
     from freetoken.experiments.specs import EngineSpec
 

@@ -131,6 +131,20 @@ def test_decode_copies_on_the_compute_stream_wait_for_the_hits():
     assert seconds(prefill, [1], serial)[0] == pytest.approx(seconds(prefill, [1])[0])
 
 
+def test_decode_copies_at_the_gather_rate_prefill_at_bp():
+    # FreeToken 0.1.2's decode gather (SM loads of pinned memory) at 0.75 GB/s, half of BP = 1.5 GB/s: one fetch
+    # copies in 3 MB / 0.75 GB/s = 4 ms instead of 2 ms, then 1 ms of compute. A prefill call's copy is the copy
+    # engine's: still 2 ms. A gather rate above BP is capped at BP.
+    fetch = dict(fetched=1, fetch_tokens=1)
+    gather = CostOptions(host="independent", double_buffer=False, decode_gather_gb_s=0.75)
+    assert seconds([dict(phase=1, **fetch)], [1], gather)[0] == pytest.approx(DENSE + 4 * MS + 1 * MS)
+    assert seconds([dict(phase=0, **fetch)], [1], gather)[0] == pytest.approx(DENSE + 2 * MS + 1 * MS)
+    above = CostOptions(host="independent", double_buffer=False, decode_gather_gb_s=3.0)
+    assert seconds([dict(phase=1, **fetch)], [1], above)[0] == pytest.approx(DENSE + 2 * MS + 1 * MS)
+    with pytest.raises(ValueError, match="decode_gather_gb_s must be >= 0"):
+        CostOptions(decode_gather_gb_s=-1.0)
+
+
 def test_double_buffering_loads_the_next_prefill_call_early():
     # two prefill calls of 1 token, each fetching one expert. Dense per call: 1 ms of bytes (FLOPs negligible).
     calls = [dict(phase=0, fetched=1, fetch_tokens=1, layer=0), dict(phase=0, fetched=1, fetch_tokens=1, layer=0)]

@@ -235,6 +235,20 @@ def test_decode_overlap_flag_reaches_the_engine(capsys):
     assert off["decode_tok_s"] < on["decode_tok_s"] and off["prefill_tok_s"] == on["prefill_tok_s"]
 
 
+def test_decode_gather_flag_slows_decode_copies_only(capsys):
+    # a decode gather below BP (11.8 GB/s on the 8 GB laptop, where Qwen3-30B-A3B's decode misses): the same
+    # replay, every decode copy slower, prefill (the copy engine's) unchanged; a rate above BP is capped at BP
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx4060-laptop", "--kv-floor", "4096", "--prompt-tokens", "64",
+            "--decode-tokens", "8", "--no-band", "--engine", "freetoken-offload"]
+    base, slow, above = (run_json(capsys, *args, *extra) for extra in
+                         ([], ["--decode-gather-gb-s", "5"], ["--decode-gather-gb-s", "50"]))
+    assert (base["inputs"]["engine_settings"]["decode_gather_gb_s"], slow["inputs"]["engine_settings"][
+        "decode_gather_gb_s"]) == ("BP", 5.0)
+    assert base["miss_rate"] == slow["miss_rate"] and base["fetched_gb"] == slow["fetched_gb"] > 0
+    assert slow["decode_tok_s"] < base["decode_tok_s"] and slow["prefill_tok_s"] == base["prefill_tok_s"]
+    assert above["decode_tok_s"] == base["decode_tok_s"]
+
+
 def test_prefill_split_flag_fetches_every_prefill_miss(capsys):
     # Qwen3-30B-A3B (48 MoE layers x 128 experts of 9,437,184 bytes), a cold cache, two 2048-token prefill chunks and
     # no decode: every call misses its layer's 128 experts (as above) and prefill admits none. freetoken-hybrid's own

@@ -67,6 +67,9 @@ def register(sub) -> None:
     p.add_argument("--decode-overlap", choices=["on", "off"],
                    help="decode's expert copies beside the resident experts' compute (default on); off: on the "
                         "compute stream before every expert GEMM (FreeToken 0.1.2's gather kernel)")
+    p.add_argument("--decode-gather-gb-s", type=float, metavar="GB_S",
+                   help="decode's expert copies at this rate instead of the PCIe rate BP (an SM gather kernel "
+                        "reading pinned host memory, capped by BP: FreeToken 0.1.2's, ~31 GB/s); 0: at BP")
     p.add_argument("--prefill-split", choices=["same", "offload"],
                    help="how prefill calls split their misses: same as decode (default; freetoken-hybrid: a CPU "
                         "lane in prefill too) or offload, every miss fetched (FreeToken 0.1.2's hybrid)")
@@ -100,7 +103,8 @@ def engine_from_args(args: argparse.Namespace):
                          gguf_type=args.gguf_type, expert_format=args.expert_format, cuda_graphs=graphs,
                          cpu_threads=args.cpu_threads, amx=True if args.amx else None,
                          kv_dtype=check_kv_dtype(args.kv_dtype), double_buffer=double,
-                         decode_overlap=decode_overlap, prefill_split=args.prefill_split)
+                         decode_overlap=decode_overlap, prefill_split=args.prefill_split,
+                         decode_gather_gb_s=args.decode_gather_gb_s)
 
 
 def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> None:
