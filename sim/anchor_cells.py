@@ -124,9 +124,12 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
     ("xeon / llama.cpp cpu-moe + MTP", "prefill_tok_s"): (
         "copy-bound over PCIe 3.0 x16 (12.5 GB/s, a published typical figure, not measured on this box), with "
         "attention at Pascal's FP32 rate (ggml's flash-attention tile kernels; no tensor cores, FP16 at 1/64): "
-        "-23% while it was charged at the int8 dp4a rate. The GGUF type is assumed, and llama.cpp's pipeline "
-        "parallelism over the two GPUs (each on its own x16 link; ubatches of one batch in flight on both) is "
-        "not modelled.",
+        "-23% while it was charged at the int8 dp4a rate. At the assumed Q4_K_M and ubatch 512 the uploads alone "
+        "bound prefill at 512 x 12.5 GB/s / 70.3 GB = 91 tok/s, below the published 107-108, so the run's GGUF "
+        "type, ubatch or link rate differs from the assumed (none is published). Not llama.cpp's pipeline "
+        "parallelism over the two GPUs: --cpu-moe is a tensor buffer override (common/arg.cpp "
+        "llm_ffn_exps_cpu_override), and src/llama-context.cpp enables pipeline parallelism only when "
+        "!model.has_tensor_overrides().",
         ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
     ("xeon / llama.cpp cpu-moe", "prefill_tok_s"): (
         "as the MTP row's prefill.", ("IQ4_XS (4.25 bpw)", {"gguf_type": "iq4_xs"})),
