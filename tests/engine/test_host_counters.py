@@ -106,15 +106,13 @@ def test_streamed_calls_copy_the_layers_non_resident_experts_by_hand():
 @pytest.mark.parametrize("split", sorted(SPLITS))
 def test_hybrid_deltanet_layers_count_as_the_engine_does(split, tmp_path):
     # Qwen3.5's layout: three Gated DeltaNet layers, then full attention with an output gate; every layer MoE
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from freetoken.models.checkpoint import load_checkpoint
 
     from .test_qwen3_next_hf_match import CONFIGS
+    from .tiny_hf import random_hf
 
     model_type, kw = CONFIGS["qwen3_5_moe"]
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kw)).save_pretrained(tmp_path)
+    random_hf(model_type, **kw).save_pretrained(tmp_path)
     ckpt = load_checkpoint(tmp_path)
     cache = CacheConfig("lru", capacity=5, split=SPLITS[split])
     engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=True)
