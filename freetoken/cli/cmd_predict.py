@@ -67,9 +67,10 @@ def register(sub) -> None:
     p.add_argument("--decode-overlap", choices=["on", "off"],
                    help="decode's expert copies beside the resident experts' compute (default on); off: on the "
                         "compute stream before every expert GEMM (FreeToken 0.1.2's gather kernel)")
-    p.add_argument("--prefill-split", choices=["same", "offload"],
-                   help="how prefill calls split their misses: same as decode (default; freetoken-hybrid: a CPU "
-                        "lane in prefill too) or offload, every miss fetched (FreeToken 0.1.2's hybrid)")
+    p.add_argument("--prefill-split", metavar="MODE", choices=LazyChoices("freetoken.sim.engines", "PREFILL_SPLITS"),
+                   help="how prefill calls split their misses (%(choices)s): same as decode (default; "
+                        "freetoken-hybrid: a CPU lane in prefill too) or offload, every miss fetched (FreeToken "
+                        "0.1.2's hybrid)")
     p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
     p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
