@@ -194,15 +194,10 @@ class EngineSpec:
         for name in ("cuda_graphs", "amx", "double_buffer", "decode_overlap"):
             if not (getattr(self, name) is None or isinstance(getattr(self, name), bool)):
                 raise ValueError(f"engine.{name} must be true, false or null, got {getattr(self, name)!r}")
-        from freetoken.sim.engines import PREFILL_SPLITS
-
         gather = self.decode_gather_gb_s
         if gather is not None and (isinstance(gather, bool) or not isinstance(gather, (int, float)) or not gather >= 0):
             raise ValueError(f"engine.decode_gather_gb_s must be a number >= 0 or null, got {gather!r}")
-        if self.prefill_split is not None and self.prefill_split not in PREFILL_SPLITS:
-            raise ValueError(f"engine.prefill_split: unknown {self.prefill_split!r}; "
-                             f"valid: {', '.join(PREFILL_SPLITS)}")
-        try:
+        try:  # every other setting (prefill_split among them) is checked once, by sim.engines.Engine
             self.engine()
         except ValueError as e:
             raise ValueError(f"engine: {e}") from None

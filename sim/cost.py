@@ -113,7 +113,7 @@ def call_meta(trace, prefill_chunk: int) -> CallMeta:
 def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
            options: CostOptions = CostOptions(), host_work: HostWork | None = None,
            streamed: np.ndarray | None = None) -> CallTimes:
-    """streamed [N]: freetoken's prefill double buffer (sim.overhead.double_buffer_streams): a call with streamed >= 0
+    """streamed [N]: freetoken's prefill double buffer (sim.replay ReplayResult.streamed): a call with streamed >= 0
     had that many experts (its layer's non-resident ones, used or not) copied while the call before it ran, in place
     of its fetches; only those calls load early. None: `double_buffer` loads every prefill call after a prefill call
     early, its fetches."""

@@ -128,7 +128,7 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     moe_graphs: with the device placement and no CPU lane, each decode call's MoE block (router, top-k, decision,
     gathers, expert FFNs) is one graph launch (engine/decode_graphs.py); attention, a shared expert and the step's
     head stay eager; the recorder's one read per forward stays.
-    streamed [N]: the prefill double buffer (double_buffer_streams): the experts streamed into each call's staging
+    streamed [N]: the prefill double buffer (ReplayResult.streamed): the experts streamed into each call's staging
     set while the call before it ran, -1 where the call copies its own fetches. A streamed call copies those (every
     non-resident expert of its layer, used or not) instead of its fetches, and runs one expert_ffn call."""
     k = KERNEL_LAUNCHES
@@ -183,28 +183,8 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
 
 def copied_experts(log, streamed: np.ndarray | None) -> np.ndarray:
     """[N] experts a call copies in for its own use: its fetches, or on a streamed call what the prefill double
-    buffer streamed into it (double_buffer_streams; -1 where nothing streamed). Prefetches come on top."""
+    buffer streamed into it (ReplayResult.streamed; -1 where nothing streamed). Prefetches come on top."""
     return log.fetched if streamed is None else np.where(streamed >= 0, streamed, log.fetched)
-
-
-def double_buffer_streams(calls, policy, split, num_experts: int, prefill_split=None) -> np.ndarray:
-    """Per call [N], what freetoken's prefill double buffer (engine/cache.py _stream_next) streams into it: a prefill
-    call of MoE layer l >= 1 gets every expert of layer l not resident when layer l - 1's call ran, -1 elsewhere.
-    It streams only where prefill's split (prefill_split, else split) is offload and its fetches are not admitted
-    (so residency cannot change between the two calls). Replays `calls` through `policy` (a fresh one, as the
-    replay that made the log; each call with its phase's split) to read the residency each call sees; the replay
-    stops after the last streamed call."""
-    calls = list(calls)
-    out = np.full(len(calls), -1, np.int64)
-    prefill = split if prefill_split is None else prefill_split
-    if prefill.mode != "offload" or (policy.admits and prefill.admit_prefill):
-        return out
-    last = max((i for i, c in enumerate(calls) if c.phase == PREFILL and c.layer >= 1), default=-1)
-    for i, call in enumerate(calls[:last + 1]):
-        if call.phase == PREFILL and call.layer >= 1:
-            out[i] = sum(policy.slot(call.layer, e) < 0 for e in range(num_experts))
-        policy.plan(call, prefill if call.phase == PREFILL else split)
-    return out
 
 
 def llamacpp_work(log, *, cuda_graphs: bool) -> HostWork:
@@ -231,7 +211,7 @@ def graph_work(log) -> HostWork:
 
 def host_work(flavour: str, log, num_layers: int, shape: LayerShape, *, cuda_graphs: bool,
               pipeline: bool = True, record: bool = False, streamed: np.ndarray | None = None) -> HostWork:
-    """streamed: freetoken's prefill double buffer (double_buffer_streams), where the engine has it on."""
+    """streamed: freetoken's prefill double buffer (ReplayResult.streamed), where the engine has it on."""
     if streamed is not None and flavour != "freetoken":
         raise ValueError(f"streamed prefill copies are freetoken's double buffer, not {flavour}'s")
     if flavour == "freetoken":

@@ -16,10 +16,11 @@ from freetoken.sim.cost import call_meta, charge
 from freetoken.sim.engines import Engine, get_engine
 from freetoken.sim.hardware import HardwareProfile
 from freetoken.sim.model_card import ModelCard
-from freetoken.sim.overhead import LayerShape, double_buffer_streams, host_work
+from freetoken.sim.overhead import LayerShape, host_work
 from freetoken.sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
 from freetoken.sim.prediction import Prediction, summarize
-from freetoken.sim.run import SimConfig, call_stream, replay_setup, simulate
+from freetoken.sim.replay import ReplayResult, replay_stream
+from freetoken.sim.run import SimConfig, replay_setup
 
 # Synthetic routing knobs: what sim.synth.fit_spec finds for the recorded DeepSeek-V2-Lite trace (fine-grained
 # experts with a shared expert, as the Qwen3.5 / DeepSeek families; the same values as the shipped 48x128 trace,
@@ -155,10 +156,9 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     run = trace if warmup is None else join_after(warmup, trace)
     if warmup is not None:
         check_shape(warmup, card, "warm-up trace")
-    stream = call_stream(run, config)[0]  # one call stream for the replay and the double buffer's pass
-    result = simulate(run, config, on_call=on_call, stream=stream)
+    result = engine_replay(engine, run, config, on_call)
     meta = call_meta(run, engine.prefill_chunk)
-    streamed = prefill_streams(engine, run, config, stream)
+    streamed = result.streamed
     work = host_work(engine.host_work, result.log, card.num_layers, layer_shape(card), cuda_graphs=engine.cuda_graphs,
                      streamed=streamed)
     times = charge(result.log, meta, card, hw, engine.cost_options(host), work, streamed=streamed)
@@ -183,13 +183,14 @@ def predict(card: ModelCard, hw: HardwareProfile, engine_name: str | Engine, tra
     return pred
 
 
-def prefill_streams(engine: Engine, run: RoutingTrace, config: SimConfig, stream=None) -> np.ndarray | None:
-    """[N] what freetoken's prefill double buffer streams into each call (sim.overhead.double_buffer_streams), when
-    the engine has it on; None otherwise (each call copies its own fetches). stream: the replay's call stream."""
-    if not (engine.double_buffer and engine.host_work == "freetoken"):
-        return None
-    config, stream, policy = replay_setup(run, config, stream=stream)  # a fresh policy, as the replay's
-    return double_buffer_streams(stream.calls(), policy, config.split, run.num_experts, config.prefill_split)
+def engine_replay(engine: Engine, run: RoutingTrace, config: SimConfig, on_call=None) -> ReplayResult:
+    """The replay of `run` (sim.run.simulate's), recording in the same pass what freetoken's prefill double buffer
+    streams into each call (result.streamed, sim.replay.streams_prefill) when the engine has it on; None otherwise
+    (each call copies its own fetches)."""
+    config, stream, policy = replay_setup(run, config)
+    return replay_stream(stream, policy, config.split, expert_bytes=config.expert_bytes, on_call=on_call,
+                         prefill_split=config.prefill_split,
+                         double_buffer=engine.double_buffer and engine.host_work == "freetoken")
 
 
 def layer_shape(card: ModelCard) -> LayerShape:

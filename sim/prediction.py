@@ -62,7 +62,7 @@ def summarize(log: ReplayLog, meta: CallMeta, times: CallTimes, expert_bytes: in
               measured: np.ndarray | None = None, streamed: np.ndarray | None = None, **labels) -> Prediction:
     """measured: [N] calls to report (the rest warmed the cache). Replay and charge are causal, so dropping the
     warm-up's calls leaves the measured calls' times exactly as they ran after it. streamed: [N] the prefill double
-    buffer's copies (sim.overhead.double_buffer_streams), which replace a streamed call's fetches on PCIe."""
+    buffer's copies (sim.replay ReplayResult.streamed), which replace a streamed call's fetches on PCIe."""
     copied = copied_experts(log, streamed)
     if measured is not None:
         log, meta, times, copied = _take(log, measured), _take(meta, measured), _take(times, measured), copied[measured]

@@ -49,6 +49,7 @@ class ReplayResult:
     expert_bytes: int = 0
     plans: list[Plan] | None = None
     summed: Counts | None = None  # the totals as a compiled replay summed them while it ran (= count(log))
+    streamed: np.ndarray | None = None  # [N] the prefill double buffer's copies per call (replay_stream double_buffer)
 
     @property
     def total(self) -> Counts:
@@ -77,16 +78,18 @@ PROGRESS_STEPS = 100  # a compiled replay returns to Python this many times, to 
 
 def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
                   keep_plans: bool = False, on_call: Callable[..., None] | None = None,
-                  prefill_split: Split | None = None) -> ReplayResult:
+                  prefill_split: Split | None = None, double_buffer: bool = False) -> ReplayResult:
     """Replay a CallStream. A compiled policy runs it in compiled code, filling the log's columns in place (a few
     returns to Python for progress); any other policy (or keep_plans) goes call by call through policy.plan.
     prefill_split: the split prefill calls use (None: `split`, as decode's); the compiled replay then runs each
-    phase's run of calls with its own."""
+    phase's run of calls with its own. double_buffer: also record what freetoken's prefill double buffer streams
+    into each call (ReplayResult.streamed, see streams_prefill); the compiled replay then runs those calls one by
+    one, reading the residency before each."""
     from freetoken.placement.compiled import CompiledPolicy
 
     if keep_plans or not isinstance(policy, CompiledPolicy):
         return replay(stream.calls(), policy, split, expert_bytes=expert_bytes, keep_plans=keep_plans,
-                      on_call=on_call, prefill_split=prefill_split)
+                      on_call=on_call, prefill_split=prefill_split, double_buffer=double_buffer)
     C = stream.num_calls
     if stream.num_experts != policy.num_experts or (C and int(stream.layer.max()) >= policy.num_layers):
         raise ValueError(f"the calls need {int(stream.layer.max()) + 1 if C else 0} layers x {stream.num_experts} "
@@ -96,9 +99,13 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     counts = np.empty((10, C), np.int64)
     step = max(1, -(-C // PROGRESS_STEPS)) if on_call is not None else max(C, 1)
     sums = [0, 0, 0, 0]  # hits, cpu, evictions, cpu_tokens, while every chunk returns them
+    streamed = _no_streams(C) if double_buffer else None
+    one_by_one = double_buffer and streams_prefill(policy, split, prefill_split)
     for c0 in range(0, C, step):
         c1 = min(C, c0 + step)
-        for lo, hi, phase_split in _phase_runs(stream.phase, c0, c1, split, prefill_split):
+        for lo, hi, phase_split in _phase_runs(stream.phase, c0, c1, split, prefill_split, one_by_one):
+            if one_by_one and stream.phase[lo] == PREFILL and stream.layer[lo] >= 1:  # a run of this one call
+                streamed[lo] = missing(policy, int(stream.layer[lo]))
             got = policy.replay(stream, phase_split, lo, hi, counts)
             sums = None if got is None or sums is None else [a + b for a, b in zip(sums, got)]
         if on_call is not None:
@@ -114,7 +121,25 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
         np.add(counts[9], counts[7], out=counts[9])
     log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, counts[8], counts[9], *counts[:8])
     return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes,
-                        summed=summed)
+                        summed=summed, streamed=streamed)
+
+
+def streams_prefill(policy: PlacementPolicy, split: Split, prefill_split: Split | None = None) -> bool:
+    """Whether freetoken's prefill double buffer (engine/cache.py _stream_next) streams: prefill's split (prefill_split,
+    else split) is offload and its fetches are not admitted, so only a prefetch can change residency between layer
+    l - 1's call and layer l's. It then streams into each prefill call of MoE layer l >= 1 every expert of layer l
+    not resident once layer l - 1's call was planned (`missing`, read before layer l's call is planned)."""
+    prefill = split if prefill_split is None else prefill_split
+    return prefill.mode == "offload" and not (policy.admits and prefill.admit_prefill)
+
+
+def missing(policy: PlacementPolicy, layer: int) -> int:
+    """How many experts of `layer` hold no slot: what the prefill double buffer streams into the layer's call."""
+    return sum(policy.slot(layer, e) < 0 for e in range(policy.num_experts))
+
+
+def _no_streams(n: int) -> np.ndarray:
+    return np.full(n, -1, np.int64)  # [N] -1: the call copies its own fetches
 
 
 def split_label(split: Split, prefill_split: Split | None = None) -> str:
@@ -126,27 +151,36 @@ def split_label(split: Split, prefill_split: Split | None = None) -> str:
     return f"{name(split)} (prefill {name(prefill_split)})"
 
 
-def _phase_runs(phase: np.ndarray, c0: int, c1: int, split: Split, prefill_split: Split | None):
+def _phase_runs(phase: np.ndarray, c0: int, c1: int, split: Split, prefill_split: Split | None,
+                prefill_one_by_one: bool = False):
     """(lo, hi, split) over calls c0..c1-1: one run with `split` when prefill has no split of its own, else each
-    run of same-phase calls with its phase's split."""
-    if prefill_split is None or prefill_split == split:
+    run of same-phase calls with its phase's split. prefill_one_by_one: each prefill call a run of its own."""
+    if (prefill_split is None or prefill_split == split) and not prefill_one_by_one:
         return [(c0, c1, split)]
+    prefill = split if prefill_split is None else prefill_split
     cuts = c0 + 1 + np.flatnonzero(phase[c0 + 1:c1] != phase[c0:c1 - 1])  # first call of each new run
     bounds = [c0, *cuts.tolist(), c1]
-    return [(lo, hi, prefill_split if phase[lo] == PREFILL else split) for lo, hi in zip(bounds, bounds[1:])]
+    runs = [(lo, hi, prefill if phase[lo] == PREFILL else split) for lo, hi in zip(bounds, bounds[1:])]
+    if prefill_one_by_one:
+        runs = [one for lo, hi, sp in runs
+                for one in ([(i, i + 1, sp) for i in range(lo, hi)] if phase[lo] == PREFILL else [(lo, hi, sp)])]
+    return runs
 
 
 def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expert_bytes: int = 0,
            keep_plans: bool = False, on_call: Callable[..., None] | None = None,
-           prefill_split: Split | None = None) -> ReplayResult:
+           prefill_split: Split | None = None, double_buffer: bool = False) -> ReplayResult:
     """Run every call through policy.plan and log what the plan moves. on_call: progress hook, once per call.
-    prefill_split: the split prefill calls use (None: `split`)."""
+    prefill_split: the split prefill calls use (None: `split`). double_buffer: as replay_stream's."""
     rows: list[tuple[int, ...]] = []  # one row of COLUMNS per call (a single append on the hot path)
     row = rows.append
     plans: list[Plan] | None = [] if keep_plans else None
     plan_fn = policy.plan
     by_phase = (split, split) if prefill_split is None else (prefill_split, split)  # indexed by call.phase
+    streams = {} if double_buffer and streams_prefill(policy, split, prefill_split) else None  # call index -> copies
     for call in calls:
+        if streams is not None and call.phase == PREFILL and call.layer >= 1:
+            streams[len(rows)] = missing(policy, call.layer)
         plan = plan_fn(call, by_phase[call.phase])
         n = len(call.experts)
         h, f, c = len(plan.hits), len(plan.fetch), len(plan.cpu)
@@ -165,4 +199,8 @@ def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expe
             on_call()
     table = np.array(rows, np.int64).reshape(len(rows), len(COLUMNS)).T.copy()  # [columns, calls]
     log = ReplayLog(**dict(zip(COLUMNS, table)))
-    return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes, plans)
+    streamed = _no_streams(len(rows)) if double_buffer else None
+    if streams:
+        streamed[list(streams)] = list(streams.values())
+    return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes, plans,
+                        streamed=streamed)

@@ -159,5 +159,5 @@ def test_engine_prefill_split_reaches_the_cost_models_engine():
     assert (engine.prefill_split, engine.prefill_mode(), engine.split) == ("offload", "offload", "hybrid")
     assert engine.double_buffer and engine.staging_layers() == 2  # an offload prefill may double buffer
     assert instantiate(compose(["engine=freetoken-hybrid"]).engine, _convert_="all").engine().prefill_split == "same"
-    with pytest.raises(ValueError, match="engine.prefill_split: unknown 'cpu'; valid: same, offload"):
+    with pytest.raises(ValueError, match="engine: engine prefill_split 'cpu' is not one of same, offload"):
         EngineSpec("freetoken-hybrid", prefill_split="cpu")

@@ -224,13 +224,13 @@ def test_double_buffer_pass_builds_the_policy_as_the_replay_does():
     # (and refused). Its pins never move in an offload prefill, so each streamed call of layer l >= 1 copies the
     # E - (pins of layer l) experts not pinned there, the pins by the brute-force rule of test_policy_reference
     from freetoken.sim.engines import get_engine, with_settings
-    from freetoken.sim.predict import prefill_streams
+    from freetoken.sim.predict import engine_replay
     from freetoken.sim.run import SimConfig, call_stream
     from tests.test_policy_reference import expert_counts, random_trace, ref_frequency
 
     trace = random_trace(3, T=24, L=3, E=6, K=2)  # two requests, each a prefill run (one chunk) then decode
     config = SimConfig("frequency", Split("offload", admit_prefill=False), capacity=7, prefill_chunk=8)
-    streamed = prefill_streams(with_settings(get_engine("freetoken-offload"), double_buffer=True), trace, config)
+    streamed = engine_replay(with_settings(get_engine("freetoken-offload"), double_buffer=True), trace, config).streamed
     pins = ref_frequency(expert_counts(trace), 7, "per_layer")
     pinned_in = np.bincount(np.array(pins) // 6, minlength=3)  # [L]
     stream = call_stream(trace, config)[0]

@@ -70,9 +70,10 @@ def register(sub) -> None:
     p.add_argument("--decode-gather-gb-s", type=float, metavar="GB_S",
                    help="decode's expert copies at this rate instead of the PCIe rate BP (an SM gather kernel "
                         "reading pinned host memory, capped by BP: FreeToken 0.1.2's, ~31 GB/s); 0: at BP")
-    p.add_argument("--prefill-split", choices=["same", "offload"],
-                   help="how prefill calls split their misses: same as decode (default; freetoken-hybrid: a CPU "
-                        "lane in prefill too) or offload, every miss fetched (FreeToken 0.1.2's hybrid)")
+    p.add_argument("--prefill-split", metavar="MODE", choices=LazyChoices("freetoken.sim.engines", "PREFILL_SPLITS"),
+                   help="how prefill calls split their misses (%(choices)s): same as decode (default; "
+                        "freetoken-hybrid: a CPU lane in prefill too) or offload, every miss fetched (FreeToken "
+                        "0.1.2's hybrid)")
     p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
     p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)

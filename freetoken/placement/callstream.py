@@ -4,7 +4,8 @@ A CallStream holds every MoE-layer call of a run as flat columns (no Python obje
 keys[offsets[c]:offsets[c+1]] (key = layer * E + expert) in first-use order (token-major, then top-k rank), and
 tokens[...] counts the (token, expert) pairs routed to each. Prefill runs are cut into chunks of `prefill_chunk`
 tokens, one call per layer per chunk; decode is one call per layer per token. Built in one linear pass over the
-trace with a per-call `seen` stamp array (no sort over the (token, expert) pairs).
+trace with a per-call `seen` stamp array (no sort over the (token, expert) pairs), into arrays sized by an upper
+bound that needs no pass over the picks.
 """
 
 from __future__ import annotations
@@ -42,10 +43,24 @@ def fill_call(experts, lo, hi, layer, base, seen, pos, stamp, keys, tokens, w):
 
 
 @nb.njit(cache=True, nogil=True)
-def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets, call_layer, call_seg, fill):
-    """One pass over the segments; with fill=False only counts (returns calls, accesses) so the caller can size."""
+def _sizes(seg_lo, seg_hi, seg_prefill, chunk, L, E, K):
+    """(calls, an upper bound on their accesses) without reading the picks: a call of n tokens needs at most
+    min(E, n K) distinct experts (exact in decode, K per call)."""
+    c = 0
+    n = 0
+    for s in range(seg_lo.size):
+        step = chunk if seg_prefill[s] else 1
+        for lo in range(seg_lo[s], seg_hi[s], step):
+            c += L
+            n += L * min(E, (min(lo + step, seg_hi[s]) - lo) * K)
+    return c, n
+
+
+@nb.njit(cache=True, nogil=True)
+def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets, call_layer, call_seg):
+    """One pass over the segments, writing every call (keys / tokens sized by _sizes' bound); returns the accesses
+    written."""
     L = experts.shape[1]
-    K = experts.shape[2]
     seen = np.full(E, -1, np.int64)
     pos = np.zeros(E, np.int64)
     c = 0
@@ -55,24 +70,13 @@ def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets
         for lo in range(seg_lo[s], seg_hi[s], step):
             hi = min(lo + step, seg_hi[s])
             for layer in range(L):
-                if fill:
-                    offsets[c] = w
-                    call_layer[c] = layer
-                    call_seg[c] = s
-                    w = fill_call(experts, lo, hi, layer, layer * E, seen, pos, c, keys, tokens, w)
-                elif step == 1:
-                    w += K
-                else:
-                    for t in range(lo, hi):
-                        for k in range(K):
-                            e = experts[t, layer, k]
-                            if seen[e] != c:
-                                seen[e] = c
-                                w += 1
+                offsets[c] = w
+                call_layer[c] = layer
+                call_seg[c] = s
+                w = fill_call(experts, lo, hi, layer, layer * E, seen, pos, c, keys, tokens, w)
                 c += 1
-    if fill:
-        offsets[c] = w
-    return c, w
+    offsets[c] = w
+    return w
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,12 +143,13 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
         raise ValueError(f"prefill_chunk must be positive, got {prefill_chunk}")
     lo, hi = segments_of(request, turn, phase)
     prefill = np.asarray(phase)[lo] == PREFILL if lo.size else np.zeros(0, bool)
-    args = (experts, lo, hi, prefill, int(prefill_chunk), int(num_experts))
-    empty, empty32 = np.zeros(0, np.int64), np.zeros(0, KEY_DTYPE)
-    C, N = _build(*args, empty32, empty32, empty, empty, empty, False)
-    keys, tokens = np.empty(N, KEY_DTYPE), np.empty(N, KEY_DTYPE)
+    _, L, K = experts.shape
+    C, bound = _sizes(lo, hi, prefill, int(prefill_chunk), L, int(num_experts), K)
+    keys, tokens = np.empty(bound, KEY_DTYPE), np.empty(bound, KEY_DTYPE)
     offsets, layer, seg = np.empty(C + 1, np.int64), np.empty(C, np.int64), np.empty(C, np.int64)
-    _build(*args, keys, tokens, offsets, layer, seg, True)
+    N = _build(experts, lo, hi, prefill, int(prefill_chunk), int(num_experts), keys, tokens, offsets, layer, seg)
+    keys.resize(N, refcheck=False)  # the bound's unused tail given back (a shrinking realloc, no copy)
+    tokens.resize(N, refcheck=False)
     return CallStream(keys, tokens, offsets, layer, np.where(prefill[seg], PREFILL, DECODE).astype(np.int8),
                       np.asarray(request, np.int64)[lo][seg], int(num_experts))
 

@@ -26,13 +26,15 @@ PROMPT = [3, 17, 5, 99, 42, 7, 1, 2, 8, 100]
 DECODE_STEPS = 8
 
 
-def build_checkpoint(family: str, out: Path, seed: int = 0) -> Path:
+def build_checkpoint(family: str, out: Path, seed: int = 0, **overrides) -> Path:
+    """The family's tiny checkpoint (2 layers, 8 experts, top-2) written to `out`; overrides: config fields changed
+    (e.g. num_hidden_layers)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(family, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, vocab_size=128, num_experts_per_tok=2,
-                               initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=None,
-                               **FAMILY_KW[family])
+    shape = dict(hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=128, num_experts_per_tok=2, initializer_range=0.1,
+                 eos_token_id=None, bos_token_id=None, pad_token_id=None, **FAMILY_KW[family])
+    cfg = AutoConfig.for_model(family, **{**shape, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(out)

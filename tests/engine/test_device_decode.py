@@ -12,9 +12,10 @@ from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.engine.decode_graphs import MoEGraphs
 from freetoken.engine.device_moe import call_union
 from freetoken.placement import Split
+from freetoken.models.checkpoint import load_checkpoint
 from freetoken.placement.callstream import make_call
 
-from .conftest import policy_options
+from .conftest import build_checkpoint, policy_options
 
 CHUNK = 4
 STEPS = 6
@@ -64,24 +65,10 @@ def test_reset_restores_the_device_state(ckpt):
     assert again == first and engine.counters == counts
 
 
-def _model(tmp_path, layers: int, experts: int = 4):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from freetoken.models.checkpoint import load_checkpoint
-
-    cfg = AutoConfig.for_model("qwen3_moe", hidden_size=32, intermediate_size=32, num_hidden_layers=layers,
-                               num_attention_heads=2, num_key_value_heads=1, vocab_size=64, num_experts_per_tok=2,
-                               num_experts=experts, moe_intermediate_size=16, head_dim=16, initializer_range=0.1,
-                               eos_token_id=None, bos_token_id=None, pad_token_id=None)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / f"l{layers}e{experts}")
-    return load_checkpoint(tmp_path / f"l{layers}e{experts}")
-
-
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """2 layers, 8 experts, top-2 (a Qwen3-MoE shape, tiny)."""
-    return _model(tmp_path_factory.mktemp("device_decode"), 2, 8)
+def ckpt(checkpoints):
+    """conftest's Qwen3-MoE checkpoint: 2 layers, 8 experts, top-2."""
+    return checkpoints["qwen3_moe"]
 
 
 def _decode_step_counts(ckpt, placement: str) -> dict[str, int]:
@@ -93,12 +80,12 @@ def _decode_step_counts(ckpt, placement: str) -> dict[str, int]:
     return {k: v - before[k] for k, v in engine.host.to_dict().items()}
 
 
-def test_syncs_per_decode_step_do_not_grow_with_layers(tmp_path):
+def test_syncs_per_decode_step_do_not_grow_with_layers(ckpt, tmp_path):
     # hand-derived: the host path reads the router's ids and the recorder's gates per MoE layer (2 L syncs); the
     # device path reads the step's routing once, from the recorder's device buffer (1), whatever L is
-    for layers in (2, 3):
-        ckpt = _model(tmp_path, layers)
-        host, dev = _decode_step_counts(ckpt, "host"), _decode_step_counts(ckpt, "device")
+    three = load_checkpoint(build_checkpoint("qwen3_moe", tmp_path, num_hidden_layers=3))
+    for layers, model in ((2, ckpt), (3, three)):
+        host, dev = _decode_step_counts(model, "host"), _decode_step_counts(model, "device")
         assert host["syncs"] == 2 * layers
         assert dev["syncs"] == 1 and dev["copies"] == 1
         # no slot-id upload, no per-expert copy: the gather launches (2 per layer: gate_up, down) replace them

@@ -11,7 +11,7 @@ import torch
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.placement import Split
-from freetoken.sim.overhead import LayerShape, double_buffer_streams, freetoken_work
+from freetoken.sim.overhead import LayerShape, freetoken_work
 from freetoken.sim.run import SimConfig, simulate
 
 from .conftest import FAMILIES, PROMPT
@@ -57,10 +57,10 @@ def test_prefill_double_buffer_copies_count_as_the_engine_does(family, pipeline,
     """The cost model's engine setting double_buffer against the live engine run that way: off is what the engine
     does with its planner's one layer of staging (even where its executor would stream, as on CUDA); on needs two
     layers of staging, and then layer l + 1's every non-resident expert streams while layer l runs, used or not.
-    The counts come from sim.predict.prefill_streams, as `ft predict` charges them: sim = live in both settings."""
+    The counts come from sim.predict.engine_replay, as `ft predict` charges them: sim = live in both settings."""
     from freetoken.engine.executor import LiveExecutor
     from freetoken.sim.engines import get_engine, with_settings
-    from freetoken.sim.predict import prefill_streams
+    from freetoken.sim.predict import engine_replay
 
     ckpt = checkpoints[family]
     E, split = ckpt.config.num_experts, SPLITS["offload"]
@@ -76,8 +76,8 @@ def test_prefill_double_buffer_copies_count_as_the_engine_does(family, pipeline,
     list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=7, stop_token_ids=[]))
     trace = engine.trace()
     config = SimConfig("lru", split, capacity=5, prefill_chunk=CHUNK)
-    log = simulate(trace, config).log
-    streamed = prefill_streams(model, trace, config)
+    replayed = engine_replay(model, trace, config)
+    log, streamed = replayed.log, replayed.streamed
     work = freetoken_work(log, ckpt.config.num_layers, shape_of(engine), pipeline=pipeline, cuda_graphs=False,
                           record=True, streamed=streamed)
     assert work.totals() == engine.host.to_dict()
@@ -106,15 +106,13 @@ def test_streamed_calls_copy_the_layers_non_resident_experts_by_hand():
 @pytest.mark.parametrize("split", sorted(SPLITS))
 def test_hybrid_deltanet_layers_count_as_the_engine_does(split, tmp_path):
     # Qwen3.5's layout: three Gated DeltaNet layers, then full attention with an output gate; every layer MoE
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     from freetoken.models.checkpoint import load_checkpoint
 
     from .test_qwen3_next_hf_match import CONFIGS
+    from .tiny_hf import random_hf
 
     model_type, kw = CONFIGS["qwen3_5_moe"]
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kw)).save_pretrained(tmp_path)
+    random_hf(model_type, **kw).save_pretrained(tmp_path)
     ckpt = load_checkpoint(tmp_path)
     cache = CacheConfig("lru", capacity=5, split=SPLITS[split])
     engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, pipeline=True)

@@ -40,16 +40,14 @@ CONFIGS = {  # family -> (model type, config): every expert picked, so routing i
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from .tiny_hf import random_hf
 
     out = {}
     for name, (model_type, kw) in CONFIGS.items():
-        cfg = AutoConfig.for_model(model_type, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128, num_experts_per_tok=4,
-                                   eos_token_id=None, bos_token_id=None, pad_token_id=None, **kw)
-        torch.manual_seed(0)
         path = tmp_path_factory.mktemp(name)
-        AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+        random_hf(model_type, hidden_size=64, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=128, num_experts_per_tok=4, eos_token_id=None, bos_token_id=None,
+                  pad_token_id=None, **kw).save_pretrained(path)
         out[name] = load_checkpoint(path)
     return out
 

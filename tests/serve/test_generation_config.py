@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from conftest import reference_engine
 
 from freetoken.models.generation_config import GenerationDefaults
 
@@ -24,15 +25,15 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 def test_engine_stops_at_generation_config_eos_as_hf_generate(model_dir):
     from transformers import AutoModelForCausalLM
 
-    from freetoken.engine import Engine, SamplingParams
+    from freetoken.engine import SamplingParams
 
     prompt = [5, 9, 14, 20]
-    engine = Engine.from_pretrained(model_dir, kernels="reference", device="cpu")
+    engine = reference_engine(model_dir, device="cpu")
     free = list(engine.generate(prompt, SamplingParams(greedy=True), max_tokens=12, stop_token_ids=[]))
     stop = free[3]  # a token greedy reaches at step 4; config.json does not list it
     assert stop not in engine.default_stop_ids() and stop not in free[:3]
     (model_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [stop], "do_sample": False}))
-    engine = Engine.from_pretrained(model_dir, kernels="reference", device="cpu")
+    engine = reference_engine(model_dir, device="cpu")
     ours = list(engine.generate(prompt, SamplingParams(greedy=True), max_tokens=12))
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12)[0, len(prompt):].tolist()

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import torch
 
-from conftest import TIMEOUT, anthropic_client, openai_client
+from conftest import TIMEOUT, anthropic_client, openai_client, reference_engine
 
 PROMPT = "hello there"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -43,11 +43,10 @@ def aclient(served):
 def engine_steps(served):
     """steps(text, n, shape) -> (token ids, per-step log-softmax [V]) of greedy decoding on the engine itself (not
     through the server), with shape(logits, earlier ids) applied before each argmax."""
-    from freetoken.engine import Engine
     from freetoken.models.tokenizer import chat_prompt
     from freetoken.paths import DEMO_MODEL
 
-    engine = Engine.from_pretrained(DEMO_MODEL, kernels="reference", device="cpu")
+    engine = reference_engine(DEMO_MODEL, device="cpu")
 
     def steps(text: str, n: int, shape=lambda logits, ids: logits):
         ids = chat_prompt(engine.tokenizer, text)
