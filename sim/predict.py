@@ -19,8 +19,8 @@ from freetoken.sim.model_card import ModelCard
 from freetoken.sim.overhead import LayerShape, host_work
 from freetoken.sim.planner import DEFAULT_KV_FLOOR, plan_for, policy_capacity
 from freetoken.sim.prediction import Prediction, summarize
-from freetoken.sim.replay import ReplayResult, replay_stream
-from freetoken.sim.run import SimConfig, replay_setup
+from freetoken.sim.replay import ReplayResult
+from freetoken.sim.run import SimConfig, simulate
 
 # Synthetic routing knobs: what sim.synth.fit_spec finds for the recorded DeepSeek-V2-Lite trace (fine-grained
 # experts with a shared expert, as the Qwen3.5 / DeepSeek families; the same values as the shipped 48x128 trace,
@@ -187,10 +187,8 @@ def engine_replay(engine: Engine, run: RoutingTrace, config: SimConfig, on_call=
     """The replay of `run` (sim.run.simulate's), recording in the same pass what freetoken's prefill double buffer
     streams into each call (result.streamed, sim.replay.streams_prefill) when the engine has it on; None otherwise
     (each call copies its own fetches)."""
-    config, stream, policy = replay_setup(run, config)
-    return replay_stream(stream, policy, config.split, expert_bytes=config.expert_bytes, on_call=on_call,
-                         prefill_split=config.prefill_split,
-                         double_buffer=engine.double_buffer and engine.host_work == "freetoken")
+    return simulate(run, config, on_call=on_call,
+                    double_buffer=engine.double_buffer and engine.host_work == "freetoken")
 
 
 def layer_shape(card: ModelCard) -> LayerShape:

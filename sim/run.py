@@ -79,24 +79,25 @@ def call_stream(trace: RoutingTrace, config: CacheConfig):
 
 
 def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None,
-             keep_plans: bool = False, on_call=None, stream=None) -> ReplayResult:
+             keep_plans: bool = False, on_call=None, stream=None, double_buffer: bool = False) -> ReplayResult:
     """profile: trace whose counts a policy reads (frequency's pins, ktransformers_dynamic's strategy=frequency
     start, lru's split=profile quotas; default: the config's profile file, else the replayed trace itself,
     in-sample) and whose requests are moe_infinity's library (no in-sample default there: it would leak the
     evaluated requests' own matrices); the future of offline policies likewise defaults to the replayed trace, whose
     call stream is built once for both (batch > 1: the calls as continuous batching interleaves them; draft_depth > 0:
     the verify calls of speculative decoding). stream: that call stream when the caller already built it
-    (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first."""
+    (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first. double_buffer: also record what a
+    prefill double buffer streams into each call (result.streamed; the cost model's engines that have one)."""
     expert_bytes = getattr(config, "expert_bytes", 0)
     config, stream, policy = replay_setup(trace, config, profile, stream)
     return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
-                         on_call=on_call, prefill_split=getattr(config, "prefill_split", None))
+                         on_call=on_call, prefill_split=getattr(config, "prefill_split", None),
+                         double_buffer=double_buffer)
 
 
 def replay_setup(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None, stream=None):
     """(config, stream, policy) of a replay of `trace` (see simulate): the hint option resolved, the call stream
-    (built unless given) and a fresh policy with its profile / future / library inputs. A second pass over the
-    same calls (the cost model's prefill double buffer) starts from the same."""
+    (built unless given) and a fresh policy with its profile / future / library inputs."""
     library, profile = profile, profile if profile is not None else trace
     if isinstance(config.options.get("hint"), str):  # hint=recorded / measured: built from the replayed trace
         config = _with_replayed_hint(config, trace)
