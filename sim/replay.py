@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.placement import DECODE, PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
+from freetoken.placement import PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts, count
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
@@ -184,11 +184,11 @@ def replay(calls: Iterable[Call], policy: PlacementPolicy, split: Split, *, expe
         plan = plan_fn(call, by_phase[call.phase])
         n = len(call.experts)
         h, f, c = len(plan.hits), len(plan.fetch), len(plan.cpu)
-        if call.phase == DECODE:  # one token: every expert computes one (token, expert) pair
-            tok, ht, ft, ct = n, h, f, c
-        else:
+        tok = sum(call.tokens)
+        if tok == n:  # every expert used by one token (a plain decode step): one (token, expert) pair each
+            ht, ft, ct = h, f, c
+        else:  # a prefill chunk, a batch's or a verify step's call
             per = dict(zip(call.experts, call.tokens)).__getitem__
-            tok = sum(call.tokens)
             ht = sum(map(per, plan.hits)) if h else 0
             ft = sum(map(per, plan.fetch)) if f else 0
             ct = sum(map(per, plan.cpu)) if c else 0

@@ -149,3 +149,29 @@ def test_batch_with_drafts_replays_its_calls_and_makes_every_token(a):
     assert (got.misses, got.accesses) == (want.misses, want.accesses)
     plain = simulate(t, SimConfig("lru", Split("offload"), fraction=0.25, prefill_chunk=4, batch=2)).total
     assert got.accesses != plain.accesses  # the drafts change the calls
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_interpreted_replay_counts_every_token_of_a_verify_call(batch):
+    # a verify (or batched) decode call routes several tokens: the interpreted replay's token columns are the
+    # (token, expert) pairs of its rows, counted here from the trace, and equal the compiled replay's
+    t = random_trace(tokens=60, layers=3, experts=8, k=2, requests=3, prefill=4, seed=7)
+    config = SimConfig(policy="lru", capacity=7, split=Split(), prefill_chunk=3, draft_depth=2, acceptance=0.5,
+                       batch=batch)
+    from freetoken.sim.run import call_stream
+
+    stream = call_stream(t, config)[0]
+    calls = list(stream.calls())
+    ref = replay(calls, make_policy("lru", 7, t.num_layers, t.num_experts, reference=True), config.split,
+                 keep_plans=True)
+    fast = simulate(t, config)
+    multi = 0
+    for c, (call, plan) in enumerate(zip(calls, ref.plans)):
+        per = dict(zip(call.experts, call.tokens))
+        assert ref.log.tokens[c] == sum(call.tokens)
+        assert ref.log.hit_tokens[c] == sum(per[e] for e in plan.hits)
+        assert ref.log.fetch_tokens[c] == sum(per[e] for e in plan.fetch)
+        multi += call.phase == DECODE and sum(call.tokens) > len(call.experts)
+    assert multi > 0  # verify calls where an expert serves several of the step's tokens
+    for name in ("tokens", "hit_tokens", "fetch_tokens", "cpu_tokens", "hits", "fetched"):
+        assert np.array_equal(getattr(ref.log, name), getattr(fast.log, name)), name
