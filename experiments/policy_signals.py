@@ -114,8 +114,9 @@ def carry_table(frame) -> list[str]:
     out.append("")
     out += [f"- {p}: the carry closes {_signed(v)} of the gap ({len(v)} cells)" for p, v in closed.items()]
     little = all(abs(sum(v) / len(v)) < 0.05 for v in closed.values())
-    out += ["", ("The carry closes little. " if little else "") +
-            "In the replay a rejected draft is another token of the same sequence drawn at random (sim/speculative.py),",
+    out += [""] + (["The carry closes little or nothing: under 5% of the gap on average for each policy (negative: more "
+                      "copies than without it)."] if little else [])
+    out += ["In the replay a rejected draft is another token of the same sequence drawn at random (sim/speculative.py),",
             "so the carry names that sequence's usual experts, the ones the policies' use rates already keep; in",
             "transfers a right prefetch only moves a copy earlier, a wrong one adds a copy. A drafter whose rejected",
             "tokens route like the true next token (an MTP head, a near-miss draft) would carry more than this replay",

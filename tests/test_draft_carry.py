@@ -11,7 +11,7 @@ from freetoken.sim.batch import Speculation
 from freetoken.sim.calls import Steps, steps_stream
 from freetoken.sim.carry import carry_stream
 from freetoken.sim.continuous import batched_steps
-from freetoken.sim.replay import replay, replay_stream
+from freetoken.sim.replay import replay
 from freetoken.sim.run import SimConfig, replay_setup, simulate
 from freetoken.sim.speculative import speculative_steps
 
@@ -165,3 +165,14 @@ def test_bad_carry_is_one_line_naming_the_option(fields, message):
     with pytest.raises(ValueError) as e:
         simulate(random_trace(), SimConfig(**fields))
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_an_unbuilt_carry_outside_the_simulator_is_one_line(reference):
+    """carry="drafts" is the simulator's to build; a policy built elsewhere (the engine) with it says so."""
+    future = KeyStream(np.array([0, 9], np.int64), np.array([0, 1, 2], np.int64))
+    with pytest.raises(ValueError) as e:
+        make_policy("hinted_sweep", 2, 2, E, reference=reference, future=future, carry="drafts")
+    assert "carry must be the carried keys per call" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="the carry holds 1 calls, the future 2"):
+        make_policy("lookahead", 2, 2, E, future=future, carry=KeyStream(np.zeros(0, np.int64), np.zeros(2, np.int64)))
