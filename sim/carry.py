@@ -19,7 +19,7 @@ from freetoken.placement.call import DECODE, PREFILL
 from freetoken.placement.callstream import call_stream
 from freetoken.placement.stream import KeyStream
 from freetoken.trace import RoutingTrace
-from freetoken.sim.calls import Steps
+from freetoken.sim.calls import Steps, steps_stream
 
 REJECTED = 2  # a row's draft code (Steps.draft, a trace's draft field): a rejected draft
 
@@ -59,3 +59,26 @@ def carry_stream(trace: RoutingTrace, steps: Steps) -> KeyStream:
     sizes[full] = np.diff(stream.offsets).reshape(len(full), L)
     offsets = np.concatenate([[0], np.cumsum(sizes.reshape(-1))]).astype(np.int64)
     return KeyStream(stream.keys.astype(np.int64), offsets)
+
+
+def recorded_steps(trace: RoutingTrace, prefill_chunk: int) -> Steps:
+    """A recorded run's forwards (trace.stats.forward_spans: a drafted run's verify calls) as Steps, each row's draft
+    code the trace's own."""
+    from freetoken.trace.stats import forward_spans
+
+    spans = forward_spans(trace, prefill_chunk)
+    codes = trace.draft if trace.draft is not None else np.zeros(trace.num_tokens, np.int8)
+    return Steps.of([np.arange(lo, hi) for lo, hi in spans], [int(trace.phase[lo]) for lo, _ in spans],
+                    [int((codes[lo:hi] == 1).sum()) for lo, hi in spans], draft=[codes[lo:hi] for lo, hi in spans])
+
+
+def carry_tally(trace: RoutingTrace, steps: Steps) -> tuple[int, int]:
+    """(used, named): over the calls with a carry, their keys and those the carry named (the engine's DraftStats
+    carry_used / carry_named of the same run)."""
+    carry, stream = carry_stream(trace, steps), steps_stream(trace, steps)
+    used = named = 0
+    for c in np.flatnonzero(np.diff(carry.offsets)).tolist():
+        keys = stream.keys[stream.offsets[c]:stream.offsets[c + 1]]
+        used += keys.size
+        named += int(np.isin(keys, carry.keys[carry.offsets[c]:carry.offsets[c + 1]]).sum())
+    return used, named

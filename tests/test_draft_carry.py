@@ -9,7 +9,7 @@ from freetoken.placement.compiled import CompiledPolicy
 from freetoken.trace import RoutingTrace
 from freetoken.sim.batch import Speculation
 from freetoken.sim.calls import Steps, steps_stream
-from freetoken.sim.carry import carry_stream
+from freetoken.sim.carry import carry_stream, carry_tally, recorded_steps
 from freetoken.sim.continuous import batched_steps
 from freetoken.sim.replay import replay
 from freetoken.sim.run import SimConfig, replay_setup, simulate
@@ -95,6 +95,24 @@ def test_carry_equals_the_rejected_rows_of_the_step_before(a, seed):
         for n in range(c + 1, min(c + 3, len(calls))):
             told += truth.keys[truth.offsets[n]:truth.offsets[n + 1]].tolist() if call.layer + n - c < 3 else want[n]
         assert pol.hint.upcoming(call) == list(dict.fromkeys(told)), c
+
+
+def test_carry_tally_by_hand():
+    # step 1 (true 2: 5 / 6, drafts 3: 7 / 0 and 5: 2 / 3) carried row 4 (1 / 5): layer 0 keys {5, 7, 2} none named,
+    # layer 1 keys {14, 8, 11} none; step 2 (row 3: 7 / 0) carried rows 3, 5: layer 0 {7} named, layer 1 {8} named
+    assert carry_tally(hand_trace(), hand_steps()) == (8, 2)
+
+
+def test_recorded_steps_rebuild_a_drafted_runs_forwards():
+    """A trace whose draft field marks the verify calls: its forwards are the replay's groups, codes and all, so
+    the carry of a recorded run is the carry of those groups."""
+    trace, steps = hand_trace(), hand_steps()
+    recorded = RoutingTrace(trace.experts[steps.rows], E, request=np.zeros(7, np.int32),
+                            phase=np.full(7, DECODE, np.int8), draft=steps.draft)
+    got = recorded_steps(recorded, 4)
+    assert [got.rows[a:b].tolist() for a, b in zip(got.offsets[:-1], got.offsets[1:])] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert got.draft.tolist() == steps.draft.tolist() and got.accepted.tolist() == [1, 0, 0]
+    assert carry_tally(recorded, got) == carry_tally(trace, steps)
 
 
 def test_batched_carry_keeps_the_sequences_it_continues():
