@@ -15,6 +15,7 @@ from freetoken.trace import RoutingTrace
 
 LOOKAHEAD_ACCURACY = 0.8  # stated assumption for the simulated early router (no hidden states in the traces)
 HINTED_CONFIDENCE = 0.9  # hinted_sweep prefetches a predicted expert only when r >= this
+CARRY = "carry"  # the variant of a hinted policy's rows with the drafts' carry (option carry="drafts", sim/carry.py)
 BATCHES = (4, 8)  # the study's defaults; conf/study/policy.yaml sets them per run
 DRAFT_DEPTH = 3
 ACCEPTANCES = (0.6, 0.8)
@@ -78,6 +79,12 @@ class Scenario:
 
     def sim_fields(self) -> dict:
         return dict(batch=self.batch, draft_depth=self.draft_depth, acceptance=self.acceptance)
+
+    @property
+    def carries(self) -> bool:
+        """Whether the hinted policies also run with the drafts' carry here: drafts of one sequence at a time (with a
+        batch the carry is left out: the study's time)."""
+        return bool(self.draft_depth) and self.batch == 1
 
     def applies(self, trace: RoutingTrace) -> bool:
         """Whether it changes the calls: drafts need decode tokens, a batch two sequences that decode (a batch with

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from freetoken.experiments.policy_doc import findings, intro, render_hints, time_table
 from freetoken.experiments.policy_grid import HINTED_CONFIDENCE, LOOKAHEAD_ACCURACY, ONLINE, SOLO, scenario_order
-from freetoken.experiments.policy_signals import goal_check, signal_table
+from freetoken.experiments.policy_signals import carry_table, goal_check, signal_table
 
 COLUMNS = ("trace", "policy", "fraction", "capacity", "misses", "accesses", "miss_rate", "prefetched", "transfers",
            "belady_misses", "ratio_to_belady", "profile_source", "params", "prefill_chunk", "folds", "real",
@@ -63,6 +63,6 @@ def render(frame) -> str:
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
         lines += time_table(group, online)
-    lines += signal_table(everything) + goal_check(everything)
+    lines += signal_table(everything) + carry_table(everything) + goal_check(everything)
     lines += findings(hints) + render_hints(hints)
     return "\n".join(lines) + "\n"

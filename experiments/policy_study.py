@@ -29,8 +29,8 @@ import hydra
 import numpy as np
 
 from freetoken.experiments.launchers import launch
-from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, COMBINE, DRAFT_DEPTH, ONLINE, PROFILED,
-                                               SCENARIOS, SOLO, check_scenarios, options, params, scenarios)
+from freetoken.experiments.policy_grid import (ACCEPTANCES, BATCHES, BY_LABEL, CARRY, COMBINE, DRAFT_DEPTH, ONLINE,
+                                               PROFILED, SCENARIOS, SOLO, check_scenarios, options, params, scenarios)
 from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
 from freetoken.experiments.policy_report import COLUMNS, render, write_outputs  # noqa: F401  (the study's names)
 from freetoken.experiments.runner import guarded
@@ -162,6 +162,7 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
     for f in fractions:
         totals: dict[tuple[str, str], np.ndarray] = {}  # (scenario, label) -> capacity, misses, prefetched, accesses, s
         variant_totals: dict[str, np.ndarray] = {}
+        carried: dict[tuple[str, str], np.ndarray] = {}  # (scenario, label) -> the same, with the drafts' carry
         decays, used = [], {SOLO.label}
         for fold in folds:
             decay = fit_decay(fold.profile, f, case.prefill_chunk) if any(e.fitted for e in entries) else None
@@ -181,6 +182,11 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
                     if sc == SOLO:
                         solo[label] = t
                     totals[(sc.label, label)] = totals.get((sc.label, label), np.zeros(5)) + t
+                for e in [e for e in entries if e.hint] if sc.carries else []:  # + the drafts' carry
+                    t = np.asarray(replay(fold.evaluate, e.policy, f, case.prefill_chunk,
+                                          {**options(e, decay, prior), "carry": "drafts"}, card=case.card,
+                                          scenario=sc.sim_fields()), float) if own else solo[e.label]
+                    carried[(sc.label, e.label)] = carried.get((sc.label, e.label), np.zeros(5)) + t
                 advance(1 / (len(folds) * len(scenarios)))
             if case.hints and any(np.isclose(f, HINT_FRACTIONS)):
                 for label, t in hint_rows(fold.evaluate, f, case.prefill_chunk, decay, prior, case.card):
@@ -195,6 +201,8 @@ def run_case(case: Case, root: Path, fractions, policies=ONLINE, advance=lambda 
                           folds=len(folds), real=case.real, belady_ms_per_token=1e3 * belady[4] / tokens,
                           scenario=sc.label)
             named = [(e.label, "main", totals[(sc.label, e.label)], params(e, decays)) for e in entries]
+            named += [(e.label, CARRY, carried[(sc.label, e.label)], params(e, decays) + " carry=drafts")
+                      for e in entries if (sc.label, e.label) in carried]
             if sc == SOLO:
                 named += [("windowed_future" if label.startswith("offline") else "hinted_sweep", label, t,
                            f"decay={'/'.join(map(str, decays))} {label}") for label, t in variant_totals.items()]

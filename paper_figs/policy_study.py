@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from freetoken.experiments.policy_grid import HINTED
+from freetoken.experiments.policy_grid import CARRY, HINTED
 from freetoken.experiments.policy_signals import GOAL_FRACTIONS, GOAL_RATIO
 from freetoken.paper_figs.style import POLICY_STYLE, new_figure, policy_label, save, table_ref
 from freetoken.paper_figs.table import FigureError, load_table
@@ -70,7 +70,7 @@ def best_by_signal(frame) -> dict:
         if not any(np.isclose(f, GOAL_FRACTIONS)):
             continue
         cell = out.setdefault((trace, f), {})
-        online = sub[sub.policy != "belady"]
+        online = sub[(sub.policy != "belady") & (sub.variant.astype(str) != CARRY)]  # the figure: without the carry
         pools = {"solo, no hint": online[~online.policy.isin(HINTED)], "solo + hint": online[online.policy.isin(HINTED)]} \
             if scenario == "solo" else {scenario: online}
         for col, pool in pools.items():

@@ -50,22 +50,26 @@ def num_calls(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -
 class Steps:
     """The groups of trace rows a replay runs as calls, in order (prefill chunks, batched decode steps, verify steps):
     rows[offsets[g]:offsets[g+1]] is group g, phase[g] its phase; accepted[g] the drafts a verify step accepted
-    (0 elsewhere; a batched verify step: summed over its sequences), produced[g] the decode tokens it made."""
+    (0 elsewhere; a batched verify step: summed over its sequences), produced[g] the decode tokens it made; draft[r]
+    what row r is in its group, as a trace's draft field: 0 a true token, 1 an accepted draft, 2 a rejected one."""
 
     rows: np.ndarray  # [R] trace rows (a verify step: its true token first, then its drafts in draft order)
     offsets: np.ndarray  # [G + 1]
     phase: np.ndarray  # [G] int8
     accepted: np.ndarray  # [G]
     produced: np.ndarray  # [G] decode tokens a decode group made: accepted + 1, summed over a batched step's sequences
+    draft: np.ndarray  # [R] int8: 0 true token, 1 accepted draft, 2 rejected draft
 
     @classmethod
     def of(cls, groups: list[np.ndarray], phase: list[int], accepted: list[int] | None = None,
-           produced: list[int] | None = None) -> "Steps":
+           produced: list[int] | None = None, draft: list[np.ndarray] | None = None) -> "Steps":
+        """draft: per group its rows' codes (None: every row a true token)."""
         sizes = [len(g) for g in groups]
         rows = np.concatenate(groups).astype(np.int64) if groups else np.zeros(0, np.int64)
         acc = np.asarray(accepted if accepted is not None else [0] * len(groups), np.int64)
+        codes = np.concatenate(draft).astype(np.int8) if draft else np.zeros(len(rows), np.int8)
         return cls(rows, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.asarray(phase, np.int8), acc,
-                   np.asarray(produced, np.int64) if produced is not None else acc + 1)
+                   np.asarray(produced, np.int64) if produced is not None else acc + 1, codes)
 
     @property
     def verify_steps(self) -> int:

@@ -19,7 +19,7 @@ from freetoken.placement.callstream import CallStream
 from freetoken.trace import RoutingTrace
 from freetoken.sim.batch import Speculation
 from freetoken.sim.calls import Steps, steps_stream
-from freetoken.sim.speculative import verify_step
+from freetoken.sim.speculative import draft_codes, verify_step
 
 
 @dataclass(slots=True)
@@ -63,6 +63,7 @@ def batched_steps(trace: RoutingTrace, batch: int, prefill_chunk: int, spec: Spe
     phase: list[int] = []
     accepted: list[int] = []
     produced: list[int] = []
+    draft: list[np.ndarray] = []
     rng = np.random.default_rng(seed)
     while pending or active:
         active = [s for s in active if not s.finished]
@@ -75,11 +76,12 @@ def batched_steps(trace: RoutingTrace, batch: int, prefill_chunk: int, spec: Spe
                 phase.append(PREFILL)
                 accepted.append(0)
                 produced.append(0)
+                draft.append(np.zeros(end - s.prefilled, np.int8))
                 s.prefilled = end
         ready = [s for s in active if s.started and not s.finished]
         if not ready:
             continue
-        rows, made = [], []
+        rows, made, codes = [], [], []
         for s in ready:
             if spec is None:
                 r, k = np.array([s.decoded], np.int64), 0
@@ -87,12 +89,14 @@ def batched_steps(trace: RoutingTrace, batch: int, prefill_chunk: int, spec: Spe
                 r, k = verify_step(s.decoded, 0, len(s.decode), spec, rng)
             rows.append(s.decode[r])
             made.append(k + 1)
+            codes.append(draft_codes(k, len(r) - 1))
             s.decoded += k + 1
         groups.append(np.concatenate(rows))
+        draft.append(np.concatenate(codes))
         phase.append(DECODE)
         accepted.append(sum(made) - len(made))
         produced.append(sum(made))
-    return Steps.of(groups, phase, accepted, produced)
+    return Steps.of(groups, phase, accepted, produced, draft)
 
 
 def batched_stream(trace: RoutingTrace, batch: int, prefill_chunk: int, spec: Speculation | None = None,

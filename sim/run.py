@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from freetoken.placement import POLICIES, CacheConfig, Split, build_policy
+from freetoken.placement import POLICIES, CacheConfig, KeyStream, Split, build_policy
+from freetoken.placement.carry import DRAFTS
 from freetoken.placement.config import ConfigError
 from freetoken.trace import RoutingTrace, load
-from freetoken.sim.calls import trace_key_stream, trace_stream
+from freetoken.sim.calls import steps_stream, trace_key_stream, trace_stream
+from freetoken.sim.carry import carry_stream
 from freetoken.sim.replay import ReplayResult, replay_stream
 
 
@@ -36,23 +38,36 @@ class SimConfig(CacheConfig):
             raise ConfigError("{expert_bytes} must be >= 0, got {v}", v=self.expert_bytes)
         if not (isinstance(self.batch, int) and self.batch >= 1):
             raise ConfigError("{batch} must be >= 1, got {v}", v=self.batch)
+        carry = self.options.get("carry")
+        if isinstance(carry, str) or (carry is not None and not isinstance(carry, KeyStream)):
+            if carry != DRAFTS:
+                raise ConfigError("{options}: carry must be {d!r} (the rejected drafts of the step before), got {v!r}",
+                                  d=DRAFTS, v=carry)
+            if not self.draft_depth:
+                raise ConfigError("{options}: carry={d} carries the rejected drafts across the step boundary; it needs "
+                                  "{draft_depth} > 0", d=DRAFTS)
 
-    def batched_stream(self, trace: RoutingTrace):
-        """batch > 1: the trace's MoE calls in the order continuous batching plans them (with draft_depth > 0: each
-        step every sequence's verify call of d + 1 tokens, in one call per layer)."""
+    def steps(self, trace: RoutingTrace):
+        """The row groups a batched (batch > 1) or speculative (draft_depth > 0) replay runs as calls; None: neither
+        (the plain chunked calls). Batched: in the order continuous batching plans them (with draft_depth > 0: each
+        step every sequence's verify rows, in one call per layer)."""
         from freetoken.sim.batch import Speculation
-        from freetoken.sim.continuous import batched_stream
+        from freetoken.sim.continuous import batched_steps
+        from freetoken.sim.speculative import speculative_steps
 
         spec = Speculation(self.draft_depth, float(self.acceptance)) if self.draft_depth else None
-        return batched_stream(trace, self.batch, self.prefill_chunk, spec, self.draft_seed)
+        if self.batch > 1:
+            return batched_steps(trace, self.batch, self.prefill_chunk, spec, self.draft_seed)
+        return speculative_steps(trace, spec, self.prefill_chunk, self.draft_seed) if spec else None
+
+    def batched_stream(self, trace: RoutingTrace):
+        """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
+        return steps_stream(trace, self.steps(trace))
 
     def speculative_stream(self, trace: RoutingTrace):
         """draft_depth > 0: (the verify calls' CallStream, the Steps it ran)."""
-        from freetoken.sim.batch import Speculation
-        from freetoken.sim.speculative import speculative_stream
-
-        return speculative_stream(trace, Speculation(self.draft_depth, float(self.acceptance)), self.prefill_chunk,
-                                  self.draft_seed)
+        steps = self.steps(trace)
+        return steps_stream(trace, steps), steps
 
 
 def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, replayed_stream=None):
@@ -101,6 +116,10 @@ def replay_setup(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace
     library, profile = profile, profile if profile is not None else trace
     if isinstance(config.options.get("hint"), str):  # hint=recorded / measured: built from the replayed trace
         config = _with_replayed_hint(config, trace)
+    if config.options.get("carry") == DRAFTS:  # the rejected drafts of each verify step, carried into the next
+        steps = config.steps(trace)
+        config = replace(config, options={**config.options, "carry": carry_stream(trace, steps)})
+        stream = steps_stream(trace, steps) if stream is None else stream
     if stream is None:
         stream = call_stream(trace, config)[0]
     future = future_stream(config, trace, stream)
@@ -112,8 +131,6 @@ def replay_setup(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace
 def _with_replayed_hint(config: CacheConfig, trace: RoutingTrace) -> CacheConfig:
     """config with options hint=recorded / measured replaced by that hint object of `trace` (router_hint.replay_hint):
     the calls of the run that recorded it, so one sequence at a time (no batch, no simulated drafts)."""
-    from dataclasses import replace
-
     from freetoken.placement.router_hint import replay_hint
 
     if getattr(config, "batch", 1) > 1 or getattr(config, "draft_depth", 0):

@@ -10,8 +10,12 @@ plain replay. The draws are seeded (one generator per replay): k of a fixed seed
 
 The calls are built by the one call builder (sim.calls.steps_stream): every chunk or verify step one call per
 layer, so hint-taking policies (lookahead, hinted_sweep) see the verify calls' routing, the drafts' included,
-in their oracle's future: the router hint names the next layers' experts of all d + 1 tokens. Nothing is hinted
-across the step boundary: the next step's tokens exist only once this step's last layer has been sampled.
+in their oracle's future: the router hint names the next layers' experts of all d + 1 tokens. The router hint stops
+at the step boundary: the next step's tokens exist only once this step's last layer has been sampled. The option
+carry="drafts" (sim/carry.py) hints across it: each step's rejected drafts (Steps.draft 2) were routed at every
+layer, and their experts are told, as the guess of the next step's, where the policy's hint reaches past the sweep's
+end (the last layer is told the next step's first layer). An engine learns which drafts it rejects only once the
+last layer's logits are sampled, so live the boundary's part of the carry comes one call later than here.
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ def verify_step(t: int, lo: int, hi: int, spec: Speculation, rng: np.random.Gene
     return np.asarray(rows, np.int64), k
 
 
+def draft_codes(accepted: int, depth: int) -> np.ndarray:
+    """[depth + 1] the rows of a verify step as a trace's draft field: the true token 0, the accepted drafts 1, the
+    rejected ones 2."""
+    return np.r_[0, np.ones(accepted), np.full(depth - accepted, 2)].astype(np.int8)
+
+
 def draft_rows(lo: int, hi: int, spec: Speculation, rng: np.random.Generator) -> tuple[list[np.ndarray], list[int]]:
     """Verify steps of the decode rows [lo, hi) of one sequence: (rows of each step, drafts each accepted)."""
     steps, accepted, t = [], [], lo
@@ -67,18 +77,21 @@ def speculative_steps(trace: RoutingTrace, spec: Speculation, prefill_chunk: int
     groups: list[np.ndarray] = []
     phase: list[int] = []
     accepted: list[int] = []
+    draft: list[np.ndarray] = []
     for lo, hi in segments(trace):
         if trace.phase[lo] == PREFILL:
             for s in range(lo, hi, prefill_chunk):
                 groups.append(np.arange(s, min(hi, s + prefill_chunk)))
                 phase.append(PREFILL)
                 accepted.append(0)
+                draft.append(np.zeros(len(groups[-1]), np.int8))
         else:
             steps, acc = draft_rows(lo, hi, spec, rng)
             groups += steps
             phase += [DECODE] * len(steps)
             accepted += acc
-    return Steps.of(groups, phase, accepted)
+            draft += [draft_codes(k, spec.depth) for k in acc]
+    return Steps.of(groups, phase, accepted, draft=draft)
 
 
 def speculative_stream(trace: RoutingTrace, spec: Speculation, prefill_chunk: int,

@@ -96,7 +96,23 @@ def test_figures_draw_from_the_study_rows(tmp_path):
                                              "policy_study_signals.pdf", "policy_study_signals.png"]
     assert all(p.stat().st_size > 5_000 for p in paths)
     best = best_by_signal(rows)
-    draft = rows[(rows.scenario == "draft 3 a=0.8") & (rows.fraction == 0.25) & (rows.policy != "belady")]
+    draft = rows[(rows.scenario == "draft 3 a=0.8") & (rows.fraction == 0.25) & (rows.policy != "belady")
+                 & (rows.variant == "main")]
     solo_belady = rows[(rows.scenario == "solo") & (rows.fraction == 0.25) & (rows.policy == "belady")].transfers.iloc[0]
     assert best[("tiny", 0.25)]["draft 3 a=0.8"] == pytest.approx((draft.ratio_to_belady.min(),
                                                                    draft.transfers.min() / solo_belady))
+
+
+def test_carry_table_closes_the_gap_by_hand():
+    # draft a=0.6 (Belady 90): lookahead 117 -> 108 with the carry: 1.30x -> 1.20x closes a third of the 0.30 gap;
+    # hinted_sweep 99 -> 102: 1.10x -> 1.133x widens it by a third
+    from freetoken.experiments.policy_signals import carry_table
+
+    frame = _frame({("t", 0.25, "draft 3 a=0.6"): {"lookahead": 117, "hinted_sweep": 99, "belady": 90}})
+    carried = _frame({("t", 0.25, "draft 3 a=0.6"): {"lookahead": 108, "hinted_sweep": 102, "belady": 90}})
+    carried = carried[carried.policy != "belady"].assign(variant="carry")
+    text = "\n".join(carry_table(pd.concat([frame, carried])))
+    assert "| t | 25% | draft 3 a=0.6 | 1.300 / 1.200 (+33.3%) | 1.100 / 1.133 (-33.3%) |" in text
+    assert "- lookahead: the carry closes +33% on average (+33% to +33%) of the gap (1 cells)" in text
+    assert "The carry closes little" not in text
+    assert carry_table(frame) == []  # no carry rows, no section

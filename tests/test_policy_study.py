@@ -201,3 +201,30 @@ def test_scenarios_that_crossed_a_process_boundary_run_the_same_rows():
     here = frame(ps.SCENARIOS)
     assert set(here.scenario) == {s.label for s in ps.SCENARIOS}
     pd.testing.assert_frame_equal(frame(shipped), here)
+
+
+def test_carry_rows_are_the_hinted_policies_replayed_with_the_drafts_carry():
+    """Draft scenarios of one sequence: lookahead / hinted_sweep once more with carry=drafts (variant carry), the
+    fitted decay and the other fold's prior as in their main rows; no carry rows elsewhere."""
+    from freetoken.experiments.policy_grid import BY_LABEL, options
+    from freetoken.experiments.traces import stream_of
+    from freetoken.placement.layer_sweep import visit_rates
+
+    case, trace = _case()
+    rows = ps.run_case(case, Path("."), [0.25], ("lru", "lookahead", "hinted_sweep"), scenarios=ps.SCENARIOS)
+    carried = {(r["scenario"], r["policy"]): r for r in rows if r["variant"] == "carry"}
+    assert {s for s, _ in carried} == {sc.label for sc in ps.SCENARIOS if sc.draft_depth and sc.batch == 1}
+    halves = [trace.select(np.isin(trace.request, g)) for g in ([0, 1], [2, 3])]
+    sc = next(sc for sc in ps.SCENARIOS if sc.label == "draft 3 a=0.8")
+    for label in ("lookahead", "hinted_sweep"):
+        e = BY_LABEL[label]
+        want = [0, 0]
+        for h, o in zip(halves, halves[::-1]):
+            opts = options(e, ps.fit_decay(o, 0.25, 16), visit_rates(stream_of(o, 16), 4, 8))
+            for i, carry in enumerate([{}, {"carry": "drafts"}]):
+                t = simulate(h, SimConfig(e.policy, Split("offload"), fraction=0.25, prefill_chunk=16,
+                                          options={**opts, **carry}, **sc.sim_fields())).total
+                want[i] += t.misses + t.prefetched
+        main = next(r for r in rows if r["scenario"] == sc.label and r["policy"] == label and r["variant"] == "main")
+        assert (main["transfers"], carried[(sc.label, label)]["transfers"]) == tuple(want)
+        assert carried[(sc.label, label)]["params"].endswith("carry=drafts")

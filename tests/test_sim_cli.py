@@ -120,7 +120,7 @@ def test_new_policy_options_reach_the_policy(trace_file, capsys, argv, options):
 
 
 @pytest.mark.parametrize("flags, builder", [(["--draft-depth", "2", "--acceptance", "0.5"], "speculative_steps"),
-                                            (["--batch", "2"], "batched_stream")])
+                                            (["--batch", "2"], "batched_steps")])
 def test_scenario_call_stream_is_built_once_and_replays_as_simulate(trace_file, capsys, monkeypatch, flags, builder):
     """ft sim --draft-depth / --batch builds its call stream once (counted for the progress bar, then replayed) and
     its counts are simulate()'s building the stream itself."""

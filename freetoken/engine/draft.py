@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 DRAFTERS = ("ngram",)
 
 
@@ -46,15 +48,38 @@ def ngram_draft(context: list[int], depth: int, max_ngram: int = 3, min_ngram: i
 
 @dataclass(slots=True)
 class DraftStats:
-    """verify_steps: verify forwards; drafted / accepted: draft tokens proposed / kept (acceptance = their ratio)."""
+    """verify_steps: verify forwards; drafted / accepted: draft tokens proposed / kept (acceptance = their ratio).
+    carry_used / carry_named: per layer, the experts of a verify forward that had a carry (the rejected drafts'
+    experts of the verify forward before, sim/carry.py), and those the carry named (carry_accuracy = their ratio)."""
 
     verify_steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    carry_used: int = 0
+    carry_named: int = 0
 
     @property
     def acceptance(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def carry_accuracy(self) -> float:
+        return self.carry_named / self.carry_used if self.carry_used else 0.0
+
+    def tally_carry(self, carried: list[set[int]] | None, experts: np.ndarray) -> None:
+        """Score the carry of the forward before against this verify forward's experts [T, L, K], layer by layer."""
+        for layer, named in enumerate(carried or []):
+            if named:
+                used = set(experts[:, layer].ravel().tolist())
+                self.carry_used += len(used)
+                self.carry_named += len(used & named)
+
+
+def rejected_experts(experts: np.ndarray, marks: list[int]) -> list[set[int]]:
+    """experts [T, L, K] of a verify forward, marks [T] (2: a rejected draft) -> per layer its rejected drafts'
+    experts: the carry into the next verify forward."""
+    rows = experts[np.asarray(marks) == 2]  # [R, L, K]
+    return [set(rows[:, layer].ravel().tolist()) for layer in range(experts.shape[1])]
 
 
 def accepted_prefix(draft: list[int], chosen: list[int]) -> int:

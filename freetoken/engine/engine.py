@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
-from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngram_draft
+from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngram_draft, rejected_experts
 from freetoken.engine.decode_graphs import MoEGraphs, decode_line
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
@@ -285,6 +285,7 @@ class Engine:
         token = sampler(self.prefill(prompt, kv, start, request, turn)[-1])
         n = 1
         yield token
+        carried = None  # per layer: the last verify forward's rejected drafts' experts (recorded runs: tallied)
         while token not in stops and n < max_tokens:
             t0 = time.perf_counter()
             proposal = ngram_draft(kv.tokens + [token], min(draft.depth, max_tokens - n - 1), draft.max_ngram,
@@ -293,9 +294,12 @@ class Engine:
             chosen = [sampler(row) for row in logits]  # [1 + d]: the model's token after each prefix
             kept = accepted_prefix(proposal, chosen)
             kv.truncate(kv.length - (len(proposal) - kept))
-            if self.recorder is not None:
-                self.recorder.mark_draft([0] + [1] * kept + [2] * (len(proposal) - kept))
             st = self.draft_stats
+            if self.recorder is not None:
+                marks = [0] + [1] * kept + [2] * (len(proposal) - kept)
+                self.recorder.mark_draft(marks)
+                st.tally_carry(carried, self.recorder.last_experts)
+                carried = rejected_experts(self.recorder.last_experts, marks)
             st.verify_steps, st.drafted, st.accepted = st.verify_steps + 1, st.drafted + len(proposal), st.accepted + kept
             self._sync()
             self.stats.decode_tokens += kept + 1

@@ -94,6 +94,11 @@ class TraceRecorder:
         self._drafts[-1] = np.asarray(marks, np.int8)
 
     @property
+    def last_experts(self) -> np.ndarray:
+        """[T, L, K] the routing of the last forward that ended."""
+        return self._experts[-1]
+
+    @property
     def num_tokens(self) -> int:
         return sum(len(e) for e in self._experts)
 

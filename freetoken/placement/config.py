@@ -20,8 +20,9 @@ from freetoken.placement.policy import PlacementPolicy
 from freetoken.placement.split import Split
 
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
-# options built from data (a trace, the live router; past: moe_infinity's library of activation matrices), not typed in
-SOURCE_OPTIONS = ("profile", "future", "hint", "past")
+# options built from data (a trace, the live router; past: moe_infinity's library of activation matrices; carry:
+# keys carried across speculative steps), not typed in
+SOURCE_OPTIONS = ("profile", "future", "hint", "past", "carry")
 
 
 class ConfigError(ValueError):

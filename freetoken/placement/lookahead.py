@@ -6,7 +6,8 @@ The signal is live only: the engine passes `hint`, an object whose `upcoming(cal
 of the next calls of the same sweep, nearest first. The simulator has no hidden states, so by default the hint
 is `NoisyOracle` over the future key stream: the true experts of the next `depth` layers of this sweep, each
 replaced by a uniformly drawn other expert of its layer with probability 1 - accuracy (seeded). The last layer
-of a sweep predicts nothing (the next token is not sampled yet); a one-layer trace never prefetches.
+of a sweep predicts nothing (the next token is not sampled yet); a one-layer trace never prefetches. `carry`
+(placement.carry) names keys past the sweep's end: speculative decoding's rejected drafts for the next step.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.placement.call import Call
+from freetoken.placement.carry import CarriedHint
 from freetoken.placement.layer_sweep import LayerSweep
 from freetoken.placement.stream import KeyStream
 
@@ -76,13 +78,15 @@ class Lookahead(LayerSweep):
 
     def __init__(self, capacity: int, num_layers: int, num_experts: int, future: KeyStream | None = None,
                  accuracy: float = 0.8, depth: int = 1, seed: int = 0, hint=None, decay: float = 0.9,
-                 bypass: bool = True, prior=None, scan: int = 64):
+                 bypass: bool = True, prior=None, scan: int = 64, carry=None):
         super().__init__(capacity, num_layers, num_experts, decay=decay, bypass=bypass, prior=prior, scan=scan)
         if hint is None:
             if future is None:
                 raise ValueError("lookahead needs a router hint (live engine) or the future key stream "
                                  "(simulator) to build a noisy oracle from")
             hint = NoisyOracle(future, num_experts, accuracy, depth, seed)
+        if carry is not None:
+            hint = CarriedHint(hint, carry, num_layers, num_experts, depth, self.name)
         self.hint = hint
         self._pending: set[int] = set()  # predicted keys whose call has not come yet
 

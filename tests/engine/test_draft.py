@@ -158,3 +158,15 @@ def test_ft_generate_bad_draft_flags(capsys, argv, message):
     assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_carry_tally_live_equals_the_recorded_trace(checkpoints, tmp_path):
+    """DraftStats' carry tally (per layer, a verify forward's experts and those the rejected drafts of the verify
+    forward before named) is the simulator's tally over the recorded trace's verify calls (sim.carry)."""
+    from freetoken.sim.carry import carry_tally, recorded_steps
+
+    _, _, _, drafted = plain_and_drafted(checkpoints["qwen3_moe"], REPEATING, 3)
+    trace = load(save(drafted.trace(), tmp_path / "draft.safetensors"))
+    st = drafted.draft_stats
+    assert (st.carry_used, st.carry_named) == carry_tally(trace, recorded_steps(trace, 3))
+    assert st.carry_used > 0 and st.carry_accuracy == st.carry_named / st.carry_used

@@ -99,3 +99,41 @@ def pop(heap, pos, size, at, a, b, desc):
         pos[heap[0]] = 0
         sift_down(heap, pos, n, a, b, desc, 0)
     return key
+
+
+# a frontier heap of keys by (z, key), no positions kept: the sweeps' walk reads their residents' heap in order
+@nb.njit(cache=True, inline="always")
+def front_up(front, i, z):
+    """Sift front[i] up the frontier heap (by z, then key)."""
+    key = front[i]
+    while i > 0:
+        parent = (i - 1) >> 1
+        q = front[parent]
+        if z[key] > z[q] or (z[key] == z[q] and key > q):
+            break
+        front[i] = q
+        i = parent
+    front[i] = key
+
+
+@nb.njit(cache=True, inline="always")
+def front_down(front, n, z):
+    """Sift front[0] down the frontier heap front[:n]."""
+    if n == 0:
+        return
+    key = front[0]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        c = front[child]
+        if child + 1 < n:
+            d = front[child + 1]
+            if z[d] < z[c] or (z[d] == z[c] and d < c):
+                child, c = child + 1, d
+        if z[key] < z[c] or (z[key] == z[c] and key < c):
+            break
+        front[i] = c
+        i = child
+    front[i] = key

@@ -10,7 +10,8 @@ whose parents were read (a binary heap's sorted order), so nothing is pushed bac
 reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, what it found for the
 call's later evictions; it starts over when the next call begins, or when lookahead's pending keys (protected too)
 change. The hints come from the reference's own oracle draws (lookahead.noisy_future,
-hinted_sweep.distance_predictions) indexed by call, so they equal its hints exactly.
+hinted_sweep.distance_predictions) indexed by call, and past the sweep's end from the carry (placement.carry), so
+they equal its hints exactly.
 The state layout and the estimate (rates, waits, posteriors) are in sweep_estimate.py. Floating point follows the
 reference's operations in order (pow, exp, log are the same libm calls; decay ** d for
 d < POWERS is read from a table of those same pow results).
@@ -24,18 +25,20 @@ import numba as nb
 import numpy as np
 
 from freetoken.placement.compiled.base import admission_order, is_protected, on_prefetch, observe_call  # noqa: F401
-from freetoken.placement.compiled.heap import refile, remove_key
+from freetoken.placement.compiled.heap import front_down, front_up, refile, remove_key
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.compiled.sweep_estimate import (
-    BYPASS, DEPTH, HEAP_N, HINTED, LAYER, LOG_DECAY, LOOKAHEAD, MIN_CONF, MODE, MODES, MOST_VISITS, NFOUND,
+    BYPASS, CARRY_ACC, DEPTH, HEAP_N, HINTED, LAYER, LOG_DECAY, LOOKAHEAD, MIN_CONF, MODE, MODES, MOST_VISITS, NFOUND,
     NFRONT, NPRED, NSCANNED, NTOUCHED, NUM_E, NUM_L, POWERS, REACH, SCAN, STAMP, SWEEP, _FLOOR, _posterior, _powers,
     _sweep_wait, _use, _wait)
+from freetoken.placement.carry import check_carry
+from freetoken.placement.hinted_sweep import CARRY_ACCURACY, check_carry_accuracy
 from freetoken.placement.layer_sweep import _SLACK
 
 
 def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=None, accuracy=0.8, depth: int = 1,
           min_confidence: float = 0.9, seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True,
-          prior=None, scan: int = 64) -> Setup:
+          prior=None, scan: int = 64, carry=None, carry_accuracy: float = CARRY_ACCURACY) -> Setup:
     from freetoken.placement.layer_sweep import LayerSweep
 
     mode = MODES[name]
@@ -71,12 +74,13 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
             predicted = np.stack(distance_predictions(future, num_experts, tuple(acc), seed)) if keys.size else \
                 np.zeros((depth, 0), np.int64)
         predicted = np.ascontiguousarray(predicted, np.int64)
+    carry_keys, carry_offsets = _carry_arrays(name, carry, call_layer.size)
     warm = sorted(ref.slot_of, key=ref.slot_of.__getitem__)  # slot order
     ints = np.zeros(16, np.int64)
     ints[NFRONT] = -1  # no walk under way
     ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
     ints[DEPTH] = depth
-    floats = np.array([decay, math.log(decay), min_confidence], np.float64)
+    floats = np.array([decay, math.log(decay), min_confidence, check_carry_accuracy(carry_accuracy)], np.float64)
     state = (np.asarray(ref._p, np.float64), np.zeros(K, np.int64), np.zeros(num_layers, np.int64),
              np.zeros(K, np.float64),  # rates, their stamps, visits per layer, z of residents
              np.zeros(capacity + 1, np.int64), np.full(K, -1, np.int64),  # heap of residents, position in it
@@ -91,10 +95,21 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
              np.zeros(K, np.int64), np.zeros(K, np.int64),  # keys the call touched (refiled when the next begins)
              _powers(decay, np.empty(POWERS, np.float64)),  # decay ** d
              np.zeros(capacity + 1, np.int64),  # the walk's scan: index of the longest wait in found[:i + 1]
-             np.zeros(capacity + 1, np.float64))  # and the least bound in found[:i + 1]
+             np.zeros(capacity + 1, np.float64),  # and the least bound in found[:i + 1]
+             carry_keys, carry_offsets)  # the keys carried into each call (none: empty), placement.carry
     for k in warm:
         _push(state, k)
     return Setup(state, tuple(warm), prefetches=mode != SWEEP)
+
+
+def _carry_arrays(name: str, carry, calls: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys [N], offsets [calls + 1]) of the carry (None: nothing carried), checked against the future's calls."""
+    if carry is None:
+        return np.zeros(0, np.int64), np.zeros(calls + 1, np.int64)
+    carry = check_carry(carry, name)
+    if carry.num_calls != calls:
+        raise ValueError(f"{name}: the carry holds {carry.num_calls} calls, the future {calls}")
+    return np.ascontiguousarray(carry.keys, np.int64), np.ascontiguousarray(carry.offsets, np.int64)
 
 
 # the heap of residents, by (z, key)
@@ -168,17 +183,26 @@ def begin_call(p, st, c, keys):
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _upcoming(p, c, layer, out):
-    """The oracle's keys for the calls after c in the same sweep, nearest first, each once; returns the count."""
+    """The oracle's keys for the next `depth` calls after c while the sweep goes on, then past its end the keys
+    carried into the next step's calls (placement.carry.CarriedHint), nearest first, each once; returns the count."""
     ints, offsets, call_layer, predicted, mark = p[7], p[9], p[10], p[11], p[13]
     ints[STAMP] += 1  # a fresh mark: the keys below are the standing pending / predicted set
     stamp = ints[STAMP]
     n = 0
+    swept = True  # the oracle's sweep goes on (it stops at the first call that is not the next layer)
     for j in range(1, ints[DEPTH] + 1):
-        if c + j >= call_layer.size or call_layer[c + j] != layer + j:  # the sweep ends: next token unknown
+        if c + j >= call_layer.size:
             break
-        row = predicted[0] if predicted.shape[0] == 1 else predicted[j - 1]
-        for i in range(offsets[c + j], offsets[c + j + 1]):
-            k = row[i]
+        if layer + j < ints[NUM_L]:
+            swept = swept and call_layer[c + j] == layer + j
+            if not swept:
+                continue
+            row = predicted[0] if predicted.shape[0] == 1 else predicted[j - 1]
+            keys, lo, hi = row, offsets[c + j], offsets[c + j + 1]
+        else:  # past the sweep's end: the next token is unknown, the carry is not
+            keys, lo, hi = p[27], p[28][c + j], p[28][c + j + 1]
+        for i in range(lo, hi):
+            k = keys[i]
             if mark[k] != stamp:
                 mark[k] = stamp
                 out[n] = k
@@ -196,19 +220,20 @@ def _take_hint(p, c, layer):
     ints[NPRED] = n
     stamp = ints[STAMP]
     seen, a_of, q_of, n_of = p[14], p[15], p[16], p[17]
-    reach = 0  # the furthest hinted layer's distance (the walk's bound)
+    L = ints[NUM_L]
+    reach = 0  # the furthest hinted layer's distance (the walk's bound; past the sweep's end the layers wrap)
     for i in range(n):
         hl = order[i] // E
         if seen[hl] != stamp:
             seen[hl] = stamp
             n_of[hl] = 0
         n_of[hl] += 1
-        reach = max(reach, hl - layer)
+        reach = max(reach, (hl - layer - 1) % L + 1)
     ints[REACH] = reach
     for j in range(1, reach + 1):  # once per hinted layer (the keys come layer by layer)
-        hl = layer + j
+        hl = (layer + j) % L
         if seen[hl] == stamp:
-            a = acc[j - 1]
+            a = acc[j - 1] if layer + j < L else p[8][CARRY_ACC]
             a_of[hl] = a
             q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
 
@@ -257,43 +282,6 @@ def _confident(p, out):
     return n
 
 
-@nb.njit(cache=True, inline="always")
-def _front_up(front, i, z):
-    """Sift front[i] up the frontier heap (by z, then key)."""
-    key = front[i]
-    while i > 0:
-        parent = (i - 1) >> 1
-        q = front[parent]
-        if z[key] > z[q] or (z[key] == z[q] and key > q):
-            break
-        front[i] = q
-        i = parent
-    front[i] = key
-
-
-@nb.njit(cache=True, inline="always")
-def _front_down(front, n, z):
-    """Sift front[0] down the frontier heap front[:n]."""
-    if n == 0:
-        return
-    key = front[0]
-    i = 0
-    while True:
-        child = 2 * i + 1
-        if child >= n:
-            break
-        c = front[child]
-        if child + 1 < n:
-            d = front[child + 1]
-            if z[d] < z[c] or (z[d] == z[c] and d < c):
-                child, c = child + 1, d
-        if z[key] < z[c] or (z[key] == z[c] and key < c):
-            break
-        front[i] = c
-        i = child
-    front[i] = key
-
-
 @nb.njit(cache=True, inline="always")  # one caller, _scan
 def _walk_on(p, st, shift):
     """Read the heap on, in (z, key) order, up to the next unprotected resident and append it to the walk's found
@@ -313,15 +301,15 @@ def _walk_on(p, st, shift):
         m = ints[NFRONT]
         if child < n:
             front[0] = heap[child]
-            _front_down(front, m, z)
+            front_down(front, m, z)
             if child + 1 < n:
                 front[m] = heap[child + 1]
-                _front_up(front, m, z)
+                front_up(front, m, z)
                 m += 1
         else:
             m -= 1
             front[0] = front[m]
-            _front_down(front, m, z)
+            front_down(front, m, z)
         ints[NFRONT] = m
         # skipped: protected (lookahead: pending too), or evicted earlier in this call (still on the heap)
         if is_protected(st, k) or slot_of[k] < 0 or (mode == LOOKAHEAD and p[13][k] == ints[STAMP]):
