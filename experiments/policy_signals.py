@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from freetoken.experiments.policy_grid import (CARRY, HINTED, LOOKAHEAD_ACCURACY, ONLINE, SOLO, drafts_of,
                                                scenario_order)
-from freetoken.placement.hinted_sweep import CARRY_ACCURACY
 
 GOAL_FRACTIONS = (0.25, 0.37, 0.50)
 GOAL_RATIO = 1.25
@@ -92,10 +91,12 @@ def carry_table(frame) -> list[str]:
     head = ["trace", "residency", "scenario"] + [f"{p}: without / with carry (gap closed)" for p in policies]
     out = ["## The drafts' carry across the step boundary", "",
            "Speculative decoding's verify call routes the rejected drafts at every layer; `carry=drafts` tells",
-           "lookahead / hinted_sweep their experts as the next step's, where the router hint (which stops at the",
-           "sweep's end) cannot reach: the last layer is told the next step's first layer (depth 1). hinted_sweep",
-           f"weighs them at an assumed accuracy of {CARRY_ACCURACY}. Transfers over the scenario's own Belady, one",
-           "sequence at a time, then the share of the gap (ratio - 1) the carry closes (negative: it widens it).", "",
+           "lookahead / hinted_sweep their experts as a guess of the next step's, as an engine can: which drafts",
+           "were rejected is known only after the last layer, so step s + 1's call of layer l is told step s's",
+           "rejected drafts' experts of layers l + 1 .. l + depth (depth 1: the next layer), after the router",
+           "hint's keys for the same layers; the last layer is told none. hinted_sweep counts them among its",
+           "layer's predictions at the router's accuracy. Transfers over the scenario's own Belady, one sequence",
+           "at a time, then the share of the gap (ratio - 1) the carry closes (negative: it widens it).", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     closed: dict[str, list[float]] = {}
     for (trace, f, sc), sub in carried.groupby(["trace", "fraction", "scenario"], sort=False):

@@ -1,4 +1,4 @@
-"""Cross-step carry in a speculative replay: the rejected drafts' experts of one verify step, as the guess of what
+"""The drafts' carry in a speculative replay: the rejected drafts' experts of one verify step, as the guess of what
 the next verify step's calls need (the option carry="drafts" of lookahead / hinted_sweep).
 
 A verify step routes every draft at every layer, the rejected ones too, so after step s an engine holds their
@@ -6,9 +6,10 @@ experts per layer. Step s + 1 verifies the corrected token and new drafts at the
 guessed wrong, so the rejected drafts' routing is a guess of step s + 1's routing, layer by layer. The carry of a
 verify step is the rejected rows of the decode step before it (prefill chunks between them do not break it), of the
 sequences this step continues (batched: a finished sequence's drafts are not carried); the first step of a sequence
-and every prefill call carry nothing. The policy reads the carry where its hint reaches past the sweep's end
-(placement.carry.CarriedHint; compiled: sweep._upcoming): the last layer of step s is told step s + 1's first
-layer(s).
+and every prefill call carry nothing. The policy reads the carry of the calls its hint reaches inside the sweep
+(placement.carry.CarriedHint; compiled: sweep._upcoming): step s + 1's call of layer l is told the carry of its
+calls of layers l + 1 .. l + depth, as the live engine can (it learns the rejected drafts after step s's last
+layer; the engine's LiveCarry holds the same keys).
 """
 
 from __future__ import annotations

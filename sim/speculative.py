@@ -12,10 +12,10 @@ The calls are built by the one call builder (sim.calls.steps_stream): every chun
 layer, so hint-taking policies (lookahead, hinted_sweep) see the verify calls' routing, the drafts' included,
 in their oracle's future: the router hint names the next layers' experts of all d + 1 tokens. The router hint stops
 at the step boundary: the next step's tokens exist only once this step's last layer has been sampled. The option
-carry="drafts" (sim/carry.py) hints across it: each step's rejected drafts (Steps.draft 2) were routed at every
-layer, and their experts are told, as the guess of the next step's, where the policy's hint reaches past the sweep's
-end (the last layer is told the next step's first layer). An engine learns which drafts it rejects only once the
-last layer's logits are sampled, so live the boundary's part of the carry comes one call later than here.
+carry="drafts" (sim/carry.py) adds a guess of the next step's routing: each step's rejected drafts (Steps.draft 2)
+were routed at every layer. An engine learns which drafts it rejected only once the last layer's output is sampled,
+so the carry crosses no sweep's end: step s + 1's call of layer l is told step s's rejected drafts' experts of the
+layers its hint reaches (l + 1 .. l + depth, inside the sweep), as the engine does live (placement.carry).
 """
 
 from __future__ import annotations

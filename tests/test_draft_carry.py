@@ -38,17 +38,17 @@ def test_carry_by_hand():
 
 
 @pytest.mark.parametrize("depth", [1, 2])
-def test_hint_past_the_sweep_end_by_hand(depth):
-    """lookahead at accuracy 1: within the sweep the next layer's true keys, past its end the carried ones."""
+def test_hint_inside_the_sweep_by_hand(depth):
+    """lookahead at accuracy 1: layer 0's call is told layer 1's true keys of its own step, then the keys carried
+    into that call; layer 1 (the sweep's last) is told nothing, and depth 2 reaches no further in 2 layers."""
     trace, steps = hand_trace(), hand_steps()
     stream = steps_stream(trace, steps)
     pol = make_policy("lookahead", 4, 2, E, reference=True, accuracy=1.0, depth=depth,
                       future=stream.key_stream(), carry=carry_stream(trace, steps))
     told = [pol.hint.upcoming(call) for call in stream.calls()]
-    if depth == 1:  # layer 0: layer 1's keys of its own step; layer 1: the next step's carried layer 0
-        assert told == [[8 + 2, 8 + 4, 8 + 5], [1], [8 + 6, 8 + 0, 8 + 3], [7, 2], [8 + 0], []]
-    else:  # depth 2: layer 1 reaches the next step's layers 0 and 1; layer 0 its own layer 1, then the next layer 0
-        assert told == [[10, 12, 13, 1], [1, 13], [14, 8, 11, 7, 2], [7, 2, 8, 11], [8], []]
+    # step 0 layer 1 routes rows 0, 1, 4 to 2, 4, 5 (nothing carried); step 1 layer 1: rows 2, 3, 5 -> 6, 0, 3, then
+    # row 4's carried 5 (key 13); step 2 layer 1: row 3 -> 0 (key 8), then the carried 8 (told already), 11
+    assert told == [[8 + 2, 8 + 4, 8 + 5], [], [8 + 6, 8 + 0, 8 + 3, 8 + 5], [], [8 + 0, 8 + 3], []]
 
 
 def brute_carry(trace: RoutingTrace, steps: Steps) -> list[list[int]]:
@@ -85,15 +85,15 @@ def test_carry_equals_the_rejected_rows_of_the_step_before(a, seed):
     want = brute_carry(trace, steps)
     assert got == want
     assert (sum(map(len, want)) > 0) == (a < 1)  # a = 1 rejects only drafts past the end, in a last step
-    # the hint a policy reads: the next 2 calls' true keys (accuracy 1) in the sweep, past its end their carry
+    # the hint a policy reads: the next 2 calls' true keys (accuracy 1) inside the sweep, then those calls' carry
     stream = steps_stream(trace, steps)
     truth = stream.key_stream()
     pol = make_policy("hinted_sweep", 6, 3, E, reference=True, accuracy=1.0, depth=2, carry=carry, future=truth)
     calls = list(stream.calls())
     for c, call in enumerate(calls):
-        told = []
-        for n in range(c + 1, min(c + 3, len(calls))):
-            told += truth.keys[truth.offsets[n]:truth.offsets[n + 1]].tolist() if call.layer + n - c < 3 else want[n]
+        inside = [c + j for j in (1, 2) if call.layer + j < 3]
+        told = [k for n in inside for k in truth.keys[truth.offsets[n]:truth.offsets[n + 1]].tolist()]
+        told += [k for n in inside for k in want[n]]
         assert pol.hint.upcoming(call) == list(dict.fromkeys(told)), c
 
 
@@ -141,7 +141,7 @@ def test_batched_carry_keeps_the_sequences_it_continues():
 
 CASES = [("lookahead", {"accuracy": 0.7, "depth": 1}), ("lookahead", {"accuracy": 1.0, "depth": 2, "scan": 4}),
          ("hinted_sweep", {"accuracy": 0.8, "depth": 1, "min_confidence": 0.3}),
-         ("hinted_sweep", {"accuracy": 0.9, "depth": 2, "min_confidence": 0.5, "carry_accuracy": 0.7})]
+         ("hinted_sweep", {"accuracy": 0.9, "depth": 2, "min_confidence": 0.5})]
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -176,7 +176,6 @@ def test_compiled_equals_reference_with_the_carry(policy, options, batch):
     (dict(options={"carry": "drafts"}), "options: carry=drafts carries the rejected drafts across the step boundary; "
                                          "it needs draft_depth > 0"),
     (dict(policy="lru", options={"carry": "drafts"}, draft_depth=2), "options: lru takes no option carry"),
-    (dict(options={"carry": "drafts", "carry_accuracy": 2}, draft_depth=2), "carry_accuracy must lie in [0, 1]"),
 ])
 def test_bad_carry_is_one_line_naming_the_option(fields, message):
     fields = {"policy": "hinted_sweep", "split": Split("offload"), "fraction": 0.3, **fields}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from freetoken.placement import DECODE, Call, Split, key_stream, make_policy
-from freetoken.placement.hinted_sweep import CARRY_ACCURACY, DistanceOracle, HintedSweep, accuracies
+from freetoken.placement.hinted_sweep import DistanceOracle, HintedSweep, accuracies
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.synth import SynthSpec, synthesize
 
@@ -16,8 +16,8 @@ L, E = 4, 5
 
 
 class ScriptedHint:
-    """Any keys, right or wrong, some outside the hint's depth (which the policy must ignore), some past the sweep's
-    end (the next step's layers, as a carry names them)."""
+    """Any keys, right or wrong, some outside the hint's depth (which the policy must ignore: earlier layers, the
+    next step's, layers past `depth`)."""
 
     def __init__(self, seed):
         self.rng = np.random.default_rng(seed)
@@ -74,14 +74,11 @@ class BruteHinted:
 
     def plan(self, call, hint):
         self.layer = call.layer
-        # distance j of a key's layer, counted past the sweep's end into the next step's (carried: its own accuracy)
-        self.predicted = [k for k in hint if (k // E - call.layer - 1) % L + 1 <= len(self.acc)]
+        self.predicted = [k for k in hint if call.layer < k // E <= call.layer + len(self.acc)]
         self.hinted = {}
         for k in self.predicted:
             l = k // E
-            j = (l - call.layer - 1) % L + 1
-            a = self.acc[j - 1] if call.layer + j < L else CARRY_ACCURACY
-            self.hinted[l] = (a, self.hinted.get(l, (0, 0))[1] + 1)
+            self.hinted[l] = (self.acc[l - call.layer - 1], self.hinted.get(l, (0, 0))[1] + 1)
         keys = [call.layer * E + e for e in call.experts]
         self.p[call.layer * E:(call.layer + 1) * E] *= self.g
         was = {k: k in self.slot for k in keys}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan
+from freetoken.placement.carry import LiveCarry
 from freetoken.placement.callstream import CallStream, call_stream, make_call
 from freetoken.placement.config import (DEFAULT_PREFILL_CHUNK, CacheConfig, build_policy, cache_config,
                                         constructor_options)
@@ -54,8 +55,9 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
     if unknown:
         raise ValueError(f"policy {name!r} takes no option {', '.join(sorted(unknown))}; "
                          f"it takes: {', '.join(sorted(accepted)) or 'none'}")
-    # a live hint is a Python object; hinted_sweep's running accuracy tally (measure) exists only interpreted
-    if not reference and is_compiled(name) and options.get("hint") is None and not options.get("measure"):
+    # a live hint or carry is a Python object; hinted_sweep's running accuracy tally (measure) exists only interpreted
+    live = options.get("hint") is not None or isinstance(options.get("carry"), LiveCarry)
+    if not reference and is_compiled(name) and not live and not options.get("measure"):
         from freetoken.placement.compiled import CompiledPolicy
 
         options.pop("measure", None)  # off: no tally, the compiled decision is the same

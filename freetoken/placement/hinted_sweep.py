@@ -22,8 +22,9 @@ The hint is `upcoming(call) -> keys` (live: the router of the next layers run on
 this call; simulator: `DistanceOracle`), asked at the start of each call's plan, so it steers this call's own
 evictions and then its prefetches; keys of layers outside (call.layer, call.layer + depth] are ignored.
 
-`carry` (placement.carry) names keys past the sweep's end, the next step's first layers (speculative decoding's
-rejected drafts); they are weighed at carry_accuracy, assumed, in place of the distance's a.
+`carry` (placement.carry) adds, for the same hinted layers, the keys the rejected drafts of the verify step before
+routed to (speculative decoding). They join their layer's predictions: its a stays the distance's (a used key is
+named at least as often as by the router alone) and the extra names raise its n, so its q.
 
 `accuracy` is assumed. measure=True replaces it, for a layer one call ahead, by the accuracy the hint has shown
 in this run so far: of the keys the next-layer calls used, the share the hint of the call before named (a running
@@ -45,7 +46,6 @@ from freetoken.placement.lookahead import noisy_keys
 from freetoken.placement.stream import KeyStream
 
 PRIOR_FLOOR = 0.25  # share of the uniform rate n / E a key's prior odds never fall under
-CARRY_ACCURACY = 0.5  # the accuracy assumed of carried keys (the next step's layers; placement.carry)
 
 
 def accuracies(accuracy: float | Sequence[float], depth: int) -> tuple[float, ...]:
@@ -57,12 +57,6 @@ def accuracies(accuracy: float | Sequence[float], depth: int) -> tuple[float, ..
     if len(acc) != depth or not all(0 <= a <= 1 for a in acc):
         raise ValueError(f"hinted_sweep accuracy must be one number or {depth} numbers in [0, 1], got {accuracy}")
     return acc
-
-
-def check_carry_accuracy(a: float) -> float:
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:
-        raise ValueError(f"hinted_sweep carry_accuracy must lie in [0, 1], got {a!r}")
-    return float(a)
 
 
 def distance_predictions(future: KeyStream, num_experts: int, acc: Sequence[float], seed: int) -> list[np.ndarray]:
@@ -105,9 +99,8 @@ class HintedSweep(LayerSweep):
     def __init__(self, capacity: int, num_layers: int, num_experts: int, future: KeyStream | None = None,
                  accuracy: float | Sequence[float] = 0.8, depth: int = 1, min_confidence: float = 0.9,
                  seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True, prior=None, scan: int = 64,
-                 measure: bool = False, carry=None, carry_accuracy: float = CARRY_ACCURACY):
+                 measure: bool = False, carry=None):
         super().__init__(capacity, num_layers, num_experts, decay=decay, bypass=bypass, prior=prior, scan=scan)
-        self.carry_accuracy = check_carry_accuracy(carry_accuracy)
         self.measure = measure
         self._named_right = [0] * num_layers  # per layer: used keys the hint named one call before (measure)
         self._used = [0] * num_layers  # per layer: keys its scored calls used
@@ -134,19 +127,18 @@ class HintedSweep(LayerSweep):
         return super().plan(call, split)
 
     def _take_hint(self, call: Call) -> None:
-        E, L, lo = self.num_experts, self.num_layers, call.layer + 1
+        E, lo = self.num_experts, call.layer + 1
         if self.measure:
             self._score(call)
-        # distance j of a hinted layer: past the sweep's end (carried) the layers wrap to the next step's
-        keys = [k for k in self.hint.upcoming(call) if (k // E - lo) % L + 1 <= self.depth]
+        keys = [k for k in self.hint.upcoming(call) if lo <= k // E <= call.layer + self.depth]
         per_layer: dict[int, int] = {}
         for k in keys:
             per_layer[k // E] = per_layer.get(k // E, 0) + 1
         self._hinted = {}
         self._reach = 0
         for layer, n in per_layer.items():
-            j = (layer - lo) % L + 1
-            a = self.acc[j - 1] if call.layer + j < L else self.carry_accuracy
+            j = layer - call.layer
+            a = self.acc[j - 1]
             if self.measure and layer == lo and self._used[layer]:
                 a = self._named_right[layer] / self._used[layer]
             self._hinted[layer] = (a, min(1.0, n * (1 - a) / (E - 1)), n)

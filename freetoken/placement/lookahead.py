@@ -7,7 +7,8 @@ of the next calls of the same sweep, nearest first. The simulator has no hidden 
 is `NoisyOracle` over the future key stream: the true experts of the next `depth` layers of this sweep, each
 replaced by a uniformly drawn other expert of its layer with probability 1 - accuracy (seeded). The last layer
 of a sweep predicts nothing (the next token is not sampled yet); a one-layer trace never prefetches. `carry`
-(placement.carry) names keys past the sweep's end: speculative decoding's rejected drafts for the next step.
+(placement.carry) adds, for the same next layers, the keys speculative decoding's rejected drafts of the verify
+step before routed to.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ whose parents were read (a binary heap's sorted order), so nothing is pushed bac
 reference's stop rules (its bound, and `scan` unprotected keys) and, as the reference does, what it found for the
 call's later evictions; it starts over when the next call begins, or when lookahead's pending keys (protected too)
 change. The hints come from the reference's own oracle draws (lookahead.noisy_future,
-hinted_sweep.distance_predictions) indexed by call, and past the sweep's end from the carry (placement.carry), so
+hinted_sweep.distance_predictions) indexed by call, then the carry's keys of the same calls (placement.carry), so
 they equal its hints exactly.
 The state layout and the estimate (rates, waits, posteriors) are in sweep_estimate.py. Floating point follows the
 reference's operations in order (pow, exp, log are the same libm calls; decay ** d for
@@ -28,17 +28,16 @@ from freetoken.placement.compiled.base import admission_order, is_protected, on_
 from freetoken.placement.compiled.heap import front_down, front_up, refile, remove_key
 from freetoken.placement.compiled.setup import Setup
 from freetoken.placement.compiled.sweep_estimate import (
-    BYPASS, CARRY_ACC, DEPTH, HEAP_N, HINTED, LAYER, LOG_DECAY, LOOKAHEAD, MIN_CONF, MODE, MODES, MOST_VISITS, NFOUND,
+    BYPASS, DEPTH, HEAP_N, HINTED, LAYER, LOG_DECAY, LOOKAHEAD, MIN_CONF, MODE, MODES, MOST_VISITS, NFOUND,
     NFRONT, NPRED, NSCANNED, NTOUCHED, NUM_E, NUM_L, POWERS, REACH, SCAN, STAMP, SWEEP, _FLOOR, _posterior, _powers,
     _sweep_wait, _use, _wait)
 from freetoken.placement.carry import check_carry
-from freetoken.placement.hinted_sweep import CARRY_ACCURACY, check_carry_accuracy
 from freetoken.placement.layer_sweep import _SLACK
 
 
 def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=None, accuracy=0.8, depth: int = 1,
           min_confidence: float = 0.9, seed: int = 0, hint=None, decay: float = 0.9, bypass: bool = True,
-          prior=None, scan: int = 64, carry=None, carry_accuracy: float = CARRY_ACCURACY) -> Setup:
+          prior=None, scan: int = 64, carry=None) -> Setup:
     from freetoken.placement.layer_sweep import LayerSweep
 
     mode = MODES[name]
@@ -80,7 +79,7 @@ def setup(name: str, capacity: int, num_layers: int, num_experts: int, future=No
     ints[NFRONT] = -1  # no walk under way
     ints[BYPASS], ints[SCAN], ints[MODE], ints[NUM_L], ints[NUM_E] = bypass, scan, mode, num_layers, num_experts
     ints[DEPTH] = depth
-    floats = np.array([decay, math.log(decay), min_confidence, check_carry_accuracy(carry_accuracy)], np.float64)
+    floats = np.array([decay, math.log(decay), min_confidence], np.float64)
     state = (np.asarray(ref._p, np.float64), np.zeros(K, np.int64), np.zeros(num_layers, np.int64),
              np.zeros(K, np.float64),  # rates, their stamps, visits per layer, z of residents
              np.zeros(capacity + 1, np.int64), np.full(K, -1, np.int64),  # heap of residents, position in it
@@ -183,30 +182,32 @@ def begin_call(p, st, c, keys):
 
 @nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the driver's compile short
 def _upcoming(p, c, layer, out):
-    """The oracle's keys for the next `depth` calls after c while the sweep goes on, then past its end the keys
-    carried into the next step's calls (placement.carry.CarriedHint), nearest first, each once; returns the count."""
+    """The oracle's keys for the next `depth` calls after c while the sweep goes on, then the keys carried into the
+    calls c + j inside the sweep (placement.carry.CarriedHint), nearest first, each once; returns the count."""
     ints, offsets, call_layer, predicted, mark = p[7], p[9], p[10], p[11], p[13]
     ints[STAMP] += 1  # a fresh mark: the keys below are the standing pending / predicted set
     stamp = ints[STAMP]
     n = 0
-    swept = True  # the oracle's sweep goes on (it stops at the first call that is not the next layer)
-    for j in range(1, ints[DEPTH] + 1):
-        if c + j >= call_layer.size:
+    reach = min(ints[DEPTH], ints[NUM_L] - 1 - layer, call_layer.size - 1 - c)  # distances inside the sweep
+    for j in range(1, reach + 1):
+        if call_layer[c + j] != layer + j:  # the oracle's sweep ends: the next token is unknown
             break
-        if layer + j < ints[NUM_L]:
-            swept = swept and call_layer[c + j] == layer + j
-            if not swept:
-                continue
-            row = predicted[0] if predicted.shape[0] == 1 else predicted[j - 1]
-            keys, lo, hi = row, offsets[c + j], offsets[c + j + 1]
-        else:  # past the sweep's end: the next token is unknown, the carry is not
-            keys, lo, hi = p[27], p[28][c + j], p[28][c + j + 1]
-        for i in range(lo, hi):
-            k = keys[i]
-            if mark[k] != stamp:
-                mark[k] = stamp
-                out[n] = k
-                n += 1
+        row = predicted[0] if predicted.shape[0] == 1 else predicted[j - 1]
+        n = _mark_keys(row, offsets[c + j], offsets[c + j + 1], mark, stamp, out, n)
+    for j in range(1, reach + 1):
+        n = _mark_keys(p[27], p[28][c + j], p[28][c + j + 1], mark, stamp, out, n)
+    return n
+
+
+@nb.njit(cache=True, inline="always")
+def _mark_keys(keys, lo, hi, mark, stamp, out, n):
+    """Append keys[lo:hi] not marked yet to out[n:]; returns the new count."""
+    for i in range(lo, hi):
+        k = keys[i]
+        if mark[k] != stamp:
+            mark[k] = stamp
+            out[n] = k
+            n += 1
     return n
 
 
@@ -220,20 +221,19 @@ def _take_hint(p, c, layer):
     ints[NPRED] = n
     stamp = ints[STAMP]
     seen, a_of, q_of, n_of = p[14], p[15], p[16], p[17]
-    L = ints[NUM_L]
-    reach = 0  # the furthest hinted layer's distance (the walk's bound; past the sweep's end the layers wrap)
+    reach = 0  # the furthest hinted layer's distance (the walk's bound)
     for i in range(n):
         hl = order[i] // E
         if seen[hl] != stamp:
             seen[hl] = stamp
             n_of[hl] = 0
         n_of[hl] += 1
-        reach = max(reach, (hl - layer - 1) % L + 1)
+        reach = max(reach, hl - layer)
     ints[REACH] = reach
     for j in range(1, reach + 1):  # once per hinted layer (the keys come layer by layer)
-        hl = (layer + j) % L
+        hl = layer + j
         if seen[hl] == stamp:
-            a = acc[j - 1] if layer + j < L else p[8][CARRY_ACC]
+            a = acc[j - 1]
             a_of[hl] = a
             q_of[hl] = min(1.0, n_of[hl] * (1 - a) / (E - 1))
 

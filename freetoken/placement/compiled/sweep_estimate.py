@@ -17,7 +17,7 @@ HEAP_N, LAYER, MOST_VISITS, BYPASS, SCAN, MODE, NUM_L, NUM_E, STAMP, DEPTH, NPRE
     NTOUCHED, NSCANNED = range(16)
 POWERS = 4096  # decay ** d tabled for d < POWERS (visits of a layer since a key's stamp)
 # floats
-DECAY, LOG_DECAY, MIN_CONF, CARRY_ACC = range(4)
+DECAY, LOG_DECAY, MIN_CONF = range(3)
 
 
 @nb.njit(cache=True)
