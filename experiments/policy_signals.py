@@ -115,13 +115,19 @@ def carry_table(frame) -> list[str]:
     out.append("")
     out += [f"- {p}: the carry closes {_signed(v)} of the gap ({len(v)} cells)" for p, v in closed.items()]
     little = all(abs(sum(v) / len(v)) < 0.05 for v in closed.values())
+    wider = [p for p, v in closed.items() if sum(v) / len(v) <= -0.05]
     out += [""] + (["The carry closes little or nothing: under 5% of the gap on average for each policy (negative: more "
                       "copies than without it)."] if little else [])
+    out += [f"The carry widens the gap on average for {', '.join(wider)}: it adds copies.", ""] if wider else []
     out += ["In the replay a rejected draft is another token of the same sequence drawn at random (sim/speculative.py),",
-            "so the carry names that sequence's usual experts, the ones the policies' use rates already keep; in",
-            "transfers a right prefetch only moves a copy earlier, a wrong one adds a copy. A drafter whose rejected",
-            "tokens route like the true next token (an MTP head, a near-miss draft) would carry more than this replay",
-            "can show; it stays a guess about the next step's tokens, not their routing."]
+            "so the carry names that sequence's usual experts, a guess about a different token's routing. Told next",
+            "to the router hint, inside the sweep, its extra keys are prefetched: lookahead prefetches and protects",
+            "every hinted key, so each wrong one adds a copy and holds a slot; hinted_sweep prefetches a key only",
+            "when its posterior reaches min_confidence, and the carry's extra names raise its layer's q (lowering",
+            "every named key's posterior), which holds back part of the wrong prefetches. A trace of one layer has",
+            "no layer inside the sweep to tell, so the carry changes nothing there. A drafter whose rejected tokens",
+            "route like the true next token (an MTP head, a near-miss draft) would carry more than this replay can",
+            "show; it stays a guess about the next step's tokens, not their routing."]
     return out + [""]
 
 

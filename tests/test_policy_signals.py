@@ -115,4 +115,5 @@ def test_carry_table_closes_the_gap_by_hand():
     assert "| t | 25% | draft 3 a=0.6 | 1.300 / 1.200 (+33.3%) | 1.100 / 1.133 (-33.3%) |" in text
     assert "- lookahead: the carry closes +33% on average (+33% to +33%) of the gap (1 cells)" in text
     assert "The carry closes little" not in text
+    assert "The carry widens the gap on average for hinted_sweep: it adds copies." in text  # -33%, lookahead +33%
     assert carry_table(frame) == []  # no carry rows, no section
