@@ -136,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
     draft = draft_config(args)
+    if draft is None and "carry=drafts" in [o.replace(" ", "") for o in args.policy_option]:
+        raise ValueError("--policy-option carry=drafts hands the rejected drafts to the policy: add --draft ngram")
     engine = build_engine(args)
     sampling = sampling_params(engine.generation_defaults, args.temperature, args.top_p, args.top_k,
                                greedy=args.greedy, seed=args.seed)
@@ -185,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         d = signals["draft"]
         sys.stderr.write(f"draft ngram depth {d['depth']}: {d['accepted']} of {d['drafted']} drafted tokens accepted "
                          f"({d['acceptance']:.1%}) in {d['verify_steps']} verify steps\n")
+        if d["carry_used"]:
+            told = f"; {d['carry_told']} keys told to the policy" if "carry_told" in d else ""
+            sys.stderr.write(f"drafts' carry: {d['carry_named']} of {d['carry_used']} experts of the verify steps "
+                             f"named by the step before's rejected drafts ({d['carry_accuracy']:.1%}){told}\n")
     if "hint_accuracy" in signals:
         acc = signals["hint_accuracy"]
         sys.stderr.write("router hint accuracy per layer (share of the true top-k predicted): "
@@ -200,7 +206,11 @@ def _signals(engine, draft) -> dict:
     if draft is not None:
         st = engine.draft_stats
         out["draft"] = {"method": draft.method, "depth": draft.depth, "verify_steps": st.verify_steps,
-                        "drafted": st.drafted, "accepted": st.accepted, "acceptance": st.acceptance}
+                        "drafted": st.drafted, "accepted": st.accepted, "acceptance": st.acceptance,
+                        "carry_used": st.carry_used, "carry_named": st.carry_named,
+                        "carry_accuracy": st.carry_accuracy}
+        if engine.cache.carry is not None:  # the policy reads the carry: the keys it added to the router hint's
+            out["draft"]["carry_told"] = engine.cache.policy.hint.told
     if engine.hinting and engine.recorder is not None:
         out["hint_accuracy"] = [None if a != a else float(a) for a in hint_accuracy(engine.trace())]
     return out

@@ -18,6 +18,7 @@ from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.placement import PREFILL, CacheConfig, PlacementPolicy, build_policy, make_call
+from freetoken.placement.carry import DRAFTS, LiveCarry
 from freetoken.placement.router_hint import ROUTER, LiveRouterHint
 
 
@@ -34,6 +35,7 @@ class ExpertCache:
         self.pool = SlotPool(self.capacity, staging, store, device)
         self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline, host)
         self.router_hint: LiveRouterHint | None = None  # the engine fills it before each call (hint="router")
+        self.carry: LiveCarry | None = None  # the engine fills it before each verify forward (carry="drafts")
         self.policy = self._new_policy()
         self.device_moe: DeviceMoE | None = None
         self.placement_line = self._place(placement, torch.device(device))
@@ -59,6 +61,12 @@ class ExpertCache:
         elif isinstance(config.options.get("hint"), str):
             raise ValueError(f"options: hint must be {ROUTER!r} (the engine's early router) or a hint object, got "
                              f"{config.options['hint']!r}")
+        if config.options.get("carry") == DRAFTS:  # the rejected drafts of the verify forward before, live
+            self.carry = LiveCarry(self.store.num_layers)
+            config = replace(config, options={**config.options, "carry": self.carry})
+        elif isinstance(config.options.get("carry"), str):
+            raise ValueError(f"options: carry must be {DRAFTS!r} (the rejected drafts of the verify forward before), "
+                             f"got {config.options['carry']!r}")
         policy = build_policy(config, self.store.num_layers, E)
         for key, slot in policy.slot_of.items():  # pinned warm start: resident before the first call
             self.pool.load(slot, self.store, *divmod(key, E))

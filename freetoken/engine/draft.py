@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from freetoken.placement.call import DECODE
+from freetoken.placement.callstream import make_call
+
 DRAFTERS = ("ngram",)
 
 
@@ -66,20 +69,23 @@ class DraftStats:
     def carry_accuracy(self) -> float:
         return self.carry_named / self.carry_used if self.carry_used else 0.0
 
-    def tally_carry(self, carried: list[set[int]] | None, experts: np.ndarray) -> None:
+    def tally_carry(self, carried: list[list[int]] | None, experts: np.ndarray) -> None:
         """Score the carry of the forward before against this verify forward's experts [T, L, K], layer by layer."""
         for layer, named in enumerate(carried or []):
             if named:
                 used = set(experts[:, layer].ravel().tolist())
                 self.carry_used += len(used)
-                self.carry_named += len(used & named)
+                self.carry_named += len(used & set(named))
 
 
-def rejected_experts(experts: np.ndarray, marks: list[int]) -> list[set[int]]:
+def rejected_experts(experts: np.ndarray, marks: list[int]) -> list[list[int]]:
     """experts [T, L, K] of a verify forward, marks [T] (2: a rejected draft) -> per layer its rejected drafts'
-    experts: the carry into the next verify forward."""
+    experts, merged as a call merges its tokens' (first use order, sim/carry.py's order): the carry into the next
+    verify forward."""
     rows = experts[np.asarray(marks) == 2]  # [R, L, K]
-    return [set(rows[:, layer].ravel().tolist()) for layer in range(experts.shape[1])]
+    if not len(rows):
+        return [[] for _ in range(experts.shape[1])]
+    return [make_call(layer, rows[:, layer], DECODE).experts for layer in range(experts.shape[1])]
 
 
 def accepted_prefix(draft: list[int], chosen: list[int]) -> int:

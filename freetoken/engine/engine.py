@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
@@ -96,6 +97,9 @@ class Engine:
         self.draft_stats = DraftStats()
         self._turns: dict[int, int] = {}
         self._phase, self._request = PREFILL, 0
+        self._routed: list[np.ndarray] = []  # [T, K] per MoE layer of the current forward (carry, unrecorded)
+        if self.cache.carry is not None and self.cache.device_moe is not None:
+            raise ValueError("options: carry='drafts' runs on the host placement path: use placement 'auto' or 'host'")
         self.graphs = MoEGraphs(self._moe_device, self.device, self.host) if self.cache.device_moe is not None else None
         self.decode_line = decode_line(self.cache, self.graphs, eager)
         if eager or (self.graphs is not None and self.graphs.reason(self.cache) is not None):
@@ -131,6 +135,8 @@ class Engine:
         ids_host = ids.cpu().numpy()
         self.host.syncs += 1
         self.host.copies += 1
+        if self.cache.carry is not None and self.recorder is None:  # the verify forward's routing, for the carry
+            self._routed.append(ids_host)
         if self.recorder is not None:
             self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())
             self.host.syncs += 1
@@ -259,6 +265,9 @@ class Engine:
         sampler = Sampler(sampling or SamplingParams())
         if draft is not None and not sampler.params.is_greedy:
             raise ValueError("draft: verification keeps the tokens greedy decoding would choose; use greedy sampling")
+        if draft is None and self.cache.carry is not None:
+            raise ValueError("options: carry='drafts' hands the rejected drafts to the policy; it needs drafting "
+                             "(generate's draft=, ft generate --draft ngram)")
         if draft is not None and self.config.linear_attention is not None:
             raise ValueError("draft: a recurrent (linear-attention) state cannot drop rejected draft tokens")
         turn = self._turns.get(request, -1) + 1
@@ -282,24 +291,35 @@ class Engine:
         """Greedy decoding in verify steps: the last token and up to d drafted ones in one forward; the drafts the
         model agrees with are kept, then its own next token. Rejected drafts leave the KV cache; their routing
         stays in the trace (field draft = 2), as the verify call routed them."""
+        carry = self.cache.carry  # the policy's live carry (carry="drafts"), else None
+        if carry is not None:
+            carry.set(None)  # prefill carries nothing
         token = sampler(self.prefill(prompt, kv, start, request, turn)[-1])
         n = 1
         yield token
-        carried = None  # per layer: the last verify forward's rejected drafts' experts (recorded runs: tallied)
+        carried = None  # per layer: the last verify forward's rejected drafts' experts (a sequence's first: none)
+        E = self.config.num_experts
         while token not in stops and n < max_tokens:
             t0 = time.perf_counter()
             proposal = ngram_draft(kv.tokens + [token], min(draft.depth, max_tokens - n - 1), draft.max_ngram,
                                    draft.min_ngram)
+            if carry is not None:
+                carry.set([[layer * E + e for e in ids] for layer, ids in enumerate(carried)] if carried else None)
+            self._routed = []
             logits = self.forward([token] + proposal, kv, kv.length, DECODE, request, turn, all_logits=True)
+            if carry is not None:
+                carry.set(None)  # only this verify forward reads it
             chosen = [sampler(row) for row in logits]  # [1 + d]: the model's token after each prefix
             kept = accepted_prefix(proposal, chosen)
             kv.truncate(kv.length - (len(proposal) - kept))
             st = self.draft_stats
+            marks = [0] + [1] * kept + [2] * (len(proposal) - kept)
             if self.recorder is not None:
-                marks = [0] + [1] * kept + [2] * (len(proposal) - kept)
                 self.recorder.mark_draft(marks)
-                st.tally_carry(carried, self.recorder.last_experts)
-                carried = rejected_experts(self.recorder.last_experts, marks)
+            experts = self._verify_experts()  # [1 + d, L, K], None: not kept
+            if experts is not None:
+                st.tally_carry(carried, experts)
+                carried = rejected_experts(experts, marks)
             st.verify_steps, st.drafted, st.accepted = st.verify_steps + 1, st.drafted + len(proposal), st.accepted + kept
             self._sync()
             self.stats.decode_tokens += kept + 1
@@ -310,6 +330,12 @@ class Engine:
                 if token in stops or n == max_tokens:
                     kv.truncate(kv.length - (kept - j))  # hold what plain decoding would: all but the last token
                     return
+
+    def _verify_experts(self) -> np.ndarray | None:
+        """[T, L, K] the routing of the forward that just ended: the recorder's, else what _moe kept for the carry."""
+        if self.recorder is not None:
+            return self.recorder.last_experts
+        return np.stack(self._routed, axis=1) if self.cache.carry is not None else None
 
     def default_stop_ids(self) -> set[int]:
         """config.json's eos ids, generation_config.json's (what HF generate stops at) and the tokenizer's."""

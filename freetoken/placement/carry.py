@@ -57,6 +57,7 @@ class CarriedHint:
         if self.live is None:
             self._keys, self._offsets = carry.keys.tolist(), carry.offsets.tolist()
         self._call = 0
+        self.told = 0  # carried keys told that the policy's own hint had not named
 
     def _carried(self, c: int, j: int, layer: int) -> list[int]:
         """The keys carried into call c + j (of layer `layer`)."""
@@ -83,4 +84,5 @@ class CarriedHint:
                 if key not in seen:
                     seen.add(key)
                     out.append(key)
+                    self.told += 1
         return out

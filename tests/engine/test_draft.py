@@ -170,3 +170,71 @@ def test_carry_tally_live_equals_the_recorded_trace(checkpoints, tmp_path):
     st = drafted.draft_stats
     assert (st.carry_used, st.carry_named) == carry_tally(trace, recorded_steps(trace, 3))
     assert st.carry_used > 0 and st.carry_accuracy == st.carry_named / st.carry_used
+
+
+@pytest.mark.parametrize("policy", ["lookahead", "hinted_sweep"])
+def test_live_carry_makes_the_replayed_plans(policy, checkpoints, tmp_path):
+    """carry="drafts" live: before each verify forward the engine hands the policy the rejected drafts' experts of
+    the verify forward before, per layer. The replay of the recorded trace (its verify calls, the recorded router
+    hint, the carry sim.carry builds from the draft field) makes the live Plans and tells the same carried keys; an
+    engine that records nothing hands the same carry."""
+    from freetoken.sim.calls import steps_stream
+    from freetoken.sim.carry import carry_stream, recorded_steps
+
+    split = Split("offload")
+    opts = {"hint": "router", "carry": "drafts"} | ({"min_confidence": 0.5} if policy == "hinted_sweep" else {})
+    cache = CacheConfig(policy, capacity=5, split=split, options=opts)
+    runs = [Engine(checkpoints["qwen3_moe"], cache, kernels="reference", device="cpu", prefill_chunk=3,
+                   keep_plans=True, record=record) for record in (True, False)]
+    for engine in runs:
+        list(engine.generate(REPEATING, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[], draft=DraftConfig(depth=3)))
+    live, unrecorded = runs
+    trace = load(save(live.trace(), tmp_path / "carry.safetensors"))
+    steps = recorded_steps(trace, 3)
+    sim_opts = {k: v for k, v in opts.items() if k not in ("hint", "carry")}
+    pol = make_policy(policy, 5, trace.num_layers, trace.num_experts, hint=RecordedHint(trace, 3),
+                      carry=carry_stream(trace, steps), **sim_opts)
+    calls = list(steps_stream(trace, steps).calls())
+    sim = replay(calls, pol, split, keep_plans=True)
+    assert sim.plans == live.cache.plans == unrecorded.cache.plans
+    if policy == "lookahead":  # here the carry changes its decisions (hinted_sweep's do not on this tiny model)
+        plain = make_policy(policy, 5, trace.num_layers, trace.num_experts, hint=RecordedHint(trace, 3), **sim_opts)
+        assert replay(calls, plain, split, keep_plans=True).plans != sim.plans
+    told = live.cache.policy.hint.told
+    assert told > 0 and pol.hint.told == told == unrecorded.cache.policy.hint.told  # the carry named keys
+    assert live.draft_stats.carry_used > 0
+
+
+def test_live_carry_needs_drafting(checkpoints):
+    cache = CacheConfig("lookahead", capacity=5, options={"hint": "router", "carry": "drafts"})
+    engine = Engine(checkpoints["qwen3_moe"], cache, kernels="reference", device="cpu")
+    with pytest.raises(ValueError) as e:
+        engine.generate(REPEATING, GREEDY, max_tokens=4)
+    assert "options: carry='drafts'" in str(e.value) and "draft" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="options: carry must be 'drafts'"):
+        Engine(checkpoints["qwen3_moe"], CacheConfig("lookahead", capacity=5, options={"hint": "router",
+                                                                                      "carry": "draft"}),
+               kernels="reference", device="cpu")
+
+
+def test_ft_generate_live_carry(capsys, tmp_path):
+    """ft generate with --policy-option carry=drafts: the reported carry tally is the recorded trace's (sim.carry)
+    and the policy was told carried keys; without --draft one line names the option."""
+    import json
+
+    from freetoken.cli import main
+    from freetoken.defaults import DEFAULT_PREFILL_CHUNK
+    from freetoken.sim.carry import carry_tally, recorded_steps
+
+    base = ["generate", "--token-ids", ",".join(map(str, REPEATING)), "--greedy", "--max-tokens", "16", "--json",
+            "--kernels", "reference", "--device", "cpu", "--capacity", "6", "--stop-token-ids", "", "--policy",
+            "lookahead", "--policy-option", "hint=router", "--policy-option", "carry=drafts"]
+    trace_file = tmp_path / "c.safetensors"
+    assert main(base + ["--draft", "ngram", "--draft-depth", "3", "--record-trace", str(trace_file)]) == 0
+    d = json.loads(capsys.readouterr().out)["draft"]
+    trace = load(trace_file)
+    assert (d["carry_used"], d["carry_named"]) == carry_tally(trace, recorded_steps(trace, DEFAULT_PREFILL_CHUNK))
+    assert d["carry_used"] > 0 and d["carry_told"] > 0
+    assert main(base) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--policy-option carry=drafts" in err[0] and "--draft ngram" in err[0]
