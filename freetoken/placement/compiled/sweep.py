@@ -31,7 +31,7 @@ from freetoken.placement.compiled.sweep_estimate import (
     BYPASS, DEPTH, HEAP_N, HINTED, LAYER, LOG_DECAY, LOOKAHEAD, MIN_CONF, MODE, MODES, MOST_VISITS, NFOUND,
     NFRONT, NPRED, NSCANNED, NTOUCHED, NUM_E, NUM_L, POWERS, REACH, SCAN, STAMP, SWEEP, _FLOOR, _posterior, _powers,
     _sweep_wait, _use, _wait)
-from freetoken.placement.carry import check_carry
+from freetoken.placement.carry import LiveCarry, check_carry
 from freetoken.placement.layer_sweep import _SLACK
 
 
@@ -106,6 +106,8 @@ def _carry_arrays(name: str, carry, calls: int) -> tuple[np.ndarray, np.ndarray]
     if carry is None:
         return np.zeros(0, np.int64), np.zeros(calls + 1, np.int64)
     carry = check_carry(carry, name)
+    if isinstance(carry, LiveCarry):
+        raise ValueError(f"{name}: a live carry runs in the interpreted class (make_policy picks it)")
     if carry.num_calls != calls:
         raise ValueError(f"{name}: the carry holds {carry.num_calls} calls, the future {calls}")
     return np.ascontiguousarray(carry.keys, np.int64), np.ascontiguousarray(carry.offsets, np.int64)
