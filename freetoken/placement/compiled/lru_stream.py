@@ -17,6 +17,11 @@ offload call of at most SMALL keys skips the marking pass: an entry is protected
 the call or among its remaining keys. The list is read into the queue on entry and rebuilt from it on the way out
 (O(keys) per chunk), so plan() and the generic driver continue from the same state (mark included).
 
+The loop writes the log columns that vary (hits, evictions; cpu unless offload; hit and all tokens in prefill) and
+_fill derives the rest after it, in a pass without branches on the decisions (a store per column and call cost ~10%
+of the loop). A decode call is one token, so each key's token count is 1 (CallStream's invariant, and how
+sim.replay.replay logs it): the loop reads tokens only in prefill calls.
+
 Loaded like the drivers (specialise.stream_for): a copy named by this package's source digest, so an edit to lru.py
 or split.py recompiles it. Same signature as driver.replay_calls; flags are LRU's (admits, nothing else).
 """
@@ -25,6 +30,7 @@ from numba import njit
 from numba import uint64 as U64
 
 from freetoken.placement.compiled.base import CALLS, CLOCK, NFREE, STAMP
+from freetoken.placement.compiled.linked import append
 from freetoken.placement.compiled.split import choose
 
 PREFILL = 0
@@ -67,7 +73,7 @@ def _push(queue, pos, head, tail, key):
 def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
     """Calls c0..c1-1; log [8, C] columns as driver.replay_calls. With log [10, C], rows 8 and 9 get each call's
     distinct experts and (token, expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits,
-    cpu, evictions and cpu tokens over these calls (their totals without a pass over the log)."""
+    cpu, evictions and cpu tokens over these calls (summed by _fill, so sim.replay needs no pass over the log)."""
     if split[0] == 0:  # offload: every miss fetched, whatever the other fields say (a copy with the split folded)
         return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, True)
     return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, False)
@@ -93,8 +99,6 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         tail += 1
         k = U64(nxt[k])
     base_admits = flags[0] != 0 and capacity > 0
-    sums = log.shape[0] > 8
-    total_h = total_u = total_ne = total_ut = 0
     hi = offsets[c0]
     for c in range(c0, c1):
         lo, hi = hi, offsets[U64(c + 1)]
@@ -116,16 +120,18 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
                     miss[m] = i - lo
                     m += 1
             choose(split, keys[lo:hi], tokens[lo:hi], last_use, miss, m, slot_of.size, kind, rank, order)
-        admits = base_admits and (admit_prefill or phase[U64(c)] != PREFILL)
-        h = u = ht = ut = tt = ne = 0  # fetched = size - h - u, fetch tokens = tt - ht - ut
+        decode = phase[U64(c)] != PREFILL
+        admits = base_admits and (admit_prefill or decode)
+        h = u = ht = ut = tt = ne = 0  # decode: tokens not read (each key's count is 1, see _fill)
         for i in range(lo, hi):
             key = U64(keys[i])
-            t = tokens[i]
-            tt += t
-            if slot_of[key] >= 0:  # hit: to the back
+            t = 0
+            if not decode:
+                t = tokens[i]
+                tt += t
+            if slot_of[key] >= 0:  # hit
                 h += 1
                 ht += t
-                head, tail = _push(queue, pos, head, tail, key)
             elif offload or kind[i - lo] == 1:
                 if admits:
                     s = -1
@@ -152,29 +158,24 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
                     if s >= 0:
                         slot_of[key] = s
                         key_of_slot[U64(s)] = key
-                        head, tail = _push(queue, pos, head, tail, key)
             else:
                 u += 1
                 ut += t
+            if slot_of[key] >= 0:  # resident now (hit or admitted): to the back, one push for both
+                head, tail = _push(queue, pos, head, tail, key)
             mark[key] = stamp  # (already, unless scan)
             last_use[key] = now
             now += 1
-        total_h += h
-        total_u += u
-        total_ne += ne
-        total_ut += ut
         cu = U64(c)
         log[0, cu] = h
-        log[1, cu] = hi - lo - h - u
-        log[2, cu] = u
         log[3, cu] = ne
-        log[4, cu] = 0
-        log[5, cu] = ht
-        log[6, cu] = tt - ht - ut
-        log[7, cu] = ut
-        if sums:
-            log[8, cu] = hi - lo
-            log[9, cu] = tt
+        if not offload:
+            log[2, cu] = u
+        if not decode:
+            log[5, cu] = ht
+            log[6, cu] = tt  # the call's tokens, until _fill
+            if not offload:
+                log[7, cu] = ut
     ints[CLOCK], ints[NFREE], ints[STAMP] = now, nfree, stamp
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
@@ -183,13 +184,42 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         nxt[key] = prv[key] = sentinel
         if slot_of[key] >= 0:
             held[key // E] += 1
-    last = sentinel
+    nxt[sentinel] = prv[sentinel] = sentinel
     for j in range(head, tail):  # the live entries, least recent first, as the list
         k = U64(queue[j])
         if pos[k] == j:
-            nxt[last] = k
-            prv[k] = last
-            last = k
-    nxt[last] = sentinel
-    prv[sentinel] = last
+            append(nxt, prv, sentinel, k)
+    return _fill(offsets, phase, c0, c1, log, offload)
+
+
+@njit(cache=True, inline="always")
+def _fill(offsets, phase, c0, c1, log, offload):
+    """The log columns the loop leaves, from those it wrote (hits, evictions; cpu unless offload; hit and all tokens
+    in prefill) or constant; returns the sums of hits, cpu, evictions and cpu tokens. A decode call is one token, so
+    each key's count is 1 (as sim.replay.replay logs it): its token columns are its expert counts."""
+    sums = log.shape[0] > 8
+    total_h = total_u = total_ne = total_ut = 0
+    for c in range(c0, c1):
+        cu = U64(c)
+        n = offsets[U64(c + 1)] - offsets[cu]
+        h = log[0, cu]
+        u = 0 if offload else log[2, cu]
+        if phase[cu] != PREFILL:
+            ht, ut, tt = h, u, n
+            log[5, cu] = h
+        else:
+            ht, tt = log[5, cu], log[6, cu]
+            ut = 0 if offload else log[7, cu]
+        log[1, cu] = n - h - u
+        log[2, cu] = u
+        log[4, cu] = 0
+        log[6, cu] = tt - ht - ut
+        log[7, cu] = ut
+        if sums:
+            log[8, cu] = n
+            log[9, cu] = tt
+        total_h += h
+        total_u += u
+        total_ne += log[3, cu]
+        total_ut += ut
     return total_h, total_u, total_ne, total_ut
