@@ -119,7 +119,8 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
         np.subtract(stream.offsets[1:], stream.offsets[:-1], out=counts[8])
         np.add(counts[5], counts[6], out=counts[9])
         np.add(counts[9], counts[7], out=counts[9])
-    log = ReplayLog(stream.layer, stream.phase.astype(np.int64), stream.request, counts[8], counts[9], *counts[:8])
+    # layer, phase, request: the stream's own columns (phase stays int8: its readers compare it, ~2 us saved)
+    log = ReplayLog(stream.layer, stream.phase, stream.request, counts[8], counts[9], *counts[:8])
     return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes,
                         summed=summed, streamed=streamed)
 
