@@ -18,10 +18,9 @@ key is among the call's keys, and from this call if among those before the acces
 on entry and rebuilt from it on the way out (O(keys) per chunk), so plan() and the generic driver continue from the
 same state (mark included).
 
-The loop writes the log columns that vary (hits, evictions; cpu unless offload; hit and all tokens in prefill) and
-_fill derives the rest after it, in a pass without branches on the decisions (the per-call stores and token sums had
-cost ~10% of the loop). A decode call is one token, so each key's token count is 1 (CallStream's invariant, and how
-sim.replay.replay logs it): the loop reads tokens only in prefill calls. The offload and other-split copies are
+The loop writes the log columns that vary (hits, evictions, hit tokens, the call's tokens; cpu and cpu tokens
+unless offload) and _fill derives the rest after it (fetched, fetch tokens, the constant prefetched, rows 8 and 9)
+in a pass without branches on the decisions, summing the totals there too. The offload and other-split copies are
 compiled as functions of their own (~3% on the offload loop: fewer spills than both inlined in one).
 
 Loaded like the drivers (specialise.stream_for): a copy named by this package's source digest, so an edit to lru.py
@@ -132,15 +131,12 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
                     miss[m] = i - lo
                     m += 1
             choose(split, keys[lo:hi], tokens[lo:hi], last_use, miss, m, slot_of.size, kind, rank, order)
-        decode = phase[U64(c)] != PREFILL
-        admits = base_admits and (admit_prefill or decode)
-        h = u = ht = ut = tt = ne = 0  # decode: tokens not read (each key's count is 1, see _fill)
+        admits = base_admits and (admit_prefill or phase[U64(c)] != PREFILL)
+        h = u = ht = ut = tt = ne = 0  # fetched = size - h - u, fetch tokens = tt - ht - ut (_fill)
         for i in range(lo, hi):
             key = U64(keys[U64(i)])
-            t = 0
-            if not decode:
-                t = tokens[U64(i)]
-                tt += t
+            t = tokens[U64(i)]
+            tt += t
             if slot_of[key] >= 0:  # hit
                 h += 1
                 ht += t
@@ -181,13 +177,11 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         cu = U64(c)
         log[0, cu] = h
         log[3, cu] = ne
-        if not offload:
+        log[5, cu] = ht
+        log[6, cu] = tt  # the call's tokens, until _fill
+        if not offload:  # (offload: both 0, written by _fill)
             log[2, cu] = u
-        if not decode:
-            log[5, cu] = ht
-            log[6, cu] = tt  # the call's tokens, until _fill
-            if not offload:
-                log[7, cu] = ut
+            log[7, cu] = ut
     ints[CLOCK], ints[NFREE], ints[STAMP] = now, nfree, stamp
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
@@ -201,14 +195,13 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         k = U64(queue[j])
         if pos[k] == j:
             append(nxt, prv, sentinel, k)
-    return _fill(offsets, phase, c0, c1, log, offload)
+    return _fill(offsets, c0, c1, log, offload)
 
 
 @njit(cache=True, inline="always")
-def _fill(offsets, phase, c0, c1, log, offload):
-    """The log columns the loop leaves, from those it wrote (hits, evictions; cpu unless offload; hit and all tokens
-    in prefill) or constant; returns the sums of hits, cpu, evictions and cpu tokens. A decode call is one token, so
-    each key's count is 1 (as sim.replay.replay logs it): its token columns are its expert counts."""
+def _fill(offsets, c0, c1, log, offload):
+    """The log columns the loop leaves (fetched, prefetched, fetch tokens; cpu and cpu tokens under offload; rows 8
+    and 9 of a log [10, C]), from those it wrote; returns the sums of hits, cpu, evictions and cpu tokens."""
     sums = log.shape[0] > 8
     total_h = total_u = total_ne = total_ut = 0
     for c in range(c0, c1):
@@ -216,12 +209,8 @@ def _fill(offsets, phase, c0, c1, log, offload):
         n = offsets[U64(c + 1)] - offsets[cu]
         h = log[0, cu]
         u = 0 if offload else log[2, cu]
-        if phase[cu] != PREFILL:
-            ht, ut, tt = h, u, n
-            log[5, cu] = h
-        else:
-            ht, tt = log[5, cu], log[6, cu]
-            ut = 0 if offload else log[7, cu]
+        ht, tt = log[5, cu], log[6, cu]
+        ut = 0 if offload else log[7, cu]
         log[1, cu] = n - h - u
         log[2, cu] = u
         log[4, cu] = 0
