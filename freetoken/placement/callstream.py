@@ -146,6 +146,10 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
     lo, hi = segments_of(request, turn, phase)
     prefill = np.asarray(phase)[lo] == PREFILL if lo.size else np.zeros(0, bool)
     _, L, K = experts.shape
+    widest = min(int(prefill_chunk), int((hi - lo).max())) if lo.size else 0  # tokens of the largest call
+    if widest * K >= 2 ** 31:  # a call's pairs fit 31 bits (lru_stream packs two counts in an int64)
+        raise ValueError(f"prefill_chunk {prefill_chunk}: a call of {widest} tokens x top-k {K} would route 2^31 "
+                         f"(token, expert) pairs or more")
     C, bound = _sizes(lo, hi, prefill, int(prefill_chunk), L, int(num_experts), K)
     keys, tokens = np.empty(bound, KEY_DTYPE), np.empty(bound, KEY_DTYPE)
     offsets, layer, seg = np.empty(C + 1, np.int64), np.empty(C, np.int64), np.empty(C, np.int64)
