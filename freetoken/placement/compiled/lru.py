@@ -11,13 +11,12 @@ from freetoken.placement.compiled.base import (admission_order, begin_call, is_p
                                                on_prefetch, prefetch_for, observe_call)
 from freetoken.placement.compiled.linked import append, unlink
 from freetoken.placement.compiled.setup import Setup
+from freetoken.placement.lru import check_scope, layer_quotas
 
 
 def setup(name: str, capacity: int, num_layers: int, num_experts: int, scope: str = "unified", split: str = "equal",
           profile=None) -> Setup:
     """The reference's validation and quotas (placement.lru), without building the reference."""
-    from freetoken.placement.lru import check_scope, layer_quotas
-
     per_layer = check_scope(scope) == "per_layer"
     quota = ()  # read by scope per_layer only; a profile split still checks its profile, as the reference does
     if per_layer or split != "equal":

@@ -60,7 +60,8 @@ class CompiledPolicy(PlacementPolicy):
     def __init__(self, name: str, capacity: int, num_layers: int, num_experts: int, **options):
         check_size(capacity, num_layers, num_experts)
         module = COMPILED[name]
-        s = importlib.import_module(module).setup(name, capacity, num_layers, num_experts, **options)
+        hooks = sys.modules.get(module) or importlib.import_module(module)  # (import_module alone: ~0.4 us)
+        s = hooks.setup(name, capacity, num_layers, num_experts, **options)
         self.name, self.capacity, self.num_layers, self.num_experts = name, capacity, num_layers, num_experts
         self.admits = s.admits
         self.state = s.state
