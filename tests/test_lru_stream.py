@@ -61,3 +61,24 @@ def test_real_traces(name):
 def test_per_layer_scope_keeps_the_generic_driver():
     pol = make_policy("lru", 4, 2, 4, scope="per_layer")
     assert pol._stream[0] == "freetoken.placement.compiled.lru"
+
+
+def test_verify_calls_count_their_tokens():
+    """A speculative verify call is a decode call of d + 1 tokens: its keys' counts exceed 1, and the stream
+    replay must read them (the generic driver's token columns), not take a decode call as one token."""
+    from freetoken.sim.batch import Speculation
+    from freetoken.sim.speculative import speculative_steps, steps_stream
+
+    trace = synthetic(0, T=48)
+    stream = steps_stream(trace, speculative_steps(trace, Speculation(3, 0.7), 5, seed=1))
+    decode = np.repeat(stream.phase == 1, np.diff(stream.offsets))
+    assert stream.tokens[decode].max() > 1  # the case under test is present
+    C, L, E = stream.num_calls, trace.num_layers, trace.num_experts
+    for split in ("offload", "balanced-most_tokens"):
+        for capacity in capacities(trace, stream):
+            fast, generic = make_policy("lru", capacity, L, E), make_policy("lru", capacity, L, E)
+            log_fast, log_generic = np.full((8, C), -7, np.int64), np.full((8, C), -7, np.int64)
+            fast.replay(stream, SPLITS[split], 0, C, log_fast)
+            generic.replay(stream, SPLITS[split], 0, C, log_generic, generic=True)
+            assert np.array_equal(log_fast, log_generic), (split, capacity)
+            assert log_fast[5:8].sum() == stream.tokens.sum()  # every (token, expert) pair in one lane

@@ -83,7 +83,8 @@ def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets
 class CallStream:
     """Every call of a run as columns. keys [N] int32, tokens [N] int32 (a key < layers x experts, a count <= a
     chunk's pairs: int32 halves the largest arrays of a replay), offsets [C + 1] int64; per call: layer, phase,
-    request [C]."""
+    request [C]. num_layers: the layers it was built over (each chunk or token has a call on every one), so a replay
+    checks its layers without a pass over `layer`."""
 
     keys: np.ndarray
     tokens: np.ndarray
@@ -92,6 +93,7 @@ class CallStream:
     phase: np.ndarray
     request: np.ndarray
     num_experts: int
+    num_layers: int
 
     @property
     def num_calls(self) -> int:
@@ -144,6 +146,10 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
     lo, hi = segments_of(request, turn, phase)
     prefill = np.asarray(phase)[lo] == PREFILL if lo.size else np.zeros(0, bool)
     _, L, K = experts.shape
+    widest = min(int(prefill_chunk), int((hi - lo).max())) if lo.size else 0  # tokens of the largest call
+    if widest * K >= 2 ** 31:  # a call's pairs fit 31 bits (lru_stream packs two counts in an int64)
+        raise ValueError(f"prefill_chunk {prefill_chunk}: a call of {widest} tokens x top-k {K} would route 2^31 "
+                         f"(token, expert) pairs or more")
     C, bound = _sizes(lo, hi, prefill, int(prefill_chunk), L, int(num_experts), K)
     keys, tokens = np.empty(bound, KEY_DTYPE), np.empty(bound, KEY_DTYPE)
     offsets, layer, seg = np.empty(C + 1, np.int64), np.empty(C, np.int64), np.empty(C, np.int64)
@@ -151,7 +157,7 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
     keys.resize(N, refcheck=False)  # the bound's unused tail given back (a shrinking realloc, no copy)
     tokens.resize(N, refcheck=False)
     return CallStream(keys, tokens, offsets, layer, np.where(prefill[seg], PREFILL, DECODE).astype(np.int8),
-                      np.asarray(request, np.int64)[lo][seg], int(num_experts))
+                      np.asarray(request, np.int64)[lo][seg], int(num_experts), int(L))
 
 
 def make_call(layer: int, topk: np.ndarray, phase: int, request: int = 0) -> Call:

@@ -11,19 +11,22 @@ from freetoken.placement.compiled.base import (admission_order, begin_call, is_p
                                                on_prefetch, prefetch_for, observe_call)
 from freetoken.placement.compiled.linked import append, unlink
 from freetoken.placement.compiled.setup import Setup
+from freetoken.placement.lru import check_scope, layer_quotas
 
 
 def setup(name: str, capacity: int, num_layers: int, num_experts: int, scope: str = "unified", split: str = "equal",
           profile=None) -> Setup:
     """The reference's validation and quotas (placement.lru), without building the reference."""
-    from freetoken.placement.lru import check_scope, layer_quotas
-
     per_layer = check_scope(scope) == "per_layer"
-    quota = layer_quotas(capacity, num_layers, num_experts, split, profile)
+    quota = ()  # read by scope per_layer only; a profile split still checks its profile, as the reference does
+    if per_layer or split != "equal":
+        quota = layer_quotas(capacity, num_layers, num_experts, split, profile)
     K = num_layers * num_experts
-    nxt = np.full(K + 1, K, np.int64)  # index K: the sentinel; nxt[K] = head, prv[K] = tail
-    return Setup((nxt, nxt.copy(), np.zeros(num_layers, np.int64), np.array(quota, np.int64),
-                  np.array([per_layer, num_experts], np.int64)), stream="lru_stream.py" if not per_layer else None)
+    nxt, prv = np.empty(K + 1, np.int64), np.empty(K + 1, np.int64)  # index K: the sentinel; nxt[K] = head,
+    nxt.fill(K)  # prv[K] = tail
+    prv.fill(K)
+    return Setup((nxt, prv, np.zeros(num_layers, np.int64), np.array(quota, np.int64),
+                  np.array([per_layer, num_experts], np.int64)), stream=None if per_layer else "lru_stream.py")
 
 
 @nb.njit(cache=True, inline="always")
