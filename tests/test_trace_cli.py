@@ -259,3 +259,52 @@ def test_mixtral_log_imports_as_decode_and_says_so(shared_traces, tmp_path, caps
     granite = shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json"
     assert main(["trace", "import", str(granite), str(out), "--phase", "decode"]) == 2
     assert "--phase applies to the mixtral_jsonl format" in capsys.readouterr().err
+
+
+SYNTH = ["--layers", "2", "--experts", "4", "--top-k", "1", "--tokens", "9"]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_synth_output_under_a_file_names_that_file(tmp_path, capsys):
+    (tmp_path / "notes").write_text("mine\n")
+    out = tmp_path / "notes" / "t.safetensors"
+    assert main(["trace", "synth", str(out)] + SYNTH) == 2
+    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write ({tmp_path / 'notes'} is a file, not a folder)"
+    assert (tmp_path / "notes").read_text() == "mine\n"
+
+
+def test_synth_in_a_folder_it_may_not_write_names_the_output_not_a_temp_file(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    def refuse(prefix, suffix, dir):
+        raise PermissionError(13, "Permission denied", f"{dir}/{prefix}abc{suffix}")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", "synth", str(out)] + SYNTH) == 2
+    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (Permission denied)"
+
+
+def test_synth_interrupted_write_keeps_the_old_trace_whole_and_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import safetensors.numpy
+
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", "synth", str(out)] + SYNTH) == 0
+    before = out.read_bytes()
+
+    def disk_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"half a header")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    assert main(["trace", "synth", str(out), "--seed", "5"] + SYNTH) == 2
+    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (No space left on device)"
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
