@@ -129,12 +129,14 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from freetoken.cli.common import print_json
+    from freetoken.cli.common import check_output, print_json
     from freetoken.engine.sampling import sampling_params
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.record_trace:
+        check_output(args.record_trace, "--record-trace")
     draft = draft_config(args)
     engine = build_engine(args)
     sampling = sampling_params(engine.generation_defaults, args.temperature, args.top_p, args.top_k,

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from freetoken.cli.common import LazyChoices, print_json, progress
+from freetoken.cli.common import LazyChoices, check_output, print_json, progress
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK
 
 if TYPE_CHECKING:
@@ -207,8 +207,7 @@ def _load_any(path: str) -> RoutingTrace:
 def _check_out(out: str) -> None:
     if not out.endswith(".safetensors"):
         raise ValueError(f"{out}: the output trace must be a .safetensors file")
-    if Path(out).is_dir():
-        raise ValueError(f"{out}: is a directory")
+    check_output(out, "")
 
 
 def _shape_line(trace: RoutingTrace) -> str:

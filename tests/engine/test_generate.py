@@ -114,6 +114,19 @@ def test_ft_generate_bad_input(capsys, argv, message):
     assert len(err) == 1 and message in err[0]
 
 
+def test_ft_generate_record_trace_path_mistakes_are_named_before_the_run(capsys, tmp_path):
+    """A folder, or a file where a folder should be: one line naming the flag and path, before the model loads
+    (the run's output is not lost to a save that was bound to fail)."""
+    from freetoken.cli import main
+
+    (tmp_path / "notes").write_text("mine\n")
+    for path, why in ((tmp_path, "it is a folder; give a file name"),
+                      (tmp_path / "notes" / "t.safetensors", f"{tmp_path / 'notes'} is a file, not a folder")):
+        assert main(["generate", "--kernels", "reference", "--device", "cpu", "--record-trace", str(path)]) == 2
+        assert capsys.readouterr().err == f"ft generate: error: --record-trace {path}: cannot write ({why})\n"
+    assert (tmp_path / "notes").read_text() == "mine\n"
+
+
 def test_demo_build_is_deterministic_and_small(tmp_path):
     from safetensors.torch import load_file
 
