@@ -136,6 +136,7 @@ def test_unknown_group_option_names_the_group(overrides, message):
     ({"cache.fraction": 0.0}, "cache.fraction must lie in (0, 1], got 0.0"),
     ({"cache.capacity": 4}, "give exactly one of cache.fraction or cache.capacity"),
     ({"policy.options.n_cpu_layers": 1}, "policy.options: lru takes no option n_cpu_layers"),
+    ({"policy.options.scope": 1}, "policy.options: lru option scope must be a string, got 1"),
     ({"sim.prefill_chunk": 0}, "sim.prefill_chunk must be a positive"),
     ({"split.mode": "gpu"}, "split mode 'gpu'"),
     ({"trace.format": "csv"}, "trace.format: unknown 'csv'"),
