@@ -105,6 +105,9 @@ def test_ft_generate_chat_uses_the_template(capsys):
     (["--policy", "belady"], "--policy belady needs --future-trace"),
     (["--capacity", "99"], "capacity 99 exceeds the model's 16 routed experts"),
     (["--split", "hybrid"], "hybrid split needs bp > 0 and bh > 0"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),  # was torch's RuntimeError
+    (["--seed", str(2**64)], "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), "
+                             "got 18446744073709551616"),
 ])
 def test_ft_generate_bad_input(capsys, argv, message):
     from freetoken.cli import main
