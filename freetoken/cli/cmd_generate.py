@@ -66,6 +66,7 @@ def build_engine(args: argparse.Namespace):
     from dataclasses import replace
 
     from freetoken.engine import Engine
+    from freetoken.engine.engine import resolve_device
     from freetoken.engine.kernelset import resolve_kernels
     from freetoken.placement.config import policy_options
     from freetoken.sim.run import future_stream
@@ -81,6 +82,7 @@ def build_engine(args: argparse.Namespace):
     if args.max_context is not None and args.max_context <= 0:
         raise ValueError(f"--max-context must be positive, got {args.max_context}")
     check_kv_dtype(args.kv_dtype)
+    resolve_device(args.device, "--device")
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
                                   max_context=args.max_context, router_hint=True if args.router_hint else None,

@@ -105,6 +105,9 @@ def test_ft_generate_chat_uses_the_template(capsys):
     (["--policy", "belady"], "--policy belady needs --future-trace"),
     (["--capacity", "99"], "capacity 99 exceeds the model's 16 routed experts"),
     (["--split", "hybrid"], "hybrid split needs bp > 0 and bh > 0"),
+    (["--device", "nope"], "--device 'nope' is not one of cpu, cuda, cuda:N"),  # was torch's RuntimeError
+    pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here",  # was torch's AssertionError
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),  # was torch's RuntimeError
     (["--seed", str(2**64)], "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), "
                              "got 18446744073709551616"),
