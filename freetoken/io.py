@@ -16,20 +16,23 @@ def _umask() -> int:
     return mask
 
 
-def output_problem(path: Path) -> str | None:
-    """Why `path` cannot become a file, where the file system tells before any write: it is a folder, or a file
-    stands where one of its folders should be."""
-    if path.is_dir():
-        return "it is a folder; give a file name"
-    for parent in path.parents:  # the nearest existing one
+def parent_problem(path: Path) -> str | None:
+    """A file where one of path's folders should be (the nearest existing ancestor is not a folder)."""
+    for parent in path.parents:
         if parent.exists():
             return None if parent.is_dir() else f"{parent} is a file, not a folder"
     return None
 
 
+def output_problem(path: Path) -> str | None:
+    """Why `path` cannot become a file, where the file system tells before any write: it is a folder, or a file
+    stands where one of its folders should be."""
+    return "it is a folder; give a file name" if path.is_dir() else parent_problem(path)
+
+
 def cannot_write(path: Path, e: OSError) -> OSError:
     """One line naming the user's output path, never the temporary file beside it."""
-    err = OSError(f"{path}: cannot write ({output_problem(path) or e.strerror or e})")
+    err = OSError(f"{path}: cannot write ({parent_problem(path) or e.strerror or e})")
     err.errno = e.errno
     return err
 
@@ -44,7 +47,7 @@ def atomic_path(path: str | os.PathLike, new_mode: int | None = None) -> Iterato
     """
     path = Path(path)
     if path.is_dir():
-        raise cannot_write(path, OSError(errno.EISDIR, "is a folder"))
+        raise cannot_write(path, OSError(errno.EISDIR, "it is a folder; give a file name"))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():

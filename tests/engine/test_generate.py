@@ -148,6 +148,29 @@ def test_demo_build_is_deterministic_and_small(tmp_path):
         assert torch.equal(got[name], want[name]), name
 
 
+def test_demo_build_replaces_only_a_demo_checkpoint(tmp_path, capsys):
+    """A rebuild replaces a previous build's folder; a folder holding anything else, or a file, is refused by name
+    and left as it was (a build replaces the whole folder: `--out ~/models` once deleted it)."""
+    from freetoken.cli import main
+
+    demo = tmp_path / "demo"
+    assert main(["demo", "build", "--out", str(demo)]) == 0
+    assert main(["demo", "build", "--out", str(demo)]) == 0  # its own files only: replaced
+    capsys.readouterr()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.txt").write_text("precious\n")
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    (tmp_path / "note").write_text("x\n")
+    for out, message in ((tmp_path / "mine", "holds thesis.txt, not only a demo checkpoint; give a new or empty "
+                                             "folder (a build replaces the whole folder)"),
+                         (tmp_path / "note", "is a file; give a folder for the demo checkpoint"),
+                         (tmp_path / "note" / "demo", f"cannot write ({tmp_path / 'note'} is a file, not a folder)")):
+        assert main(["demo", "build", "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"ft demo: error: {out}: {message}\n"
+    assert (tmp_path / "mine" / "thesis.txt").read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "mine", "note"]  # no temp folder left
+
+
 def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
     """Text on stdout, the progress line on stderr; belady with the future recorded by a first run of the same
     input is at least as good as lru (it is the offline optimum), frequency pins from a profile trace."""
