@@ -308,3 +308,15 @@ def test_synth_interrupted_write_keeps_the_old_trace_whole_and_leaves_no_temp_fi
     assert main(["trace", "synth", str(out), "--seed", "5"] + SYNTH) == 2
     assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (No space left on device)"
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
+
+
+def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    import freetoken.sim.synth
+
+    def too_big(spec):
+        raise MemoryError("Unable to allocate 745. GiB for an array with shape (4, 25000000000, 2, 2)")
+
+    monkeypatch.setattr(freetoken.sim.synth, "synthesize", too_big)
+    assert main(["trace", "synth", str(tmp_path / "t.safetensors")] + SYNTH) == 2
+    assert _error_line(capsys) == ("ft trace: error: out of memory: Unable to allocate 745. GiB for an array with "
+                                   "shape (4, 25000000000, 2, 2); ask for less")
