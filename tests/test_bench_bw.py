@@ -130,6 +130,8 @@ def test_decode_probe_runs_both_splits_on_the_engine():
 def test_bad_geometry_is_refused(capsys):
     assert main(["bench", "bw", "--quick", "--format", "int3", "--no-save"]) == 2
     assert "expert format 'int3'" in capsys.readouterr().err
+    assert main(["bench", "bw", "--quick", "--hidden", "0", "--no-save"]) == 2  # 0 was taken as "the default"
+    assert capsys.readouterr().err == "ft bench: error: expert geometry must be positive, got D=0, I=768\n"
     with pytest.raises(ValueError, match="positive"):
         Geometry(0, 768)
 

@@ -73,6 +73,7 @@ def test_policy_option_reaches_the_policy(capsys):
     (["generate", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["generate", "--threads", "0"], "--threads must be positive"),
     (["generate", "--max-context", "0"], "--max-context must be positive"),
+    (["bench", "serve", "--threads", "0"], "--threads must be positive, got 0"),  # was taken as torch's default
     (["serve", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["serve", "--backend", "hf", "--capacity", "4"], "--capacity does nothing for --backend hf"),
     (["serve", "--n-cpu-moe", "1", "--policy", "lru"], "--n-cpu-moe does nothing for --policy lru"),

@@ -56,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
     if args.model and any(v is not None for v in (args.hidden, args.intermediate, args.fmt)):
         raise ValueError("--model sets the expert geometry and format: drop --hidden / --intermediate / --format")
 
-    geo = geometry_of(args.model) if args.model else Geometry(args.hidden or 2048, args.intermediate or 768,
-                                                               args.fmt or "bf16")
+    geo = geometry_of(args.model) if args.model else Geometry(2048 if args.hidden is None else args.hidden,
+                                                               768 if args.intermediate is None else args.intermediate,
+                                                               args.fmt or "bf16")  # 0 is an error, not the default
     cfg = BenchConfig.quick(geo) if args.quick else BenchConfig(geo)
     cfg = replace(cfg, misses_per_call=args.misses_per_call, probe=cfg.probe and not args.no_probe,
                   **({"seconds": args.seconds} if args.seconds is not None else {}))
