@@ -106,6 +106,22 @@ def test_parallel_writers_lose_no_row(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))  # atomic writes leave no partial files
 
 
+@pytest.mark.parametrize("text, why", [
+    ('{"rows": 1}', "an object with a 'row' object"),  # was a KeyError traceback
+    ("{bad", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+])
+def test_a_hand_edited_run_file_is_named_when_read_back(tmp_path, text, why):
+    store = ResultsStore(tmp_path)
+    store.write_run("t", "k", {"config_hash": "k", "value": 1})
+    store.run_path("t", "k").write_text(text)
+    message = f"{store.run_path('t', 'k')}: not a results record ({why}); delete it to rerun its config"
+    for read in (lambda: store.read_run("t", "k"), lambda: store.consolidate("t")):
+        with pytest.raises(ValueError) as err:
+            read()
+        assert str(err.value) == message
+    assert not (tmp_path / "t.csv").exists()  # no table rebuilt from a broken record
+
+
 def test_config_hash_ignores_key_order_and_trace_location(small_config, tmp_path):
     from freetoken.experiments.replay import GROUPS
     from freetoken.experiments.runner import UNHASHED, config_columns
