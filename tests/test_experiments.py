@@ -172,6 +172,16 @@ def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_results_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "results").write_text("mine\n")
+    for value, why in ((tmp_path / "results", "it is a file"),
+                       (tmp_path / "results" / "sub", f"{tmp_path / 'results'} is a file, not a folder")):
+        done = entry("experiments.replay", f"results.dir={value}")  # was Hydra's traceback making its log folder
+        assert (done.returncode, done.stderr) == (2, f"experiments.replay: error: results.dir {value}: cannot write "
+                                                     f"({why})\n")
+    assert (tmp_path / "results").read_text() == "mine\n"
+
+
 def test_live_without_engine_says_so(small_config, monkeypatch):
     from freetoken.experiments import live
 
