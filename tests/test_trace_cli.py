@@ -320,3 +320,14 @@ def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
     assert main(["trace", "synth", str(tmp_path / "t.safetensors")] + SYNTH) == 2
     assert _error_line(capsys) == ("ft trace: error: out of memory: Unable to allocate 745. GiB for an array with "
                                    "shape (4, 25000000000, 2, 2); ask for less")
+
+
+def test_deepseek_npz_that_is_not_a_zip_is_named(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.arange(3))  # one array, not an archive: was a TypeError traceback
+    (tmp_path / "a.npy").rename(tmp_path / "a.npz")
+    (tmp_path / "b.npz").write_text("hello\n")  # was numpy's advice about pickled data
+    for name in ("a.npz", "b.npz"):
+        assert main(["trace", "import", str(tmp_path / name), str(tmp_path / "o.safetensors"), "--format",
+                     "deepseek_npz"]) == 2
+        assert _error_line(capsys) == (f"ft trace: error: {tmp_path / name}: not a .npz archive (not a zip file; a "
+                                       f".npz holds experts, offsets, prompt_ids)")
