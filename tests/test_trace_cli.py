@@ -119,13 +119,14 @@ def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
      "num_experts 40000 exceeds 32768: a trace holds expert ids as int16"),
     (["info", "{tmp}/none.safetensors"], "no such trace file"),
     (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be positive"),
+    (["info", "{tmp}"], "{tmp}: is a folder, not a trace file"),
 ])
 def test_bad_input_is_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):
     (tmp_path / "odd.txt").write_text("hello\n")
     argv = [a.format(tmp=tmp_path, out=tmp_path / "o.safetensors") for a in argv]
     assert main(["trace"] + argv) == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_shipped_traces_load_and_stay_small():
