@@ -73,6 +73,12 @@ def test_policy_option_reaches_the_policy(capsys):
     (["generate", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["generate", "--threads", "0"], "--threads must be positive"),
     (["generate", "--max-context", "0"], "--max-context must be positive"),
+    (["sim", "--prefill-chunk", str(2**64)],  # was numba's overflow traceback
+     f"--prefill-chunk must be a positive number of tokens, at most 2147483647, got {2**64}"),
+    (["bench", "sim", "--prefill-chunk", str(2**64)],
+     f"--prefill-chunk must be a positive number of tokens, at most 2147483647, got {2**64}"),
+    (["predict", "--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--prefill-chunk", str(2**64)],
+     f"prefill chunk / ubatch must be a positive number of tokens, at most 2147483647, got {2**64}"),
     (["bench", "serve", "--threads", "0"], "--threads must be positive, got 0"),  # was taken as torch's default
     (["serve", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["serve", "--backend", "hf", "--capacity", "4"], "--capacity does nothing for --backend hf"),

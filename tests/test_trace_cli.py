@@ -118,7 +118,9 @@ def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
     (["synth", "{out}", "--layers", "2", "--experts", "40000", "--top-k", "2", "--tokens", "9"],
      "num_experts 40000 exceeds 32768: a trace holds expert ids as int16"),
     (["info", "{tmp}/none.safetensors"], "no such trace file"),
-    (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be positive"),
+    (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be a positive number of tokens"),
+    (["info", str(DEFAULT_TRACE), "--prefill-chunk", str(2**64)],  # was numba's overflow traceback
+     f"--prefill-chunk must be a positive number of tokens, at most 2147483647, got {2**64}"),
     (["info", "{tmp}"], "{tmp}: is a folder, not a trace file"),
 ])
 def test_bad_input_is_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from freetoken.cli.common import LazyChoices, check_output, print_json, progress
-from freetoken.defaults import DEFAULT_PREFILL_CHUNK
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 
 if TYPE_CHECKING:
     from freetoken.trace import RoutingTrace
@@ -99,8 +99,7 @@ def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) 
     from freetoken.trace.stats import popularity_skew
     from freetoken.sim.reuse import reuse_stats
 
-    if prefill_chunk <= 0:
-        raise ValueError(f"--prefill-chunk must be positive, got {prefill_chunk}")
+    check_prefill_chunk(prefill_chunk, "--prefill-chunk")
     empty = trace.num_tokens == 0  # no accesses: popularity and reuse are undefined (null), not Gini -1.1 or NaN
 
     def reuse(chunk: int) -> dict:  # a percentile without a warm access is null (JSON has no NaN)

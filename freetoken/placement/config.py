@@ -19,7 +19,7 @@ from typing import Mapping
 from freetoken.placement.policy import PlacementPolicy
 from freetoken.placement.split import Split
 
-from freetoken.defaults import DEFAULT_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
 # options built from data (a trace, the live router; past: moe_infinity's library of activation matrices), not typed in
 SOURCE_OPTIONS = ("profile", "future", "hint", "past")
 
@@ -114,8 +114,9 @@ class CacheConfig:
         if self.fraction is not None and not (_number(self.fraction) and 0 < self.fraction <= 1):
             tail = " (no cache at all: {capacity} 0)" if self.fraction == 0 else ""
             raise ConfigError("{fraction} must lie in (0, 1], got {v}" + tail, v=self.fraction)
-        if not (_whole(self.prefill_chunk) and self.prefill_chunk > 0):
-            raise ConfigError("{prefill_chunk} must be a positive number of tokens, got {v}", v=self.prefill_chunk)
+        if not (_whole(self.prefill_chunk) and 0 < self.prefill_chunk <= MAX_PREFILL_CHUNK):
+            raise ConfigError("{prefill_chunk} must be a positive number of tokens, at most {m}, got {v}",
+                              m=MAX_PREFILL_CHUNK, v=self.prefill_chunk)
         if self.staging is not None and not (_whole(self.staging) and self.staging >= 0):
             raise ConfigError("{staging} must be >= 0, got {v}", v=self.staging)
         accepted = policy_option_names(self.policy)
