@@ -55,14 +55,13 @@ def check_results_dir(prog: str, argv: list[str]) -> None:
     Hydra makes its log folder there first and would fail with a traceback."""
     import os
 
-    from freetoken.io import parent_problem
+    from freetoken.io import folder_problem
 
     given = [value for key, _, value in (a.partition("=") for a in argv) if key.lstrip("+~") == "results.dir"]
     value = given[-1] if given else os.environ.get("FT_RESULTS_DIR")
     if not value or "${" in value:  # an interpolation: Hydra resolves it
         return
-    path = Path(value)
-    problem = "it is a file" if path.exists() and not path.is_dir() else parent_problem(path)
+    problem = folder_problem(Path(value))
     if problem:
         print(f"{prog}: error: results.dir {value}: cannot write ({problem})", file=sys.stderr)
         sys.exit(2)

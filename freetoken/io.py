@@ -30,6 +30,11 @@ def output_problem(path: Path) -> str | None:
     return "it is a folder; give a file name" if path.is_dir() else parent_problem(path)
 
 
+def folder_problem(path: Path) -> str | None:
+    """Why `path` cannot be (or become) a folder to write in: it is a file, or lies under one."""
+    return "it is a file" if path.exists() and not path.is_dir() else parent_problem(path)
+
+
 def cannot_write(path: Path, e: OSError) -> OSError:
     """One line naming the user's output path, never the temporary file beside it."""
     err = OSError(f"{path}: cannot write ({parent_problem(path) or e.strerror or e})")
