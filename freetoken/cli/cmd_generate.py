@@ -137,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.system is not None and not args.chat:  # else dropped without a word
+        raise ValueError("--system applies with --chat (a system turn of the chat template)")
     if args.record_trace:
         check_output(args.record_trace, "--record-trace")
     draft = draft_config(args)

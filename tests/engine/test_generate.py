@@ -108,6 +108,7 @@ def test_ft_generate_chat_uses_the_template(capsys):
     (["--device", "nope"], "--device 'nope' is not one of cpu, cuda, cuda:N"),  # was torch's RuntimeError
     pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here",  # was torch's AssertionError
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    (["--system", "be brief"], "--system applies with --chat (a system turn of the chat template)"),
     (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),  # was torch's RuntimeError
     (["--seed", str(2**64)], "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), "
                              "got 18446744073709551616"),
