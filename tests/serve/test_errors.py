@@ -159,3 +159,20 @@ def test_a_field_of_the_wrong_shape_is_a_400_naming_it(served, model_id, path, b
     else:
         assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param,
                                      "code": None}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": _user("hi")}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/messages", {"max_tokens": 2, "messages": _user("hi")}),
+])
+def test_an_unknown_model_is_a_404_naming_both_models(served, model_id, path, body):
+    r = post(served.url + path, {"model": "no-such-model", **body})
+    message = f"model 'no-such-model' does not exist; this server serves {model_id!r}"
+    assert r.status_code == 404, r.text
+    if path == "/v1/messages":
+        assert r.json() == {"type": "error", "error": {"type": "not_found_error", "message": message}}
+    else:
+        assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": "model",
+                                     "code": "model_not_found"}
