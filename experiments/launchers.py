@@ -51,8 +51,8 @@ def check_launcher(prog: str, argv: list[str], conf_dir: Path = CONF_DIR) -> Non
 
 
 def check_results_dir(prog: str, argv: list[str]) -> None:
-    """Exit 2 with one line when results.dir (an override, else $FT_RESULTS_DIR) is a file or lies under one:
-    Hydra makes its log folder there first and would fail with a traceback."""
+    """Exit 2 with one line when results.dir (an override, else $FT_RESULTS_DIR) is a file, lies under one, or
+    cannot be made: Hydra makes its log folder there first and would fail with a traceback."""
     import os
 
     from freetoken.io import folder_problem
@@ -62,6 +62,11 @@ def check_results_dir(prog: str, argv: list[str]) -> None:
     if not value or "${" in value:  # an interpolation: Hydra resolves it
         return
     problem = folder_problem(Path(value))
+    if problem is None:
+        try:
+            Path(value).mkdir(parents=True, exist_ok=True)  # as Hydra is about to; no permission, a read-only disk
+        except OSError as e:
+            problem = e.strerror or str(e)
     if problem:
         print(f"{prog}: error: results.dir {value}: cannot write ({problem})", file=sys.stderr)
         sys.exit(2)

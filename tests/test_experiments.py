@@ -182,6 +182,22 @@ def test_results_dir_that_is_a_file_is_one_line(tmp_path):
     assert (tmp_path / "results").read_text() == "mine\n"
 
 
+def test_results_dir_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
+    import pathlib
+
+    from freetoken.experiments.launchers import check_results_dir
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", refuse)  # as a folder this user may not write in
+    with pytest.raises(SystemExit) as done:
+        check_results_dir("experiments.replay", [f"results.dir={tmp_path / 'r'}"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (f"experiments.replay: error: results.dir {tmp_path / 'r'}: cannot write "
+                                       f"(Permission denied)\n")
+
+
 def test_live_without_engine_says_so(small_config, monkeypatch):
     from freetoken.experiments import live
 
