@@ -50,7 +50,30 @@ def check_launcher(prog: str, argv: list[str], conf_dir: Path = CONF_DIR) -> Non
             sys.exit(2)
 
 
+def check_results_dir(prog: str, argv: list[str]) -> None:
+    """Exit 2 with one line when results.dir (an override, else $FT_RESULTS_DIR) is a file, lies under one, or
+    cannot be made: Hydra makes its log folder there first and would fail with a traceback."""
+    import os
+
+    from freetoken.io import folder_problem
+
+    given = [value for key, _, value in (a.partition("=") for a in argv) if key.lstrip("+~") == "results.dir"]
+    value = given[-1] if given else os.environ.get("FT_RESULTS_DIR")
+    if not value or "${" in value:  # an interpolation: Hydra resolves it
+        return
+    problem = folder_problem(Path(value))
+    if problem is None:
+        try:
+            Path(value).mkdir(parents=True, exist_ok=True)  # as Hydra is about to; no permission, a read-only disk
+        except OSError as e:
+            problem = e.strerror or str(e)
+    if problem:
+        print(f"{prog}: error: results.dir {value}: cannot write ({problem})", file=sys.stderr)
+        sys.exit(2)
+
+
 def launch(main: Callable[[], object], prog: str) -> None:
-    """The entry points' `__main__`: check the launcher, then hand over to Hydra."""
+    """The entry points' `__main__`: check the launcher and the results folder, then hand over to Hydra."""
     check_launcher(prog, sys.argv[1:])
+    check_results_dir(prog, sys.argv[1:])
     main()

@@ -32,6 +32,7 @@ from freetoken.experiments.policy_grid import Scenario
 from freetoken.experiments.policy_hints import replay
 from freetoken.experiments.policy_study import CASES, fit_decay
 from freetoken.experiments.traces import stream_of
+from freetoken.io import write_atomic
 from freetoken.paths import WORK_ROOT
 from freetoken.placement import DECODE
 from freetoken.placement.layer_sweep import visit_rates
@@ -203,12 +204,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.traces.is_dir():
             raise ValueError(f"--traces: {args.traces} is not a directory")
         text = render([r for name in args.cases for r in case_rows(name, args.traces)])
+        if args.doc:
+            write_atomic(args.doc, text)  # a failed write leaves the old doc whole, and names it
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.doc:
-        args.doc.write_text(text)
-    else:
+    if not args.doc:
         print(text, end="")
     return 0
 

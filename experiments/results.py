@@ -29,6 +29,20 @@ def config_hash(table: str, config: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def read_record(path: Path) -> dict:
+    """One run's {"row": {...}, "tables": {...}}; anything else (only possible if a file was edited by hand) is one
+    ValueError naming the file."""
+    try:
+        record = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a results record ({e}); delete it to rerun its config") from None
+    if not isinstance(record, dict) or not isinstance(record.get("row"), dict) \
+            or not isinstance(record.get("tables", {}), dict):
+        raise ValueError(f"{path}: not a results record (an object with a 'row' object); delete it to rerun its "
+                         f"config")
+    return record
+
+
 class ResultsStore:
     def __init__(self, dir: str | os.PathLike):
         self.dir = Path(dir)
@@ -40,7 +54,7 @@ class ResultsStore:
         return self.run_path(table, key).is_file()
 
     def read_run(self, table: str, key: str) -> dict:
-        return json.loads(self.run_path(table, key).read_text())
+        return read_record(self.run_path(table, key))
 
     def write_run(self, table: str, key: str, row: dict, tables: dict[str, list[dict]] | None = None) -> Path:
         path = self.run_path(table, key)
@@ -65,10 +79,7 @@ class ResultsStore:
         with self._lock(table):
             rows, extras = [], {}
             for path in sorted((self.dir / "runs" / table).glob("*.json")):
-                try:
-                    record = json.loads(path.read_text())
-                except json.JSONDecodeError as e:  # only possible if a file was edited by hand
-                    raise ValueError(f"{path}: not a results record ({e})") from None
+                record = read_record(path)
                 rows.append(record["row"])
                 key = record["row"][HASH_COLUMN]
                 for name, extra_rows in record.get("tables", {}).items():

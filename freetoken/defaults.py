@@ -1,3 +1,12 @@
 """Defaults several layers share, in a root module without imports (the CLI reads them while building its parser)."""
 
+import numbers
+
 DEFAULT_PREFILL_CHUNK = 2048  # tokens per prefill call: the engine's chunks and the simulator's calls
+MAX_PREFILL_CHUNK = 2**31 - 1  # the compiled call-stream builders size their arrays in int32 / int64
+
+
+def check_prefill_chunk(value, name: str) -> None:
+    """A prefill chunk is a whole number of tokens in [1, MAX_PREFILL_CHUNK]; name: how the caller spells it."""
+    if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 < value <= MAX_PREFILL_CHUNK):
+        raise ValueError(f"{name} must be a positive number of tokens, at most {MAX_PREFILL_CHUNK}, got {value}")

@@ -14,12 +14,12 @@ import csv
 import io
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from freetoken.io import write_atomic
 from freetoken.paths import REPO_ROOT
 from freetoken.sim.anchor_cells import (  # noqa: F401  (re-exported: tests and tools read them here)
     CELLS, MISSES, MTP_SPEC, NOTES, PINS, PINS_LABELS, Row)
@@ -232,14 +232,6 @@ def render(cells: list[Cell], evidence: dict[str, float] | None = None) -> str:
 
         out += render_section(evidence)
     return "\n".join(out)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

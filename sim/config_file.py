@@ -15,13 +15,22 @@ def read_mapping(path: Path) -> dict:
         text = Path(path).read_text()
     except OSError as e:
         raise ValueError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a YAML text file ({e.reason} at byte {e.start})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML: {e}") from None
+        raise ValueError(f"{path}: not valid YAML ({yaml_error_line(e)})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: must be a YAML mapping of fields, got {type(data).__name__}")
     return data
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """PyYAML's several-line message as one line: where, and what it found."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark is not None else problem
 
 
 def _coerce(value, kind, where: str, name: str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from freetoken.defaults import check_prefill_chunk
 from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split
 from freetoken.sim.cost import CostOptions
 from freetoken.sim.hardware import HardwareProfile
@@ -203,8 +204,7 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
     if prefill_chunk is not None:
-        if prefill_chunk <= 0:
-            raise ValueError(f"prefill chunk / ubatch must be positive, got {prefill_chunk}")
+        check_prefill_chunk(prefill_chunk, "prefill chunk / ubatch")
         new["prefill_chunk"] = prefill_chunk
     if gguf_type is not None:
         if engine.host_work != "llamacpp":

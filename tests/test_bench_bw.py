@@ -130,6 +130,8 @@ def test_decode_probe_runs_both_splits_on_the_engine():
 def test_bad_geometry_is_refused(capsys):
     assert main(["bench", "bw", "--quick", "--format", "int3", "--no-save"]) == 2
     assert "expert format 'int3'" in capsys.readouterr().err
+    assert main(["bench", "bw", "--quick", "--hidden", "0", "--no-save"]) == 2  # 0 was taken as "the default"
+    assert capsys.readouterr().err == "ft bench: error: expert geometry must be positive, got D=0, I=768\n"
     with pytest.raises(ValueError, match="positive"):
         Geometry(0, 768)
 
@@ -166,3 +168,12 @@ def test_a_slow_lane_keeps_a_positive_rate_in_the_profile():
     rate = Rate(gb_s=2.5e-4, peak_gb_s=4.0e-4, seconds=1.0, passes=3, bytes_per_pass=1000)
     assert rate.to_dict()["gb_s"] == 2.5e-4
     assert rate.to_dict()["peak_gb_s"] == 4.0e-4
+
+
+def test_a_cache_dir_that_is_a_file_is_named_before_measuring(tmp_path, capsys):
+    (tmp_path / "cache").write_text("mine\n")
+    for cache, why in ((tmp_path / "cache", "it is a file"),
+                       (tmp_path / "cache" / "sub", f"{tmp_path / 'cache'} is a file, not a folder")):
+        assert main(["bench", "bw", "--quick", "--cache-dir", str(cache)]) == 2
+        assert capsys.readouterr().err == f"ft bench: error: --cache-dir {cache}: cannot write ({why})\n"
+    assert (tmp_path / "cache").read_text() == "mine\n"

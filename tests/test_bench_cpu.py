@@ -23,3 +23,10 @@ def test_bench_cpu_runs_both_sides_and_they_agree(capsys):
 def test_bench_cpu_refuses_bad_sizes(capsys):
     assert main(["bench", "cpu", "--prompt-tokens", "0"]) == 2
     assert "--prompt-tokens" in capsys.readouterr().err
+
+
+def test_bench_cpu_names_the_checkpoint_its_worker_could_not_load(capsys, tmp_path):
+    assert main(["bench", "cpu", "--model", str(tmp_path / "none"), "--reps", "1"]) == 2
+    # was: "bench cpu: the engine run failed: ['ft bench: error: ...']"
+    assert capsys.readouterr().err == (f"ft bench: error: the engine run failed: {tmp_path / 'none'}: no such "
+                                       f"checkpoint directory\n")

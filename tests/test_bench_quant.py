@@ -69,3 +69,11 @@ def test_a_checkpoint_format_outside_the_names_gets_its_own_row(tmp_path):
     # gate/up [128, 256]: 32,768 e4m3 + 2 x 4 blocks of 64x64; down [256, 128]: the same count
     assert bytes_per_expert(fmt, hidden, intermediate) == 3 * (32_768 + 8 * 4)
     assert [n for n, _ in formats(formats()[8][1])][-1] == "nvfp4"  # a named format adds no row
+
+
+def test_out_that_is_a_folder_is_named_before_measuring(tmp_path, capsys):
+    from freetoken.cli import main
+
+    assert main(["bench", "quant", "--device", "cpu", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", f"ft bench: error: --out {tmp_path}: cannot write (it is a folder; give a "
+                                       f"file name)\n")

@@ -106,6 +106,22 @@ def test_parallel_writers_lose_no_row(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))  # atomic writes leave no partial files
 
 
+@pytest.mark.parametrize("text, why", [
+    ('{"rows": 1}', "an object with a 'row' object"),  # was a KeyError traceback
+    ("{bad", "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+])
+def test_a_hand_edited_run_file_is_named_when_read_back(tmp_path, text, why):
+    store = ResultsStore(tmp_path)
+    store.write_run("t", "k", {"config_hash": "k", "value": 1})
+    store.run_path("t", "k").write_text(text)
+    message = f"{store.run_path('t', 'k')}: not a results record ({why}); delete it to rerun its config"
+    for read in (lambda: store.read_run("t", "k"), lambda: store.consolidate("t")):
+        with pytest.raises(ValueError) as err:
+            read()
+        assert str(err.value) == message
+    assert not (tmp_path / "t.csv").exists()  # no table rebuilt from a broken record
+
+
 def test_config_hash_ignores_key_order_and_trace_location(small_config, tmp_path):
     from freetoken.experiments.replay import GROUPS
     from freetoken.experiments.runner import UNHASHED, config_columns
@@ -136,6 +152,7 @@ def test_unknown_group_option_names_the_group(overrides, message):
     ({"cache.fraction": 0.0}, "cache.fraction must lie in (0, 1], got 0.0"),
     ({"cache.capacity": 4}, "give exactly one of cache.fraction or cache.capacity"),
     ({"policy.options.n_cpu_layers": 1}, "policy.options: lru takes no option n_cpu_layers"),
+    ({"policy.options.scope": 1}, "policy.options: lru option scope must be a string, got 1"),
     ({"sim.prefill_chunk": 0}, "sim.prefill_chunk must be a positive"),
     ({"split.mode": "gpu"}, "split mode 'gpu'"),
     ({"trace.format": "csv"}, "trace.format: unknown 'csv'"),
@@ -153,6 +170,32 @@ def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == "experiments.replay: error: cache.fraction must lie in (0, 1], got 1.5"
     assert not (tmp_path / "runs").exists()
+
+
+def test_results_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "results").write_text("mine\n")
+    for value, why in ((tmp_path / "results", "it is a file"),
+                       (tmp_path / "results" / "sub", f"{tmp_path / 'results'} is a file, not a folder")):
+        done = entry("experiments.replay", f"results.dir={value}")  # was Hydra's traceback making its log folder
+        assert (done.returncode, done.stderr) == (2, f"experiments.replay: error: results.dir {value}: cannot write "
+                                                     f"({why})\n")
+    assert (tmp_path / "results").read_text() == "mine\n"
+
+
+def test_results_dir_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
+    import pathlib
+
+    from freetoken.experiments.launchers import check_results_dir
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", refuse)  # as a folder this user may not write in
+    with pytest.raises(SystemExit) as done:
+        check_results_dir("experiments.replay", [f"results.dir={tmp_path / 'r'}"])
+    assert done.value.code == 2
+    assert capsys.readouterr().err == (f"experiments.replay: error: results.dir {tmp_path / 'r'}: cannot write "
+                                       f"(Permission denied)\n")
 
 
 def test_live_without_engine_says_so(small_config, monkeypatch):

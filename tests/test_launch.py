@@ -133,3 +133,12 @@ def test_env_value_that_is_not_an_object_is_refused(tmp_path, capsys):
     path.write_text('{"env": "oops"}')
     assert launch(tmp_path, "claude") == 2
     assert "env is a str" in capsys.readouterr().err
+
+
+def test_a_home_that_is_a_file_is_one_line_naming_the_path(tmp_path, capsys):
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    assert launch(home, "claude") == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # was "[Errno 20] Not a directory: '.../settings.json'"
+    assert err == f"ft launch: error: {home / '.claude' / 'settings.json'}: Not a directory"
+    assert home.read_text() == "not a folder\n"

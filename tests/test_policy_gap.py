@@ -62,6 +62,17 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
                    f"error: --traces: {tmp_path / 'none'} is not a directory"]
 
 
+def test_doc_that_cannot_be_written_is_one_line_and_the_old_doc_stays(capsys, tmp_path, monkeypatch):
+    import freetoken.experiments.policy_gap as gap
+
+    monkeypatch.setattr(gap, "case_rows", lambda name, root: [])  # no real traces needed for the write
+    (tmp_path / "notes").write_text("mine\n")
+    doc = tmp_path / "notes" / "gap.md"
+    assert main(["--cases", "deepseek-v2-lite", "--traces", str(tmp_path), "--doc", str(doc)]) == 2
+    assert capsys.readouterr().err == f"error: {doc}: cannot write ({tmp_path / 'notes'} is a file, not a folder)\n"
+    assert (tmp_path / "notes").read_text() == "mine\n"
+
+
 def test_best_scenario_falls_back_to_drafts_for_one_sequence():
     from freetoken.experiments.policy_gap import BEST, best_scenario
 

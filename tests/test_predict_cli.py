@@ -272,3 +272,22 @@ def test_prefill_split_flag_fetches_every_prefill_miss(capsys):
     with pytest.raises(SystemExit):  # argparse's choices: one line naming the flag
         main(["predict", *args, "--prefill-split", "cpu"])
     assert "argument --prefill-split: invalid choice: 'cpu'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, write, message", [
+    ("--model", lambda p: p.write_text("x: [\n"),
+     "{p}: not valid YAML (line 2, column 1: expected the node content, but found '<stream end>')"),
+    ("--model", lambda p: p.write_bytes(b"\xd0\x01"), "{p}: not a YAML text file (invalid continuation byte at byte 0)"),
+    ("--hardware", lambda p: p.write_bytes(b"\xff"), "{p}: not a YAML text file (invalid start byte at byte 0)"),
+    ("--bw-profile", lambda p: p.write_bytes(b"\xff"),
+     "{p}: not a JSON text file (invalid start byte at byte 0); rerun `ft bench bw`"),
+    ("--bw-profile", lambda p: p.mkdir(), "{p}: cannot read the bandwidth profile (Is a directory)"),
+    ("--bw-profile", lambda p: None, "{p}: cannot read the bandwidth profile (No such file or directory)"),
+])
+def test_an_unreadable_input_file_is_one_line_naming_it(capsys, tmp_path, flag, write, message):
+    """Before: PyYAML's four-line message, a bare UnicodeDecodeError without the file, '[Errno 21] ...'."""
+    path = tmp_path / ("in.json" if flag == "--bw-profile" else "in.yaml")
+    write(path)
+    args = {"--model": "qwen3-30b-a3b", "--hardware": "rtx5090-ryzen", flag: str(path)}
+    assert main(["predict", *[a for kv in args.items() for a in kv], "--no-band"]) == 2
+    assert capsys.readouterr().err == f"ft predict: error: {message.format(p=path)}\n"

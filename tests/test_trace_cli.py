@@ -118,14 +118,17 @@ def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
     (["synth", "{out}", "--layers", "2", "--experts", "40000", "--top-k", "2", "--tokens", "9"],
      "num_experts 40000 exceeds 32768: a trace holds expert ids as int16"),
     (["info", "{tmp}/none.safetensors"], "no such trace file"),
-    (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be positive"),
+    (["info", str(DEFAULT_TRACE), "--prefill-chunk", "0"], "--prefill-chunk must be a positive number of tokens"),
+    (["info", str(DEFAULT_TRACE), "--prefill-chunk", str(2**64)],  # was numba's overflow traceback
+     f"--prefill-chunk must be a positive number of tokens, at most 2147483647, got {2**64}"),
+    (["info", "{tmp}"], "{tmp}: is a folder, not a trace file"),
 ])
 def test_bad_input_is_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):
     (tmp_path / "odd.txt").write_text("hello\n")
     argv = [a.format(tmp=tmp_path, out=tmp_path / "o.safetensors") for a in argv]
     assert main(["trace"] + argv) == 2
     err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_shipped_traces_load_and_stay_small():
@@ -259,3 +262,75 @@ def test_mixtral_log_imports_as_decode_and_says_so(shared_traces, tmp_path, caps
     granite = shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json"
     assert main(["trace", "import", str(granite), str(out), "--phase", "decode"]) == 2
     assert "--phase applies to the mixtral_jsonl format" in capsys.readouterr().err
+
+
+SYNTH = ["--layers", "2", "--experts", "4", "--top-k", "1", "--tokens", "9"]
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_synth_output_under_a_file_names_that_file(tmp_path, capsys):
+    (tmp_path / "notes").write_text("mine\n")
+    out = tmp_path / "notes" / "t.safetensors"
+    assert main(["trace", "synth", str(out)] + SYNTH) == 2
+    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write ({tmp_path / 'notes'} is a file, not a folder)"
+    assert (tmp_path / "notes").read_text() == "mine\n"
+
+
+def test_synth_in_a_folder_it_may_not_write_names_the_output_not_a_temp_file(tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    def refuse(prefix, suffix, dir):
+        raise PermissionError(13, "Permission denied", f"{dir}/{prefix}abc{suffix}")
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", "synth", str(out)] + SYNTH) == 2
+    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (Permission denied)"
+
+
+def test_synth_interrupted_write_keeps_the_old_trace_whole_and_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import safetensors.numpy
+
+    out = tmp_path / "t.safetensors"
+    assert main(["trace", "synth", str(out)] + SYNTH) == 0
+    before = out.read_bytes()
+
+    def disk_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"half a header")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    assert main(["trace", "synth", str(out), "--seed", "5"] + SYNTH) == 2
+    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (No space left on device)"
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
+
+
+def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    import freetoken.sim.synth
+
+    def too_big(spec):
+        raise MemoryError("Unable to allocate 745. GiB for an array with shape (4, 25000000000, 2, 2)")
+
+    monkeypatch.setattr(freetoken.sim.synth, "synthesize", too_big)
+    assert main(["trace", "synth", str(tmp_path / "t.safetensors")] + SYNTH) == 2
+    assert _error_line(capsys) == ("ft trace: error: out of memory: Unable to allocate 745. GiB for an array with "
+                                   "shape (4, 25000000000, 2, 2); ask for less")
+
+
+def test_deepseek_npz_that_is_not_a_zip_is_named(tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.arange(3))  # one array, not an archive: was a TypeError traceback
+    (tmp_path / "a.npy").rename(tmp_path / "a.npz")
+    (tmp_path / "b.npz").write_text("hello\n")  # was numpy's advice about pickled data
+    for name in ("a.npz", "b.npz"):
+        assert main(["trace", "import", str(tmp_path / name), str(tmp_path / "o.safetensors"), "--format",
+                     "deepseek_npz"]) == 2
+        assert _error_line(capsys) == (f"ft trace: error: {tmp_path / name}: not a .npz archive (not a zip file; a "
+                                       f".npz holds experts, offsets, prompt_ids)")

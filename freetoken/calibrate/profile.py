@@ -41,8 +41,12 @@ def save_profile(profile: dict, path: Path) -> Path:
 def load_profile(path: Path) -> dict:
     try:
         profile = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the bandwidth profile ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a JSON text file ({e.reason} at byte {e.start}); rerun `ft bench bw`") from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); rerun `ft bench bw`")
+        raise ValueError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}); rerun `ft bench bw`") from None
     validate_profile(profile, path)
     return profile
 

@@ -1,7 +1,8 @@
 """`ft`: one command, subcommands found in this package.
 
 A module `cmd_<name>.py` defines register(subparsers) and adds the `ft <name>` parser with a `run` default;
-a module `bench_<name>.py` does the same under `ft bench`. User errors (ValueError, OSError) print one line.
+a module `bench_<name>.py` does the same under `ft bench`. User errors (ValueError, OSError) and running out of memory
+print one line.
 """
 
 from __future__ import annotations
@@ -58,5 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         from freetoken.placement.config import ConfigError
 
         message = e.render(CLI_NAMES) if isinstance(e, ConfigError) else e  # a cache field, spelled as its flag
+        if isinstance(e, OSError) and e.strerror and e.filename is not None:  # not "[Errno 20] ...: 'x'"
+            message = f"{e.filename}{f' -> {e.filename2}' if e.filename2 else ''}: {e.strerror}"
         print(f"ft {args.command}: error: {message}", file=sys.stderr)
+        return 2
+    except MemoryError as e:  # numpy's names the array it could not allocate: too many tokens, steps, ...
+        if os.environ.get("FT_DEBUG"):
+            raise
+        print(f"ft {args.command}: error: out of memory{f': {e}' if str(e) else ''}; ask for less", file=sys.stderr)
         return 2

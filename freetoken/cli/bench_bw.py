@@ -52,12 +52,17 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.calibrate.bench import BenchConfig, run_bench
     from freetoken.calibrate.lanes import Geometry
     from freetoken.calibrate.profile import profile_path, save_profile
+    from freetoken.io import folder_problem
 
     if args.model and any(v is not None for v in (args.hidden, args.intermediate, args.fmt)):
         raise ValueError("--model sets the expert geometry and format: drop --hidden / --intermediate / --format")
 
-    geo = geometry_of(args.model) if args.model else Geometry(args.hidden or 2048, args.intermediate or 768,
-                                                               args.fmt or "bf16")
+    geo = geometry_of(args.model) if args.model else Geometry(2048 if args.hidden is None else args.hidden,
+                                                               768 if args.intermediate is None else args.intermediate,
+                                                               args.fmt or "bf16")  # 0 is an error, not the default
+    problem = folder_problem(Path(args.cache_dir)) if args.cache_dir and not args.no_save else None
+    if problem:  # before the measuring, not after it
+        raise ValueError(f"--cache-dir {args.cache_dir}: cannot write ({problem})")
     cfg = BenchConfig.quick(geo) if args.quick else BenchConfig(geo)
     cfg = replace(cfg, misses_per_call=args.misses_per_call, probe=cfg.probe and not args.no_probe,
                   **({"seconds": args.seconds} if args.seconds is not None else {}))

@@ -118,7 +118,8 @@ def _spawn(which: str, args, model: Path) -> dict:
            "--fraction", str(args.fraction), "--reps", str(args.reps)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
-        raise ValueError(f"bench cpu: the {which} run failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise ValueError(f"the {which} run failed: {last.removeprefix('ft bench: error: ')}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

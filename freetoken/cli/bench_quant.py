@@ -7,7 +7,7 @@ import argparse
 import csv
 import io
 
-from freetoken.cli.common import print_json
+from freetoken.cli.common import check_output, print_json
 
 QWEN3_30B_A3B = (2048, 768)  # expert hidden, intermediate
 CSV_FIELDS = ("name", "description", "bytes_per_expert", "vs_bf16", "slots", "expected_bytes", "measured_bytes",
@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--slots must be positive, got {args.slots}")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device here")
+    if args.out:
+        check_output(args.out, "--out")
     device = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     hidden, intermediate, extra, label = shape_of(args.model)
     if not args.json:

@@ -86,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--repeat must be positive, got {args.repeat}")
     if args.max_tokens < 2:
         raise ValueError(f"--max-tokens must be at least 2, got {args.max_tokens}")
-    if args.threads:
+    if args.threads is not None:
+        if args.threads <= 0:
+            raise ValueError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr, flush=True))
     cfg = ServeConfig(model=args.model, port=0, max_running=max(levels), device_budget_gb=args.device_budget)

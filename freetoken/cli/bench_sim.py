@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from freetoken.cli.common import print_json, progress
 from freetoken.cli.lru_race import MIN_SECONDS, best_runs, race, speed
 from freetoken.paths import DEFAULT_TRACE
-from freetoken.defaults import DEFAULT_PREFILL_CHUNK
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 
 if TYPE_CHECKING:
     import numpy as np
@@ -252,8 +252,7 @@ def load_any(path: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prefill_chunk <= 0:
-        raise ValueError(f"--prefill-chunk must be positive, got {args.prefill_chunk}")
+    check_prefill_chunk(args.prefill_chunk, "--prefill-chunk")
     if not 0 < args.fraction <= 1:
         raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
     for flag, path in [("--trace", args.trace)] + [("--race", path) for path in args.race]:

@@ -66,6 +66,7 @@ def build_engine(args: argparse.Namespace):
     from dataclasses import replace
 
     from freetoken.engine import Engine
+    from freetoken.engine.engine import resolve_device
     from freetoken.engine.kernelset import resolve_kernels
     from freetoken.placement.config import policy_options
     from freetoken.sim.run import future_stream
@@ -81,6 +82,7 @@ def build_engine(args: argparse.Namespace):
     if args.max_context is not None and args.max_context <= 0:
         raise ValueError(f"--max-context must be positive, got {args.max_context}")
     check_kv_dtype(args.kv_dtype)
+    resolve_device(args.device, "--device")
     args.kernels = resolve_kernels(args.kernels)
     return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
                                   max_context=args.max_context, router_hint=True if args.router_hint else None,
@@ -129,12 +131,16 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from freetoken.cli.common import print_json
+    from freetoken.cli.common import check_output, print_json
     from freetoken.engine.sampling import sampling_params
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.system is not None and not args.chat:  # else dropped without a word
+        raise ValueError("--system applies with --chat (a system turn of the chat template)")
+    if args.record_trace:
+        check_output(args.record_trace, "--record-trace")
     draft = draft_config(args)
     if draft is None and "carry=drafts" in [o.replace(" ", "") for o in args.policy_option]:
         raise ValueError("--policy-option carry=drafts hands the rejected drafts to the policy: add --draft ngram")

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from freetoken.cli.common import LazyChoices, print_json, progress
-from freetoken.defaults import DEFAULT_PREFILL_CHUNK
+from freetoken.cli.common import LazyChoices, check_output, print_json, progress
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 
 if TYPE_CHECKING:
     from freetoken.trace import RoutingTrace
@@ -99,8 +99,7 @@ def trace_info(trace: RoutingTrace, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) 
     from freetoken.trace.stats import popularity_skew
     from freetoken.sim.reuse import reuse_stats
 
-    if prefill_chunk <= 0:
-        raise ValueError(f"--prefill-chunk must be positive, got {prefill_chunk}")
+    check_prefill_chunk(prefill_chunk, "--prefill-chunk")
     empty = trace.num_tokens == 0  # no accesses: popularity and reuse are undefined (null), not Gini -1.1 or NaN
 
     def reuse(chunk: int) -> dict:  # a percentile without a warm access is null (JSON has no NaN)
@@ -207,8 +206,7 @@ def _load_any(path: str) -> RoutingTrace:
 def _check_out(out: str) -> None:
     if not out.endswith(".safetensors"):
         raise ValueError(f"{out}: the output trace must be a .safetensors file")
-    if Path(out).is_dir():
-        raise ValueError(f"{out}: is a directory")
+    check_output(out, "")
 
 
 def _shape_line(trace: RoutingTrace) -> str:

@@ -53,6 +53,17 @@ def _default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def check_output(path: str, flag: str) -> None:
+    """An output file's path mistakes, found before a run spends its time (atomic_path words the same ones)."""
+    from pathlib import Path
+
+    from freetoken.io import output_problem
+
+    problem = output_problem(Path(path))
+    if problem:
+        raise ValueError(f"{flag} {path}: cannot write ({problem})".lstrip())
+
+
 @contextmanager
 def progress(total: int, description: str, enabled: bool = True):
     """Yields advance(n=1); draws on stderr only when enabled and stderr is a terminal."""

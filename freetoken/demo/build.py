@@ -23,6 +23,8 @@ MODEL_SHAPE = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=
                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
                    norm_topk_prob=True, max_position_embeddings=2048, initializer_range=0.1)
 SEED = 0
+DEMO_FILES = frozenset({"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json"})  # what a build writes: all a rebuild may replace
 
 
 def build_tokenizer(out: Path):
@@ -53,11 +55,28 @@ def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
     model.save_pretrained(out)
 
 
+def check_out(out: Path) -> None:
+    """`out` is replaced whole: refuse a file, or a folder holding anything a demo build did not write."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: is a file; give a folder for the demo checkpoint")
+    others = sorted(p.name for p in out.iterdir() if p.name not in DEMO_FILES) if out.is_dir() else []
+    if others:
+        more = f" and {len(others) - 1} more" if len(others) > 1 else ""
+        raise ValueError(f"{out}: holds {others[0]}{more}, not only a demo checkpoint; give a new or empty folder "
+                         f"(a build replaces the whole folder)")
+
+
 def build_demo(out: str | os.PathLike) -> Path:
     """Write the demo checkpoint into `out`, replacing it only once the new copy is complete."""
+    from freetoken.io import cannot_write
+
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    check_out(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as e:
+        raise cannot_write(out, e) from None
     try:
         tok = build_tokenizer(tmp)
         build_model(tmp, tok.get_vocab_size(), tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"))

@@ -55,6 +55,24 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def resolve_device(device: str | torch.device | None, name: str = "device") -> torch.device:
+    """device, checked (cpu, or cuda / cuda:N where this machine has it); None: default_device(). name: how the
+    caller spells the field (--device)."""
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        dev = None
+    if dev is None or dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} {device!r} is not one of cpu, cuda, cuda:N")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{name} {device}: no CUDA device here")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"{name} {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
 class Engine:
     def __init__(self, ckpt: Checkpoint, cache: CacheConfig | None = None, *, kernels: str = "triton",
                  device: str | torch.device | None = None, dtype: torch.dtype | None = None,
@@ -77,7 +95,7 @@ class Engine:
         if prefill_chunk is not None and prefill_chunk != cache.prefill_chunk:
             cache = replace(cache, prefill_chunk=prefill_chunk)  # validated again, the field named
         self.config, self.checkpoint = ckpt.config, ckpt
-        self.device = torch.device(device) if device is not None else default_device()
+        self.device = resolve_device(device)
         self.host = HostCounters()  # launches, syncs, copies (the cost model's sim.overhead counts)
         self.kernels = counted(kernel_set(kernels), self.host)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)

@@ -30,7 +30,13 @@ def family_for(raw: dict, path: str) -> Family:
 def read_model_config(raw: dict, path: str) -> tuple[Family, ModelConfig]:
     check_dtype(raw, path)
     family = family_for(raw, path)
-    return family, family.read_config(ConfigReader(raw, path))
+    try:
+        return family, family.read_config(ConfigReader(raw, path))
+    except CheckpointError as e:  # the config records' own checks say "config.json: ...": name which one
+        message = str(e)
+        if message.startswith("config.json: ") and path != "config.json":
+            raise CheckpointError(f"{path}: {message.removeprefix('config.json: ')}") from None
+        raise
 
 
 def check_dtype(raw: dict, path: str) -> None:

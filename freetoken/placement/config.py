@@ -19,7 +19,7 @@ from typing import Mapping
 from freetoken.placement.policy import PlacementPolicy
 from freetoken.placement.split import Split
 
-from freetoken.defaults import DEFAULT_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
+from freetoken.defaults import DEFAULT_PREFILL_CHUNK, MAX_PREFILL_CHUNK  # noqa: E402  (one value, read without imports by the CLI)
 # options built from data (a trace, the live router; past: moe_infinity's library of activation matrices; carry:
 # keys carried across speculative steps), not typed in
 SOURCE_OPTIONS = ("profile", "future", "hint", "past", "carry")
@@ -66,6 +66,27 @@ def constructor_options(cls: type) -> frozenset[str]:
     return frozenset(inspect.signature(cls.__init__).parameters) - {"self", "capacity", "num_layers", "num_experts"}
 
 
+# a typed option's annotation -> (check, how the error words it); other annotations (unions, arrays) are the
+# policy's own to check
+OPTION_KINDS = {
+    "int": (lambda v: _whole(v), "a whole number"),
+    "float": (lambda v: _number(v), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def option_kinds(cls: type) -> dict[str, str]:
+    """option -> its constructor annotation when that is one of OPTION_KINDS ("float", ...)."""
+    out = {}
+    for name, p in inspect.signature(cls.__init__).parameters.items():
+        kind = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+        if kind in OPTION_KINDS:
+            out[name] = kind
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     """policy: a key of POLICIES; options: its constructor's keyword arguments (None values: its defaults).
@@ -94,8 +115,9 @@ class CacheConfig:
         if self.fraction is not None and not (_number(self.fraction) and 0 < self.fraction <= 1):
             tail = " (no cache at all: {capacity} 0)" if self.fraction == 0 else ""
             raise ConfigError("{fraction} must lie in (0, 1], got {v}" + tail, v=self.fraction)
-        if not (_whole(self.prefill_chunk) and self.prefill_chunk > 0):
-            raise ConfigError("{prefill_chunk} must be a positive number of tokens, got {v}", v=self.prefill_chunk)
+        if not (_whole(self.prefill_chunk) and 0 < self.prefill_chunk <= MAX_PREFILL_CHUNK):
+            raise ConfigError("{prefill_chunk} must be a positive number of tokens, at most {m}, got {v}",
+                              m=MAX_PREFILL_CHUNK, v=self.prefill_chunk)
         if self.staging is not None and not (_whole(self.staging) and self.staging >= 0):
             raise ConfigError("{staging} must be >= 0, got {v}", v=self.staging)
         accepted = policy_option_names(self.policy)
@@ -104,6 +126,12 @@ class CacheConfig:
             typed = sorted(accepted - set(SOURCE_OPTIONS))
             raise ConfigError("{options}: {name} takes no option {bad}; it takes: {ok}", name=self.policy,
                               bad=", ".join(sorted(unknown)), ok=", ".join(typed) or "none")
+        kinds = option_kinds(cls)
+        for key, value in sorted(self.options.items()):
+            ok, words = OPTION_KINDS.get(kinds.get(key), (None, None))
+            if value is not None and ok is not None and not ok(value):
+                raise ConfigError("{options}: {name} option {key} must be {words}, got {v!r}", name=self.policy,
+                                  key=key, words=words, v=value)
         if self.profile is not None and not {"profile", "past"} & accepted:
             raise ConfigError("{profile}: only a policy with a profile (frequency, ktransformers_dynamic, lru, "
                               "moe_infinity) reads one, not {name}", name=self.policy)

@@ -35,6 +35,7 @@ yet scored keeps the option's a.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
@@ -52,10 +53,15 @@ def accuracies(accuracy: float | Sequence[float], depth: int) -> tuple[float, ..
     """Per-distance accuracy: a sequence as given (one per distance 1..depth), a number a as a ** j."""
     if depth < 1:
         raise ValueError(f"hinted_sweep depth must be >= 1, got {depth}")
-    acc = tuple(float(accuracy) ** j for j in range(1, depth + 1)) if np.isscalar(accuracy) else \
-        tuple(float(a) for a in accuracy)
+    given = [accuracy] if np.isscalar(accuracy) else list(accuracy)
+    if not all(isinstance(a, numbers.Real) and not isinstance(a, bool) for a in given):
+        acc = ()  # words, not numbers: the error below
+    elif np.isscalar(accuracy):
+        acc = tuple(float(accuracy) ** j for j in range(1, depth + 1))
+    else:
+        acc = tuple(float(a) for a in given)
     if len(acc) != depth or not all(0 <= a <= 1 for a in acc):
-        raise ValueError(f"hinted_sweep accuracy must be one number or {depth} numbers in [0, 1], got {accuracy}")
+        raise ValueError(f"hinted_sweep accuracy must be one number or {depth} numbers in [0, 1], got {accuracy!r}")
     return acc
 
 

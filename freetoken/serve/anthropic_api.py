@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from freetoken.serve.chat import ChatInput, Params, text_of, tool_call
+from freetoken.serve.chat import ChatInput, Params, part_text, text_of, tool_call
 from freetoken.serve.errors import APIError
 from freetoken.serve.fields import check_fields, forced_tool
 from freetoken.serve.openai_api import Lenient
@@ -70,7 +70,10 @@ def _messages(system, messages: list[AnthropicMessage]) -> list[dict]:
         for j, block in enumerate(m.content):
             kind = block.get("type")
             if kind == "text":
-                text.append(block.get("text", ""))
+                try:
+                    text.append(part_text(block, "text", f"messages[{i}].content[{j}]"))
+                except ValueError as e:
+                    raise APIError(400, str(e))
             elif kind == "tool_use" and m.role == "assistant":
                 calls.append(tool_call(block.get("name", ""), block.get("input", {}), block.get("id")))
             elif kind == "tool_result" and m.role == "user":
@@ -141,7 +144,7 @@ def _output_schema(config: dict | None) -> tuple[dict | None, dict]:
         raise APIError(400, f"output_config.{sorted(unknown)[0]}: not supported by this server")
     fmt, schema = config.get("format"), None
     if fmt is not None:
-        if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
             raise APIError(400, "output_config.format: expected {\"type\": \"json_schema\", \"schema\": {...}}")
         schema = fmt["schema"]
     return schema, ({"reasoning_effort": config["effort"]} if config.get("effort") else {})

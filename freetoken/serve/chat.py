@@ -66,21 +66,34 @@ class ChatInput:
 
 
 def text_of(content: Any, where: str) -> str:
-    """Message content as text: a string, or a list of text parts (OpenAI, Anthropic and Responses part types)."""
+    """Message content as text: a string, or a list of text parts (OpenAI, Anthropic and Responses part types).
+    A part of another shape is a ValueError naming it (`where[i]`), the caller's 400."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise ValueError(f"{where}: expected a string or a list of content parts, got {type(content).__name__}")
     parts = []
     for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise ValueError(f"{where}[{i}]: a content part is an object with a type, got {type(part).__name__}")
         kind = part.get("type")
         if kind in ("text", "input_text", "output_text"):
-            parts.append(part.get("text", ""))
+            parts.append(part_text(part, "text", f"{where}[{i}]"))
         elif kind in ("refusal",):
-            parts.append(part.get("refusal", ""))
+            parts.append(part_text(part, "refusal", f"{where}[{i}]"))
         else:
             raise ValueError(f"{where}[{i}]: content part type {kind!r} is not supported (text only)")
     return "".join(parts)
+
+
+def part_text(part: dict, key: str, where: str) -> str:
+    """part[key], which must be a string (absent: empty)."""
+    text = part.get(key, "")
+    if not isinstance(text, str):
+        raise ValueError(f"{where}.{key}: expected a string, got {type(text).__name__}")
+    return text
 
 
 def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict:

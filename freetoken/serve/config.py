@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,13 +58,13 @@ class ServeConfig:
             raise ValueError(f"--max-running must be >= 1, got {self.max_running}")
         if self.max_waiting < 0:
             raise ValueError(f"--max-waiting must be >= 0, got {self.max_waiting}")
-        if self.device_budget_gb is not None and self.device_budget_gb <= 0:
-            raise ValueError(f"--device-budget must be positive (GiB), got {self.device_budget_gb}")
+        if self.device_budget_gb is not None and not 0 < self.device_budget_gb < math.inf:  # nan fails too
+            raise ValueError(f"--device-budget must be a positive, finite number of GiB, got {self.device_budget_gb}")
         for name in ("kv_floor", "max_context"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
-        if self.max_body_mb <= 0:
-            raise ValueError(f"--max-body-mb must be positive, got {self.max_body_mb}")
+        if not 0 < self.max_body_mb < math.inf:
+            raise ValueError(f"--max-body-mb must be a positive, finite number, got {self.max_body_mb}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key must not be empty")
         from freetoken.serve.parsers import REASONING_PARSERS, TOOL_PARSERS

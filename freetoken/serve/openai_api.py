@@ -78,7 +78,8 @@ def openai_tools(tools: list[dict] | None, tool_choice) -> list[dict] | None:
     if not tools or tool_choice == "none":
         return None
     for i, t in enumerate(tools):
-        if t.get("type") != "function" or not isinstance(t.get("function", {}).get("name"), str):
+        fn = t.get("function")
+        if t.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise APIError(400, f"tools[{i}]: only function tools with a name are supported", f"tools.{i}")
     return tools
 
@@ -92,7 +93,10 @@ def tool_mode(tools: list[dict] | None, choice, param: str = "tool_choice") -> t
     if choice == "required":
         return tools, "required"
     if isinstance(choice, dict) and choice.get("type") == "function":
-        name = (choice.get("function") or {}).get("name", choice.get("name"))
+        fn = choice.get("function") or {}
+        if not isinstance(fn, dict):
+            raise APIError(400, f"{param}.function: expected an object with a name, got {type(fn).__name__}", param)
+        name = fn.get("name", choice.get("name"))
         return forced_tool(tools, name, param), "named"
     raise APIError(400, f"{param}: expected none, auto, required or a function, got {choice!r}", param)
 
@@ -119,6 +123,15 @@ def sampling_fields(req, logprobs: int | None) -> dict:
                 frequency_penalty=req.frequency_penalty or 0.0, logit_bias=logit_bias(req.logit_bias))
 
 
+def assistant_call(call: dict, where: str, param: str) -> dict:
+    """One tool call of an assistant message, in template form; its function must be an object."""
+    fn = call.get("function", {})
+    if not isinstance(fn, dict):
+        raise APIError(400, f"{where}.function: expected an object with name and arguments, got "
+                            f"{type(fn).__name__}", param)
+    return tool_call(fn.get("name", ""), fn.get("arguments", "{}"), call.get("id"))
+
+
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
@@ -129,9 +142,8 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
         msg = {"role": "system" if m.role == "developer" else ("tool" if m.role == "function" else m.role),
                "content": content}
         if m.tool_calls:
-            msg["tool_calls"] = [tool_call(c.get("function", {}).get("name", ""),
-                                           c.get("function", {}).get("arguments", "{}"), c.get("id"))
-                                 for c in m.tool_calls]
+            msg["tool_calls"] = [assistant_call(c, f"messages[{i}].tool_calls[{j}]", f"messages.{i}.tool_calls")
+                                 for j, c in enumerate(m.tool_calls)]
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         out.append(msg)

@@ -93,6 +93,8 @@ def responses_input(req: ResponsesRequest) -> ChatInput:
     tools, mode = tool_mode(_tools(req), req.tool_choice)
     parallel = req.parallel_tool_calls is not False
     fmt = (req.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError(400, f"text.format: expected an object with a type, got {type(fmt).__name__}", "text.format")
     schema = response_schema({"type": fmt.get("type"), "json_schema": fmt} if fmt else None, "text.format")
     if schema is not None and mode != "auto":
         raise APIError(400, "text.format: cannot be combined with a forced tool_choice", "text.format")

@@ -150,8 +150,8 @@ class Service:
 
         try:
             sampling = sampling_params(self.backend.generation_defaults, p.temperature, p.top_p, p.top_k, seed=p.seed)
-        except ValueError as e:
-            raise APIError(400, str(e))
+        except ValueError as e:  # SamplingParams' messages begin with the field's name
+            raise APIError(400, str(e), str(e).split(" ", 1)[0])
         grammar = None
         if p.json_schema is not None:
             try:

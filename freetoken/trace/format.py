@@ -230,6 +230,8 @@ def load(path: str | os.PathLike) -> RoutingTrace:
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
+    if path.is_dir():
+        raise TraceError(f"{path}: is a folder, not a trace file")
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
     try:

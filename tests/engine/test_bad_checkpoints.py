@@ -106,6 +106,20 @@ def test_config_missing_a_field(ckpt_dir, field):
         load_checkpoint(ckpt_dir)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("num_experts", 0, "num_experts must be positive, got 0"),
+    ("num_experts_per_tok", 100, "top_k 100 exceeds num_experts 8"),
+])
+def test_config_value_out_of_range_names_the_checkpoints_file(ckpt_dir, field, value, message):
+    """Was a bare "config.json: ...": which checkpoint's (a server or a sweep loads several) went unsaid."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg[field] = value
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(ckpt_dir)
+    assert str(err.value) == f"{ckpt_dir / 'config.json'}: {message}"
+
+
 def test_hub_id_fails_offline():
     with pytest.raises(CheckpointError, match=r"Qwen/Qwen3-30B-A3B: no such local directory, and hub ids cannot "
                                               r"be loaded offline"):

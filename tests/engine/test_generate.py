@@ -105,6 +105,13 @@ def test_ft_generate_chat_uses_the_template(capsys):
     (["--policy", "belady"], "--policy belady needs --future-trace"),
     (["--capacity", "99"], "capacity 99 exceeds the model's 16 routed experts"),
     (["--split", "hybrid"], "hybrid split needs bp > 0 and bh > 0"),
+    (["--device", "nope"], "--device 'nope' is not one of cpu, cuda, cuda:N"),  # was torch's RuntimeError
+    pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here",  # was torch's AssertionError
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+    (["--system", "be brief"], "--system applies with --chat (a system turn of the chat template)"),
+    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),  # was torch's RuntimeError
+    (["--seed", str(2**64)], "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), "
+                             "got 18446744073709551616"),
 ])
 def test_ft_generate_bad_input(capsys, argv, message):
     from freetoken.cli import main
@@ -112,6 +119,19 @@ def test_ft_generate_bad_input(capsys, argv, message):
     assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_ft_generate_record_trace_path_mistakes_are_named_before_the_run(capsys, tmp_path):
+    """A folder, or a file where a folder should be: one line naming the flag and path, before the model loads
+    (the run's output is not lost to a save that was bound to fail)."""
+    from freetoken.cli import main
+
+    (tmp_path / "notes").write_text("mine\n")
+    for path, why in ((tmp_path, "it is a folder; give a file name"),
+                      (tmp_path / "notes" / "t.safetensors", f"{tmp_path / 'notes'} is a file, not a folder")):
+        assert main(["generate", "--kernels", "reference", "--device", "cpu", "--record-trace", str(path)]) == 2
+        assert capsys.readouterr().err == f"ft generate: error: --record-trace {path}: cannot write ({why})\n"
+    assert (tmp_path / "notes").read_text() == "mine\n"
 
 
 def test_demo_build_is_deterministic_and_small(tmp_path):
@@ -127,6 +147,29 @@ def test_demo_build_is_deterministic_and_small(tmp_path):
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
+
+
+def test_demo_build_replaces_only_a_demo_checkpoint(tmp_path, capsys):
+    """A rebuild replaces a previous build's folder; a folder holding anything else, or a file, is refused by name
+    and left as it was (a build replaces the whole folder: `--out ~/models` once deleted it)."""
+    from freetoken.cli import main
+
+    demo = tmp_path / "demo"
+    assert main(["demo", "build", "--out", str(demo)]) == 0
+    assert main(["demo", "build", "--out", str(demo)]) == 0  # its own files only: replaced
+    capsys.readouterr()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.txt").write_text("precious\n")
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    (tmp_path / "note").write_text("x\n")
+    for out, message in ((tmp_path / "mine", "holds thesis.txt, not only a demo checkpoint; give a new or empty "
+                                             "folder (a build replaces the whole folder)"),
+                         (tmp_path / "note", "is a file; give a folder for the demo checkpoint"),
+                         (tmp_path / "note" / "demo", f"cannot write ({tmp_path / 'note'} is a file, not a folder)")):
+        assert main(["demo", "build", "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"ft demo: error: {out}: {message}\n"
+    assert (tmp_path / "mine" / "thesis.txt").read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "mine", "note"]  # no temp folder left
 
 
 def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):

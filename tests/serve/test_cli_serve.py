@@ -79,3 +79,7 @@ def test_ft_serve_bad_arguments_are_one_line_errors(tmp_path, tiny_model_dir, ca
     code, err = run("--model", str(tiny_model_dir), "--device-budget", "0.001", "--kv-floor", "100000", "--port", "0")
     assert code == 2 and "KV floor of 100000 tokens (24.41 MiB)" in err and "lower --kv-floor" in err
     assert "Traceback" not in err
+    for flag, value, words in (("--device-budget", "nan", " of GiB"), ("--device-budget", "inf", " of GiB"),
+                               ("--max-body-mb", "nan", "")):  # nan was 'cannot convert float NaN to integer'
+        code, err = run("--model", str(tiny_model_dir), flag, value)
+        assert (code, err) == (2, f"ft serve: error: {flag} must be a positive, finite number{words}, got {value}\n")

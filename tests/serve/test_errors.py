@@ -107,3 +107,72 @@ def test_sdk_clients_raise_their_own_error_types(served, model_id, client_kind):
             c.messages.create(model="nope", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(anthropic.BadRequestError):
             c.messages.create(model=model_id, max_tokens=0, messages=[{"role": "user", "content": "hi"}])
+
+
+def _user(content):
+    return [{"role": "user", "content": content}]
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+WRONG_SHAPES = [  # (path, body without model, message, OpenAI param or None): each was a 500 (a TypeError or an
+    # AttributeError inside) before
+    ("/v1/chat/completions", {"messages": _user([{"type": "text", "text": 1}])},
+     "messages[0].content[0].text: expected a string, got int", "messages.0.content"),
+    ("/v1/chat/completions", {"messages": _user("hi") + [{"role": "assistant", "content": "",
+                                                           "tool_calls": [{"id": "c", "function": "f"}]}]},
+     "messages[1].tool_calls[0].function: expected an object with name and arguments, got str",
+     "messages.1.tool_calls"),
+    ("/v1/chat/completions", {"messages": _user("hi"), "tools": [{"type": "function", "function": "f"}]},
+     "tools[0]: only function tools with a name are supported", "tools.0"),
+    ("/v1/chat/completions", {"messages": _user("hi"), "tools": [TOOL],
+                              "tool_choice": {"type": "function", "function": "f"}},
+     "tool_choice.function: expected an object with a name, got str", "tool_choice"),
+    ("/v1/chat/completions", {"messages": _user("hi"), "seed": 2**64},
+     "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), got 18446744073709551616",
+     "seed"),
+    ("/v1/completions", {"prompt": "hi", "seed": -2**63 - 1},
+     "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), got -9223372036854775809",
+     "seed"),
+    ("/v1/responses", {"input": [{"role": "user", "content": 1}]},
+     "input[0].content: expected a string or a list of content parts, got int", "input.0.content"),
+    ("/v1/responses", {"input": [{"role": "user", "content": ["hi"]}]},
+     "input[0].content[0]: a content part is an object with a type, got str", "input.0.content"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": None}]}]},
+     "input[0].content[0].text: expected a string, got NoneType", "input.0.content"),
+    ("/v1/responses", {"input": "hi", "text": {"format": "json"}},
+     "text.format: expected an object with a type, got str", "text.format"),
+    ("/v1/messages", {"max_tokens": 2, "messages": _user([{"type": "text", "text": 1.5}])},
+     "messages[0].content[0].text: expected a string, got float", None),
+    ("/v1/messages/count_tokens", {"messages": _user([{"type": "text", "text": [1]}])},
+     "messages[0].content[0].text: expected a string, got list", None),
+    ("/v1/messages", {"max_tokens": 2, "messages": _user("hi"), "output_config": {"format": "json"}},
+     'output_config.format: expected {"type": "json_schema", "schema": {...}}', None),
+]
+
+
+@pytest.mark.parametrize("path, body, message, param", WRONG_SHAPES)
+def test_a_field_of_the_wrong_shape_is_a_400_naming_it(served, model_id, path, body, message, param):
+    r = post(served.url + path, {"model": model_id, **body})
+    assert r.status_code == 400, r.text
+    if path.startswith("/v1/messages"):
+        assert r.json() == {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    else:
+        assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": param,
+                                     "code": None}
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": _user("hi")}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/completions", {"prompt": "hi"}),
+    ("/v1/messages", {"max_tokens": 2, "messages": _user("hi")}),
+])
+def test_an_unknown_model_is_a_404_naming_both_models(served, model_id, path, body):
+    r = post(served.url + path, {"model": "no-such-model", **body})
+    message = f"model 'no-such-model' does not exist; this server serves {model_id!r}"
+    assert r.status_code == 404, r.text
+    if path == "/v1/messages":
+        assert r.json() == {"type": "error", "error": {"type": "not_found_error", "message": message}}
+    else:
+        assert r.json()["error"] == {"message": message, "type": "invalid_request_error", "param": "model",
+                                     "code": "model_not_found"}

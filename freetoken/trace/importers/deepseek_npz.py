@@ -18,6 +18,8 @@ NUM_EXPERTS = 64  # routed experts of DeepSeek-V2-Lite; the 2 shared experts are
 
 def import_deepseek_npz(path: str | Path, *, num_experts: int = NUM_EXPERTS) -> RoutingTrace:
     path = Path(path)
+    if path.is_file() and not zipfile.is_zipfile(path):  # np.load would read a .npy array, or try pickle
+        raise TraceError(f"{path}: not a .npz archive (not a zip file; a .npz holds experts, offsets, prompt_ids)")
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {name: z[name] for name in ("experts", "offsets", "prompt_ids") if name in z.files}
