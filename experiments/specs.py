@@ -15,6 +15,7 @@ from freetoken.placement.config import SOURCE_OPTIONS, ConfigError, policy_optio
 HYDRA_NAMES = {"policy": "policy.name", "options": "policy.options", "profile": "policy.profile",
                "capacity": "cache.capacity", "fraction": "cache.fraction", "split": "split",
                "prefill_chunk": "sim.prefill_chunk", "expert_bytes": "sim.expert_bytes",
+               "n_cpu_layers": "policy.options.n_cpu_layers",
                **{f: f"split.{f}" for f in ("mode", "rule", "bp", "bh", "max_fetch")}}
 
 

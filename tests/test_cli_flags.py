@@ -83,6 +83,8 @@ def test_policy_option_reaches_the_policy(capsys):
     (["serve", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["serve", "--backend", "hf", "--capacity", "4"], "--capacity does nothing for --backend hf"),
     (["serve", "--n-cpu-moe", "1", "--policy", "lru"], "--n-cpu-moe does nothing for --policy lru"),
+    (["sim", "--n-cpu-moe", "999"], "--n-cpu-moe must lie in [0, 32] (the MoE layers), got 999"),  # not n_cpu_layers
+    (["generate", "--n-cpu-moe", "999"], "--n-cpu-moe must lie in [0, 2] (the MoE layers), got 999"),  # the demo's 2
     (["predict", "--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--fraction", "0"],
      "--fraction must lie in (0, 1], got 0.0 (no cache at all: --capacity 0)"),
 ])

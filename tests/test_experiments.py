@@ -172,6 +172,14 @@ def test_cli_bad_value_is_one_line_and_writes_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_policy_option_error_names_its_key(tmp_path, tiny_trace_file):
+    """static_layers' range, found when the policy is built on the trace, is spelled as the config key."""
+    done = entry("experiments.replay", "policy=static_layers", "policy.options.n_cpu_layers=999",
+                 f"trace.path={tiny_trace_file}", "trace.name=tiny", f"results.dir={tmp_path}")
+    assert (done.returncode, done.stderr) == (2, "experiments.replay: error: policy.options.n_cpu_layers must lie "
+                                                 "in [0, 4] (the MoE layers), got 999\n")  # the trace's 4 layers
+
+
 def test_results_dir_that_is_a_file_is_one_line(tmp_path):
     (tmp_path / "results").write_text("mine\n")
     for value, why in ((tmp_path / "results", "it is a file"),

@@ -55,7 +55,9 @@ def test_hybrid_split_moves_work_to_cpu(trace_file, capsys):
         (["--fraction", "1.5"], "fraction must lie in (0, 1]"),
         (["--capacity", "999"], "capacity 999 exceeds"),
         (["--split", "hybrid", "--capacity", "4"], "bp > 0"),
-        (["--policy", "static_layers", "--capacity", "8", "--n-cpu-layers", "0"], "n_cpu_layers=0"),
+        (["--policy", "static_layers", "--capacity", "8", "--n-cpu-layers", "0"],
+         "--n-cpu-moe=0 keeps 4 layers resident, which needs 32 expert slots; the cache has 8"),  # 4 layers x 8
+        (["--n-cpu-moe", "999"], "--n-cpu-moe must lie in [0, 4] (the MoE layers), got 999"),  # the option's flag
         (["--policy", "frequency", "--capacity", "8", "--scope", "unified"], "frequency scope 'unified' is not one"),
         (["--policy", "lru", "--capacity", "8", "--scope", "global"], "lru scope 'global' is not one"),
     ],

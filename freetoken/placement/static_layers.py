@@ -3,6 +3,7 @@ every expert of the other layers is resident. --cpu-moe is N = all layers."""
 
 from __future__ import annotations
 
+from freetoken.placement.config import ConfigError
 from freetoken.placement.policy import PlacementPolicy
 
 
@@ -19,11 +20,13 @@ class StaticLayers(PlacementPolicy):
         super().__init__(capacity, num_layers, num_experts)
         if n_cpu_layers is None:
             n_cpu_layers = cpu_layers_for(capacity, num_layers, num_experts)
+        # ConfigErrors: worded by the entry point (--n-cpu-moe in `ft`, policy.options.n_cpu_layers under Hydra)
         if not 0 <= n_cpu_layers <= num_layers:
-            raise ValueError(f"n_cpu_layers must lie in [0, {num_layers}], got {n_cpu_layers}")
+            raise ConfigError("{n_cpu_layers} must lie in [0, {L}] (the MoE layers), got {v}", L=num_layers,
+                              v=n_cpu_layers)
         need = (num_layers - n_cpu_layers) * num_experts
         if need > capacity:
-            raise ValueError(f"n_cpu_layers={n_cpu_layers} keeps {num_layers - n_cpu_layers} layers resident, "
-                             f"which needs {need} expert slots; capacity is {capacity}")
+            raise ConfigError("{n_cpu_layers}={n} keeps {r} layers resident, which needs {need} expert slots; the "
+                              "cache has {c}", n=n_cpu_layers, r=num_layers - n_cpu_layers, need=need, c=capacity)
         self.n_cpu_layers = n_cpu_layers
         self._place_pinned(range(n_cpu_layers * num_experts, num_layers * num_experts))
