@@ -108,6 +108,16 @@ def draft_config(args: argparse.Namespace):
     return DraftConfig(args.draft, depth=args.draft_depth, max_ngram=args.draft_ngram)
 
 
+def check_sampling(args: argparse.Namespace) -> None:
+    """The sampling flags as typed, checked before the model loads (a flag left out takes the checkpoint's
+    generation_config.json value, checked once it is read)."""
+    from freetoken.engine.sampling import sampling_params
+    from freetoken.models.generation_config import GenerationDefaults
+
+    sampling_params(GenerationDefaults(), args.temperature, args.top_p, args.top_k, greedy=args.greedy,
+                    seed=args.seed)
+
+
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
     from freetoken.models.tokenizer import chat_prompt
 
@@ -141,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--system applies with --chat (a system turn of the chat template)")
     if args.record_trace:
         check_output(args.record_trace, "--record-trace")
+    check_sampling(args)
     draft = draft_config(args)
     if draft is None and "carry=drafts" in [o.replace(" ", "") for o in args.policy_option]:
         raise ValueError("--policy-option carry=drafts hands the rejected drafts to the policy: add --draft ngram")

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from freetoken.placement.config import ConfigError
+
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
 
 
@@ -19,14 +21,16 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        """ConfigErrors: the field's name first (an API's own parameter names), or `ft generate`'s flag."""
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):  # nan fails every comparison
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise ConfigError("{temperature} must be a finite number >= 0, got {v}", v=self.temperature)
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+            raise ConfigError("{top_p} must lie in (0, 1], got {v}", v=self.top_p)
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise ConfigError("{top_k} must be >= 0, got {v}", v=self.top_k)
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
-            raise ValueError(f"seed must lie in [{SEED_MIN}, {SEED_MAX}] (torch's 64 bits), got {self.seed}")
+            raise ConfigError("{seed} must lie in [{lo}, {hi}] (torch's 64 bits), got {v}", lo=SEED_MIN, hi=SEED_MAX,
+                              v=self.seed)
 
     @property
     def is_greedy(self) -> bool:

@@ -109,9 +109,6 @@ def test_ft_generate_chat_uses_the_template(capsys):
     pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here",  # was torch's AssertionError
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["--system", "be brief"], "--system applies with --chat (a system turn of the chat template)"),
-    (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),  # was torch's RuntimeError
-    (["--seed", str(2**64)], "seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), "
-                             "got 18446744073709551616"),
 ])
 def test_ft_generate_bad_input(capsys, argv, message):
     from freetoken.cli import main
@@ -119,6 +116,27 @@ def test_ft_generate_bad_input(capsys, argv, message):
     assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0, got nan"),  # was torch's RuntimeError
+    (["--seed", str(2**64)], "--seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 bits), "
+                             "got 18446744073709551616"),
+    (["--seed", str(-2**63 - 1)], "--seed must lie in [-9223372036854775808, 18446744073709551615] (torch's 64 "
+                                  "bits), got -9223372036854775809"),
+    (["--top-p", "0"], "--top-p must lie in (0, 1], got 0.0"),
+    (["--top-k", "-1"], "--top-k must be >= 0, got -1"),
+])
+def test_ft_generate_flag_errors_come_before_the_model_loads(capsys, monkeypatch, argv, message):
+    """What the flags alone decide is one line naming the flag, and no model is loaded for it."""
+    from freetoken.cli import cmd_generate, main
+
+    def no_engine(args):
+        raise AssertionError("the model was loaded before the flags were checked")
+
+    monkeypatch.setattr(cmd_generate, "build_engine", no_engine)
+    assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
+    assert capsys.readouterr().err == f"ft generate: error: {message}\n"
 
 
 def test_ft_generate_record_trace_path_mistakes_are_named_before_the_run(capsys, tmp_path):
