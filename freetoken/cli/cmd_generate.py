@@ -118,6 +118,16 @@ def check_sampling(args: argparse.Namespace) -> None:
                     seed=args.seed)
 
 
+def check_room(prompt_tokens: int, args: argparse.Namespace, context: int) -> None:
+    """The KV cache holds the prompt and every generated token but the last (sampled, never attended to)."""
+    need = prompt_tokens + args.max_tokens - 1
+    if need > context:
+        have = (f"--max-context {context}" if args.max_context is not None else
+                f"the default context of {context} tokens (--max-context sets it)")
+        raise ValueError(f"{have} is too short: the prompt's {prompt_tokens} tokens and --max-tokens "
+                         f"{args.max_tokens} need a context of {need}")
+
+
 def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
     from freetoken.models.tokenizer import chat_prompt
 
@@ -155,10 +165,13 @@ def run(args: argparse.Namespace) -> int:
     draft = draft_config(args)
     if draft is None and "carry=drafts" in [o.replace(" ", "") for o in args.policy_option]:
         raise ValueError("--policy-option carry=drafts hands the rejected drafts to the policy: add --draft ngram")
+    if args.token_ids is not None and args.max_context is not None and args.max_context > 0:  # flags alone
+        check_room(len(_ids(args.token_ids, "--token-ids")), args, args.max_context)
     engine = build_engine(args)
     sampling = sampling_params(engine.generation_defaults, args.temperature, args.top_p, args.top_k,
                                greedy=args.greedy, seed=args.seed)
     ids = prompt_ids(args, engine)
+    check_room(len(ids), args, engine.max_context)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     store = engine.store
     for note in engine.checkpoint.notes:  # what loading left out (a multimodal checkpoint's vision tower)

@@ -109,6 +109,10 @@ def test_ft_generate_chat_uses_the_template(capsys):
     pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here",  # was torch's AssertionError
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
     (["--system", "be brief"], "--system applies with --chat (a system turn of the chat template)"),
+    (["--max-tokens", "5000"], "the default context of 2048 tokens (--max-context sets it) is too short: the "
+                               "prompt's 2 tokens and --max-tokens 5000 need a context of 5001"),  # demo: 2048
+    (["--max-context", "4", "--max-tokens", "20"],  # the default prompt "The experts": 2 tokens
+     "--max-context 4 is too short: the prompt's 2 tokens and --max-tokens 20 need a context of 21"),
 ])
 def test_ft_generate_bad_input(capsys, argv, message):
     from freetoken.cli import main
@@ -116,6 +120,13 @@ def test_ft_generate_bad_input(capsys, argv, message):
     assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_ft_generate_context_that_just_fits_runs(capsys):
+    """The bound of the --max-context check is the KV cache's own: 3 prompt tokens + 32 - 1 fit in 34."""
+    out = _ft(capsys, "generate", "--token-ids", "1,2,3", "--max-context", "34", "--max-tokens", "32",
+              "--stop-token-ids", "", "--json", "--kernels", "reference", "--device", "cpu")
+    assert len(out["token_ids"]) == 32 and out["prompt_tokens"] == 3
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -126,6 +137,8 @@ def test_ft_generate_bad_input(capsys, argv, message):
                                   "bits), got -9223372036854775809"),
     (["--top-p", "0"], "--top-p must lie in (0, 1], got 0.0"),
     (["--top-k", "-1"], "--top-k must be >= 0, got -1"),
+    (["--token-ids", "1,2,3", "--max-context", "4"],  # 3 + 32 - 1: the last sampled token is never stored
+     "--max-context 4 is too short: the prompt's 3 tokens and --max-tokens 32 need a context of 34"),
 ])
 def test_ft_generate_flag_errors_come_before_the_model_loads(capsys, monkeypatch, argv, message):
     """What the flags alone decide is one line naming the flag, and no model is loaded for it."""
