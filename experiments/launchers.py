@@ -1,5 +1,6 @@
 """Sweep launchers: before Hydra composes, a `hydra/launcher=NAME` whose plugin is not installed is named with the
-package to install (Hydra itself only says it "could not load" the plugin's config)."""
+package to install (Hydra itself only says it "could not load" the plugin's config); after it composes, a results.dir
+that cannot be written in is one line (ResultsDirCheck), before Hydra makes its log folder there."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Callable
 
 import yaml
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
 
 from freetoken.paths import CONF_DIR
 
@@ -50,21 +53,15 @@ def check_launcher(prog: str, argv: list[str], conf_dir: Path = CONF_DIR) -> Non
             sys.exit(2)
 
 
-def check_results_dir(prog: str, argv: list[str]) -> None:
-    """Exit 2 with one line when results.dir (an override, else $FT_RESULTS_DIR) is a file, lies under one, or
-    cannot be made: Hydra makes its log folder there first and would fail with a traceback."""
-    import os
-
+def check_results_dir(prog: str, value: str) -> None:
+    """Exit 2 with one line when results.dir is a file, lies under one, or cannot be made (no permission, a
+    read-only disk): Hydra makes its log folder there first and would fail with a traceback."""
     from freetoken.io import folder_problem
 
-    given = [value for key, _, value in (a.partition("=") for a in argv) if key.lstrip("+~") == "results.dir"]
-    value = given[-1] if given else os.environ.get("FT_RESULTS_DIR")
-    if not value or "${" in value:  # an interpolation: Hydra resolves it
-        return
     problem = folder_problem(Path(value))
     if problem is None:
         try:
-            Path(value).mkdir(parents=True, exist_ok=True)  # as Hydra is about to; no permission, a read-only disk
+            Path(value).mkdir(parents=True, exist_ok=True)  # as Hydra is about to
         except OSError as e:
             problem = e.strerror or str(e)
     if problem:
@@ -72,8 +69,19 @@ def check_results_dir(prog: str, argv: list[str]) -> None:
         sys.exit(2)
 
 
+class ResultsDirCheck(Callback):
+    """conf/hydra/default.yaml's callback: the composed results.dir (the command line's, $FT_RESULTS_DIR, a preset's
+    or an interpolation's) checked after Hydra composes and before it makes its log folder under it."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        check_results_dir(f"experiments.{config.hydra.job.name}", config.results.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        self.on_run_start(config)
+
+
 def launch(main: Callable[[], object], prog: str) -> None:
-    """The entry points' `__main__`: check the launcher and the results folder, then hand over to Hydra."""
+    """The entry points' `__main__`: check the launcher, then hand over to Hydra (which checks results.dir through
+    ResultsDirCheck)."""
     check_launcher(prog, sys.argv[1:])
-    check_results_dir(prog, sys.argv[1:])
     main()

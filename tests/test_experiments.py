@@ -190,6 +190,25 @@ def test_results_dir_that_is_a_file_is_one_line(tmp_path):
     assert (tmp_path / "results").read_text() == "mine\n"
 
 
+def test_results_dir_from_a_preset_or_an_interpolation_is_checked_as_composed(tmp_path):
+    """Not only a results.dir typed on the command line: the value Hydra composes, before it makes its log folder
+    there (was Hydra's NotADirectoryError traceback)."""
+    (tmp_path / "notes").write_text("mine\n")
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "mine.yaml").write_text(
+        f"# @package _global_\nresults:\n  dir: {tmp_path / 'notes'}\n")
+    preset = entry("experiments.replay", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "experiment=mine")
+    interpolated = subprocess.run([sys.executable, "-m", "experiments.replay", "results.dir=${oc.env:MINE}/sub"],
+                                  cwd=REPO, env={**os.environ, "MINE": str(tmp_path / "notes")}, capture_output=True,
+                                  text=True, timeout=240)
+    assert (preset.returncode, preset.stderr) == (2, f"experiments.replay: error: results.dir {tmp_path / 'notes'}: "
+                                                     f"cannot write (it is a file)\n")
+    assert (interpolated.returncode, interpolated.stderr) == (
+        2, f"experiments.replay: error: results.dir {tmp_path / 'notes' / 'sub'}: cannot write "
+           f"({tmp_path / 'notes'} is a file, not a folder)\n")
+    assert (tmp_path / "notes").read_text() == "mine\n"
+
+
 def test_results_dir_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, capsys):
     import pathlib
 
@@ -200,7 +219,7 @@ def test_results_dir_that_cannot_be_made_is_one_line(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(pathlib.Path, "mkdir", refuse)  # as a folder this user may not write in
     with pytest.raises(SystemExit) as done:
-        check_results_dir("experiments.replay", [f"results.dir={tmp_path / 'r'}"])
+        check_results_dir("experiments.replay", str(tmp_path / "r"))
     assert done.value.code == 2
     assert capsys.readouterr().err == (f"experiments.replay: error: results.dir {tmp_path / 'r'}: cannot write "
                                        f"(Permission denied)\n")
