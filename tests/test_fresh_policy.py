@@ -1,0 +1,64 @@
+"""What a short replay no longer rebuilds must not leak between runs: a compiled policy built without options starts
+from a kept copy of its cold state, policies of one size share their scratch buffers, and replay_stream's log makes
+its count columns on first read (TableLog). Each is checked against the Python reference, column by column or Plan
+by Plan, with the policies used in turn."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+from freetoken.placement import Split, make_policy
+from freetoken.sim.calls import trace_stream
+from freetoken.sim.replay import COLUMNS, TableLog, replay, replay_stream
+from tests.test_compiled_policies import synthetic
+
+SPLIT = Split("hybrid", "balanced", bp=20.0, bh=30.0, fetch_order="most_tokens")  # fetches some misses, not all
+
+
+def _columns(log) -> dict:
+    return {c: getattr(log, c).tolist() for c in COLUMNS}
+
+
+@pytest.mark.parametrize("name", ["lru", "s3fifo", "ktransformers_dynamic"])
+def test_a_policy_built_after_a_used_one_starts_cold(name):
+    trace = synthetic(3, T=40)
+    stream = trace_stream(trace, 5)
+    L, E, capacity = trace.num_layers, trace.num_experts, 9
+    want = _columns(replay(stream.calls(), make_policy(name, capacity, L, E, reference=True), SPLIT).log)
+    used = make_policy(name, capacity, L, E)
+    assert _columns(replay_stream(stream, used, SPLIT).log) == want
+    fresh = make_policy(name, capacity, L, E)  # built from the kept state after `used` changed its own copy
+    cold = dict(make_policy(name, capacity, L, E, reference=True).slot_of)  # empty, or a warm start's pinned set
+    assert used.calls_planned == stream.num_calls and fresh.calls_planned == fresh.clock == 0 and fresh.slot_of == cold
+    assert not any(np.shares_memory(a, b) for a, b in zip(fresh.core + fresh.state, used.core + used.state))
+    assert _columns(replay_stream(stream, fresh, SPLIT).log) == want
+
+
+def test_policies_of_one_size_planning_in_turn_give_the_reference_plans():
+    trace = synthetic(5, T=40)
+    calls = list(trace_stream(trace, 5).calls())
+    L, E = trace.num_layers, trace.num_experts
+    forward, backward = make_policy("lru", 9, L, E), make_policy("lru", 9, L, E)  # one scratch, read in turn
+    ref_forward, ref_backward = (make_policy("lru", 9, L, E, reference=True) for _ in range(2))
+    assert forward._buf is backward._buf
+    for a, b in zip(calls, reversed(calls)):
+        assert forward.plan(a, SPLIT) == ref_forward.plan(a, SPLIT)
+        assert backward.plan(b, SPLIT) == ref_backward.plan(b, SPLIT)
+
+
+def test_table_log_columns_are_the_references():
+    trace = synthetic(7, T=40)
+    stream = trace_stream(trace, 5)
+    L, E = trace.num_layers, trace.num_experts
+    log = replay_stream(stream, make_policy("lru", 9, L, E), SPLIT).log
+    ref = replay(stream.calls(), make_policy("lru", 9, L, E, reference=True), SPLIT).log
+    assert type(log) is TableLog
+    assert _columns(log) == _columns(ref) and sum(ref.fetched) > 0 and sum(ref.cpu) > 0
+    assert _columns(pickle.loads(pickle.dumps(log))) == _columns(ref)
+    log.hits[0] += 100  # a column is a view of the table, read once
+    assert log.table[0, 0] == log.hits[0] == ref.hits[0] + 100
+    with pytest.raises(AttributeError, match="no attribute 'hitz'"):
+        log.hitz
