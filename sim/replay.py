@@ -42,28 +42,6 @@ class ReplayLog:
         return len(self.layer)
 
 
-ROWS = {c: i for i, c in enumerate(COLUMNS[5:] + COLUMNS[3:5])}  # count column -> its row of a compiled log's table
-
-
-class TableLog(ReplayLog):
-    """A ReplayLog whose count columns are the rows of the [10, C] table a compiled replay filled (hits ..
-    cpu_tokens, experts, tokens), each made a view on its first read: ten views up front were ~1.5 us of a short
-    replay, and most runs read only the totals."""
-
-    __slots__ = ("table",)
-
-    def __init__(self, layer: np.ndarray, phase: np.ndarray, request: np.ndarray, table: np.ndarray):
-        self.layer, self.phase, self.request, self.table = layer, phase, request, table
-
-    def __getattr__(self, name: str):  # only for a column not read yet (a set slot is found first)
-        row = ROWS.get(name)
-        if row is None:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        view = self.table[row]
-        setattr(self, name, view)
-        return view
-
-
 @dataclass(slots=True)
 class ReplayResult:
     policy: str
@@ -135,7 +113,8 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
         np.add(counts[5], counts[6], out=counts[9])
         np.add(counts[9], counts[7], out=counts[9])
     # layer, phase, request: the stream's own columns (phase stays int8: its readers compare it, ~2 us saved)
-    log = TableLog(stream.layer, stream.phase, stream.request, counts)
+    rows = tuple(counts)  # [10] row views, in one call
+    log = ReplayLog(stream.layer, stream.phase, stream.request, rows[8], rows[9], *rows[:8])
     return ReplayResult(policy.name, split_label(split, prefill_split), policy.capacity, log, expert_bytes,
                         summed=summed, streamed=streamed)
 
