@@ -23,10 +23,9 @@ from __future__ import annotations
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL
-from freetoken.placement.callstream import CallStream
 from freetoken.trace import RoutingTrace
 from freetoken.sim.batch import Speculation
-from freetoken.sim.calls import Steps, segments, steps_stream
+from freetoken.sim.calls import Steps, segments
 
 
 def verify_step(t: int, lo: int, hi: int, spec: Speculation, rng: np.random.Generator) -> tuple[np.ndarray, int]:
@@ -92,9 +91,3 @@ def speculative_steps(trace: RoutingTrace, spec: Speculation, prefill_chunk: int
             accepted += acc
             draft += [draft_codes(k, spec.depth) for k in acc]
     return Steps.of(groups, phase, accepted, draft=draft)
-
-
-def speculative_stream(trace: RoutingTrace, spec: Speculation, prefill_chunk: int,
-                       seed: int = 0) -> tuple[CallStream, Steps]:
-    steps = speculative_steps(trace, spec, prefill_chunk, seed)
-    return steps_stream(trace, steps), steps

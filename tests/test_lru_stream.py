@@ -67,7 +67,8 @@ def test_verify_calls_count_their_tokens():
     """A speculative verify call is a decode call of d + 1 tokens: its keys' counts exceed 1, and the stream
     replay must read them (the generic driver's token columns), not take a decode call as one token."""
     from freetoken.sim.batch import Speculation
-    from freetoken.sim.speculative import speculative_steps, steps_stream
+    from freetoken.sim.calls import steps_stream
+    from freetoken.sim.speculative import speculative_steps
 
     trace = synthetic(0, T=48)
     stream = steps_stream(trace, speculative_steps(trace, Speculation(3, 0.7), 5, seed=1))

@@ -12,7 +12,8 @@ from freetoken.trace import DECODE, PREFILL, RoutingTrace
 from freetoken.sim.batch import Speculation
 from freetoken.sim.replay import replay
 from freetoken.sim.run import SimConfig, simulate
-from freetoken.sim.speculative import draft_rows, speculative_steps, steps_stream
+from freetoken.sim.calls import steps_stream
+from freetoken.sim.speculative import draft_rows, speculative_steps
 
 
 def trace_of(experts, request, phase, num_experts=8) -> RoutingTrace:
