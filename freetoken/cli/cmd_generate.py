@@ -151,7 +151,8 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from freetoken.cli.common import check_output, print_json
+    from freetoken.cli.common import check_output, parse_options, print_json
+    from freetoken.placement.carry import DRAFTS
     from freetoken.engine.sampling import sampling_params
     from freetoken.trace import save
 
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         check_output(args.record_trace, "--record-trace")
     check_sampling(args)
     draft = draft_config(args)
-    if draft is None and "carry=drafts" in [o.replace(" ", "") for o in args.policy_option]:
+    if draft is None and parse_options(args.policy_option).get("carry") == DRAFTS:
         raise ValueError("--policy-option carry=drafts hands the rejected drafts to the policy: add --draft ngram")
     if args.token_ids is not None and args.max_context is not None and args.max_context > 0:  # flags alone
         check_room(len(_ids(args.token_ids, "--token-ids")), args, args.max_context)
