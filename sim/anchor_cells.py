@@ -31,8 +31,8 @@ _FT_FORMAT = ("NVFP4 experts (4.5 bpw: the only 4-bit expert format FreeToken 0.
               "models/qwen3_5_moe/config.py; no GPTQ / AWQ / AutoRound or GGUF path there)")
 _FT_CHUNK = ("prefill as this engine runs it: 2048-token chunks streaming only the non-resident experts (the run's "
              "chunk is not published; FreeToken 0.1.2's defaults are 8192-token chunks, scheduler/config.py "
-             "max_extend_tokens, where the cell turns compute-bound (variant) and the resident row's unmeasured Gated "
-             "DeltaNet chunk time would count too, and whole-layer copies per chunk, engine/config.py "
+             "max_extend_tokens, where the cell turns compute-bound (variant) and the compute time the resident row "
+             "misses would count too, and whole-layer copies per chunk, engine/config.py "
              "moe_prefill_hit_d2d off)")
 _FT_DECODE_PATH = ("decode as FreeToken 0.1.2 runs it, counted from its code (sim/engines.py FREETOKEN_012_DECODE): "
                    "one CUDA graph per step, no host launch or sync per layer, the LRU decided on the device and the "
@@ -89,8 +89,11 @@ NOTES: dict[tuple[str, str], tuple[str, tuple[str, dict] | None]] = {
         "compute-bound: dense GEMMs at 80% of the datasheet tensor rate (an H200's large bf16 GEMM, the class "
         "default), the experts' grouped W4A16 GEMMs at 35% (vLLM's Marlin MoE kernel on an H20, FlagGems PR "
         "#3609), attention at 42% (FlashInfer fa2 on this GPU at head dim 256, PR #3576): +133% before those two "
-        "rates. Not charged: the 36 Gated DeltaNet layers' chunked delta-rule kernels (a chain of latency-bound "
-        "Triton kernels in vLLM), vLLM's per-step host work. Their measured time on this GPU is the missing input.",
+        "rates. The 36 Gated DeltaNet layers' chunked delta rule is charged by its FLOPs (ModelCard."
+        "linear_flops_per_token: 0.21 GFLOP a token, about 1% of this cell) at attention's rate: the gap, ~43 us a "
+        "token, would need those kernels ~40x slower than that. Not charged: vLLM's per-step host work. The missing "
+        "input is a measurement of this prefill on this GPU (its MoE, attention and DeltaNet kernels at these "
+        "shapes).",
         ("2048-token chunks", {"prefill_chunk": 2048})),
     ("ryzen / FreeToken hybrid", "decode_tok_s"): _FT_DECODE,
     ("ryzen / FreeToken offload", "decode_tok_s"): _FT_DECODE,

@@ -52,7 +52,16 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,
         source=f"{config_file} ({cfg.architecture}, {dtype}"
                + (f", experts {describe(fmt)})" if fmt else ")"),
-        expert_format=fmt, expert_bias_params=2 * I + D if cfg.expert_bias else 0)
+        expert_format=fmt, expert_bias_params=2 * I + D if cfg.expert_bias else 0, **_linear_fields(cfg))
     if cfg.dsa is None:
         return card
     return replace(card, kv_bytes_per_token=card.kv_bytes_per_token + cfg.index_key_values() * int(bits) // 8)
+
+
+def _linear_fields(cfg) -> dict:
+    """The Gated DeltaNet layers' shape the cost model charges FLOPs for (ModelCard.linear_flops_per_token)."""
+    lin = cfg.linear_attention
+    if lin is None:
+        return {}
+    return dict(linear_layers=len(lin.layers), linear_heads=lin.num_v_heads, linear_key_head_dim=lin.k_head_dim,
+                linear_value_head_dim=lin.v_head_dim)

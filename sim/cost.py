@@ -2,7 +2,8 @@
 
 Per call (one layer of one prefill chunk or one decode token), with S = bytes per expert, P = params per expert:
     dense   attention + dense weights + KV reads of the layer (+ a hybrid model's linear-attention states, read and
-            written once per call): max(bytes / HBM, GEMM FLOPs / GPU rate + attention FLOPs / attention rate)
+            written once per call): max(bytes / HBM, GEMM FLOPs / GPU rate + attention FLOPs / attention rate),
+            a hybrid model's Gated DeltaNet FLOPs (ModelCard.linear_flops_per_token) counted with attention's
     hits    resident experts: roofline(hits * S / HBM, 2 P hit_tokens / GPU rate)
     pcie    (fetched + prefetched) * S over BP, plus the fetch lane's fixed latency (the routing ids reach the host
             and the first copy is enqueued: BP is a pipelined rate and holds no per-call sync); beside GPU compute
@@ -140,6 +141,7 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     kv_bytes = card.kv_bytes_per_token / Lm * seqs * (ctx + m)
     gemm_flops = 2 * card.dense_params * 1e9 / Lm * n
     attn_flops = 4 * card.attention_width * n * (ctx + (m + 1) / 2) * attn_share
+    attn_flops += card.linear_flops_per_token(m) * n / Lm  # Gated DeltaNet's chunked delta rule: tensor-core dots
     state_bytes = 2 * card.state_bytes_per_sequence / Lm * seqs  # linear-attention states: read, then written back
     t_dense = np.maximum((card.dense_bytes() / Lm + kv_bytes + state_bytes) / hbm,
                          gemm_flops / rate + attn_flops / attn_rate)  # [N]

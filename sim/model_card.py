@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from freetoken.paths import CONF_DIR
 from freetoken.quant import FORMAT_SPECS, QuantFormat, format_spec
 from freetoken.quant import expert_bytes as matrix_bytes
@@ -33,6 +35,7 @@ QUANT_BITS: dict[str, float] = {
 }
 
 COMPUTE_DTYPES = ("bf16", "fp8", "int4", "int8")
+LINEAR_CHUNK = 64  # tokens per chunk of the chunked delta-rule kernels (FLA's chunk_gated_delta_rule, BT = 64)
 
 # Published totals and the fields must agree this well (active counts differ on whether embeddings count).
 TOTAL_TOLERANCE = 0.05
@@ -69,6 +72,11 @@ class ModelCard:
     state_bytes_per_sequence: int = 0  # linear-attention layers' conv + recurrent (fp32) states, any context length
     kv_head_dim: int = 128  # values per cached head vector (one fp8 KV scale each): gpt-oss 64, an MLA latent 576
     kv_bits: float = 16.0  # bits per cached value that kv_bytes_per_token counts, scales included (fp32 checkpoint: 32)
+    # Gated DeltaNet layers (no KV): their chunked delta-rule FLOPs (linear_flops_per_token); states as above
+    linear_layers: int = 0
+    linear_heads: int = 0  # value heads, each with a [key_head_dim, value_head_dim] recurrent state
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_format, str):  # a YAML card names a format
@@ -81,7 +89,8 @@ class ModelCard:
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
                                 "expert_matrices"))
         require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params",
-                                "state_bytes_per_sequence"), allow_zero=True)
+                                "state_bytes_per_sequence", "linear_layers", "linear_heads"), allow_zero=True)
+        require_positive(self, ("linear_key_head_dim", "linear_value_head_dim"))
         if self.top_k > self.num_experts:
             raise ValueError(f"field 'top_k' ({self.top_k}) exceeds field 'num_experts' ({self.num_experts})")
         if self.moe_layers > self.num_layers:
@@ -89,6 +98,12 @@ class ModelCard:
         if self.attention_layers > self.num_layers:
             raise ValueError(f"field 'attention_layers' ({self.attention_layers}) exceeds 'num_layers' "
                              f"({self.num_layers})")
+        if self.attention_layers + self.linear_layers > self.num_layers:
+            raise ValueError(f"fields 'attention_layers' ({self.attention_layers}) + 'linear_layers' "
+                             f"({self.linear_layers}) exceed 'num_layers' ({self.num_layers})")
+        if bool(self.linear_layers) != bool(self.linear_heads):
+            raise ValueError(f"fields 'linear_layers' ({self.linear_layers}) and 'linear_heads' ({self.linear_heads})"
+                             " must both be set (Gated DeltaNet layers) or both be 0")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"field 'compute_dtype' {self.compute_dtype!r} is not one of {', '.join(COMPUTE_DTYPES)}")
         unknown = set(self.estimated) - set(ModelCard.__dataclass_fields__)
@@ -118,6 +133,18 @@ class ModelCard:
     @property
     def derived_active_params(self) -> float:
         return self.dense_params + self.embedding_params + self.moe_layers * self.top_k * self.expert_params / 1e9
+
+    def linear_flops_per_token(self, tokens_per_sequence: np.ndarray | float) -> np.ndarray | float:
+        """FLOPs per token of every Gated DeltaNet layer's chunked delta rule (Yang, Kautz & Hatamizadeh, ICLR 2025,
+        the chunkwise WY form FLA and vLLM run), over chunks of c = min(64, tokens per sequence) tokens, per value
+        head: K K^T, W = T (beta K), U = T (beta V), Q K^T and its product with V' (c^2 (6 dk + 4 dv) per chunk),
+        the triangular inverse T (2 c^3 / 3), and the state's three products U - W h, h + K^T V', Q h (6 c dk dv).
+        Decode (c = 1) is the recurrent step's 6 dk dv, about. Short convolution and gates are elementwise: not
+        counted."""
+        c = np.minimum(LINEAR_CHUNK, tokens_per_sequence)
+        dk, dv = self.linear_key_head_dim, self.linear_value_head_dim
+        per_head = 6 * dk * dv + c * (6 * dk + 4 * dv) + 2 * c * c / 3
+        return self.linear_layers * self.linear_heads * per_head
 
     def with_quant(self, expert: str | None = None, dense: str | None = None,
                    compute: str | None = None) -> "ModelCard":

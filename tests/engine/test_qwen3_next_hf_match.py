@@ -237,6 +237,8 @@ def test_card_from_config_sizes_what_the_engine_holds(name, models):
     assert card.kv_bytes_per_token == (4 - linear) * 2 * 2 * 16 * 4  # attention layers x k, v x 2 heads x 16 x fp32
     # per DeltaNet layer: conv 96 channels x 3 taps + recurrent 4 heads x 16 x 8, both fp32 here: 3,200 bytes
     assert card.state_bytes_per_sequence == kv.state_bytes() == linear * (96 * 3 + 4 * 16 * 8) * 4
+    assert (card.linear_layers, card.linear_heads, card.linear_key_head_dim, card.linear_value_head_dim) == \
+        (linear, 4, 16, 8)
     assert card.dense_bytes() + card.embedding_bytes() == sum(t.numel() * t.element_size()
                                                               for t in model.ckpt.dense.values())
     engine_memory, sim_memory = checkpoint_memory(model.ckpt, 64), model_memory(card)
@@ -264,7 +266,8 @@ def test_qwen3_6_card_is_what_its_config_gives(tmp_path):
     derived, conf = card_from_checkpoint(tmp_path), load_model_card("qwen3.6-35b-a3b")
     for field in ("num_layers", "moe_layers", "num_experts", "top_k", "shared_experts", "hidden_size",
                   "expert_intermediate_size", "kv_bytes_per_token", "attention_layers", "attention_width",
-                  "state_bytes_per_sequence", "expert_bits", "dense_bits"):
+                  "state_bytes_per_sequence", "expert_bits", "dense_bits", "linear_layers", "linear_heads",
+                  "linear_key_head_dim", "linear_value_head_dim"):
         assert getattr(conf, field) == getattr(derived, field), field
     assert abs(conf.dense_params - derived.dense_params) < 1e-4 and abs(conf.embedding_params - derived.embedding_params) < 1e-5
     assert conf.state_bytes_per_sequence == 30 * (8192 * 3 * 2 + 32 * 128 * 128 * 4)
