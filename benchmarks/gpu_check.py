@@ -329,13 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     path = summary_path(a.json)
-    if path is not None:
+    if path is not None:  # atomic: an interrupted run leaves the last summary whole
         import json
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"verdict": "FAIL" if failures else "PASS", "failures": failures,
-                                    "configs": rows, "host_path": paths, "versions": versions(),
-                                    "dry_run": a.dry_run}, indent=1))
+        from freetoken.io import write_atomic
+
+        write_atomic(path, json.dumps({"verdict": "FAIL" if failures else "PASS", "failures": failures,
+                                       "configs": rows, "host_path": paths, "versions": versions(),
+                                       "dry_run": a.dry_run}, indent=1))
     print(("FAIL:\n  " + "\n  ".join(failures)) if failures else "PASS", flush=True)
     return 1 if failures else 0
 

@@ -314,10 +314,11 @@ def write_summary(results: list[KernelResult], path: Path) -> dict:
     one row per case."""
     import json
 
+    from freetoken.io import write_atomic
+
     bad = [r.name for r in results if not r.ok]
     summary = {"verdict": "FAIL" if bad else "PASS", "failures": bad, "kernels": [asdict(r) for r in results]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(summary, indent=1))
+    write_atomic(path, json.dumps(summary, indent=1))  # an interrupted run leaves the last summary whole
     return summary
 
 

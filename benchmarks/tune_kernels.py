@@ -99,7 +99,7 @@ def _calls(device: str, dtype: torch.dtype, dry: bool) -> dict[tuple[str, str], 
 
 def tune(device: str, dtype: torch.dtype, out_path: Path, quick: bool, dry: bool, iters: int = 20) -> dict:
     """Measure, then write the winners under this device's name in out_path; returns {kernel: {class: config}}."""
-    from freetoken.kernels.tuning import CONFIG_FILE, device_name, load_table
+    from freetoken.kernels.tuning import device_name, load_table
 
     grids = {"linear_decode": linear_grid(quick), "expert_ffn_decode": ffn_grid(quick)}
     if dry:
@@ -118,14 +118,22 @@ def tune(device: str, dtype: torch.dtype, out_path: Path, quick: bool, dry: bool
         print(f"{kernel} {shape_class}: {ms:.4f} ms summed, {config}")
         best.setdefault(kernel, {})[shape_class] = config
     best["expert_ffn_quant_decode"] = {"any": best["expert_ffn_decode"]["any"]}  # same tiles until tuned apart
-    source = out_path if out_path.exists() else CONFIG_FILE
-    table = json.loads(source.read_text())
     name = device_name(torch.device(device))
-    table.setdefault("devices", {})[name] = {**table.get("devices", {}).get(name, {}), **best}
-    out_path.write_text(json.dumps(table, indent=1) + "\n")
+    write_table(out_path, name, best)
     load_table.cache_clear()
     print(f"wrote {name!r} to {out_path}")
     return best
+
+
+def write_table(out_path: Path, name: str, best: dict) -> None:
+    """best merged under device `name` into out_path (else into a copy of the package's table), the rest kept.
+    Atomic: an interrupted write leaves the old file whole (the tuned configs of every other device in it)."""
+    from freetoken.io import write_atomic
+    from freetoken.kernels.tuning import CONFIG_FILE
+
+    table = json.loads((out_path if out_path.exists() else CONFIG_FILE).read_text())
+    table.setdefault("devices", {})[name] = {**table.get("devices", {}).get(name, {}), **best}
+    write_atomic(out_path, json.dumps(table, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

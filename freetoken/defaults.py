@@ -10,3 +10,12 @@ def check_prefill_chunk(value, name: str) -> None:
     """A prefill chunk is a whole number of tokens in [1, MAX_PREFILL_CHUNK]; name: how the caller spells it."""
     if not (isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 < value <= MAX_PREFILL_CHUNK):
         raise ValueError(f"{name} must be a positive number of tokens, at most {MAX_PREFILL_CHUNK}, got {value}")
+
+
+DEFAULT_CONTEXT = 4096  # an Engine's KV tokens without max_context: the model's own length, at most this
+
+
+def context_length(config, max_context: int | None = None) -> int:
+    """The tokens an Engine's KV cache holds for a ModelConfig (ft generate checks its prompt against it before the
+    weights load)."""
+    return max_context or min(config.max_position_embeddings, DEFAULT_CONTEXT)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from freetoken.cli import main
-from freetoken.paths import DEFAULT_TRACE
+from freetoken.paths import DEFAULT_TRACE, DEMO_MODEL
 
 
 def _json(capsys, *argv) -> dict:
@@ -84,7 +84,8 @@ def test_policy_option_reaches_the_policy(capsys):
     (["serve", "--backend", "hf", "--capacity", "4"], "--capacity does nothing for --backend hf"),
     (["serve", "--n-cpu-moe", "1", "--policy", "lru"], "--n-cpu-moe does nothing for --policy lru"),
     (["sim", "--n-cpu-moe", "999"], "--n-cpu-moe must lie in [0, 32] (the MoE layers), got 999"),  # not n_cpu_layers
-    (["generate", "--n-cpu-moe", "999"], "--n-cpu-moe must lie in [0, 2] (the MoE layers), got 999"),  # the demo's 2
+    (["generate", "--n-cpu-moe", "999"],  # the demo's 2, read from its config.json
+     f"--n-cpu-moe must lie in [0, 2] ({DEMO_MODEL / 'config.json'} has 2 MoE layers), got 999"),
     (["predict", "--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--fraction", "0"],
      "--fraction must lie in (0, 1], got 0.0 (no cache at all: --capacity 0)"),
 ])

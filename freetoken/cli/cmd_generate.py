@@ -60,7 +60,9 @@ def _ids(text: str, what: str) -> list[int]:
         raise ValueError(f"{what}: expected comma-separated integers, got {text!r}") from None
 
 
-def build_engine(args: argparse.Namespace):
+def build_engine(args: argparse.Namespace, tokenizer=None):
+    """The weights load here, last: what the flags and the checkpoint's small files decide is checked before
+    (run, read_small_files)."""
     import torch
 
     from dataclasses import replace
@@ -79,15 +81,13 @@ def build_engine(args: argparse.Namespace):
             raise ValueError(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
-    if args.max_context is not None and args.max_context <= 0:
-        raise ValueError(f"--max-context must be positive, got {args.max_context}")
     check_kv_dtype(args.kv_dtype)
     resolve_device(args.device, "--device")
     args.kernels = resolve_kernels(args.kernels)
-    return Engine.from_pretrained(args.model, cache, dtype=dtype, kernels=args.kernels, device=args.device,
-                                  max_context=args.max_context, router_hint=True if args.router_hint else None,
-                                  kv_dtype=args.kv_dtype, placement=args.placement,
-                                  eager=args.eager)
+    return Engine.from_pretrained(args.model, cache, dtype=dtype, tokenizer=tokenizer, kernels=args.kernels,
+                                  device=args.device, max_context=args.max_context,
+                                  router_hint=True if args.router_hint else None, kv_dtype=args.kv_dtype,
+                                  placement=args.placement, eager=args.eager)
 
 
 def draft_config(args: argparse.Namespace):
@@ -108,16 +108,6 @@ def draft_config(args: argparse.Namespace):
     return DraftConfig(args.draft, depth=args.draft_depth, max_ngram=args.draft_ngram)
 
 
-def check_sampling(args: argparse.Namespace) -> None:
-    """The sampling flags as typed, checked before the model loads (a flag left out takes the checkpoint's
-    generation_config.json value, checked once it is read)."""
-    from freetoken.engine.sampling import sampling_params
-    from freetoken.models.generation_config import GenerationDefaults
-
-    sampling_params(GenerationDefaults(), args.temperature, args.top_p, args.top_k, greedy=args.greedy,
-                    seed=args.seed)
-
-
 def check_room(prompt_tokens: int, args: argparse.Namespace, context: int) -> None:
     """The KV cache holds the prompt and every generated token but the last (sampled, never attended to)."""
     need = prompt_tokens + args.max_tokens - 1
@@ -128,7 +118,7 @@ def check_room(prompt_tokens: int, args: argparse.Namespace, context: int) -> No
                          f"{args.max_tokens} need a context of {need}")
 
 
-def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
+def prompt_ids(args: argparse.Namespace, tok) -> list[int]:
     from freetoken.models.tokenizer import chat_prompt
 
     if args.token_ids is not None:
@@ -139,7 +129,6 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
             raise ValueError("--token-ids: give at least one token id")
         return ids
     text = args.prompt if args.prompt is not None else "The experts"
-    tok = engine.tokenizer
     if args.chat:
         return chat_prompt(tok, text, args.system)
     if tok is None:
@@ -150,29 +139,45 @@ def prompt_ids(args: argparse.Namespace, engine) -> list[int]:
     return ids
 
 
+def read_small_files(args: argparse.Namespace):
+    """What the checkpoint's small files decide, before its weights load: config.json (--n-cpu-moe, the default
+    context), the tokenizer (the prompt against --max-context), generation_config.json (the sampling). ->
+    (tokenizer, prompt ids, SamplingParams)."""
+    from freetoken.cli.common import check_cpu_moe, policy_from_args
+    from freetoken.defaults import context_length
+    from freetoken.engine.sampling import sampling_params
+    from freetoken.models.checkpoint import read_config, resolve_dir
+    from freetoken.models.generation_config import GenerationDefaults
+    from freetoken.models.tokenizer import load_tokenizer
+
+    path = resolve_dir(args.model)
+    check_cpu_moe(policy_from_args(args)[1], path)
+    sampling = sampling_params(GenerationDefaults.load(path), args.temperature, args.top_p, args.top_k,
+                               greedy=args.greedy, seed=args.seed)
+    tok = load_tokenizer(path)
+    ids = prompt_ids(args, tok)
+    check_room(len(ids), args, context_length(read_config(path)[1], args.max_context))
+    return tok, ids, sampling
+
+
 def run(args: argparse.Namespace) -> int:
     from freetoken.cli.common import check_output, parse_options, print_json
     from freetoken.placement.carry import DRAFTS
-    from freetoken.engine.sampling import sampling_params
     from freetoken.trace import save
 
     if args.max_tokens <= 0:
         raise ValueError(f"--max-tokens must be positive, got {args.max_tokens}")
+    if args.max_context is not None and args.max_context <= 0:
+        raise ValueError(f"--max-context must be positive, got {args.max_context}")
     if args.system is not None and not args.chat:  # else dropped without a word
         raise ValueError("--system applies with --chat (a system turn of the chat template)")
     if args.record_trace:
         check_output(args.record_trace, "--record-trace")
-    check_sampling(args)
     draft = draft_config(args)
     if draft is None and parse_options(args.policy_option).get("carry") == DRAFTS:
         raise ValueError("--policy-option carry=drafts hands the rejected drafts to the policy: add --draft ngram")
-    if args.token_ids is not None and args.max_context is not None and args.max_context > 0:  # flags alone
-        check_room(len(_ids(args.token_ids, "--token-ids")), args, args.max_context)
-    engine = build_engine(args)
-    sampling = sampling_params(engine.generation_defaults, args.temperature, args.top_p, args.top_k,
-                               greedy=args.greedy, seed=args.seed)
-    ids = prompt_ids(args, engine)
-    check_room(len(ids), args, engine.max_context)
+    tok, ids, sampling = read_small_files(args)
+    engine = build_engine(args, tok)
     stops = None if args.stop_token_ids is None else _ids(args.stop_token_ids, "--stop-token-ids")
     store = engine.store
     for note in engine.checkpoint.notes:  # what loading left out (a multimodal checkpoint's vision tower)
@@ -182,7 +187,6 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}; "
                      f"KV cache: {args.kv_dtype}\n")
     sys.stderr.write(engine.cache.placement_line + "\n" + engine.decode_line + "\n")
-    tok = engine.tokenizer
     out: list[int] = []
     shown = ""
     live = sys.stderr.isatty()

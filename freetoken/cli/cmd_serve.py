@@ -55,12 +55,25 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
                           "split": split})
 
 
+def check_small_files(cfg: ServeConfig) -> None:
+    """What the checkpoint's small files decide, before its weights load: --n-cpu-moe against config.json's MoE
+    layers, generation_config.json's sampling defaults (each error names its file)."""
+    from freetoken.cli.common import check_cpu_moe
+    from freetoken.models.generation_config import GenerationDefaults
+    from freetoken.serve.startup import resolve_model
+
+    model_dir, _ = resolve_model(cfg)
+    check_cpu_moe(cfg.policy_options, model_dir)
+    GenerationDefaults.load(model_dir)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     from freetoken.serve.app import build_app
     from freetoken.serve.server import Server
     from freetoken.serve.startup import build_service, load
 
+    check_small_files(cfg)
     backend, _ = load(cfg)
     service = build_service(backend, cfg)
     server = Server(build_app(service, cfg), cfg.host, cfg.port)

@@ -217,6 +217,19 @@ def parse_options(items: list[str]) -> dict:
     return out
 
 
+def check_cpu_moe(options: dict, model) -> None:
+    """--n-cpu-moe N against the checkpoint's MoE layers, read from its config.json before any weight loads."""
+    n = options.get("n_cpu_layers")
+    if n is None or n == "all":  # --cpu-moe: every MoE layer, however many
+        return
+    from freetoken.models.checkpoint import read_config, resolve_dir
+    from freetoken.placement.static_layers import check_cpu_layers
+
+    path = resolve_dir(model)
+    layers = read_config(path)[1].num_moe_layers
+    check_cpu_layers(n, layers, f"{path / 'config.json'} has {layers} MoE layers")
+
+
 def cache_config_from_args(args, config_class=None, **extra):
     """The one CacheConfig of ft sim / ft generate, its errors worded with the flags (--fraction, --policy, ...)."""
     from freetoken.placement import CacheConfig, cache_config

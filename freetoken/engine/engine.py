@@ -22,6 +22,7 @@ from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngr
 from freetoken.engine.decode_graphs import MoEGraphs, decode_line
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
+from freetoken.defaults import context_length
 from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
 from freetoken.engine.model import Decoder
@@ -106,7 +107,7 @@ class Engine:
         self.hinting = self.cache.router_hint is not None if router_hint is None else router_hint
         if self.cache.router_hint is not None and not self.hinting:
             raise ValueError("the policy reads the router hint (hint='router'), so router_hint cannot be off")
-        self.max_context = max_context or min(self.config.max_position_embeddings, 4096)
+        self.max_context = context_length(self.config, max_context)
         self.tokenizer = tokenizer
         self.generation_defaults = GenerationDefaults.load(ckpt.path)
         cfg = self.config
@@ -125,9 +126,11 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, model: str | Path, cache: CacheConfig | None = None, *,
-                        dtype: torch.dtype | None = None, **kw) -> Engine:
+                        dtype: torch.dtype | None = None, tokenizer=None, **kw) -> Engine:
+        """tokenizer: one already loaded (a caller that encoded its prompt before the weights); None: the
+        checkpoint's."""
         ckpt = load_checkpoint(model, dtype=dtype)
-        return cls(ckpt, cache, tokenizer=load_tokenizer(ckpt.path), **kw)
+        return cls(ckpt, cache, tokenizer=tokenizer if tokenizer is not None else load_tokenizer(ckpt.path), **kw)
 
     # model calls
     def new_kv(self, max_tokens: int | None = None) -> KVCache:

@@ -55,3 +55,21 @@ def test_summary_json_fails_on_a_case_under_its_bandwidth_threshold(tmp_path):
     summary = json.loads((tmp_path / "out" / "k.json").read_text())
     assert summary["verdict"] == "FAIL" and summary["failures"] == ["expert_ffn decode K slots"]
     assert summary["kernels"][1]["hbm_pct"] == 50.0 and summary["kernels"][0]["graphed"] is True
+
+
+def test_an_interrupted_summary_write_leaves_the_last_summary_whole(tmp_path, monkeypatch):
+    """Interrupted at the flush to disk (the step between writing and the rename): the old file as it was, and no
+    temporary file left beside it."""
+    import os
+
+    mod = _module()
+    path = tmp_path / "k.json"
+    path.write_text('{"verdict": "PASS"}')
+
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mod.write_summary([], path)
+    assert path.read_text() == '{"verdict": "PASS"}' and [p.name for p in tmp_path.iterdir()] == ["k.json"]
