@@ -38,21 +38,18 @@ def signal_table(frame) -> list[str]:
     hint = f"router hint (assumed a={LOOKAHEAD_ACCURACY})"
     head = ["trace", "residency", "solo, no hint", f"solo + {hint}"] + scen + \
         [f"{s} + {hint}" for s in scen if s.startswith("draft")]
-    out = ["## Which signal closes how much of the gap", "",
-           "Best online policy's transfers over Belady's on the same calls, at each goal residency of each real "
-           "trace:", "no hint (router only, every policy but lookahead / hinted_sweep), the router hint at "
-           f"an assumed accuracy {LOOKAHEAD_ACCURACY}",
-           "(lookahead, hinted_sweep), then each scenario's best of every policy (batch N: continuous batching of N",
-           "sequences; draft d a=x: speculative decoding, each step one verify call of d + 1 tokens). A scenario a",
-           "trace cannot show (one sequence, or no decode tokens: prefill-only DeepSeek) is `-`. In brackets: the",
-           "same transfers over solo Belady's, the absolute cost (every scenario produces the same decode tokens:",
-           "rejected drafts route through the verify call too, so their experts are copies Belady must make as",
-           "well, which lowers the ratio to the scenario's own bound without lowering the copies). Per column",
-           "below the table: the share of the solo no-hint gap (ratio - 1) it closes, and the change in absolute",
-           "transfers against solo no-hint, averaged over the cells that have it.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    closed: dict[str, list[float]] = {}
-    change: dict[str, list[float]] = {}
+    prose = ["Best online policy's transfers over Belady's on the same calls, at each goal residency of each real "
+             "trace:", "no hint (router only, every policy but lookahead / hinted_sweep), the router hint at "
+             f"an assumed accuracy {LOOKAHEAD_ACCURACY}",
+             "(lookahead, hinted_sweep), then each scenario's best of every policy (batch N: continuous batching of N",
+             "sequences; draft d a=x: speculative decoding, each step one verify call of d + 1 tokens). A scenario a",
+             "trace cannot show (one sequence, or no decode tokens: prefill-only DeepSeek) is `-`. In brackets: the",
+             "same transfers over solo Belady's, the absolute cost (every scenario produces the same decode tokens:",
+             "rejected drafts route through the verify call too, so their experts are copies Belady must make as",
+             "well, which lowers the ratio to the scenario's own bound without lowering the copies). Per column",
+             "below the table: the share of the solo no-hint gap (ratio - 1) it closes, and the change in absolute",
+             "transfers against solo no-hint, averaged over the cells that have it."]
+    rows, closed, change = [], {}, {}  # closed, change: {column: [per cell]}
     for (trace, f) in dict.fromkeys((k[0], k[1]) for k in cells):
         solo = cells[(trace, f, SOLO.label)]
         base_p, base = _best(solo, UNHINTED)
@@ -70,12 +67,11 @@ def signal_table(frame) -> list[str]:
             change.setdefault(name, []).append(by[p].transfers / base_t - 1)
             if base > 1:
                 closed.setdefault(name, []).append((base - r) / (base - 1))
-        out.append("| " + " | ".join(row) + " |")
-    out.append("")
-    out += [f"- {name}: closes {100 * sum(v) / len(v):.0f}% of the gap to its own bound on average ({len(v)} cells, "
-            f"{100 * min(v):.0f}% to {100 * max(v):.0f}%); transfers {_signed(change[name])} against solo no hint"
-            for name, v in closed.items()]
-    return out + [""]
+        rows.append(row)
+    notes = [f"- {name}: closes {100 * sum(v) / len(v):.0f}% of the gap to its own bound on average ({len(v)} cells, "
+             f"{100 * min(v):.0f}% to {100 * max(v):.0f}%); transfers {_signed(change[name])} against solo no hint"
+             for name, v in closed.items()]
+    return _section("Which signal closes how much of the gap", prose, head, rows, notes)
 
 
 def carry_table(frame) -> list[str]:
@@ -89,16 +85,14 @@ def carry_table(frame) -> list[str]:
             for r in real[real.variant.astype(str) == "main"].itertuples()}
     policies = [p for p in HINTED if p in set(carried.policy)]
     head = ["trace", "residency", "scenario"] + [f"{p}: without / with carry (gap closed)" for p in policies]
-    out = ["## The drafts' carry across the step boundary", "",
-           "Speculative decoding's verify call routes the rejected drafts at every layer; `carry=drafts` tells",
-           "lookahead / hinted_sweep their experts as a guess of the next step's, as an engine can: which drafts",
-           "were rejected is known only after the last layer, so step s + 1's call of layer l is told step s's",
-           "rejected drafts' experts of layers l + 1 .. l + depth (depth 1: the next layer), after the router",
-           "hint's keys for the same layers; the last layer is told none. hinted_sweep counts them among its",
-           "layer's predictions at the router's accuracy. Transfers over the scenario's own Belady, one sequence",
-           "at a time, then the share of the gap (ratio - 1) the carry closes (negative: it widens it).", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    closed: dict[str, list[float]] = {}
+    prose = ["Speculative decoding's verify call routes the rejected drafts at every layer; `carry=drafts` tells",
+             "lookahead / hinted_sweep their experts as a guess of the next step's, as an engine can: which drafts",
+             "were rejected is known only after the last layer, so step s + 1's call of layer l is told step s's",
+             "rejected drafts' experts of layers l + 1 .. l + depth (depth 1: the next layer), after the router",
+             "hint's keys for the same layers; the last layer is told none. hinted_sweep counts them among its",
+             "layer's predictions at the router's accuracy. Transfers over the scenario's own Belady, one sequence",
+             "at a time, then the share of the gap (ratio - 1) the carry closes (negative: it widens it)."]
+    rows, closed = [], {}  # closed: {policy: [per cell]}
     for (trace, f, sc), sub in carried.groupby(["trace", "fraction", "scenario"], sort=False):
         by = {r.policy: r for r in sub.itertuples()}
         row = [trace, f"{f:.0%}", sc]
@@ -111,24 +105,35 @@ def carry_table(frame) -> list[str]:
             share = (r0 - r1) / (r0 - 1) if r0 > 1 else float("nan")
             closed.setdefault(p, []).append(share)
             row.append(f"{r0:.3f} / {r1:.3f} ({100 * share:+.1f}%)")
-        out.append("| " + " | ".join(row) + " |")
-    out.append("")
-    out += [f"- {p}: the carry closes {_signed(v)} of the gap ({len(v)} cells)" for p, v in closed.items()]
-    little = all(abs(sum(v) / len(v)) < 0.05 for v in closed.values())
+        rows.append(row)
+    notes = [f"- {p}: the carry closes {_signed(v)} of the gap ({len(v)} cells)" for p, v in closed.items()]
+    notes.append("")
+    if all(abs(sum(v) / len(v)) < 0.05 for v in closed.values()):
+        notes.append("The carry closes little or nothing: under 5% of the gap on average for each policy (negative: "
+                     "more copies than without it).")
     wider = [p for p, v in closed.items() if sum(v) / len(v) <= -0.05]
-    out += [""] + (["The carry closes little or nothing: under 5% of the gap on average for each policy (negative: more "
-                      "copies than without it)."] if little else [])
-    out += [f"The carry widens the gap on average for {', '.join(wider)}: it adds copies.", ""] if wider else []
-    out += ["In the replay a rejected draft is another token of the same sequence drawn at random (sim/speculative.py),",
-            "so the carry names that sequence's usual experts, a guess about a different token's routing. Told next",
-            "to the router hint, inside the sweep, its extra keys are prefetched: lookahead prefetches and protects",
-            "every hinted key, so each wrong one adds a copy and holds a slot; hinted_sweep prefetches a key only",
-            "when its posterior reaches min_confidence, and the carry's extra names raise its layer's q (lowering",
-            "every named key's posterior), which holds back part of the wrong prefetches. A trace of one layer has",
-            "no layer inside the sweep to tell, so the carry changes nothing there. A drafter whose rejected tokens",
-            "route like the true next token (an MTP head, a near-miss draft) would carry more than this replay can",
-            "show; it stays a guess about the next step's tokens, not their routing."]
-    return out + [""]
+    notes += [f"The carry widens the gap on average for {', '.join(wider)}: it adds copies.", ""] if wider else []
+    notes += ["In the replay a rejected draft is another token of the same sequence drawn at random "
+              "(sim/speculative.py),",
+              "so the carry names that sequence's usual experts, a guess about a different token's routing. Told next",
+              "to the router hint, inside the sweep, its extra keys are prefetched: lookahead prefetches and protects",
+              "every hinted key, so each wrong one adds a copy and holds a slot; hinted_sweep prefetches a key only",
+              "when its posterior reaches min_confidence, and the carry's extra names raise its layer's q (lowering",
+              "every named key's posterior), which holds back part of the wrong prefetches. A trace of one layer has",
+              "no layer inside the sweep to tell, so the carry changes nothing there. A drafter whose rejected tokens",
+              "route like the true next token (an MTP head, a near-miss draft) would carry more than this replay can",
+              "show; it stays a guess about the next step's tokens, not their routing."]
+    return _section("The drafts' carry across the step boundary", prose, head, rows, notes)
+
+
+def _section(title: str, prose: list[str], head: list[str], rows: list[list[str]], notes: list[str]) -> list[str]:
+    """A signal section's lines: its title, the prose saying what the table holds, the table, the notes below."""
+    return [f"## {title}", "", *prose, "", *_table(head, rows), "", *notes, ""]
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """A markdown table: the head, its rule, a line per row."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _signed(v: list[float]) -> str:
@@ -167,8 +172,7 @@ def goal_check(frame) -> list[str]:
            f"Goal: one online policy, using only signals a real engine has, within {GOAL_RATIO}x of Belady's transfers "
            f"on every real trace at {', '.join(f'{f:.0%}' for f in GOAL_FRACTIONS)} residency and below both lru "
            "and fair frequency there (same scenario: batch and drafts are signals a server has when it runs them).",
-           "", "| policy | scenario | traces met | below lru and frequency | also within the ratio | cells |",
-           "|---|---|---|---|---|---|"]
+           ""]
     score = {}
     for sc in _scenarios(cells):
         for p in ONLINE:
@@ -180,16 +184,14 @@ def goal_check(frame) -> list[str]:
             if mine:
                 score[(p, sc)] = (len(_status(cells, traces, p, sc)[1]), len(met), len(ok), len(mine))
     ranked = sorted(score.items(), key=lambda kv: (-kv[1][0], -kv[1][1], -kv[1][2], kv[0]))
-    for (p, s), (n_traces, met, ok, n) in ranked[:12]:
-        out.append(f"| {p} | {s} | {n_traces} | {ok} | {met} | {n} |")
+    out += _table(["policy", "scenario", "traces met", "below lru and frequency", "also within the ratio", "cells"],
+                  [[p, s, str(n_traces), str(ok), str(met), str(n)] for (p, s), (n_traces, met, ok, n) in ranked[:12]])
     out += ["", "(the 12 pairs meeting the goal on most traces, then in most cells; a trace the scenario cannot show "
             "counts with its drafts alone, else solo)", ""]
     (p, s), _ = ranked[0]
     rows, met_traces = _status(cells, traces, p, s)
-    out += [f"Status per trace for {p} ({s}; traces the scenario cannot show: its drafts alone, else solo):", "",
-            "| trace | " + " | ".join(f"{f:.0%}" for f in GOAL_FRACTIONS) + " | met |",
-            "|---|" + "---|" * (len(GOAL_FRACTIONS) + 1)]
-    out += ["| " + " | ".join(row) + " |" for row in rows]
+    out += [f"Status per trace for {p} ({s}; traces the scenario cannot show: its drafts alone, else solo):", ""]
+    out += _table(["trace", *(f"{f:.0%}" for f in GOAL_FRACTIONS), "met"], rows)
     out += ["", f"Met on {len(met_traces)} of {len(traces)} real traces"
             + (f" ({', '.join(met_traces)})" if met_traces else "") + "; the goal (every trace) is "
             + ("met." if len(met_traces) == len(traces) else "not met.")]

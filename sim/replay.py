@@ -6,14 +6,14 @@ counts are kept as columns (ReplayLog) so the cost model and per-request / per-p
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from operator import add
 from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.placement import PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
+from freetoken.modules import MODULES
+from freetoken.placement import COMPILED_POLICY, PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts, count
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
@@ -87,8 +87,7 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     phase's run of calls with its own. double_buffer: also record what freetoken's prefill double buffer streams
     into each call (ReplayResult.streamed, see streams_prefill); the compiled replay then runs those calls one by
     one, reading the residency before each."""
-    compiled = sys.modules.get("freetoken.placement.compiled.policy")  # not loaded: no policy is compiled
-    if keep_plans or compiled is None or not isinstance(policy, compiled.CompiledPolicy):
+    if keep_plans or not isinstance(policy, MODULES[COMPILED_POLICY].CompiledPolicy):
         return replay(stream.calls(), policy, split, expert_bytes=expert_bytes, keep_plans=keep_plans,
                       on_call=on_call, prefill_split=prefill_split, double_buffer=double_buffer)
     C = stream.num_calls

@@ -60,10 +60,6 @@ class SimConfig(CacheConfig):
             return batched_steps(trace, self.batch, self.prefill_chunk, spec, self.draft_seed)
         return speculative_steps(trace, spec, self.prefill_chunk, self.draft_seed) if spec else None
 
-    def batched_stream(self, trace: RoutingTrace):
-        """batch > 1: the trace's MoE calls in the order continuous batching plans them."""
-        return steps_stream(trace, self.steps(trace))
-
     def speculative_stream(self, trace: RoutingTrace):
         """draft_depth > 0: (the verify calls' CallStream, the Steps it ran)."""
         steps = self.steps(trace)
@@ -84,40 +80,43 @@ def future_stream(config: CacheConfig, replayed: RoutingTrace | None = None, rep
 
 
 def call_stream(trace: RoutingTrace, config: CacheConfig):
-    """(the MoE calls a replay of `trace` under `config` runs, the speculative Steps or None): continuous batching
-    (batch > 1), speculative decoding's verify calls (draft_depth > 0), else the plain chunked calls."""
-    if getattr(config, "batch", 1) > 1:
-        return config.batched_stream(trace), None
-    if getattr(config, "draft_depth", 0):
-        return config.speculative_stream(trace)
-    return trace_stream(trace, config.prefill_chunk), None
+    """(the MoE calls a replay of `trace` under `config` runs, the Steps they were built from or None): continuous
+    batching (batch > 1), speculative decoding's verify calls (draft_depth > 0), else the plain chunked calls (None).
+    The Steps go on to simulate / replay_setup with the stream: carry=drafts reads them, and drawing them again
+    would double the scenario's draw."""
+    steps = config.steps(trace) if isinstance(config, SimConfig) else None
+    return (trace_stream(trace, config.prefill_chunk) if steps is None else steps_stream(trace, steps)), steps
 
 
 def simulate(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None,
-             keep_plans: bool = False, on_call=None, stream=None, double_buffer: bool = False) -> ReplayResult:
+             keep_plans: bool = False, on_call=None, stream=None, double_buffer: bool = False,
+             steps=None) -> ReplayResult:
     """profile: trace whose counts a policy reads (frequency's pins, ktransformers_dynamic's strategy=frequency
     start, lru's split=profile quotas; default: the config's profile file, else the replayed trace itself,
     in-sample) and whose requests are moe_infinity's library (no in-sample default there: it would leak the
     evaluated requests' own matrices); the future of offline policies likewise defaults to the replayed trace, whose
     call stream is built once for both (batch > 1: the calls as continuous batching interleaves them; draft_depth > 0:
     the verify calls of speculative decoding). stream: that call stream when the caller already built it
-    (call_stream(trace, config)[0]), e.g. for a sweep or to count the calls first. double_buffer: also record what a
-    prefill double buffer streams into each call (result.streamed; the cost model's engines that have one)."""
+    (call_stream(trace, config)), e.g. for a sweep or to count the calls first; steps: the Steps call_stream drew
+    with it (carry=drafts reads them; None: drawn here). double_buffer: also record what a prefill double buffer
+    streams into each call (result.streamed; the cost model's engines that have one)."""
     expert_bytes = getattr(config, "expert_bytes", 0)
-    config, stream, policy = replay_setup(trace, config, profile, stream)
+    config, stream, policy = replay_setup(trace, config, profile, stream, steps)
     return replay_stream(stream, policy, config.split, expert_bytes=expert_bytes, keep_plans=keep_plans,
                          on_call=on_call, prefill_split=getattr(config, "prefill_split", None),
                          double_buffer=double_buffer)
 
 
-def replay_setup(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None, stream=None):
+def replay_setup(trace: RoutingTrace, config: CacheConfig, profile: RoutingTrace | None = None, stream=None,
+                 steps=None):
     """(config, stream, policy) of a replay of `trace` (see simulate): the hint option resolved, the call stream
-    (built unless given) and a fresh policy with its profile / future / library inputs."""
+    (built unless given, with steps: the Steps it was built from, drawn unless given) and a fresh policy with its
+    profile / future / library inputs."""
     library, profile = profile, profile if profile is not None else trace
     if isinstance(config.options.get("hint"), str):  # hint=recorded / measured: built from the replayed trace
         config = _with_replayed_hint(config, trace)
     if config.options.get("carry") == DRAFTS:  # the rejected drafts of each verify step, carried into the next
-        steps = config.steps(trace)
+        steps = config.steps(trace) if steps is None else steps
         config = replace(config, options={**config.options, "carry": carry_stream(trace, steps)})
         stream = steps_stream(trace, steps) if stream is None else stream
     if stream is None:

@@ -5,6 +5,8 @@ by Plan, with the policies used in turn."""
 from __future__ import annotations
 
 import pickle
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -46,6 +48,38 @@ def test_policies_of_one_size_planning_in_turn_give_the_reference_plans():
     for a, b in zip(calls, reversed(calls)):
         assert forward.plan(a, SPLIT) == ref_forward.plan(a, SPLIT)
         assert backward.plan(b, SPLIT) == ref_backward.plan(b, SPLIT)
+
+
+@pytest.mark.parametrize("builder_drives", [False, True])
+def test_policies_of_one_size_planning_in_two_threads_give_their_logs_alone(builder_drives):
+    """Two same-size policies built in one thread, driven call by call at once from two threads (the building one
+    among them, or two others): each log is that policy's replayed alone (a call writes the running thread's
+    scratch, never the other thread's)."""
+    streams = [trace_stream(synthetic(seed, T=600), 5) for seed in (11, 12)]
+    L, E = 4, 8
+    alone = [_columns(replay(s.calls(), make_policy("lru", 9, L, E), SPLIT).log) for s in streams]
+    assert alone[0] != alone[1]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over between almost any two bytecodes: the threads interleave
+    try:
+        for _ in range(3):
+            policies = [make_policy("lru", 9, L, E) for _ in streams]  # built here, in one thread
+            start, got = threading.Barrier(2), [None, None]
+
+            def drive(i):
+                start.wait()
+                got[i] = _columns(replay(streams[i].calls(), policies[i], SPLIT).log)
+
+            threads = [threading.Thread(target=drive, args=(i,)) for i in ((1,) if builder_drives else (0, 1))]
+            for t in threads:
+                t.start()
+            if builder_drives:
+                drive(0)
+            for t in threads:
+                t.join()
+            assert got == alone
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def test_stream_log_columns_are_the_references():

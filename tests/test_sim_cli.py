@@ -156,3 +156,38 @@ def test_interpreted_options_are_noted_and_replay_the_reference(trace_file, caps
     direct = simulate(load(trace_file), SimConfig("hinted_sweep", Split("offload"), capacity=10, prefill_chunk=4,
                                                   options={"measure": True})).total
     assert (out["misses"], out["prefetched"]) == (direct.misses, direct.prefetched)
+
+
+@pytest.mark.parametrize("batch, builder", [(1, "speculative_steps"), (2, "batched_steps")])
+def test_carried_drafts_are_drawn_once_and_replay_as_the_reference(trace_file, capsys, monkeypatch, batch, builder):
+    """ft sim carry=drafts draws the speculative steps once (the progress bar's count, the replay and the carry all
+    read that draw), and its counts are the Python reference's on the verify calls of the same draw, told the
+    rejected drafts built by sim.carry."""
+    import freetoken.sim.continuous as continuous
+    import freetoken.sim.speculative as speculative
+    from freetoken.placement import make_policy
+    from freetoken.sim.batch import Speculation
+    from freetoken.sim.calls import steps_stream
+    from freetoken.sim.carry import carry_stream
+    from freetoken.sim.replay import replay
+
+    module = speculative if builder == "speculative_steps" else continuous
+    draws, original = [], getattr(module, builder)
+    monkeypatch.setattr(module, builder, lambda *a, **k: draws.append(1) or original(*a, **k))
+    assert main(["sim", "--trace", str(trace_file), "--policy", "lookahead", "--capacity", "10", "--prefill-chunk",
+                 "4", "--draft-depth", "2", "--acceptance", "0.5", "--draft-seed", "1", "--batch", str(batch),
+                 "--policy-option", "carry=drafts", "--policy-option", "accuracy=0.7", "--json"]) == 0
+    assert draws == [1]
+    out = json.loads(capsys.readouterr().out)
+    trace = load(trace_file)
+    spec = Speculation(2, 0.5)
+    steps = original(trace, spec, 4, 1) if batch == 1 else original(trace, batch, 4, spec, 1)
+    stream = steps_stream(trace, steps)
+    totals = []
+    for carry in ({"carry": carry_stream(trace, steps)}, {}):
+        ref = make_policy("lookahead", 10, trace.num_layers, trace.num_experts, reference=True, accuracy=0.7,
+                          future=stream.key_stream(), **carry)
+        t = replay(stream.calls(), ref, Split("offload")).total
+        totals.append((t.accesses, t.hits, t.misses, t.prefetched, t.evictions))
+    assert (out["accesses"], out["hits"], out["misses"], out["prefetched"], out["evictions"]) == totals[0]
+    assert totals[0] != totals[1]  # the carry changes decisions here

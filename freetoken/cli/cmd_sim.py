@@ -38,19 +38,20 @@ def run(args: argparse.Namespace) -> int:
                                     draft_depth=args.draft_depth, acceptance=args.acceptance,
                                     draft_seed=args.draft_seed)  # flags checked before any loading
     trace = load(args.trace)
-    stream, steps = call_stream(trace, config)  # built once: counted for the progress bar, then replayed
+    stream, steps = call_stream(trace, config)  # drawn once: counted for the progress bar, then replayed
     interpreted = "hint" in config.options or config.options.get("measure")  # Python hint objects, the tally
     if (interpreted or not is_compiled(config.policy)) and not args.json:
         why = ": these options run" if interpreted else " has no compiled decision; it runs"
         print(f"note: policy {config.policy}{why} interpreted (slow path)", flush=True)
     with progress(stream.num_calls, f"replaying {trace.model}", enabled=not args.json) as advance:
-        result = simulate(trace, config, on_call=None if args.json else advance, stream=stream)
+        result = simulate(trace, config, on_call=None if args.json else advance, stream=stream, steps=steps)
     out = result.to_dict()
     out["trace"] = args.trace
-    if steps is not None:
+    spec = steps if config.draft_depth and config.batch == 1 else None  # one sequence's verify steps
+    if spec is not None:
         out["speculation"] = {"draft_depth": config.draft_depth, "acceptance": config.acceptance,
-                              "verify_steps": steps.verify_steps, "decode_tokens": steps.decode_tokens,
-                              "accepted_drafts": int(steps.accepted.sum())}
+                              "verify_steps": spec.verify_steps, "decode_tokens": spec.decode_tokens,
+                              "accepted_drafts": int(spec.accepted.sum())}
     if args.json:
         print_json(out)
         return 0
@@ -63,10 +64,10 @@ def run(args: argparse.Namespace) -> int:
     # prefetched copies cross PCIe too: a policy that prefetches is not cheaper than its miss count alone says
     print(f"  fetched {t.fetched}  prefetched {t.prefetched}  transfers {t.fetched + t.prefetched}  cpu {t.cpu}  "
           f"evictions {t.evictions}" + (f"  fetched bytes {t.fetched_bytes}" if args.expert_bytes else ""))
-    if steps is not None:
-        print(f"  speculation: depth {config.draft_depth}, acceptance {config.acceptance}: {steps.verify_steps} "
-              f"verify steps for {steps.decode_tokens} decode tokens "
-              f"({steps.decode_tokens / max(steps.verify_steps, 1):.2f} per step)")
+    if spec is not None:
+        print(f"  speculation: depth {config.draft_depth}, acceptance {config.acceptance}: {spec.verify_steps} "
+              f"verify steps for {spec.decode_tokens} decode tokens "
+              f"({spec.decode_tokens / max(spec.verify_steps, 1):.2f} per step)")
     for name, c in result.by_phase().items():
         print(f"  {name:8s} accesses {c.accesses}  hit rate {c.hit_rate:.2%}  fetched {c.fetched}  "
               f"prefetched {c.prefetched}  cpu {c.cpu}")

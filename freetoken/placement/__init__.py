@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
+from freetoken.modules import MODULES
 from freetoken.placement.belady import Belady
 from freetoken.placement.call import DECODE, PREFILL, Call, Plan
 from freetoken.placement.carry import LiveCarry
@@ -39,6 +38,7 @@ POLICIES: dict[str, type[PlacementPolicy]] = {
 
 
 BUILTIN = dict(POLICIES)  # the shipped classes: the ones with a compiled decision
+COMPILED_POLICY = "freetoken.placement.compiled.policy"  # CompiledPolicy's module, imported on first use (numba)
 
 
 def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, reference: bool = False,
@@ -61,22 +61,13 @@ def make_policy(name: str, capacity: int, num_layers: int, num_experts: int, *, 
     live = options and (options.get("hint") is not None or isinstance(options.get("carry"), LiveCarry))
     if not reference and is_compiled(name) and not live and not options.get("measure"):
         options.pop("measure", None)  # off: no tally, the compiled decision is the same
-        return _compiled().CompiledPolicy(name, capacity, num_layers, num_experts, **options)
+        return MODULES[COMPILED_POLICY].CompiledPolicy(name, capacity, num_layers, num_experts, **options)
     return cls(capacity, num_layers, num_experts, **options)
-
-
-def _compiled():
-    """freetoken.placement.compiled.policy, imported on first use (it loads numba); later calls skip the import
-    statement's ~0.4 us."""
-    module = sys.modules.get("freetoken.placement.compiled.policy")
-    if module is None:
-        from freetoken.placement.compiled import policy as module
-    return module
 
 
 def is_compiled(name: str) -> bool:
     """Whether make_policy(name, ...) decides in compiled code (a built-in class with a compiled twin)."""
-    return name in _compiled().COMPILED and POLICIES.get(name) is BUILTIN.get(name)
+    return name in MODULES[COMPILED_POLICY].COMPILED and POLICIES.get(name) is BUILTIN.get(name)
 
 
 __all__ = [

@@ -6,13 +6,13 @@ in COMPILED; `replay` runs a whole CallStream through the same state without ret
 
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 import time
 
 import numpy as np
 
+from freetoken.modules import MODULES
 from freetoken.placement.call import Call, Plan
 from freetoken.placement.compiled.base import CALLS, CLOCK, new_core
 from freetoken.placement.compiled.specialise import cache_dir, driver_for, stream_for
@@ -52,13 +52,15 @@ def scratch(num_experts: int, capacity: int, num_keys: int) -> tuple:
     """The driver's buffers (it allocates nothing): kind, slot, miss, rank, order, fetched [E] (a call holds at most
     one layer's experts); ev [E + C] (a call's fetches and prefetches evict at most that many); pf, want [K + 1],
     sized 2K + 2: lru_stream's recency queue and each key's position in it. They hold nothing from one compiled
-    call to the next, so the policies of one size share one set per thread (shared_scratch)."""
+    call to the next, so the policies of one size share one set per thread: the thread running the call
+    (shared_scratch, CompiledPolicy._scratch)."""
     E, K, e = num_experts, num_keys, np.empty  # (written out: a generator costs ~1 us)
     return (e(E, np.int64), e(E, np.int64), e(E, np.int64), e(E, np.int64), e(E, np.int64), e(E, np.int64),
             e(E + capacity + 1, np.int64), e(2 * K + 2, np.int64), e(2 * K + 2, np.int64))
 
 
 _SCRATCH = threading.local()  # .by_size: (E, C, K) -> scratch, this thread's
+_thread = threading.get_ident
 
 
 def shared_scratch(num_experts: int, capacity: int, num_keys: int) -> tuple:
@@ -101,7 +103,7 @@ class CompiledPolicy(PlacementPolicy):
     def __init__(self, name: str, capacity: int, num_layers: int, num_experts: int, **options):
         check_size(capacity, num_layers, num_experts)
         module = COMPILED[name]
-        hooks = sys.modules.get(module) or importlib.import_module(module)  # (import_module alone: ~0.4 us)
+        hooks = MODULES[module]
         self.name, self.capacity, self.num_layers, self.num_experts = name, capacity, num_layers, num_experts
         size = (name, capacity, num_layers, num_experts)  # setup()'s positional arguments
         fresh = _FRESH.get(size) if not options else None
@@ -120,7 +122,14 @@ class CompiledPolicy(PlacementPolicy):
         self._module = module
         self._driver = driver_for(module)
         self._stream = (s.stream.removesuffix(".py"), stream_for(s.stream)) if s.stream else (module, self._driver)
-        self._buf = shared_scratch(num_experts, capacity, num_layers * num_experts)
+        self._buf, self._owner = shared_scratch(num_experts, capacity, num_layers * num_experts), _thread()
+
+    def _scratch(self) -> tuple:
+        """The scratch of a call run by a thread other than the building one (whose set self._buf keeps at hand:
+        `self._buf if _thread() == self._owner else self._scratch()`, one comparison): that thread's own. So two
+        threads never write one set at once: a set is only used under the ident of the thread it was taken in,
+        and live threads' idents differ (a thread given a dead one's ident takes over its sets, alone again)."""
+        return shared_scratch(self.num_experts, self.capacity, self.num_layers * self.num_experts)
 
     # the decision
     def plan(self, call: Call, split: Split) -> Plan:
@@ -134,7 +143,7 @@ class CompiledPolicy(PlacementPolicy):
             raise ValueError(f"call experts {experts} are out of range [0, {E})")
         keys = ids + call.layer * E
         tokens = np.asarray(call.tokens, np.int64)
-        buf = self._buf
+        buf = self._buf if _thread() == self._owner else self._scratch()  # the running thread's
         kind, slot, ev, pf = buf[0], buf[1], buf[6], buf[7]
         ne, npf = _timed_first(self._module, self._driver.apply_call, self.state, self.core, keys, tokens,
                                call.phase, split_array(split), self.flags, buf)
@@ -148,7 +157,7 @@ class CompiledPolicy(PlacementPolicy):
         fills rows 8, 9 (experts, tokens per call) of a log [10, C]."""
         name, code = (self._module, self._driver) if generic else self._stream
         args = (self.state, self.core, stream.keys, stream.tokens, stream.offsets, stream.phase, c0, c1,
-                split_array(split), self.flags, self._buf, log)
+                split_array(split), self.flags, self._buf if _thread() == self._owner else self._scratch(), log)
         if name in _REPORTED:  # (loaded: no timer around it)
             return code.replay_calls(*args)
         return _timed_first(name, code.replay_calls, *args)
