@@ -186,6 +186,7 @@ class EngineSpec:
     decode_overlap: bool | None = None  # decode's copies beside the hits' compute (False: FreeToken 0.1.2's gather)
     prefill_split: str | None = None  # same (as decode) | offload (every miss fetched: FreeToken 0.1.2's hybrid)
     decode_gather_gb_s: float | None = None  # decode's copies at this rate (an SM gather: FreeToken 0.1.2's); 0: BP
+    prefill_copies: str | None = None  # missing (a call's missing experts) | layer (its whole layer: FreeToken 0.1.2)
 
     def __post_init__(self) -> None:
         from freetoken.sim.engines import ENGINES
@@ -198,7 +199,7 @@ class EngineSpec:
         gather = self.decode_gather_gb_s
         if gather is not None and (isinstance(gather, bool) or not isinstance(gather, (int, float)) or not gather >= 0):
             raise ValueError(f"engine.decode_gather_gb_s must be a number >= 0 or null, got {gather!r}")
-        try:  # every other setting (prefill_split among them) is checked once, by sim.engines.Engine
+        try:  # every other setting (prefill_split, prefill_copies among them) is checked once, by sim.engines.Engine
             self.engine()
         except ValueError as e:
             raise ValueError(f"engine: {e}") from None
@@ -211,7 +212,8 @@ class EngineSpec:
                              expert_format=self.expert_format, cuda_graphs=self.cuda_graphs,
                              cpu_threads=self.cpu_threads, amx=self.amx, kv_dtype=self.kv_dtype,
                              double_buffer=self.double_buffer, decode_overlap=self.decode_overlap,
-                             prefill_split=self.prefill_split, decode_gather_gb_s=self.decode_gather_gb_s)
+                             prefill_split=self.prefill_split, decode_gather_gb_s=self.decode_gather_gb_s,
+                             prefill_copies=self.prefill_copies)
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,8 +188,9 @@ def _pct(value: float, published: float) -> str:
     return f"{value:.1f} ({value / published - 1:+.0%})"
 
 
-def render(cells: list[Cell], evidence: dict[str, float] | None = None) -> str:
-    """evidence: sim.locality_evidence.evidence's hot-cache hit rate per locality (a section of its own)."""
+def render(cells: list[Cell], evidence: dict[str, float] | None = None, paper: list | None = None) -> str:
+    """evidence: sim.locality_evidence.evidence's hot-cache hit rate per locality; paper: sim.paper_checks'
+    predicted checks (each a section of its own)."""
     out = [
         "# Anchors: predictions beside the published figures",
         "",
@@ -199,8 +200,9 @@ def render(cells: list[Cell], evidence: dict[str, float] | None = None) -> str:
         "Inputs are physical (conf/model, conf/hardware, sim/engines.py, per-layer launches / syncs / kernel floors",
         "from sim/overhead.py, achieved GPU rates of large GEMMs, grouped MoE GEMMs and attention, each sourced in",
         "conf/hardware); nothing is fitted per cell or per engine. Each row names the engine settings it assumes",
-        "(`settings`, sim/anchor_cells.py CELLS). The section after the table shows which routing localities a published",
-        "Qwen3.5-122B-A10B decode run allows (sim/locality_evidence.py).",
+        "(`settings`, sim/anchor_cells.py CELLS). The sections after the table show which routing localities a",
+        "published Qwen3.5-122B-A10B decode run allows (sim/locality_evidence.py), and FreeToken 0.1.2's prefill",
+        "against the paper's own figures (sim/paper_checks.py).",
         "",
         f"Accuracy goal: within {TARGET:.0%} of the published value (tests/test_anchor_accuracy.py asserts it; the cells",
         "that miss are listed there as expected failures, with the reason below). `pin` is a regression pin, not an",
@@ -231,6 +233,10 @@ def render(cells: list[Cell], evidence: dict[str, float] | None = None) -> str:
         from freetoken.sim.locality_evidence import render_section
 
         out += render_section(evidence)
+    if paper:
+        from freetoken.sim.paper_checks import render_section as paper_section
+
+        out += paper_section(paper)
     return "\n".join(out)
 
 
@@ -239,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     from freetoken.sim.locality_evidence import evidence
     from freetoken.sim.model_card import load_model_card
 
-    text = render(predict_cells(extra=True), evidence(load_model_card(MODEL)))
+    from freetoken.sim.paper_checks import predict_checks
+
+    text = render(predict_cells(extra=True), evidence(load_model_card(MODEL)), predict_checks())
     write_atomic(out, text)
     print(text)
     return 0

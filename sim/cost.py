@@ -11,7 +11,8 @@ Per call (one layer of one prefill chunk or one decode token), with S = bytes pe
             buffers: layer l+1 streams in while layer l computes); `decode_overlap` False: a decode call's copies
             are a kernel on the compute stream (FreeToken 0.1.2's gather), between the router and every expert GEMM;
             `decode_gather_gb_s` > 0: a decode call's copies run at that rate (an SM kernel reading pinned host
-            memory, not the copy engine whose rate BP is), never above BP; prefill's copies stay at BP
+            memory, not the copy engine whose rate BP is), never above BP; prefill's copies stay at BP;
+            `prefill_copies="layer"`: a prefill call copies every expert of its layer (FreeToken 0.1.2)
     fetched computed on the GPU once their copy has landed: roofline(fetched * S / HBM, 2 P fetch_tokens / rate)
     cpu     roofline(cpu * S / BH, 2 P cpu_tokens / CPU rate) + the CPU lane's fixed latency
 The call ends when its slowest lane does. PCIe and CPU read the same host DRAM: `host="shared"` runs the two
@@ -53,6 +54,7 @@ class CostOptions:
     double_buffer: bool = True  # prefill: the next call's experts load while this call computes
     dispatch_us: float = 0.0  # the engine's host work per launch on top of the hardware's launch_us
     decode_gather_gb_s: float = 0.0  # > 0: decode's copies at this rate (an SM gather kernel), capped by BP
+    prefill_copies: str = "missing"  # layer: a prefill call copies every expert of its layer (sim.engines)
 
     def __post_init__(self) -> None:
         if self.host not in HOST_MODES:
@@ -61,6 +63,8 @@ class CostOptions:
             raise ValueError(f"decode_gather_gb_s must be >= 0, got {self.decode_gather_gb_s}")
         if self.double_buffer and not self.overlap:
             raise ValueError("double_buffer needs overlap (a copy stream beside compute)")
+        if self.prefill_copies not in ("missing", "layer"):
+            raise ValueError(f"prefill_copies {self.prefill_copies!r} is not one of missing, layer")
 
 
 @dataclass(slots=True)
@@ -148,6 +152,8 @@ def charge(log: ReplayLog, meta: CallMeta, card: ModelCard, hw: HardwareProfile,
     t_hit = roofline(log.hits * S, 2 * P * log.hit_tokens, hbm, moe_rate)
     t_fcomp = roofline(log.fetched * S, 2 * P * log.fetch_tokens, hbm, moe_rate)
     copied = copied_experts(log, streamed)
+    if options.prefill_copies == "layer":  # the whole layer, resident experts too (their compute is unchanged)
+        copied = np.where(log.phase == PREFILL, card.num_experts, copied)
     pcie_bytes = ((copied + log.prefetched) * S).astype(np.float64)
     cpu_bytes = (log.cpu * S).astype(np.float64)
     t_cpu_alone = roofline(cpu_bytes, 2 * P * log.cpu_tokens, bh, cpu_rate)

@@ -21,6 +21,10 @@ from freetoken.sim.model_card import ModelCard
 # a CPU lane in prefill too); offload: every miss fetched to the GPU (FreeToken 0.1.2's hybrid: its CPU lane is
 # decode's only), whatever the engine's split
 PREFILL_SPLITS = ("same", "offload")
+# prefill_copies: what a prefill call copies over PCIe. missing: its layer's experts not resident (this engine's
+# stream_prefill); layer: every expert of its layer, resident or not (FreeToken 0.1.2's pipelined full-layer loading,
+# engine/config.py moe_prefill_hit_d2d off: hits are copied from the host too)
+PREFILL_COPIES = ("missing", "layer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,7 @@ class Engine:
     # engine (whose rate is the hardware's BP, which still caps it); prefill's copies stay at BP. 0: at BP
     decode_gather_gb_s: float = 0.0
     prefill_split: str = "same"  # PREFILL_SPLITS: how prefill calls split their misses
+    prefill_copies: str = "missing"  # PREFILL_COPIES: what a prefill call copies (its misses, or its whole layer)
     prefill_fetch_min_tokens: int = 0  # > 0: calls with this many tokens fetch their CPU-held experts
     admit_prefill: bool = False  # True: prefill fetches are offered cache slots like decode fetches
     expert_quant: str | None = None  # weight format the engine loads (QUANT_BITS), None = the card's
@@ -71,6 +76,12 @@ class Engine:
             raise ValueError(f"engine prefill_split {self.prefill_split!r} is not one of {', '.join(PREFILL_SPLITS)}")
         if self.double_buffer and not self.overlap:
             raise ValueError("engine double_buffer needs overlap (a copy stream beside compute)")
+        if self.prefill_copies not in PREFILL_COPIES:
+            raise ValueError(f"engine prefill_copies {self.prefill_copies!r} is not one of {', '.join(PREFILL_COPIES)}")
+        if self.prefill_copies == "layer" and self.prefill_mode() != "offload":
+            raise ValueError(f"engine prefill_copies layer: every expert of the layer is on the GPU, so prefill "
+                             f"computes nothing on the CPU (prefill split {self.prefill_mode()}; prefill_split "
+                             "offload gives it one)")
         if self.double_buffer and self.host_work == "freetoken" and (self.prefill_mode() != "offload"
                                                                       or self.admit_prefill):
             raise ValueError(f"engine double_buffer: freetoken streams the next layer in prefill only with the "
@@ -86,7 +97,8 @@ class Engine:
                 "dense_format": self.dense_quant or "card", "compute": self.compute_dtype or "card",
                 "cuda_graphs": self.cuda_graphs, "cpu_threads": self.cpu_threads or "all", "amx": self.amx,
                 "kv_dtype": self.kv_dtype, "decode_overlap": self.decode_overlap, "double_buffer": self.double_buffer,
-                "prefill_split": self.prefill_split, "decode_gather_gb_s": self.decode_gather_gb_s or "BP"}
+                "prefill_split": self.prefill_split, "prefill_copies": self.prefill_copies,
+                "decode_gather_gb_s": self.decode_gather_gb_s or "BP"}
 
     def split_for(self, card: ModelCard, hw: HardwareProfile) -> Split:
         hybrid = self.split == "hybrid"  # the other splits read no rule or bandwidths
@@ -112,7 +124,7 @@ class Engine:
     def cost_options(self, host: str) -> CostOptions:
         return CostOptions(host=host, overlap=self.overlap, double_buffer=self.double_buffer,
                            decode_overlap=self.decode_overlap, dispatch_us=self.dispatch_us,
-                           decode_gather_gb_s=self.decode_gather_gb_s)
+                           decode_gather_gb_s=self.decode_gather_gb_s, prefill_copies=self.prefill_copies)
 
     def hardware_for(self, hw: HardwareProfile) -> HardwareProfile:
         """The CPU lane's FLOP rate under this engine's threads and AMX setting (BH stays: ft bench bw measures it
@@ -176,9 +188,14 @@ FREETOKEN_012_DECODE = {"cuda_graphs": True, "decode_overlap": False, "decode_ga
 # FreeToken 0.1.2's offload prefill, at the same tag: double-buffered by default (engine/config.py
 # moe_prefill_overlap=True): layer l+1 streams into the second of two expert-layer buffers behind layer l's GEMMs
 # (layers/moe.py _wait_prefill_overlap), the two buffers borrowed from the slot cache when it holds >= 2 x num_experts
-# (engine/cache_budget.py). It copies whole layers (moe_prefill_hit_d2d off), where this engine streams the
-# non-resident experts only.
-FREETOKEN_012_OFFLOAD_PREFILL = {"double_buffer": True}
+# (engine/cache_budget.py). It copies whole layers, resident experts too (moe_prefill_hit_d2d off: prefill_copies
+# layer), where this engine streams the non-resident experts only.
+# Its defaults: 8192-token prefill chunks (scheduler/config.py max_extend_tokens) and full-layer copies. The paper's
+# own prefill analysis (Qwen3.6-35B-A3B bf16, RTX 5090 at 52.7 GB/s: an 8192-token chunk in ~1.19-1.22 s with
+# pipelined full-layer loading, ~6,700 tok/s at 16,000 tokens) is sim/paper_checks.py's check of this setting.
+FREETOKEN_012_PREFILL_CHUNK = 8192
+FREETOKEN_012_OFFLOAD_PREFILL = {"double_buffer": True, "prefill_copies": "layer",
+                                 "prefill_chunk": FREETOKEN_012_PREFILL_CHUNK}
 
 # FreeToken 0.1.2's hybrid prefill, at the same tag: its hybrid mode (--moe-backend hybrid) changes decode only.
 # OffloadMoELayer._prefill_routed (layers/moe.py) reads no decode_target: a hybrid layer's prefill streams whole layers
@@ -199,7 +216,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
                   expert_format: str | None = None, cuda_graphs: bool | None = None, cpu_threads: int | None = None,
                   amx: bool | None = None, kv_dtype: str | None = None,
                   decode_overlap: bool | None = None, double_buffer: bool | None = None,
-                  prefill_split: str | None = None, decode_gather_gb_s: float | None = None) -> Engine:
+                  prefill_split: str | None = None, decode_gather_gb_s: float | None = None,
+                  prefill_copies: str | None = None) -> Engine:
     """An engine with the settings a run used. gguf_type: llama.cpp's file type (experts and dense weights, and
     the GEMM path: MMQ int8 for quantized types, cuBLAS bf16 for bf16); prefill_chunk is llama.cpp's ubatch."""
     new: dict = {}
@@ -232,6 +250,8 @@ def with_settings(engine: Engine, *, prefill_chunk: int | None = None, gguf_type
         new["prefill_split"] = prefill_split  # checked by Engine
     if decode_gather_gb_s is not None:
         new["decode_gather_gb_s"] = float(decode_gather_gb_s)  # checked by Engine
+    if prefill_copies is not None:
+        new["prefill_copies"] = prefill_copies  # checked by Engine
     return replace(engine, **new)
 
 

@@ -161,3 +161,15 @@ def test_engine_prefill_split_reaches_the_cost_models_engine():
     assert instantiate(compose(["engine=freetoken-hybrid"]).engine, _convert_="all").engine().prefill_split == "same"
     with pytest.raises(ValueError, match="engine: engine prefill_split 'cpu' is not one of same, offload"):
         EngineSpec("freetoken-hybrid", prefill_split="cpu")
+
+
+def test_engine_prefill_copies_reaches_the_cost_models_engine():
+    from freetoken.experiments.specs import EngineSpec
+
+    cfg = compose(["engine=freetoken-offload", "engine.prefill_copies=layer"])
+    engine = instantiate(cfg.engine, _convert_="all").engine()
+    assert engine.prefill_copies == "layer" and engine.cost_options("shared").prefill_copies == "layer"
+    assert instantiate(compose(["engine=freetoken-offload"]).engine, _convert_="all").engine().prefill_copies == \
+        "missing"
+    with pytest.raises(ValueError, match="engine: engine prefill_copies 'whole' is not one of missing, layer"):
+        EngineSpec("freetoken-offload", prefill_copies="whole")

@@ -310,3 +310,20 @@ def test_streamed_calls_copy_the_layers_stream_early_and_no_other_call_does():
     with pytest.raises(ValueError, match="double_buffer on"):
         charge(log, meta, toy_card(), toy_hw(), CostOptions(host="independent", double_buffer=False),
                streamed=np.array([-1, 3]))
+
+
+def test_layer_copies_load_every_expert_of_a_prefill_calls_layer():
+    # FreeToken 0.1.2's full-layer loading: a 1-token prefill call using one resident and one fetched expert copies
+    # all 4 experts of its layer (8 ms at BP), not its one miss (2 ms); the compute is the same (hit 1 ms after
+    # the routing, fetched 1 ms after its copy): the call ends 6 ms later. A decode call copies its misses only.
+    call = dict(phase=0, hits=1, hit_tokens=1, fetched=1, fetch_tokens=1)
+    options = {c: CostOptions(host="independent", double_buffer=False, prefill_copies=c) for c in ("missing", "layer")}
+    missing, layer = (charge(log_of(call), meta_of([1]), toy_card(), toy_hw(), options[c]).seconds[0]
+                      for c in ("missing", "layer"))
+    assert missing == pytest.approx(DENSE + 2 * MS + 1 * MS, rel=1e-9)
+    assert layer == pytest.approx(DENSE + 8 * MS + 1 * MS, rel=1e-9)
+    decode = dict(call, phase=1)
+    assert (charge(log_of(decode), meta_of([1]), toy_card(), toy_hw(), options["layer"]).seconds[0]
+            == pytest.approx(DENSE + 2 * MS + 1 * MS, rel=1e-9))
+    with pytest.raises(ValueError, match="prefill_copies 'all' is not one of missing, layer"):
+        CostOptions(prefill_copies="all")

@@ -291,3 +291,24 @@ def test_an_unreadable_input_file_is_one_line_naming_it(capsys, tmp_path, flag, 
     args = {"--model": "qwen3-30b-a3b", "--hardware": "rtx5090-ryzen", flag: str(path)}
     assert main(["predict", *[a for kv in args.items() for a in kv], "--no-band"]) == 2
     assert capsys.readouterr().err == f"ft predict: error: {message.format(p=path)}\n"
+
+
+def test_prefill_copies_layer_copies_every_expert_of_each_prefill_layer(capsys):
+    # Qwen3-30B-A3B (48 MoE layers x 128 experts of 9,437,184 bytes), one 64-token chunk and no decode: 64 x top-8
+    # picks leave experts of each layer unused, which `missing` never copies; `layer` copies all 128 of each of the
+    # 48 layers at BP 56.0 GB/s, plus the 2 us fetch latency per call (rtx5090-ryzen)
+    args = ["--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--prompt-tokens", "64", "--decode-tokens",
+            "0", "--no-band", "--engine", "freetoken-offload"]
+    missing, layer = (run_json(capsys, *args, "--prefill-copies", c) for c in ("missing", "layer"))
+    assert layer["inputs"]["engine_settings"]["prefill_copies"] == "layer"
+    assert layer["lane_busy_s"]["pcie"] == pytest.approx(48 * (128 * 9_437_184 / 56.0e9 + 2e-6), rel=1e-9)
+    assert missing["lane_busy_s"]["pcie"] < 0.9 * layer["lane_busy_s"]["pcie"]
+    assert layer["prefill_tok_s"] < missing["prefill_tok_s"]
+
+
+def test_prefill_copies_layer_needs_an_offload_prefill(capsys):
+    # freetoken-hybrid's own prefill computes some misses on the CPU; a whole layer on the GPU leaves it none
+    assert main(["predict", "--model", "qwen3-30b-a3b", "--hardware", "rtx5090-ryzen", "--engine", "freetoken-hybrid",
+                 "--prefill-copies", "layer", "--no-band"]) == 2
+    err = capsys.readouterr().err
+    assert "prefill_copies layer" in err and "prefill_split offload" in err and "Traceback" not in err

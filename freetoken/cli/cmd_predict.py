@@ -74,6 +74,9 @@ def register(sub) -> None:
                    help="how prefill calls split their misses (%(choices)s): same as decode (default; "
                         "freetoken-hybrid: a CPU lane in prefill too) or offload, every miss fetched (FreeToken "
                         "0.1.2's hybrid)")
+    p.add_argument("--prefill-copies", metavar="WHAT", choices=LazyChoices("freetoken.sim.engines", "PREFILL_COPIES"),
+                   help="what a prefill call copies over PCIe (%(choices)s): its layer's missing experts (default) or "
+                        "every expert of its layer (FreeToken 0.1.2's full-layer loading)")
     p.add_argument("--cpu-threads", type=int, help="CPU-lane threads (scales the CPU FLOP rate; needs cpu_cores)")
     p.add_argument("--amx", action="store_true", help="KTransformers' AMX CPU kernels (hardware cpu_amx_tflops)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
@@ -105,7 +108,7 @@ def engine_from_args(args: argparse.Namespace):
                          cpu_threads=args.cpu_threads, amx=True if args.amx else None,
                          kv_dtype=check_kv_dtype(args.kv_dtype), double_buffer=double,
                          decode_overlap=decode_overlap, prefill_split=args.prefill_split,
-                         decode_gather_gb_s=args.decode_gather_gb_s)
+                         decode_gather_gb_s=args.decode_gather_gb_s, prefill_copies=args.prefill_copies)
 
 
 def decode_variants(args, card, hw, engine, trace, warmup, pred, kw: dict) -> None:
