@@ -188,9 +188,10 @@ def _pct(value: float, published: float) -> str:
     return f"{value:.1f} ({value / published - 1:+.0%})"
 
 
-def render(cells: list[Cell], evidence: dict[str, float] | None = None, paper: list | None = None) -> str:
-    """evidence: sim.locality_evidence.evidence's hot-cache hit rate per locality; paper: sim.paper_checks'
-    predicted checks (each a section of its own)."""
+def render(cells: list[Cell], evidence: dict[str, float] | None = None, paper: list | None = None,
+           paper_decode: list | None = None) -> str:
+    """evidence: sim.locality_evidence.evidence's hot-cache hit rate per locality; paper, paper_decode:
+    sim.paper_checks' predicted checks and decode figures (each a section of its own)."""
     out = [
         "# Anchors: predictions beside the published figures",
         "",
@@ -236,7 +237,7 @@ def render(cells: list[Cell], evidence: dict[str, float] | None = None, paper: l
     if paper:
         from freetoken.sim.paper_checks import render_section as paper_section
 
-        out += paper_section(paper)
+        out += paper_section(paper, paper_decode)
     return "\n".join(out)
 
 
@@ -245,9 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     from freetoken.sim.locality_evidence import evidence
     from freetoken.sim.model_card import load_model_card
 
-    from freetoken.sim.paper_checks import predict_checks
+    from freetoken.sim.paper_checks import predict_checks, predict_decode
 
-    text = render(predict_cells(extra=True), evidence(load_model_card(MODEL)), predict_checks())
+    text = render(predict_cells(extra=True), evidence(load_model_card(MODEL)), predict_checks(), predict_decode())
     write_atomic(out, text)
     print(text)
     return 0
