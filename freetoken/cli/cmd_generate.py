@@ -145,14 +145,13 @@ def read_small_files(args: argparse.Namespace):
     (tokenizer, prompt ids, SamplingParams)."""
     from freetoken.cli.common import check_cpu_moe, policy_from_args
     from freetoken.defaults import context_length
-    from freetoken.engine.sampling import sampling_params
+    from freetoken.engine.sampling import load_generation_defaults, sampling_params
     from freetoken.models.checkpoint import read_config, resolve_dir
-    from freetoken.models.generation_config import GenerationDefaults
     from freetoken.models.tokenizer import load_tokenizer
 
     path = resolve_dir(args.model)
     check_cpu_moe(policy_from_args(args)[1], path)
-    sampling = sampling_params(GenerationDefaults.load(path), args.temperature, args.top_p, args.top_k,
+    sampling = sampling_params(load_generation_defaults(path), args.temperature, args.top_p, args.top_k,
                                greedy=args.greedy, seed=args.seed)
     tok = load_tokenizer(path)
     ids = prompt_ids(args, tok)

@@ -59,12 +59,12 @@ def check_small_files(cfg: ServeConfig) -> None:
     """What the checkpoint's small files decide, before its weights load: --n-cpu-moe against config.json's MoE
     layers, generation_config.json's sampling defaults (each error names its file)."""
     from freetoken.cli.common import check_cpu_moe
-    from freetoken.models.generation_config import GenerationDefaults
+    from freetoken.engine.sampling import load_generation_defaults
     from freetoken.serve.startup import resolve_model
 
     model_dir, _ = resolve_model(cfg)
     check_cpu_moe(cfg.policy_options, model_dir)
-    GenerationDefaults.load(model_dir)
+    load_generation_defaults(model_dir)
 
 
 def run(args: argparse.Namespace) -> int:

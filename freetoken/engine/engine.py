@@ -27,10 +27,9 @@ from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
-from freetoken.engine.sampling import Sampler, SamplingParams
+from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
-from freetoken.models.generation_config import GenerationDefaults
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
 from freetoken.placement.router_hint import predicted_keys
@@ -109,7 +108,7 @@ class Engine:
             raise ValueError("the policy reads the router hint (hint='router'), so router_hint cannot be off")
         self.max_context = context_length(self.config, max_context)
         self.tokenizer = tokenizer
-        self.generation_defaults = GenerationDefaults.load(ckpt.path)
+        self.generation_defaults = load_generation_defaults(ckpt.path)
         cfg = self.config
         self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture) if record else None
         self.stats = RunStats()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from freetoken.models.config import CheckpointError
+from freetoken.models.generation_config import FILE, GenerationDefaults
 from freetoken.placement.config import ConfigError
 
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
@@ -76,3 +79,16 @@ def sampling_params(defaults, temperature: float | None = None, top_p: float | N
     return SamplingParams(temperature=0.0 if greedy else pick(temperature, defaults.temperature, 1.0),
                           top_p=pick(top_p, defaults.top_p, 1.0), top_k=int(pick(top_k, defaults.top_k, 0)),
                           greedy=greedy, seed=seed)
+
+
+def load_generation_defaults(model_dir: str | Path) -> GenerationDefaults:
+    """generation_config.json's values checked against the rules of the sampling they become, an error naming the
+    file and its field (never a flag or request field the caller did not give)."""
+    defaults = GenerationDefaults.load(model_dir)
+    given = {k: v for k, v in (("temperature", defaults.temperature), ("top_p", defaults.top_p),
+                               ("top_k", defaults.top_k)) if v is not None}
+    try:
+        SamplingParams(**given)
+    except ConfigError as e:
+        raise CheckpointError(e.render({k: f"{Path(model_dir) / FILE}: {k}" for k in given})) from None
+    return defaults

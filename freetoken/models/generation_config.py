@@ -42,22 +42,7 @@ class GenerationDefaults:
         top_k = _number(raw, "top_k", path)
         if top_k is not None and not top_k.is_integer():  # int() would cut 2.5 to 2, and fail on Infinity
             raise CheckpointError(f"{path}: top_k must be a whole number, got {raw['top_k']!r}")
-        defaults = cls(tuple(eos), temperature, _number(raw, "top_p", path), None if top_k is None else int(top_k))
-        defaults._check(path)
-        return defaults
-
-    def _check(self, path: Path) -> None:
-        """The values against the rules of the sampling they become, named as the file and its field (never as a
-        flag or request field the caller did not give)."""
-        from freetoken.engine.sampling import SamplingParams  # imported here: the engine imports this module
-        from freetoken.placement.config import ConfigError
-
-        given = {k: v for k, v in (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k))
-                 if v is not None}
-        try:
-            SamplingParams(**given)
-        except ConfigError as e:
-            raise CheckpointError(e.render({k: f"{path}: {k}" for k in given})) from None
+        return cls(tuple(eos), temperature, _number(raw, "top_p", path), None if top_k is None else int(top_k))
 
 
 def _number(raw: dict, name: str, path: Path) -> float | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from freetoken.models.generation_config import GenerationDefaults
+from freetoken.engine.sampling import load_generation_defaults
 from freetoken.serve.chat import ChatTokenizer, Prompt
 from freetoken.serve.decoding import Decoder
 from freetoken.serve.generation import CachedGeneration
@@ -72,7 +72,7 @@ class HFBackend:
         eos = eos if isinstance(eos, list) else [eos]
         self.stop_token_ids = {t for t in eos + [tokenizer.eos_token_id] if t is not None}
         self.prefix_cache: PrefixCache | None = None  # sized by use_plan
-        self.generation_defaults = GenerationDefaults.load(model_dir)
+        self.generation_defaults = load_generation_defaults(model_dir)
         self.family = self.model.config.model_type
         self.vocab_size = int(self.model.config.vocab_size)
 
