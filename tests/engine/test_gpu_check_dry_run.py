@@ -55,9 +55,7 @@ def test_gpu_check_verdict_exit_code_and_json(tmp_path, capsys, monkeypatch):
 
 def test_an_interrupted_summary_write_leaves_the_last_summary_whole(tmp_path, monkeypatch):
     """Interrupted at the flush to disk: the last run's gpu_check.json as it was, no temporary file beside it."""
-    import os
-
-    import pytest
+    from tests.interrupted_write import assert_interrupted_write_keeps_old
 
     sys.path.insert(0, str(BENCH))
     try:
@@ -66,12 +64,5 @@ def test_an_interrupted_summary_write_leaves_the_last_summary_whole(tmp_path, mo
         sys.path.remove(str(BENCH))
     monkeypatch.setattr(gpu_check, "run_check", lambda *a: [])  # the summary write alone
     path = tmp_path / "gpu_check.json"
-    path.write_text('{"verdict": "PASS"}')
-
-    def interrupted(fd):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(os, "fsync", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        gpu_check.main(["--dry-run", "--json", str(path)])
-    assert path.read_text() == '{"verdict": "PASS"}' and [p.name for p in tmp_path.iterdir()] == ["gpu_check.json"]
+    assert_interrupted_write_keeps_old(path, '{"verdict": "PASS"}', monkeypatch,
+                                       lambda: gpu_check.main(["--dry-run", "--json", str(path)]))

@@ -60,16 +60,8 @@ def test_summary_json_fails_on_a_case_under_its_bandwidth_threshold(tmp_path):
 def test_an_interrupted_summary_write_leaves_the_last_summary_whole(tmp_path, monkeypatch):
     """Interrupted at the flush to disk (the step between writing and the rename): the old file as it was, and no
     temporary file left beside it."""
-    import os
+    from tests.interrupted_write import assert_interrupted_write_keeps_old
 
     mod = _module()
     path = tmp_path / "k.json"
-    path.write_text('{"verdict": "PASS"}')
-
-    def interrupted(fd):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(os, "fsync", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        mod.write_summary([], path)
-    assert path.read_text() == '{"verdict": "PASS"}' and [p.name for p in tmp_path.iterdir()] == ["k.json"]
+    assert_interrupted_write_keeps_old(path, '{"verdict": "PASS"}', monkeypatch, lambda: mod.write_summary([], path))

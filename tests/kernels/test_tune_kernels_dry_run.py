@@ -43,24 +43,14 @@ def test_dry_run_refuses_to_write_the_package_file(capsys):
 def test_an_interrupted_write_leaves_the_table_whole(tmp_path, monkeypatch):
     """The table holds every device's tuned configs: interrupted at the flush to disk, it stays as it was (no
     temporary file beside it); written, it gains this device and keeps the others."""
-    import os
-
-    import pytest
+    from tests.interrupted_write import assert_interrupted_write_keeps_old
 
     mod = _module()
     path = tmp_path / "tuned.json"
     old = json.dumps({"default": {}, "devices": {"gpu a": {"linear_decode": {"narrow": {"BLOCK_N": 8}}}}})
-    path.write_text(old)
-    fsync = os.fsync
-
-    def interrupted(fd):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(os, "fsync", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        mod.write_table(path, "gpu b", {"linear_decode": {"narrow": {"BLOCK_N": 16}}})
-    assert path.read_text() == old and [p.name for p in tmp_path.iterdir()] == ["tuned.json"]
-    monkeypatch.setattr(os, "fsync", fsync)
+    assert_interrupted_write_keeps_old(path, old, monkeypatch, lambda: mod.write_table(
+        path, "gpu b", {"linear_decode": {"narrow": {"BLOCK_N": 16}}}))
+    monkeypatch.undo()
     mod.write_table(path, "gpu b", {"linear_decode": {"narrow": {"BLOCK_N": 16}}})
     assert json.loads(path.read_text())["devices"] == {"gpu a": {"linear_decode": {"narrow": {"BLOCK_N": 8}}},
                                                        "gpu b": {"linear_decode": {"narrow": {"BLOCK_N": 16}}}}
