@@ -191,3 +191,21 @@ def test_carried_drafts_are_drawn_once_and_replay_as_the_reference(trace_file, c
         totals.append((t.accesses, t.hits, t.misses, t.prefetched, t.evictions))
     assert (out["accesses"], out["hits"], out["misses"], out["prefetched"], out["evictions"]) == totals[0]
     assert totals[0] != totals[1]  # the carry changes decisions here
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_speculation_stats_count_the_traces_decode_tokens(trace_file, capsys, batch):
+    """ft sim --draft-depth reports its verify steps for one sequence and for a batch: every decode token of the
+    trace (3 requests x 12) made once, each step one token per sequence plus the drafts it accepted."""
+    argv = ["sim", "--trace", str(trace_file), "--capacity", "10", "--prefill-chunk", "4", "--draft-depth", "2",
+            "--acceptance", "0.5", "--batch", str(batch)]
+    assert main(argv + ["--json"]) == 0
+    spec = json.loads(capsys.readouterr().out)["speculation"]
+    assert spec["batch"] == batch and spec["decode_tokens"] == 36
+    assert spec["accepted_drafts"] > 0 and spec["verify_steps"] < 36
+    if batch == 1:
+        assert spec["decode_tokens"] == spec["verify_steps"] + spec["accepted_drafts"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"{spec['verify_steps']} verify steps for 36 decode tokens" in text
+    assert ("2 sequences a step" in text) == (batch == 2)

@@ -47,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
         result = simulate(trace, config, on_call=None if args.json else advance, stream=stream, steps=steps)
     out = result.to_dict()
     out["trace"] = args.trace
-    spec = steps if config.draft_depth and config.batch == 1 else None  # one sequence's verify steps
+    spec = steps if config.draft_depth else None  # the verify steps (a batched step: its sequences' together)
     if spec is not None:
         out["speculation"] = {"draft_depth": config.draft_depth, "acceptance": config.acceptance,
-                              "verify_steps": spec.verify_steps, "decode_tokens": spec.decode_tokens,
-                              "accepted_drafts": int(spec.accepted.sum())}
+                              "batch": config.batch, "verify_steps": spec.verify_steps,
+                              "decode_tokens": spec.decode_tokens, "accepted_drafts": int(spec.accepted.sum())}
     if args.json:
         print_json(out)
         return 0
@@ -67,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if spec is not None:
         print(f"  speculation: depth {config.draft_depth}, acceptance {config.acceptance}: {spec.verify_steps} "
               f"verify steps for {spec.decode_tokens} decode tokens "
-              f"({spec.decode_tokens / max(spec.verify_steps, 1):.2f} per step)")
+              f"({spec.decode_tokens / max(spec.verify_steps, 1):.2f} per step"
+              + (f", {config.batch} sequences a step)" if config.batch > 1 else ")"))
     for name, c in result.by_phase().items():
         print(f"  {name:8s} accesses {c.accesses}  hit rate {c.hit_rate:.2%}  fetched {c.fetched}  "
               f"prefetched {c.prefetched}  cpu {c.cpu}")
