@@ -38,6 +38,9 @@ from freetoken.sim.overhead import HostWork, copied_experts
 from freetoken.sim.replay import ReplayLog
 
 PREFILL = 0
+# what a prefill call copies over PCIe (CostOptions.prefill_copies; sim.engines says whose engine does which):
+# missing: its layer's experts not resident; layer: every expert of its layer, resident ones too
+PREFILL_COPIES = ("missing", "layer")
 # Attention's QK^T and PV run on 16-bit inputs in every engine modelled, whatever the weights' GEMM path: FreeToken's
 # Triton attention and vLLM's FlashInfer in bf16; llama.cpp's flash attention (ggml-cuda fattn.cu) in its f16 mma
 # kernels (Turing and later) or wmma (Volta), and on GPUs without tensor cores (Pascal) in its tile / vec kernels at
@@ -63,8 +66,8 @@ class CostOptions:
             raise ValueError(f"decode_gather_gb_s must be >= 0, got {self.decode_gather_gb_s}")
         if self.double_buffer and not self.overlap:
             raise ValueError("double_buffer needs overlap (a copy stream beside compute)")
-        if self.prefill_copies not in ("missing", "layer"):
-            raise ValueError(f"prefill_copies {self.prefill_copies!r} is not one of missing, layer")
+        if self.prefill_copies not in PREFILL_COPIES:
+            raise ValueError(f"prefill_copies {self.prefill_copies!r} is not one of {', '.join(PREFILL_COPIES)}")
 
 
 @dataclass(slots=True)

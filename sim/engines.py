@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 
 from freetoken.defaults import check_prefill_chunk
 from freetoken.placement import DEFAULT_PREFILL_CHUNK, Split
-from freetoken.sim.cost import CostOptions
+from freetoken.sim.cost import PREFILL_COPIES, CostOptions
 from freetoken.sim.hardware import HardwareProfile
 from freetoken.sim.model_card import ModelCard
 
@@ -21,10 +21,8 @@ from freetoken.sim.model_card import ModelCard
 # a CPU lane in prefill too); offload: every miss fetched to the GPU (FreeToken 0.1.2's hybrid: its CPU lane is
 # decode's only), whatever the engine's split
 PREFILL_SPLITS = ("same", "offload")
-# prefill_copies: what a prefill call copies over PCIe. missing: its layer's experts not resident (this engine's
-# stream_prefill); layer: every expert of its layer, resident or not (FreeToken 0.1.2's pipelined full-layer loading,
-# engine/config.py moe_prefill_hit_d2d off: hits are copied from the host too)
-PREFILL_COPIES = ("missing", "layer")
+# prefill_copies (sim.cost.PREFILL_COPIES): missing is this engine's stream_prefill; layer is FreeToken 0.1.2's
+# pipelined full-layer loading (engine/config.py moe_prefill_hit_d2d off: hits are copied from the host too)
 
 
 @dataclass(frozen=True, slots=True)
