@@ -18,6 +18,15 @@ SOURCE = ("the FreeToken paper's prefill analysis, as transcribed in FreeToken's
 MODEL, HARDWARE, ENGINE = "qwen3.6-35b-a3b", "rtx5090-paper", "freetoken-offload"
 
 
+def off_range(value: float, low: float, high: float) -> float:
+    """Distance of value to the published range [low, high], relative to its nearest end (0 inside it)."""
+    if value > high:
+        return value / high - 1
+    if value < low:
+        return value / low - 1
+    return 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class PaperCheck:
     what: str
@@ -29,12 +38,7 @@ class PaperCheck:
 
     @property
     def error(self) -> float:
-        """Distance to the published range, relative to its nearest end (0 inside it)."""
-        if self.predicted > self.high:
-            return self.predicted / self.high - 1
-        if self.predicted < self.low:
-            return self.predicted / self.low - 1
-        return 0.0
+        return off_range(self.predicted, self.low, self.high)
 
 
 CHECKS = (
@@ -131,9 +135,9 @@ def render_section(checks: list[PaperCheck], decode: list[DecodeFigure] | None =
                 "|---|---:|---:|---|---:|"]
         for f in decode:
             value = f.predicted["pinned"]
-            off = value / f.high - 1 if value > f.high else value / f.low - 1 if value < f.low else 0.0
             out.append(f"| {f.model}{' (' + f.expert_format + ')' if f.expert_format else ' (bf16)'} | "
-                       f"{f.low:g} .. {f.high:g} | {value:.1f} | {f.band[0]:.1f} .. {f.band[1]:.1f} | {off:+.0%} |")
+                       f"{f.low:g} .. {f.high:g} | {value:.1f} | {f.band[0]:.1f} .. {f.band[1]:.1f} | "
+                       f"{off_range(value, f.low, f.high):+.0%} |")
         out.append("")
     return out
 
