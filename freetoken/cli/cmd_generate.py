@@ -150,12 +150,13 @@ def read_small_files(args: argparse.Namespace):
     from freetoken.models.tokenizer import load_tokenizer
 
     path = resolve_dir(args.model)
-    check_cpu_moe(policy_from_args(args)[1], path)
+    config = read_config(path)[1]
+    check_cpu_moe(policy_from_args(args)[1], path, config)
     sampling = sampling_params(load_generation_defaults(path), args.temperature, args.top_p, args.top_k,
                                greedy=args.greedy, seed=args.seed)
     tok = load_tokenizer(path)
     ids = prompt_ids(args, tok)
-    check_room(len(ids), args, context_length(read_config(path)[1], args.max_context))
+    check_room(len(ids), args, context_length(config, args.max_context))
     return tok, ids, sampling
 
 

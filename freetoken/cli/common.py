@@ -217,8 +217,9 @@ def parse_options(items: list[str]) -> dict:
     return out
 
 
-def check_cpu_moe(options: dict, model) -> None:
-    """--n-cpu-moe N against the checkpoint's MoE layers, read from its config.json before any weight loads."""
+def check_cpu_moe(options: dict, model, config=None) -> None:
+    """--n-cpu-moe N against the checkpoint's MoE layers, from its config.json before any weight loads. config: its
+    ModelConfig where the caller has read it already (else read here, only when N is given)."""
     n = options.get("n_cpu_layers")
     if n is None or n == "all":  # --cpu-moe: every MoE layer, however many
         return
@@ -226,7 +227,7 @@ def check_cpu_moe(options: dict, model) -> None:
     from freetoken.placement.static_layers import check_cpu_layers
 
     path = resolve_dir(model)
-    layers = read_config(path)[1].num_moe_layers
+    layers = (config if config is not None else read_config(path)[1]).num_moe_layers
     check_cpu_layers(n, layers, f"{path / 'config.json'} has {layers} MoE layers")
 
 
