@@ -1,6 +1,7 @@
 """Package layers without cycles: every import (module level or inside a function) goes to an allowed, lower layer.
 
     trace <- placement <- engine <- calibrate <- serve <- cli <- experiments <- paper_figs
+    quant <- kernels <- host <- engine
                       ^-- sim (beside the engine: neither imports the other, and nothing under the CLI imports sim)
 A static AST scan of the source, so a lazy import inside a function counts as much as one at the top.
 """
@@ -28,8 +29,9 @@ def _allowed() -> dict[str, set[str]]:
     layer("freetoken.trace", "freetoken")
     layer("freetoken.placement", "freetoken.trace")
     layer("freetoken.kernels", "freetoken.quant")
+    layer("freetoken.host", "freetoken.kernels")
     layer("freetoken.models", "freetoken.quant")
-    layer("freetoken.engine", "freetoken.placement", "freetoken.kernels", "freetoken.models")
+    layer("freetoken.engine", "freetoken.placement", "freetoken.host", "freetoken.models")
     layer("sim", "freetoken.placement", "freetoken.models")
     layer("freetoken.calibrate", "freetoken.engine")
     layer("freetoken.serve", "freetoken.calibrate")

@@ -30,12 +30,14 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
     add_cache_args(p)
-    p.add_argument("--threads", type=int, help="CPU threads of the CPU lane and torch (default: torch's)")
+    p.add_argument("--threads", type=int, help="host threads of torch and the host kernels (CPU lane, CPU-only "
+                                               "engine); default: torch's, the physical cores")
     p.add_argument("--max-context", type=int, help="context length the KV cache holds (default: the model's, at "
                                                    "most 4096)")
-    p.add_argument("--kernels", choices=["auto", "triton", "reference"], default="auto",
-                   help="auto (default): Triton with CUDA, the torch kernels on a CPU-only machine (Triton would only "
-                        "interpret there); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
+    p.add_argument("--kernels", choices=["auto", "triton", "host", "reference"], default="auto",
+                   help="auto (default): Triton with CUDA, the host kernels on a CPU-only machine (C built for this "
+                        "CPU; Triton would only interpret there); reference: the torch references in fp32 (slow, "
+                        "for checking); triton on a CPU runs Triton's interpreter (slow, for checking kernels)")
     p.add_argument("--device", help="cuda | cpu (default: cuda when available)")
     add_placement_args(p)
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
@@ -76,10 +78,8 @@ def build_engine(args: argparse.Namespace, tokenizer=None):
     cache = cache_config_from_args(args)  # belady & co.: the future is the recorded trace's calls at this chunk
     options = policy_options(cache, future=future_stream(cache))
     cache = replace(cache, options=options, profile=None, future=None)
-    if args.threads is not None:
-        if args.threads <= 0:
-            raise ValueError(f"--threads must be positive, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    if args.threads is not None and args.threads <= 0:
+        raise ValueError(f"--threads must be positive, got {args.threads}")
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     check_kv_dtype(args.kv_dtype)
     resolve_device(args.device, "--device")
@@ -87,7 +87,7 @@ def build_engine(args: argparse.Namespace, tokenizer=None):
     return Engine.from_pretrained(args.model, cache, dtype=dtype, tokenizer=tokenizer, kernels=args.kernels,
                                   device=args.device, max_context=args.max_context,
                                   router_hint=True if args.router_hint else None, kv_dtype=args.kv_dtype,
-                                  placement=args.placement, eager=args.eager)
+                                  placement=args.placement, eager=args.eager, threads=args.threads)
 
 
 def draft_config(args: argparse.Namespace):

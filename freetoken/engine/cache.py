@@ -32,7 +32,9 @@ class ExpertCache:
         L, E = store.num_layers, store.num_experts
         self.capacity = config.slots_for(L, E)
         staging = E if config.staging is None else config.staging
-        self.pool = SlotPool(self.capacity, staging, store, device)
+        # a CPU-only engine with the host kernels computes every expert from the store: the pool aliases it
+        alias = torch.device(device).type == "cpu" and kernels.name == "host" and placement != "device"
+        self.pool = SlotPool(self.capacity, staging, store, device, alias=alias)
         self.executor = LiveExecutor(store, self.pool, kernels, device, keep_plans, pipeline, host)
         self.router_hint: LiveRouterHint | None = None  # the engine fills it before each call (hint="router")
         self.carry: LiveCarry | None = None  # the engine fills it before each verify forward (carry="drafts")

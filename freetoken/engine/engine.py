@@ -51,6 +51,17 @@ class RunStats:
         return self.prefill_tokens / self.prefill_s if self.prefill_s else 0.0
 
 
+def set_host_threads(threads: int | None) -> int:
+    """One thread count for every kind of host work: torch's intra-op pool and the host kernels' (--threads)."""
+    from freetoken.host import kernels as host_kernels
+
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads <= 0):
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    n = host_kernels.set_threads(threads or torch.get_num_threads())
+    torch.set_num_threads(n)
+    return n
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -79,14 +90,16 @@ class Engine:
                  prefill_chunk: int | None = None, max_context: int | None = None,
                  keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None,
                  router_hint: bool | None = None, kv_dtype: str = "auto", placement: str = "auto",
-                 eager: bool = False):
+                 eager: bool = False, threads: int | None = None):
         """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both).
         router_hint: run the early router (layer l + 1's on layer l's hidden state) and record its predictions in
         the trace; None: on when the policy takes it live (option hint="router"). It runs on the host placement path.
         kv_dtype: the KV cache's storage, auto (the model's dtype), bf16 or fp8 (e4m3 + scales).
         placement: where the policy decides (auto: the device on CUDA when it can; device; host; cache.PLACEMENTS).
-        eager: no CUDA graphs for the decode step's MoE blocks (graphs need CUDA and the device placement)."""
+        eager: no CUDA graphs for the decode step's MoE blocks (graphs need CUDA and the device placement).
+        threads: host threads of torch and the host kernels alike (None: torch's, by default the physical cores)."""
         self.kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
+        self.threads = set_host_threads(threads)
         if router_hint:
             if placement == "device":
                 raise ValueError("the router hint runs on the host placement path: use placement 'auto' or 'host'")
@@ -97,7 +110,8 @@ class Engine:
         self.config, self.checkpoint = ckpt.config, ckpt
         self.device = resolve_device(device)
         self.host = HostCounters()  # launches, syncs, copies (the cost model's sim.overhead counts)
-        self.kernels = counted(kernel_set(kernels), self.host)
+        ks = kernel_set(kernels)  # the host set runs no device kernels: nothing to count per call
+        self.kernels = ks if ks.name == "host" else counted(ks, self.host)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
         self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host,

@@ -4,11 +4,15 @@ Lanes overlap: the CPU lane is issued first, as soon as the Plan (the router's p
 before any expert FFN is queued and the host experts run on a worker thread (`overlap`, default on CUDA) while the
 main thread queues the copies and the GPU lane and waits on them; the CPU result is joined and added last.
 
+On a CPU-only machine with the host kernels (`host_only`) every expert of the call - hit, fetched or cpu - is computed
+from the host store in one call (ExpertStore.host_moe): the policy still decides and is counted (sim = live), but
+nothing is copied (the pool aliases the store).
+
 fetch: host -> slot copies (a side CUDA stream where CUDA exists; the GPU first computes the hits, then waits for
 the copies and computes the fetched experts, so transfers overlap compute; in prefill the fetches go in two
 halves, double-buffered: the first half computes while the second copies); hits and fetched experts run in
 expert_ffn by slot id (expert_ffn_quant for a packed pool); `cpu` experts get slot -1 there and run in the CPU lane (torch on the host weights), whose
-result is added. The arithmetic is the same whichever lane computes an expert, so the cache never changes the
+result is added (one call into the host kernels over the layer's cpu experts, weights read as stored). The arithmetic is the same whichever lane computes an expert, so the cache never changes the
 math beyond floating-point summation order.
 
 Prefill double buffer (`stream_prefill`, needs staging >= 2 E; on by default on CUDA then): with an offload split
@@ -27,7 +31,6 @@ import numpy as np
 import torch
 
 from freetoken.engine.host_counters import HostCounters
-from freetoken.engine.cpu_threads import physical_cores
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
@@ -40,6 +43,7 @@ class LiveExecutor:
                  keep_plans: bool = False, pipeline: bool | None = None, host: HostCounters | None = None,
                  overlap: bool | None = None, stream_prefill: bool | None = None):
         self.store, self.pool, self.kernels, self.device = store, pool, kernels, torch.device(device)
+        self.host_only = pool.alias  # a CPU-only engine: every expert from the store, in one host call
         self.host = host if host is not None else HostCounters()
         self.reset_counts()
         self.plans: list[Plan] | None = [] if keep_plans else None
@@ -52,8 +56,7 @@ class LiveExecutor:
         # lanes share the cores, so by default it runs inline, still issued first)
         self.overlap = self.cuda if overlap is None else overlap
         self._cpu_worker = None
-        if self.overlap:  # the host's cores belong to the CPU lane here: one torch thread per physical core
-            torch.set_num_threads(physical_cores())
+        if self.overlap:  # the host kernels' threads run the lane (freetoken.host.kernels.set_threads)
             self._cpu_worker = ThreadPoolExecutor(1, thread_name_prefix="cpu-lane")
         # the prefill double buffer: two staging sets of one layer's experts each
         self.stream_prefill = (self.cuda if stream_prefill is None else stream_prefill) and (
@@ -71,6 +74,8 @@ class LiveExecutor:
         stream_next: in prefill with the double buffer, layer l+1's non-resident experts, streamed into staging
         once this call's FFNs are queued.
         """
+        if self.host_only:
+            return self._run_host(plan, x, weights, ids, phase)
         layer, store, pool = plan.layer, self.store, self.pool
         E = store.num_experts
         streamed, self._streamed = self._streamed, None
@@ -124,11 +129,22 @@ class LiveExecutor:
             y = y + cpu_part.result().to(self.device, y.dtype)
             self.host.syncs += 1  # the activations reach the host
             self.host.copies += 2  # ... and the lane's result goes back
+        self._tally(plan, ids, phase)
+        return y
+
+    def _run_host(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray,
+                  phase: int) -> torch.Tensor:
+        """Every expert the call routes to, from the host store in one call: where a CPU-only engine's lanes all
+        meet (the split only changes what is counted)."""
+        y = self.store.host_moe(plan.layer, x, ids, weights, None, cast=True)
+        self._tally(plan, ids, phase)
+        return y
+
+    def _tally(self, plan: Plan, ids: np.ndarray, phase: int) -> None:
         self._totals[phase] += (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
                                 int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0)
         if self.plans is not None:
             self.plans.append(plan)
-        return y
 
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
         """Slot ids up to the device: from pinned memory on CUDA (a truly asynchronous copy; torch's caching host
@@ -207,27 +223,11 @@ class LiveExecutor:
 
     def _cpu_lane(self, layer: int, experts: list[int], xh: torch.Tensor, wh: torch.Tensor,
                   ids: np.ndarray) -> torch.Tensor:
-        """sum over this call's cpu experts of w[t, k] * down(glu(gate x, up x)) on the host (biases added where the
-        experts have them), in the store's dtype (torch accumulates in fp32, as the GPU kernel does), routing weights
-        and the sum in fp32. Packed experts are dequantized one by one to that dtype first."""
-        store = self.store
-        I, dt = store.intermediate, store.dtype
-        out = torch.zeros(xh.shape, dtype=torch.float32)
-        for e in experts:
-            tok, k = np.nonzero(ids == e)
-            tok_t = torch.from_numpy(tok)
-            gate_up, down = store.expert_weights(layer, e)  # [2I, D], [D, I]
-            b_gate_up, b_down = store.expert_biases(layer, e)  # [2I], [D] or None
-            h = xh[tok_t] @ gate_up.T  # [n, 2I]
-            if b_gate_up is not None:
-                h = h + b_gate_up
-            h = glu_ref(h[:, :I].float(), h[:, I:].float(), **store.glu).to(dt)
-            y = h @ down.T  # [n, D]
-            if b_down is not None:
-                y = y + b_down
-            y = y.float()
-            out.index_add_(0, tok_t, y * wh[tok_t, torch.from_numpy(k)][:, None])
-        return out
+        """sum over this call's cpu experts of w[t, k] * down(glu(gate x, up x)) on the host: one call into the host
+        kernels over the layer's cpu experts for all tokens, packed weights read as stored -> fp32 [T, D]."""
+        take = np.zeros(self.store.num_experts, np.uint8)
+        take[experts] = 1
+        return self.store.host_moe(layer, xh, ids, wh, take)
 
     # counts: running sums per phase (a server's memory does not grow with its calls), summed by
     # placement.counts.count as the simulator's replay log is

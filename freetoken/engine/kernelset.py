@@ -1,9 +1,11 @@
-"""Which implementation of the kernel API the engine calls: the Triton kernels, or their torch references.
+"""Which implementation of the kernel API the engine calls: the Triton kernels, the host kernels, or the torch
+references.
 
-The device path uses only these functions. The torch set is what a CPU-only machine runs (Triton there only
-interprets) and what lets the many cache-correctness tests run fast while a smaller set runs the Triton kernels
-(compiled on CUDA, interpreted on CPU). Its expert FFN groups pairs by slot and its attention is torch's SDPA
-(kernels/host.py), not the per-pair gather and explicit scores of the references, which stay the kernels' oracles.
+- `triton`: the GPU's (compiled on CUDA; on a CPU only interpreted, which tests use);
+- `host`: what a CPU-only machine runs: the C kernels built for this CPU (freetoken/host) for expert FFNs over the
+  weights as stored, projections of a few rows and decode attention, torch's GEMM in the weights' dtype and SDPA for
+  prefill; torch alone where no C compiler is found;
+- `reference`: the torch references, everything in fp32 (a checking mode: slower, fp32 copies of what it touches).
 """
 
 from __future__ import annotations
@@ -37,24 +39,30 @@ def _build(name: str) -> KernelSet:
         return KernelSet(name, k.rms_norm, k.apply_rope, k.attention, k.router_topk, k.linear, k.expert_ffn,
                          k.expert_ffn_quant, k.causal_conv1d, k.causal_conv1d_update, k.gated_delta_chunk,
                          k.gated_delta_step, k.rms_norm_gated)
+    if name == "host":
+        from freetoken.host import ops
+
+        return KernelSet(name, ops.rms_norm, ops.apply_rope, ops.attention, ops.router_topk, ops.linear,
+                         ops.expert_ffn, ops.expert_ffn_quant, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
+                         k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref)
     return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_host, k.router_topk_ref, k.linear_ref,
                      k.expert_ffn_host, k.expert_ffn_quant_host, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
                      k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref)
 
 
-KERNEL_SETS = ("triton", "reference")
+KERNEL_SETS = ("triton", "host", "reference")
 KERNEL_CHOICES = ("auto", *KERNEL_SETS)
 
 
 def resolve_kernels(name: str) -> str:
-    """auto: Triton where CUDA is, else the torch set (Triton on a CPU only interprets: tens of times slower)."""
+    """auto: Triton where CUDA is, else the host set (Triton on a CPU only interprets: tens of times slower)."""
     if name not in KERNEL_CHOICES:
         raise ValueError(f"kernels {name!r} is not one of {', '.join(KERNEL_CHOICES)}")
     if name != "auto":
         return name
     import torch
 
-    return "triton" if torch.cuda.is_available() else "reference"
+    return "triton" if torch.cuda.is_available() else "host"
 
 
 

@@ -21,6 +21,13 @@ from freetoken.engine.mla import MLAWeights, load_mla, mla_attention
 from freetoken.kernels.rope import yarn_inv_freq
 from freetoken.models.checkpoint import Checkpoint
 from freetoken.models.family import ATTN
+from freetoken.quant.packed import PackedWeight, cat_rows
+
+
+def _host_kernels_built() -> bool:
+    from freetoken.host import kernels as hk
+
+    return hk.available()
 
 # (MoE layer index, normed hidden [T, D], the residual it was normed from [T, D]) -> MoE output [T, D]: the expert
 # cache's entry point (the residual feeds the next layer's early router: the live router hint)
@@ -57,8 +64,14 @@ class Decoder:
         cfg, fam = ckpt.config, ckpt.family
         self.cfg, self.kernels, self.device = cfg, kernels, torch.device(device)
 
+        packed_ok = kernels.name == "host" and _host_kernels_built()
+
         def dev(name: str) -> torch.Tensor:
             t = ckpt.dense[name]
+            if isinstance(t, PackedWeight):  # a quantized projection: kept packed for the host kernels
+                if packed_ok:
+                    return t
+                t = t.to_float(0).to(dtype or ckpt.dense["model.embed_tokens.weight"].dtype)
             return t.to(self.device, dtype or t.dtype).contiguous()
 
         def opt(name: str) -> torch.Tensor | None:
@@ -85,10 +98,18 @@ class Decoder:
                 lw.mla = load_mla(cfg, l, dev, opt)
             else:
                 wq, wk, wv, lw.wo = (dev(a + p + ".weight") for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
-                if cfg.attention_output_gate:  # q_proj rows per head: q (Dh), then its gate (Dh)
+                lw.wqkv = cat_rows([wq, wk, wv]) if isinstance(wq, PackedWeight) else None
+                if lw.wqkv is None:  # plain tensors (a packed set that cannot share one matrix is dequantized)
+                    wq, wk, wv = (self._plain(w) for w in (wq, wk, wv))
+                    if cfg.attention_output_gate:  # q_proj rows per head: q (Dh), then its gate (Dh)
+                        rows = wq.view(cfg.num_heads, 2, cfg.head_dim, -1)
+                        wq, lw.out_gate = (rows[:, i].reshape(-1, rows.shape[-1]).contiguous() for i in (0, 1))
+                    lw.wqkv = torch.cat([wq, wk, wv]).contiguous()  # the three projections as one decode launch
+                elif cfg.attention_output_gate:  # the gate rows interleave with q's: split them as plain tensors
+                    wq = self._plain(wq)
                     rows = wq.view(cfg.num_heads, 2, cfg.head_dim, -1)
                     wq, lw.out_gate = (rows[:, i].reshape(-1, rows.shape[-1]).contiguous() for i in (0, 1))
-                lw.wqkv = torch.cat([wq, wk, wv]).contiguous()  # the three projections as one decode launch
+                    lw.wqkv = torch.cat([wq, self._plain(wk), self._plain(wv)]).contiguous()
                 del wq, wk, wv
                 biases = [opt(a + p + ".bias") for p in ("q_proj", "k_proj", "v_proj")]
                 if any(b is not None for b in biases):
@@ -135,6 +156,30 @@ class Decoder:
             self.rope = {"inv_freq": inv_freq.to(self.device), "scale": scale}
         self.rotary_dim = rotary_dim
         self.norm_kw = {"round_normed": False} if cfg.norm_unit_offset else {}  # HF's (1 + w) norm rounds once
+        # the host kernels' one-call decode attention (norms, rope, KV write, attention) where a layer allows it
+        self.steps = [self._step_layer(lw) for lw in self.layers] if kernels.name == "host" else [None] * len(self.layers)
+
+    def _step_layer(self, lw: LayerWeights):
+        """The layer as freetoken.host's attention_step reads it, or None where a feature of the layer needs the
+        op-by-op path (latent / linear attention, an output gate, clipped qkv) or the host kernels are not built."""
+        from freetoken.host import kernels as hk
+        from freetoken.kernels.rope import _inv_freq
+
+        cfg = self.cfg
+        if lw.wqkv is None or lw.out_gate is not None or cfg.clip_qkv is not None or not hk.available() \
+                or cfg.qk_norm not in (None, "head", "full") or self.rotary_dim % 2 or self.rotary_dim > 1024:
+            return None
+        inv_freq = self.rope.get("inv_freq")
+        inv_freq = _inv_freq(cfg.rope_theta, self.rotary_dim, "cpu") if inv_freq is None else inv_freq
+        full = cfg.qk_norm == "full"
+        return hk.StepLayer(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.sm_scale,
+                            inv_freq.float().contiguous(), self.rotary_dim, float(self.rope.get("scale", 1.0)),
+                            lw.q_norm, lw.k_norm, full, cfg.rms_norm_eps,
+                            True if full else self.norm_kw.get("round_normed", True), lw.sinks, lw.window)
+
+    def _plain(self, w):
+        """A kept-packed projection as a plain tensor in the compute dtype."""
+        return w.to_float(0).to(self.embed.dtype).contiguous() if isinstance(w, PackedWeight) else w
 
     def new_kv(self, max_tokens: int, kv_dtype: str = "auto") -> KVCache:
         """kv_dtype: auto (the model's dtype), bf16 or fp8 (freetoken/kernels/kv_fp8.py)."""
@@ -171,8 +216,9 @@ class Decoder:
         return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
 
     def forward_batch(self, token_ids: list[int], kvs: list[KVCache], moe: MoEFn) -> torch.Tensor:
-        """One decode step of B sequences, token i at position kvs[i].length of its own KV cache: attention per
-        sequence, everything else on [B, D] (one MoE call per layer over the union of their experts). Logits [B, V].
+        """One decode step of B sequences, token i at position kvs[i].length of its own KV cache: everything on
+        [B, D] (one MoE call per layer over the union of their experts), attention in one host call per layer with
+        the host kernels (per sequence otherwise). Logits [B, V].
         """
         cfg, ks = self.cfg, self.kernels
         if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
@@ -189,9 +235,18 @@ class Decoder:
         positions = torch.tensor(starts, dtype=torch.int64, device=self.device)  # [B]
         for l, lw in enumerate(self.layers):
             h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
+            step = self.steps[l]
+            if step is not None and not kvs[0].fp8:  # the host kernels: one call for the batch
+                o = self._attention_step(step, lw, h, kvs, starts, l)
+                x = x + self._out(lw, h, o)
+                x = x + self._ffn(l, lw, x, moe)
+                continue
             q, k, v = self._project(lw, h, positions)
-            o = torch.cat([self._attend(l, lw, kv, start, q[i:i + 1], k[i:i + 1], v[i:i + 1])
-                           for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
+            if ks.name == "host":
+                o = self._attend_batch(l, lw, kvs, starts, q, k, v)  # [B, H, Dh]
+            else:
+                o = torch.cat([self._attend(l, lw, kv, start, q[i:i + 1], k[i:i + 1], v[i:i + 1])
+                               for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
             x = x + self._out(lw, h, o)
             x = x + self._ffn(l, lw, x, moe)
         for kv, start, token in zip(kvs, starts, token_ids):
@@ -223,7 +278,18 @@ class Decoder:
 
     def _attention(self, l: int, lw: LayerWeights, h: torch.Tensor, kv: KVCache, start_pos: int,
                    positions: torch.Tensor) -> torch.Tensor:
+        step = self.steps[l]
+        if step is not None and h.shape[0] == 1 and not kv.fp8:  # a decode token on the host: one call
+            return self._out(lw, h, self._attention_step(step, lw, h, [kv], [start_pos], l))
         return self._out(lw, h, self._attend(l, lw, kv, start_pos, *self._project(lw, h, positions)))
+
+    def _attention_step(self, step, lw: LayerWeights, h: torch.Tensor, kvs: list[KVCache], starts: list[int],
+                        l: int) -> torch.Tensor:
+        """The qkv projection, then q / k norms, rope, the KV writes and attention in one host call -> [B, H, Dh]."""
+        from freetoken.host.kernels import attention_step
+
+        qkv = self.kernels.linear(h, lw.wqkv, lw.bqkv)  # [B, (H + 2 Hkv) Dh]
+        return attention_step(qkv, step, starts, [kv.k[l] for kv in kvs], [kv.v[l] for kv in kvs])
 
     def _project(self, lw: LayerWeights, h: torch.Tensor, positions: torch.Tensor):
         """q [T, H, Dh], k and v [T, Hkv, Dh] of normed h [T, D], rope applied at positions [T]."""
@@ -249,6 +315,19 @@ class Decoder:
         kv.write(l, start_pos, k, v)
         return self.kernels.attention(q.contiguous(), kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks,
                                       window=lw.window, **kv.scales(l))
+
+    def _attend_batch(self, l: int, lw: LayerWeights, kvs: list[KVCache], starts: list[int], q: torch.Tensor,
+                      k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Each sequence's k, v [1, Hkv, Dh] written at its position, then one attention call for the batch."""
+        from freetoken.host.ops import attention_decode_batch
+
+        for i, (kv, start) in enumerate(zip(kvs, starts)):
+            kv.write(l, start, k[i:i + 1], v[i:i + 1])
+        scales = [kv.scales(l) for kv in kvs]
+        fp8 = {"k_scales": [s["k_scale"] for s in scales], "v_scales": [s["v_scale"] for s in scales]} \
+            if scales[0] else {}
+        return attention_decode_batch(q.contiguous(), [kv.k[l] for kv in kvs], [kv.v[l] for kv in kvs], starts,
+                                      self.sm_scale, lw.sinks, lw.window, **fp8)
 
     def _out(self, lw: LayerWeights, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """o [T, H, Dh] -> the output projection [T, D] (gated by sigmoid(h @ out_gate) where the model has one)."""

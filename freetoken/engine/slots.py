@@ -10,13 +10,20 @@ fetch moves the packed bytes and expert_ffn_quant dequantizes inside the matmul.
 
 Expert biases (gpt-oss) are plain per-expert tensors beside the weights, packed or not: b_gate_up[l] [E, 2I] and
 b_down[l] [E, D] in the store, [S, 2I] / [S, D] rows in the pool, copied with the expert and counted in its bytes.
+
+The host computes experts straight from the store (`host_moe`: the CPU lane, the cpu split, a CPU-only engine),
+packed ones as stored: no dequantized copy is kept. On a CPU-only machine the pool aliases the store (`alias`): a
+resident expert is one the policy holds, and nothing is copied.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from freetoken.engine.dequant_cache import DEFAULT_BUDGET_BYTES, DequantCache
+from freetoken.host import kernels as host_kernels
+from freetoken.host.native import packed_matrix
+from freetoken.kernels.expert_ffn import glu_ref
 from freetoken.quant.packed import PackedWeight
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -29,10 +36,9 @@ class ExpertStore:
 
     def __init__(self, layers: list[tuple], dtype: torch.dtype | None = None, quant_format: str | None = None,
                  biases: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-                 glu: tuple[str, float, float] = ("silu", 1.702, 7.0), cpu_cache_bytes: int = DEFAULT_BUDGET_BYTES):
+                 glu: tuple[str, float, float] = ("silu", 1.702, 7.0)):
         """biases: per layer (gate_up [E, 2I], down [E, D]), cast to the compute dtype; glu: (kind, alpha, limit)
-        of the experts' gated activation (kernels.expert_ffn.GLUS); cpu_cache_bytes: host bytes kept of packed
-        experts the CPU lane has dequantized (dequant_cache.DequantCache; 0 = dequantize on every use)."""
+        of the experts' gated activation (kernels.expert_ffn.GLUS)."""
         if not layers:
             raise ValueError("expert store: no MoE layer")
         self.packed = isinstance(layers[0][0], PackedWeight)
@@ -61,9 +67,9 @@ class ExpertStore:
                                      f"expected ({E}, {2 * I}) / ({E}, {D})")
             self.b_gate_up = [bgu.to(self.dtype) for bgu, _ in biases]
             self.b_down = [bd.to(self.dtype) for _, bd in biases]
-        self.dequantized = DequantCache(cpu_cache_bytes)
         kind, alpha, limit = glu
         self.glu = {"glu": kind, "alpha": float(alpha), "limit": float(limit)}  # expert_ffn's activation options
+        self._host: dict[int, host_kernels.MoEMatrices] = {}  # per layer: what the host kernels read
 
     @classmethod
     def from_checkpoint(cls, ckpt, dtype: torch.dtype | None = None) -> ExpertStore:
@@ -101,14 +107,68 @@ class ExpertStore:
         return 3 * self.intermediate * self.hidden * self.gate_up[0].element_size() + bias
 
     def expert_weights(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up [2I, D], down [D, I]) of one expert in the store's dtype, on the host (the CPU lane's)."""
+        """(gate_up [2I, D], down [D, I]) of one expert in the store's dtype, on the host; packed experts are
+        dequantized on each call (a fresh copy, kept by nobody)."""
         if not self.packed:
             return self.gate_up[layer][expert], self.down[layer][expert]
-        return self.dequantized.get((layer, expert), lambda: self._dequantize(layer, expert))
-
-    def _dequantize(self, layer: int, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
         gate, up, down = (w[layer].to_float(expert).to(self.dtype) for w in (self.gate, self.up, self.down))
         return torch.cat([gate, up]), down
+
+    def host_matrices(self, layer: int) -> host_kernels.MoEMatrices:
+        """Layer `layer`'s experts as the host kernels read them, over the store's own tensors (no copy)."""
+        m = self._host.get(layer)
+        if m is None:
+            biases = {}
+            if self.b_gate_up is not None:
+                biases = {"b_gate_up": self.b_gate_up[layer].float().contiguous(),
+                          "b_down": self.b_down[layer].float().contiguous()}
+            if self.packed:
+                ws = (self.gate[layer], self.up[layer], self.down[layer])
+                m = host_kernels.MoEMatrices(*(packed_matrix(w) for w in ws), self.num_experts, **self.glu,
+                                             **biases, keep=ws)
+            else:
+                m = host_kernels.MoEMatrices.dense(self.gate_up[layer], self.down[layer], **self.glu, **biases)
+            self._host[layer] = m
+        return m
+
+    def host_moe(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: torch.Tensor,
+                 take: np.ndarray | None, cast: bool = False) -> torch.Tensor:
+        """sum over each token's picks whose expert `take` marks (None: all) of w[t, k] * down(glu(gate x, up x)),
+        computed on the host from the store -> fp32 [T, D] (cast: rounded to x's dtype). x [T, D] on the host in
+        the store's dtype, ids [T, K] expert ids, weights [T, K] fp32, take [E] bool. One call into the host
+        kernels (torch, expert by expert, where they are not built)."""
+        if host_kernels.available():
+            take_t = None if take is None else torch.from_numpy(np.ascontiguousarray(take, np.uint8))
+            return host_kernels.moe(self.host_matrices(layer), x, torch.from_numpy(np.ascontiguousarray(ids, np.int32)),
+                                    weights, take_t, cast=cast)
+        if take is None:
+            take = np.zeros(self.num_experts, np.uint8)
+            take[ids[ids >= 0]] = 1
+        out = self._host_moe_torch(layer, x, ids, weights, take)
+        return out.to(x.dtype) if cast else out
+
+    def _host_moe_torch(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: torch.Tensor,
+                        take: np.ndarray) -> torch.Tensor:
+        """host_moe in torch, expert by expert, in the store's dtype (torch accumulates in fp32), the routing weights
+        and the sum in fp32."""
+        I, dt = self.intermediate, self.dtype
+        out = torch.zeros(x.shape, dtype=torch.float32)
+        for e in np.flatnonzero(take):
+            tok, k = np.nonzero(ids == e)
+            if not len(tok):
+                continue
+            tok_t = torch.from_numpy(tok)
+            gate_up, down = self.expert_weights(layer, int(e))  # [2I, D], [D, I]
+            b_gate_up, b_down = self.expert_biases(layer, int(e))
+            h = x[tok_t] @ gate_up.T  # [n, 2I]
+            if b_gate_up is not None:
+                h = h + b_gate_up
+            h = glu_ref(h[:, :I].float(), h[:, I:].float(), **self.glu).to(dt)
+            y = h @ down.T  # [n, D]
+            if b_down is not None:
+                y = y + b_down
+            out.index_add_(0, tok_t, y.float() * weights[tok_t, torch.from_numpy(k)][:, None])
+        return out
 
     def expert_biases(self, layer: int, expert: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(gate_up [2I], down [D]) biases of one expert on the host, or (None, None)."""
@@ -123,11 +183,18 @@ def _layout(w: PackedWeight) -> tuple:
 
 
 class SlotPool:
-    def __init__(self, capacity: int, staging: int, store: ExpertStore, device: torch.device):
+    def __init__(self, capacity: int, staging: int, store: ExpertStore, device: torch.device, alias: bool = False):
+        """alias: the pool of a CPU-only engine, where every expert is computed from the store: no rows are
+        allocated and loads move nothing (the policy's residency is all there is to it)."""
         if capacity < 0 or staging < 0 or capacity + staging == 0:
             raise ValueError(f"slot pool needs capacity + staging > 0, got {capacity} + {staging}")
         S, I, D = capacity + staging, store.intermediate, store.hidden
-        self.capacity, self.staging, self.packed = capacity, staging, store.packed
+        self.capacity, self.staging, self.packed, self.alias = capacity, staging, store.packed, alias
+        self.glu = store.glu
+        self.b_gate_up = self.b_down = None
+        if alias:
+            self.w_gate_up = self.w_down = self.gate = self.up = self.down = None
+            return
         if self.packed:
             self.gate, self.up, self.down = (w[0].empty_slots(S, device) for w in (store.gate, store.up, store.down))
         else:
@@ -137,7 +204,6 @@ class SlotPool:
         if store.b_gate_up is not None:
             self.b_gate_up = torch.zeros((S, 2 * I), dtype=store.dtype, device=device)  # [S, 2I]
             self.b_down = torch.zeros((S, D), dtype=store.dtype, device=device)  # [S, D]
-        self.glu = store.glu
 
     @property
     def weights(self) -> tuple:
@@ -153,7 +219,9 @@ class SlotPool:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes the pool holds, every slot and staging row."""
+        """Device bytes the pool holds, every slot and staging row (none when it aliases the store)."""
+        if self.alias:
+            return 0
         tensors = [t for w in self.weights for t in w.tensors().values()] if self.packed else list(self.weights)
         if self.b_gate_up is not None:
             tensors += [self.b_gate_up, self.b_down]
@@ -161,7 +229,9 @@ class SlotPool:
 
     @property
     def tensors_per_expert(self) -> int:
-        """Host -> device copies one load issues."""
+        """Host -> device copies one load issues (none when the pool aliases the store)."""
+        if self.alias:
+            return 0
         weights = sum(len(w.tensors()) for w in self.weights) if self.packed else 2
         return weights + (2 if self.b_gate_up is not None else 0)
 
@@ -179,5 +249,7 @@ class SlotPool:
 
     def load(self, slot: int, store: ExpertStore, layer: int, expert: int) -> None:
         """Copy one expert host -> slot (asynchronous from pinned memory on the current CUDA stream)."""
+        if self.alias:
+            return
         for src, dst in self.tensor_pairs(store, layer):
             dst[slot].copy_(src[expert], non_blocking=True)

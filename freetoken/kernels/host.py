@@ -85,19 +85,25 @@ def attention_host(
     sinks: torch.Tensor | None = None, window: int | None = None, k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """attention's contract through torch's scaled_dot_product_attention (fp32, GQA without repeating kv heads);
-    sinks and sliding windows go to attention_ref, which spells them out. An FP8 cache is dequantized first."""
+    """attention's contract through torch's scaled_dot_product_attention in fp32 on [1, H, T, Dh] queries against
+    [1, Hkv, L, Dh] keys (GQA without repeating kv heads); the causal mask aligned to the last T keys (query t sees
+    positions <= start_pos + t) is SDPA's own, never materialised. Sinks and sliding windows go to attention_ref,
+    which spells them out. An FP8 cache is dequantized first."""
+    from torch.nn.attention.bias import causal_lower_right
+
     if sinks is not None or window is not None:
         return attention_ref(q, k_cache, v_cache, start_pos, sm_scale, sinks, window, k_scale, v_scale)
     # T = queries, H = heads, Hkv = kv heads, L = visible positions, Dh = head dim
     T, H, Dh = q.shape
     L = start_pos + T
-    qh = q.float().transpose(0, 1)  # [H, T, Dh]
-    k, v = visible_kv(k_cache, v_cache, L, k_scale, v_scale)
-    k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, L, Dh]
-    mask = None
-    if T > 1:  # query t sees positions <= start_pos + t
-        mask = torch.arange(L, device=q.device)[None, :] <= (start_pos + torch.arange(T, device=q.device))[:, None]
-    o = torch.nn.functional.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=sm_scale,
-                                                         enable_gqa=H != k.shape[0])  # [H, T, Dh]
-    return o.transpose(0, 1).to(q.dtype)
+    k, v = visible_kv(k_cache, v_cache, L, k_scale, v_scale)  # [L, Hkv, Dh] fp32
+    qh = q.float().transpose(0, 1)[None]  # [1, H, T, Dh]
+    kh, vh = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, Hkv, L, Dh]
+    gqa = H != kh.shape[1]
+    if start_pos == 0:
+        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=T > 1, scale=sm_scale,
+                                                             enable_gqa=gqa)
+    else:
+        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(T, L),
+                                                             scale=sm_scale, enable_gqa=gqa)
+    return o[0].transpose(0, 1).to(q.dtype)  # [T, H, Dh]

@@ -18,6 +18,7 @@ import torch
 from freetoken.models import read_model_config
 from freetoken.models.config import CheckpointError, ModelConfig
 from freetoken.models.family import Family
+from freetoken.models.shard import Shard, ShardError
 from freetoken.quant import QuantError, QuantFormat, load_quant_format
 
 INDEX = "model.safetensors.index.json"
@@ -110,14 +111,11 @@ def shard_map(path: Path) -> dict[str, Path]:
     return out
 
 
-def _open(file: Path):
-    from safetensors import SafetensorError, safe_open
-
+def _open(file: Path) -> Shard:
     try:
-        handle = safe_open(str(file), framework="pt")
-    except (SafetensorError, OSError, ValueError) as e:
+        return Shard(file)
+    except ShardError as e:
         raise CheckpointError(f"{file}: unreadable or truncated safetensors file ({e})") from None
-    return handle
 
 
 class _Reader:
@@ -141,12 +139,12 @@ class _Reader:
         handle = self.handles[file]
         if name not in handle.keys():
             raise CheckpointError(f"{file}: tensor {name!r} not found (the index says it is here)")
-        got = tuple(handle.get_slice(name).get_shape())
+        got = handle.shape(name)
         if shape is not None and got != tuple(shape):
             raise CheckpointError(f"{file}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
         try:
-            t = handle.get_tensor(name)
-        except Exception as e:  # safetensors raises its own error types for bad buffers
+            t = handle.read(name)
+        except (ShardError, OSError) as e:
             raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e})") from None
         return t if dtype is None else t.to(dtype)
 
@@ -196,13 +194,18 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
 
     view = TensorView(reader.where, reader.raw)
     try:
-        dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype)
+        dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_ATTENTION.match)
         experts = [read_experts(view, family, cfg, layer, fmt, pin) for layer in cfg.moe_layers]
         biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
         text = str(e)
         raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
     return Checkpoint(path, family, cfg, dense, experts, fmt, biases)
+
+
+# attention projections stay packed when quantized (GPTQ and FP8 checkpoints quantize them): the host kernels read
+# them as stored; the engine dequantizes them itself where its kernels cannot (engine/model.py)
+_ATTENTION = re.compile(r"model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight$")
 
 
 def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -47,9 +47,10 @@ def marker(fmt: QuantFormat, prefix: str) -> str | None:
 
 
 def read_dense(view: TensorView, read_plain: Callable, fmt: QuantFormat, shapes: dict[str, tuple[int, ...]],
-               dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+               dtype: torch.dtype | None, keep_packed: Callable[[str], bool] = lambda name: False) -> dict:
     """Every non-expert tensor: plain ones as stored (cast to dtype), quantized linears dequantized to the compute
-    dtype (dtype, else the embedding's)."""
+    dtype (dtype, else the embedding's), except those keep_packed(name) names: kept as their PackedWeight (one
+    slot), for the host kernels to read as stored (the engine dequantizes them where it cannot)."""
     out, quantized = {}, {}
     for name, shape in shapes.items():
         prefix = name.removesuffix(".weight")
@@ -66,6 +67,12 @@ def read_dense(view: TensorView, read_plain: Callable, fmt: QuantFormat, shapes:
             raise CheckpointError(f"tensor {name!r} not found{alt} in the checkpoint")
     compute = dtype or out["model.embed_tokens.weight"].dtype
     for name, (prefix, mark) in quantized.items():
+        if keep_packed(name):
+            w = repack(fmt, view, prefix)
+            if tuple(w.shape) != tuple(shapes[name]) or w.num_slots != 1:
+                raise CheckpointError(f"tensor {mark!r} holds a {list(w.shape)} matrix, expected {list(shapes[name])}")
+            out[name] = w
+            continue
         w = dequantize(fmt, view, prefix, dtype=compute)
         if tuple(w.shape) != tuple(shapes[name]):
             raise CheckpointError(f"tensor {mark!r} holds a {list(w.shape)} matrix, expected {list(shapes[name])}")

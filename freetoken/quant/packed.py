@@ -56,6 +56,11 @@ class PackedWeight:
         return {f: getattr(self, f) for f in TENSOR_FIELDS if getattr(self, f) is not None}
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of every slot (as torch.Tensor.nbytes is of a tensor)."""
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    @property
     def nbytes_per_slot(self) -> int:
         """What one slot holds and one fetch moves: packed values and all their scales."""
         return sum(math.prod(t.shape[1:]) * t.element_size() for t in self.tensors().values())
@@ -127,6 +132,23 @@ class PackedWeight:
     def to_float(self, index: int) -> torch.Tensor:
         """Slot `index` dequantized to fp32 [N, K]: the reference every kernel and the CPU lane are checked against."""
         return dequantize_packed(self, index)
+
+
+def cat_rows(ws: list[PackedWeight]) -> PackedWeight | None:
+    """Single-slot matrices of one layout stacked along their rows (q, k and v as one projection), or None where
+    the layouts cannot share one matrix (kinds, groups or global scales differ, act-order g_idx, fp8 row blocks
+    that do not divide every matrix)."""
+    first = ws[0]
+    same = all(w.kind == first.kind and w.shape[1] == first.shape[1] and w.group == first.group and
+               w.block == first.block and w.scale_code == first.scale_code and w.global_op == first.global_op and
+               w.num_slots == 1 and w.g_idx is None for w in ws)
+    if not same or (first.kind == "fp8" and any(w.shape[0] % first.block[0] for w in ws[:-1])):
+        return None
+    if first.global_scale is not None and any(not torch.equal(w.global_scale, first.global_scale) for w in ws):
+        return None
+    tensors = {name: torch.cat([getattr(w, name) for w in ws], dim=1) for name in ("data", "scales", "zeros")
+               if getattr(first, name) is not None}
+    return replace(first, shape=(sum(w.shape[0] for w in ws), first.shape[1]), **tensors)
 
 
 def dequantize_packed(w: PackedWeight, index: int) -> torch.Tensor:

@@ -65,7 +65,7 @@ def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMe
     from freetoken.kv_dtype import kv_bytes_per_token
 
     cfg = ckpt.config
-    dense = sum(t.numel() * t.element_size() for t in ckpt.dense.values())
+    dense = sum(t.nbytes for t in ckpt.dense.values())  # tensors and kept-packed projections alike
     store = ExpertStore.from_checkpoint(ckpt)
     kv_rows = len(cfg.attention_layers) * cfg.num_kv_heads
     kv_per_token = kv_bytes_per_token(kv_rows, cfg.head_dim, kv_dtype, store.dtype.itemsize)

@@ -18,7 +18,7 @@ def test_batched_decode_equals_solo_runs(family, tmp_path):
     from freetoken.engine import CacheConfig, Engine
 
     path = build_checkpoint(family, tmp_path / family)
-    engine = Engine.from_pretrained(path, CacheConfig("lru", fraction=0.5), kernels="reference", device="cpu",
+    engine = Engine.from_pretrained(path, CacheConfig("lru", fraction=0.5), kernels="host", device="cpu",
                                     keep_plans=True)
     solo = []
     for prompt in PROMPTS:  # greedy, one sequence at a time
@@ -48,7 +48,7 @@ def test_batched_decode_equals_solo_runs(family, tmp_path):
 def test_decode_batch_checks_its_arguments(tmp_path):
     from freetoken.engine import Engine
 
-    engine = Engine.from_pretrained(build_checkpoint("qwen3_moe", tmp_path / "q"), kernels="reference",
+    engine = Engine.from_pretrained(build_checkpoint("qwen3_moe", tmp_path / "q"), kernels="host",
                                     device="cpu")
     with pytest.raises(ValueError, match="one KV cache and request per token"):
         engine.decode_batch([1, 2], [engine.new_kv(8)])

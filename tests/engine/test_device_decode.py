@@ -209,7 +209,7 @@ def test_packed_experts_gather_into_the_slots_host_copies_fill(kind):
     from freetoken.placement import DECODE, build_policy
     from tests.engine.test_cpu_lane_quant import E, _store
 
-    store, _ = _store(kind, 0)
+    store, _ = _store(kind)
     cache = CacheConfig("lru", capacity=2)
     host_ex, dev_ex = (LiveExecutor(store, SlotPool(2, E, store, "cpu"), kernel_set("reference"), torch.device("cpu"))
                        for _ in range(2))

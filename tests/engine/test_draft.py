@@ -36,9 +36,9 @@ def test_ngram_draft_by_hand():
 
 def plain_and_drafted(ckpt, prompt, depth, cache=None):
     cache = cache or CacheConfig("lru", capacity=5)
-    plain = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=3, keep_plans=True)
+    plain = Engine(ckpt, cache, kernels="host", device="cpu", prefill_chunk=3, keep_plans=True)
     want = list(plain.generate(prompt, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[]))
-    drafted = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=3, keep_plans=True)
+    drafted = Engine(ckpt, cache, kernels="host", device="cpu", prefill_chunk=3, keep_plans=True)
     got = list(drafted.generate(prompt, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[],
                                 draft=DraftConfig(depth=depth)))
     return want, got, plain, drafted
@@ -69,7 +69,7 @@ def test_drafted_output_is_plain_greedy(family, depth, hf_models, checkpoints):
 
 def test_drafted_output_matches_hf_greedy(hf_models, checkpoints):
     ref = hf_models["qwen3_moe"]
-    engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="reference", device="cpu")
+    engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="host", device="cpu")
     n = len(ref.tokens) - len(PROMPT)
     got = list(engine.generate(PROMPT, GREEDY, max_tokens=n, stop_token_ids=[], draft=DraftConfig(depth=3)))
     assert PROMPT + got == ref.tokens
@@ -89,7 +89,7 @@ def test_stop_token_inside_an_accepted_draft_ends_like_plain(checkpoints):
 
 
 def test_draft_needs_greedy(checkpoints):
-    engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="reference", device="cpu")
+    engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="host", device="cpu")
     with pytest.raises(ValueError, match="use greedy sampling"):
         engine.generate(PROMPT, SamplingParams(temperature=0.7), max_tokens=4, draft=DraftConfig())
 
@@ -132,7 +132,7 @@ def test_ft_generate_draft_flags(capsys, tmp_path):
     from freetoken.trace.stats import hint_accuracy
 
     base = ["generate", "--token-ids", ",".join(map(str, REPEATING)), "--greedy", "--max-tokens", "16", "--json",
-            "--kernels", "reference", "--device", "cpu", "--capacity", "6", "--stop-token-ids", ""]
+            "--kernels", "host", "--device", "cpu", "--capacity", "6", "--stop-token-ids", ""]
     assert main(base) == 0
     plain = json.loads(capsys.readouterr().out)
     trace_file = tmp_path / "d.safetensors"
@@ -155,7 +155,7 @@ def test_ft_generate_draft_flags(capsys, tmp_path):
 def test_ft_generate_bad_draft_flags(capsys, argv, message):
     from freetoken.cli import main
 
-    assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
+    assert main(["generate", "--kernels", "host", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
 
@@ -184,7 +184,7 @@ def test_live_carry_makes_the_replayed_plans(policy, checkpoints, tmp_path):
     split = Split("offload")
     opts = {"hint": "router", "carry": "drafts"} | ({"min_confidence": 0.5} if policy == "hinted_sweep" else {})
     cache = CacheConfig(policy, capacity=5, split=split, options=opts)
-    runs = [Engine(checkpoints["qwen3_moe"], cache, kernels="reference", device="cpu", prefill_chunk=3,
+    runs = [Engine(checkpoints["qwen3_moe"], cache, kernels="host", device="cpu", prefill_chunk=3,
                    keep_plans=True, record=record) for record in (True, False)]
     for engine in runs:
         list(engine.generate(REPEATING, GREEDY, max_tokens=NEW_TOKENS, stop_token_ids=[], draft=DraftConfig(depth=3)))
@@ -207,14 +207,14 @@ def test_live_carry_makes_the_replayed_plans(policy, checkpoints, tmp_path):
 
 def test_live_carry_needs_drafting(checkpoints):
     cache = CacheConfig("lookahead", capacity=5, options={"hint": "router", "carry": "drafts"})
-    engine = Engine(checkpoints["qwen3_moe"], cache, kernels="reference", device="cpu")
+    engine = Engine(checkpoints["qwen3_moe"], cache, kernels="host", device="cpu")
     with pytest.raises(ValueError) as e:
         engine.generate(REPEATING, GREEDY, max_tokens=4)
     assert "options: carry='drafts'" in str(e.value) and "draft" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="options: carry must be 'drafts'"):
         Engine(checkpoints["qwen3_moe"], CacheConfig("lookahead", capacity=5, options={"hint": "router",
                                                                                       "carry": "draft"}),
-               kernels="reference", device="cpu")
+               kernels="host", device="cpu")
 
 
 def test_ft_generate_live_carry(capsys, tmp_path):
@@ -227,7 +227,7 @@ def test_ft_generate_live_carry(capsys, tmp_path):
     from freetoken.sim.carry import carry_tally, recorded_steps
 
     base = ["generate", "--token-ids", ",".join(map(str, REPEATING)), "--greedy", "--max-tokens", "16", "--json",
-            "--kernels", "reference", "--device", "cpu", "--capacity", "6", "--stop-token-ids", "", "--policy",
+            "--kernels", "host", "--device", "cpu", "--capacity", "6", "--stop-token-ids", "", "--policy",
             "lookahead", "--policy-option", "hint=router", "--policy-option", "carry=drafts"]
     trace_file = tmp_path / "c.safetensors"
     assert main(base + ["--draft", "ngram", "--draft-depth", "3", "--record-trace", str(trace_file)]) == 0

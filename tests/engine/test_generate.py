@@ -39,9 +39,9 @@ def test_temperature_and_seed():
 def test_prefix_reuse_matches_a_fresh_run(checkpoints):
     ckpt = checkpoints["mixtral"]
     sampling = SamplingParams(greedy=True)
-    fresh = Engine(ckpt, CacheConfig("lru", capacity=6), kernels="reference", device="cpu")
+    fresh = Engine(ckpt, CacheConfig("lru", capacity=6), kernels="host", device="cpu")
     want = list(fresh.generate(PROMPT + [11, 12, 13], sampling, max_tokens=5, stop_token_ids=[]))
-    engine = Engine(ckpt, CacheConfig("lru", capacity=6), kernels="reference", device="cpu")
+    engine = Engine(ckpt, CacheConfig("lru", capacity=6), kernels="host", device="cpu")
     kv = engine.new_kv(64)
     first = list(engine.generate(PROMPT, sampling, max_tokens=3, stop_token_ids=[], kv=kv))
     assert kv.length == len(PROMPT) + 2 and kv.tokens == PROMPT + first[:2]
@@ -52,7 +52,7 @@ def test_prefix_reuse_matches_a_fresh_run(checkpoints):
 
 
 def test_stop_token_ends_generation(checkpoints):
-    engine = Engine(checkpoints["olmoe"], kernels="reference", device="cpu")
+    engine = Engine(checkpoints["olmoe"], kernels="host", device="cpu")
     free = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=6, stop_token_ids=[]))
     stopped = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=6, stop_token_ids=[free[2]]))
     assert stopped == free[:free.index(free[2]) + 1]
@@ -74,7 +74,7 @@ def test_ft_generate_on_the_demo_equals_hf(capsys, tmp_path):
 
     trace_file = tmp_path / "run.safetensors"
     out = _ft(capsys, "generate", "--token-ids", "5,6,7,8,9,10", "--greedy", "--max-tokens", "8", "--json",
-              "--kernels", "reference", "--device", "cpu", "--capacity", "6", "--split", "hybrid", "--bp", "1",
+              "--kernels", "host", "--device", "cpu", "--capacity", "6", "--split", "hybrid", "--bp", "1",
               "--bh", "2", "--stop-token-ids", "", "--prefill-chunk", "4", "--record-trace", str(trace_file))
     hf = AutoModelForCausalLM.from_pretrained(DEMO_MODEL).eval()
     with torch.no_grad():
@@ -91,7 +91,7 @@ def test_ft_generate_chat_uses_the_template(capsys):
     from transformers import AutoTokenizer
 
     out = _ft(capsys, "generate", "--chat", "--prompt", "hello there", "--max-tokens", "2", "--json",
-              "--kernels", "reference", "--device", "cpu")
+              "--kernels", "host", "--device", "cpu")
     tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
     want = tok.apply_chat_template([{"role": "user", "content": "hello there"}], add_generation_prompt=True,
                                    tokenize=False)
@@ -117,7 +117,7 @@ def test_ft_generate_chat_uses_the_template(capsys):
 def test_ft_generate_bad_input(capsys, argv, message):
     from freetoken.cli import main
 
-    assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
+    assert main(["generate", "--kernels", "host", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
 
@@ -125,7 +125,7 @@ def test_ft_generate_bad_input(capsys, argv, message):
 def test_ft_generate_context_that_just_fits_runs(capsys):
     """The bound of the --max-context check is the KV cache's own: 3 prompt tokens + 32 - 1 fit in 34."""
     out = _ft(capsys, "generate", "--token-ids", "1,2,3", "--max-context", "34", "--max-tokens", "32",
-              "--stop-token-ids", "", "--json", "--kernels", "reference", "--device", "cpu")
+              "--stop-token-ids", "", "--json", "--kernels", "host", "--device", "cpu")
     assert len(out["token_ids"]) == 32 and out["prompt_tokens"] == 3
 
 
@@ -148,7 +148,7 @@ def test_ft_generate_flag_errors_come_before_the_model_loads(capsys, monkeypatch
         raise AssertionError("the model was loaded before the flags were checked")
 
     monkeypatch.setattr(cmd_generate, "build_engine", no_engine)
-    assert main(["generate", "--kernels", "reference", "--device", "cpu", *argv]) == 2
+    assert main(["generate", "--kernels", "host", "--device", "cpu", *argv]) == 2
     assert capsys.readouterr().err == f"ft generate: error: {message}\n"
 
 
@@ -160,7 +160,7 @@ def test_ft_generate_record_trace_path_mistakes_are_named_before_the_run(capsys,
     (tmp_path / "notes").write_text("mine\n")
     for path, why in ((tmp_path, "it is a folder; give a file name"),
                       (tmp_path / "notes" / "t.safetensors", f"{tmp_path / 'notes'} is a file, not a folder")):
-        assert main(["generate", "--kernels", "reference", "--device", "cpu", "--record-trace", str(path)]) == 2
+        assert main(["generate", "--kernels", "host", "--device", "cpu", "--record-trace", str(path)]) == 2
         assert capsys.readouterr().err == f"ft generate: error: --record-trace {path}: cannot write ({why})\n"
     assert (tmp_path / "notes").read_text() == "mine\n"
 
@@ -208,7 +208,7 @@ def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
     input is at least as good as lru (it is the offline optimum), frequency pins from a profile trace."""
     from freetoken.cli import main
 
-    base = ["generate", "--token-ids", "3,4,5,6,7,8,9", "--greedy", "--max-tokens", "6", "--kernels", "reference",
+    base = ["generate", "--token-ids", "3,4,5,6,7,8,9", "--greedy", "--max-tokens", "6", "--kernels", "host",
             "--device", "cpu", "--capacity", "5", "--stop-token-ids", "", "--prefill-chunk", "3"]
     trace = tmp_path / "lru.safetensors"
     assert main(base + ["--record-trace", str(trace)]) == 0
@@ -238,7 +238,7 @@ def test_streaming_prefill_live_equals_ft_sim(capsys, tmp_path):
     trace_file = tmp_path / "run.safetensors"
     common = ["--capacity", "5", "--prefill-chunk", "3", "--stream-prefill"]
     live = _ft(capsys, "generate", "--token-ids", "5,6,7,8,9,10,11", "--greedy", "--max-tokens", "6", "--json",
-               "--kernels", "reference", "--device", "cpu", "--stop-token-ids", "", "--record-trace",
+               "--kernels", "host", "--device", "cpu", "--stop-token-ids", "", "--record-trace",
                str(trace_file), *common)
     sim = _ft(capsys, "sim", "--trace", str(trace_file), "--json", *common)
     assert (live["hits"], live["misses"], live["fetched"], live["cpu"], live["evictions"]) == (

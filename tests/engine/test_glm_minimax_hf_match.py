@@ -297,7 +297,7 @@ def test_bf16_checkpoint_routes_as_hf(name, models, tmp_path):
 
     AutoModelForCausalLM.from_pretrained(models[name].path).to(torch.bfloat16).save_pretrained(tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
-    engine = Engine(load_checkpoint(tmp_path), CacheConfig("lru", capacity=0), kernels="reference", device="cpu")
+    engine = Engine(load_checkpoint(tmp_path), CacheConfig("lru", capacity=0), kernels="host", device="cpu")
     layer = engine.config.moe_layers[-1]
     mlp = hf.model.layers[layer].mlp
     h = torch.randn(64, D, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)  # [T, D]

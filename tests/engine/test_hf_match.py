@@ -61,7 +61,7 @@ def test_lru_every_capacity_every_split(family, hf_models, checkpoints):
     seen_rates = set()
     for capacity in range(L * E + 1):
         for name, split in SPLITS.items():
-            engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=split), kernels="reference",
+            engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=split), kernels="host",
                             device="cpu", prefill_chunk=CHUNK)
             logits = run_steps(engine, ref.tokens[:-1])
             assert_close(logits, ref.logits[:-1], f"{family} lru capacity={capacity} split={name}")
@@ -86,7 +86,7 @@ def test_every_policy(family, hf_models, checkpoints):
         for capacity in (0, 5, 8, 16):
             for name, split in SPLITS.items():
                 engine = Engine(ckpt, CacheConfig(policy, capacity=capacity, split=split, options=opts),
-                                kernels="reference", device="cpu", prefill_chunk=CHUNK)
+                                kernels="host", device="cpu", prefill_chunk=CHUNK)
                 logits = run_steps(engine, ref.tokens[:-1])
                 assert_close(logits, ref.logits[:-1], f"{family} {policy} capacity={capacity} split={name}")
 
@@ -97,7 +97,7 @@ def test_pipelined_groups_keep_the_math(family, hf_models, checkpoints):
     ref, ckpt = hf_models[family], checkpoints[family]
     for capacity in (0, 3, 7, 12):
         for name, split in SPLITS.items():
-            engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=split), kernels="reference",
+            engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=split), kernels="host",
                             device="cpu", prefill_chunk=CHUNK, pipeline=True)
             logits = run_steps(engine, ref.tokens[:-1])
             assert_close(logits, ref.logits[:-1], f"{family} pipelined capacity={capacity} split={name}")
@@ -106,7 +106,7 @@ def test_pipelined_groups_keep_the_math(family, hf_models, checkpoints):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_equal_hf_generate(family, hf_models, checkpoints):
     ref, ckpt = hf_models[family], checkpoints[family]
-    engine = Engine(ckpt, CacheConfig("lru", capacity=5, split=SPLITS["hybrid"]), kernels="reference",
+    engine = Engine(ckpt, CacheConfig("lru", capacity=5, split=SPLITS["hybrid"]), kernels="host",
                     device="cpu", prefill_chunk=CHUNK)
     got = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1,
                                stop_token_ids=[]))

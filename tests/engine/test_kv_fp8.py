@@ -52,7 +52,7 @@ def checkpoints(tmp_path_factory):
     return out
 
 
-def run(ckpt, kv_dtype: str, tokens: list[int] | None = None, steps: int = STEPS, kernels: str = "reference"):
+def run(ckpt, kv_dtype: str, tokens: list[int] | None = None, steps: int = STEPS, kernels: str = "host"):
     """Prefill PROMPT, then decode `tokens`' continuation (teacher-forced) or greedy picks: (logits [T, V], tokens)."""
     engine = Engine(ckpt, kernels=kernels, device="cpu", kv_dtype=kv_dtype, record=False)
     kv = engine.new_kv(64)
@@ -98,7 +98,7 @@ def test_triton_kernels_read_the_engine_fp8_cache_like_the_reference(checkpoints
 
 def test_fp8_cache_pieces_round_trip_byte_for_byte(checkpoints):
     """read() / load(): what a prefix cache keeps; a copy continues exactly as the original."""
-    engine = Engine(checkpoints["qwen3_moe"], kernels="reference", device="cpu", kv_dtype="fp8", record=False)
+    engine = Engine(checkpoints["qwen3_moe"], kernels="host", device="cpu", kv_dtype="fp8", record=False)
     kv = engine.new_kv(32)
     engine.prefill(list(PROMPT), kv)
     copy = engine.new_kv(32)
@@ -114,12 +114,12 @@ def test_fp8_cache_pieces_round_trip_byte_for_byte(checkpoints):
 
 def test_bad_kv_dtype_is_one_line_naming_the_field(checkpoints):
     with pytest.raises(ValueError, match="^kv_dtype: 'fp4' is not one of auto, bf16, fp8$"):
-        Engine(checkpoints["qwen3_moe"], kernels="reference", device="cpu", kv_dtype="fp4")
+        Engine(checkpoints["qwen3_moe"], kernels="host", device="cpu", kv_dtype="fp4")
 
 
 def test_batched_decode_over_fp8_caches_equals_solo_decodes(checkpoints):
     """decode_batch: each sequence's attention over its own fp8 cache, as a decode of that sequence alone."""
-    engine = Engine(checkpoints["qwen3_moe"], kernels="reference", device="cpu", kv_dtype="fp8", record=False)
+    engine = Engine(checkpoints["qwen3_moe"], kernels="host", device="cpu", kv_dtype="fp8", record=False)
     prompts = [list(PROMPT), list(PROMPT[3:]) + [9, 9]]
     solo = []
     for prompt in prompts:

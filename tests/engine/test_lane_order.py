@@ -79,19 +79,24 @@ def test_no_cpu_experts_no_cpu_lane():
     assert "cpu issued" not in ex.log
 
 
-def test_cpu_lane_threads_are_physical_cores():
+def test_host_threads_are_physical_cores_and_shared_with_torch():
     import psutil
 
-    from freetoken.engine.cpu_threads import physical_cores
+    from freetoken.engine.engine import set_host_threads
+    from freetoken.host import kernels as hk
+    from freetoken.host.kernels import physical_cores
 
     assert physical_cores() == psutil.cpu_count(logical=False)
     two_sockets_smt = "".join(f"processor\t: {i}\nphysical id\t: {i // 4}\ncore id\t: {i % 2}\n\n" for i in range(8))
     assert physical_cores(two_sockets_smt) == 4  # 8 logical CPUs, 2 packages x 2 cores x 2 threads
-    store = _store()
     before = torch.get_num_threads()
     try:
-        RecordingExecutor(store, SlotPool(2, 0, store, "cpu"), kernel_set("reference"), torch.device("cpu"),
-                          overlap=True)
-        assert torch.get_num_threads() == psutil.cpu_count(logical=False)
+        assert set_host_threads(1) == 1 and torch.get_num_threads() == 1 and hk.threads() == 1
+        torch.set_num_threads(physical_cores())  # torch's default: the physical cores
+        assert set_host_threads(None) == physical_cores() == hk.threads() == torch.get_num_threads()
+        for bad in (0, -2, 1.5, True):
+            with pytest.raises(ValueError, match="threads must be a positive integer"):
+                set_host_threads(bad)
     finally:
         torch.set_num_threads(before)
+        hk.set_threads(None)

@@ -24,7 +24,7 @@ SECOND_PROMPT = [9, 8, 7, 6, 5, 4, 3]
 
 def live_run(ckpt, cache: CacheConfig) -> Engine:
     """Two requests on one engine (the cache carries over between them), greedy, HF-free."""
-    engine = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, keep_plans=True)
+    engine = Engine(ckpt, cache, kernels="host", device="cpu", prefill_chunk=CHUNK, keep_plans=True)
     for request, prompt in enumerate((PROMPT, SECOND_PROMPT)):
         list(engine.generate(prompt, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[],
                              request=request))
@@ -34,7 +34,7 @@ def live_run(ckpt, cache: CacheConfig) -> Engine:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_recorded_routing_is_hf_router_topk(family, hf_models, checkpoints, tmp_path):
     ref = hf_models[family]
-    engine = Engine(checkpoints[family], CacheConfig("lru", capacity=3), kernels="reference", device="cpu",
+    engine = Engine(checkpoints[family], CacheConfig("lru", capacity=3), kernels="host", device="cpu",
                     prefill_chunk=CHUNK)
     out = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=DECODE_STEPS + 1, stop_token_ids=[]))
     trace = load(save(engine.trace(), tmp_path / "live.safetensors"))  # round trip through the file format

@@ -58,7 +58,7 @@ def hf_answers(hf, path: Path, gates=(), router_logits: bool = False) -> Model:
     return model
 
 
-def make_engine(model: Model, capacity: int, split: str, kernels: str = "reference", ckpt: Checkpoint | None = None,
+def make_engine(model: Model, capacity: int, split: str, kernels: str = "host", ckpt: Checkpoint | None = None,
            chunk: int = CHUNK) -> Engine:
     """LRU over `capacity` slots in SPLITS[split]; the Triton kernels on CUDA when there is one."""
     return Engine(ckpt or model.ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels=kernels,

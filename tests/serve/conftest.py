@@ -118,7 +118,7 @@ def reference_engine(model_dir: Path, **options):
     tokenizer."""
     from freetoken.engine import Engine
 
-    return Engine.from_pretrained(model_dir, kernels="reference", **options)
+    return Engine.from_pretrained(model_dir, kernels="host", **options)
 
 
 @pytest.fixture(scope="session")
@@ -153,7 +153,7 @@ def greedy():
             out = io.StringIO()
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
                 assert main(["generate", "--chat", "--prompt", text, "--greedy", "--max-tokens", str(max_tokens),
-                             "--kernels", "reference", "--device", "cpu", "--fraction", "1", "--json"]) == 0
+                             "--kernels", "host", "--device", "cpu", "--fraction", "1", "--json"]) == 0
             r = json.loads(out.getvalue())
             finish = "stop" if r["token_ids"][-1] in stops else "length"
             memo[text, max_tokens] = Greedy(r["prompt_tokens"], r["text"], r["token_ids"], finish)

@@ -52,13 +52,18 @@ def test_default_floor_follows_a_short_model_context():
 
 def test_the_engine_gets_exactly_the_planned_slot_rows():
     # the demo model on a budget that holds 12 of its 16 experts: 4 policy slots + 8 staging rows (one layer),
-    # and the slot pool's tensors have exactly the planned rows
+    # and a slot pool of those rows holds exactly the planned bytes; the CPU-only engine's own pool aliases the
+    # store (every expert computed from it), so it holds none
+    from freetoken.engine.slots import SlotPool
     from freetoken.serve.config import ServeConfig
     from freetoken.serve.startup import load
 
     backend, plan = load(ServeConfig(device_budget_gb=0.0009, kv_floor=512), log=lambda s: None)
-    pool = backend.engine.cache.pool
+    engine = backend.engine
+    pool = engine.cache.pool
     assert plan.expert_slots == 12 and plan.kv_tokens >= 512
     assert (pool.capacity, pool.staging) == (4, 8)
-    assert pool.w_gate_up.shape[0] * pool.w_gate_up[0].numel() * pool.w_gate_up.element_size() \
-        + pool.w_down.numel() * pool.w_down.element_size() == plan.expert_bytes
+    assert pool.alias and pool.nbytes == 0
+    real = SlotPool(pool.capacity, pool.staging, engine.store, "cpu")
+    assert real.w_gate_up.shape[0] * real.w_gate_up[0].numel() * real.w_gate_up.element_size() \
+        + real.w_down.numel() * real.w_down.element_size() == real.nbytes == plan.expert_bytes

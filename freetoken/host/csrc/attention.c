@@ -1,0 +1,199 @@
+/* Decode attention for a batch of sequences in one call, each against its own KV cache (no gather into one padded
+ * tensor, no per-sequence Python): one work item per (sequence, kv head), so the rows of a kv head are read once for
+ * all the query heads that share it (GQA). fp32 scores and softmax, the sink logit (gpt-oss) joining the
+ * denominator, an fp8 cache dequantized by its per-(position, kv head) scale as it is read.
+ * With AVX-512 (head dim a multiple of 16, a bf16 / fp16 / fp32 cache) K and V are read straight into registers:
+ * four query heads' dot products per key row and one shuffle reduction for the four, the weighted sum of V rows
+ * accumulated in registers over the positions. */
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+#include "arena.h"
+#include "fastmath.h"
+#include "ftk.h"
+
+static float E4M3[256];
+
+__attribute__((constructor)) static void init_e4m3(void) {
+    for (int b = 0; b < 256; b++) {
+        int e = (b >> 3) & 0xf, m = b & 7;
+        float v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+        if ((b & 0x7f) == 0x7f) v = NAN;
+        E4M3[b] = (b & 0x80) ? -v : v;
+    }
+}
+
+/* row j, kv head g of a cache, as fp32 [Dh] */
+static inline void kv_row(const void *base, const float *scale, int kind, int64_t j, int Hkv, int g, int Dh,
+                          float *dst) {
+    int64_t off = (j * Hkv + g) * Dh;
+    switch (kind) {
+    case FT_BF16: for (int d = 0; d < Dh; d++) dst[d] = ft_bf16_to_f32(((const uint16_t *)base)[off + d]); break;
+    case FT_F16: for (int d = 0; d < Dh; d++) dst[d] = ft_f16_to_f32(((const uint16_t *)base)[off + d]); break;
+    case FT_FP8: {
+        float s = scale[j * Hkv + g];
+        for (int d = 0; d < Dh; d++) dst[d] = E4M3[((const uint8_t *)base)[off + d]] * s;
+        break;
+    }
+    default: memcpy(dst, (const float *)base + off, (size_t)Dh * 4);
+    }
+}
+
+static void store(void *out, int32_t kind, int64_t i, float v) {
+    if (kind == FT_BF16) ((uint16_t *)out)[i] = ft_f32_to_bf16(v);
+    else if (kind == FT_F16) ((uint16_t *)out)[i] = ft_f32_to_f16(v);
+    else ((float *)out)[i] = v;
+}
+
+/* portable: scores s[i * ld + j] and the weighted V sum acc [G, Dh] of one (sequence, kv head) */
+static void scores_generic(const void *k, const float *ks, int kind, int lo, int L, int Hkv, int g, int Dh,
+                           const float *q, int G, float scale, float *s, int64_t ld, float *row) {
+    for (int j = lo; j < L; j++) {
+        kv_row(k, ks, kind, j, Hkv, g, Dh, row);
+        for (int i = 0; i < G; i++) {
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < Dh; d++) dot += q[i * Dh + d] * row[d];
+            s[(int64_t)i * ld + j] = dot * scale;
+        }
+    }
+}
+
+static void values_generic(const void *v, const float *vs, int kind, int lo, int L, int Hkv, int g, int Dh,
+                           const float *s, int G, int64_t ld, float *acc, float *row) {
+    memset(acc, 0, (size_t)G * Dh * 4);
+    for (int j = lo; j < L; j++) {
+        kv_row(v, vs, kind, j, Hkv, g, Dh, row);
+        for (int i = 0; i < G; i++) {
+            const float p = s[(int64_t)i * ld + j];
+#pragma omp simd
+            for (int d = 0; d < Dh; d++) acc[i * Dh + d] += p * row[d];
+        }
+    }
+}
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+static inline __m512 load16(const void *base, int kind, int64_t off) {
+    if (kind == FT_BF16)
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off))), 16));
+    if (kind == FT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off)));
+    return _mm512_loadu_ps((const float *)base + off);
+}
+
+/* the four sums of a0..a3 (16 lanes each) in lanes 0..3 */
+static inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    __m512 a01 = _mm512_add_ps(_mm512_unpacklo_ps(a0, a1), _mm512_unpackhi_ps(a0, a1));
+    __m512 a23 = _mm512_add_ps(_mm512_unpacklo_ps(a2, a3), _mm512_unpackhi_ps(a2, a3));
+    __m512 b = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23))),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a01), _mm512_castps_pd(a23))));
+    __m512 c = _mm512_add_ps(b, _mm512_shuffle_f32x4(b, b, 0x4E));
+    c = _mm512_add_ps(c, _mm512_shuffle_f32x4(c, c, 0xB1));
+    return _mm512_castps512_ps128(c);
+}
+
+static void scores_avx512(const void *k, int kind, int lo, int L, int Hkv, int g, int Dh, const float *q, int G,
+                          float scale, float *s, int64_t ld) {
+    for (int i0 = 0; i0 < G; i0 += 4) {
+        const int n = G - i0 < 4 ? G - i0 : 4;
+        const float *qh[4];
+        for (int h = 0; h < 4; h++) qh[h] = q + (i0 + (h < n ? h : 0)) * Dh;
+        for (int j = lo; j < L; j++) {
+            const int64_t off = ((int64_t)j * Hkv + g) * Dh;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < Dh; d += 16) {
+                const __m512 r = load16(k, kind, off + d);
+                a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh[0] + d), r, a0);
+                a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qh[1] + d), r, a1);
+                a2 = _mm512_fmadd_ps(_mm512_loadu_ps(qh[2] + d), r, a2);
+                a3 = _mm512_fmadd_ps(_mm512_loadu_ps(qh[3] + d), r, a3);
+            }
+            float out[4];
+            _mm_storeu_ps(out, _mm_mul_ps(reduce4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+            for (int h = 0; h < n; h++) s[(int64_t)(i0 + h) * ld + j] = out[h];
+        }
+    }
+}
+
+/* acc [G, Dh] = sum_j s[i, j] * v_j, 4 heads x 4 chunks of 16 dims in registers at a time */
+static void values_avx512(const void *v, int kind, int lo, int L, int Hkv, int g, int Dh, const float *s, int G,
+                          int64_t ld, float *acc) {
+    for (int i0 = 0; i0 < G; i0 += 4) {
+        const int n = G - i0 < 4 ? G - i0 : 4;
+        for (int d0 = 0; d0 < Dh; d0 += 64) {
+            const int nc = (Dh - d0) / 16 < 4 ? (Dh - d0) / 16 : 4;
+            __m512 a[4][4];
+            for (int h = 0; h < 4; h++)
+                for (int c = 0; c < 4; c++) a[h][c] = _mm512_setzero_ps();
+            for (int j = lo; j < L; j++) {
+                const int64_t off = ((int64_t)j * Hkv + g) * Dh + d0;
+                __m512 r[4];
+                for (int c = 0; c < nc; c++) r[c] = load16(v, kind, off + 16 * c);
+                for (int h = 0; h < n; h++) {
+                    const __m512 p = _mm512_set1_ps(s[(int64_t)(i0 + h) * ld + j]);
+                    for (int c = 0; c < nc; c++) a[h][c] = _mm512_fmadd_ps(p, r[c], a[h][c]);
+                }
+            }
+            for (int h = 0; h < n; h++)
+                for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + (i0 + h) * Dh + d0 + 16 * c, a[h][c]);
+        }
+    }
+}
+#endif
+
+int ft_attention_decode(const ft_attn_args *a) {
+    const int B = a->B, H = a->H, Hkv = a->Hkv, Dh = a->Dh, G = H / Hkv;
+    if (Hkv <= 0 || H % Hkv) return FT_ESHAPE;
+    int maxlen = 1;
+    for (int b = 0; b < B; b++) if (a->len[b] > maxlen) maxlen = a->len[b];
+    const int nt = a->threads > 0 ? a->threads : 1;
+    const size_t per_thread = ((size_t)G * maxlen + (size_t)G * Dh * 2 + (size_t)G + 2 * (size_t)Dh + 64) * 4;
+    ft_arena *ar = ft_arena_reset(per_thread * nt);
+    if (!ar) return FT_ENOMEM;
+    uint8_t *mem = ft_arena_take(ar, per_thread * nt);
+#ifdef __AVX512F__
+    const int fast = Dh % 16 == 0 && a->kv_kind != FT_FP8;
+#else
+    const int fast = 0;
+#endif
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int item = 0; item < B * Hkv; item++) {
+        const int b = item / Hkv, g = item % Hkv, L = a->len[b];
+        const int lo = a->window > 0 && L > a->window ? L - a->window : 0;
+        float *s = (float *)(mem + per_thread * omp_get_thread_num()); /* [G, maxlen] scores */
+        float *q = s + (size_t)G * maxlen, *acc = q + (size_t)G * Dh, *denom = acc + (size_t)G * Dh;
+        float *row = denom + G;
+        for (int i = 0; i < G; i++)
+            for (int d = 0; d < Dh; d++)
+                q[i * Dh + d] = ft_load_act(a->q, a->q_kind, ((int64_t)b * H + g * G + i) * Dh + d);
+        const float *ks = a->k_scale ? a->k_scale[b] : NULL, *vs = a->v_scale ? a->v_scale[b] : NULL;
+#ifdef __AVX512F__
+        if (fast) scores_avx512(a->k[b], a->kv_kind, lo, L, Hkv, g, Dh, q, G, a->sm_scale, s, maxlen);
+        else
+#endif
+            scores_generic(a->k[b], ks, a->kv_kind, lo, L, Hkv, g, Dh, q, G, a->sm_scale, s, maxlen, row);
+        for (int i = 0; i < G; i++) {
+            float *si = s + (size_t)i * maxlen, mx = -INFINITY, sum = 0.0f;
+            const float sink = a->sinks ? a->sinks[g * G + i] : -INFINITY;
+            for (int j = lo; j < L; j++) mx = si[j] > mx ? si[j] : mx;
+            mx = sink > mx ? sink : mx;
+#pragma omp simd reduction(+ : sum)
+            for (int j = lo; j < L; j++) {
+                si[j] = ft_expf(si[j] - mx);
+                sum += si[j];
+            }
+            if (a->sinks) sum += ft_expf(sink - mx);
+            denom[i] = sum;
+        }
+#ifdef __AVX512F__
+        if (fast) values_avx512(a->v[b], a->kv_kind, lo, L, Hkv, g, Dh, s, G, maxlen, acc);
+        else
+#endif
+            values_generic(a->v[b], vs, a->kv_kind, lo, L, Hkv, g, Dh, s, G, maxlen, acc, row);
+        for (int i = 0; i < G; i++)
+            for (int d = 0; d < Dh; d++)
+                store(a->out, a->out_kind, ((int64_t)b * H + g * G + i) * Dh + d, acc[i * Dh + d] / denom[i]);
+    }
+    return FT_OK;
+}

@@ -1,0 +1,129 @@
+/* freetoken host kernels: shared types. Mirrored field by field by freetoken/host/native.py (ctypes). */
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+/* weight formats: one expert matrix W [rows, cols], y = W x */
+enum { FT_F32 = 0, FT_BF16 = 1, FT_F16 = 2, FT_INT4 = 3, FT_FP4 = 4, FT_FP8 = 5 };
+/* scale encodings */
+enum { FT_SC_NONE = 0, FT_SC_F32 = 1, FT_SC_BF16 = 2, FT_SC_F16 = 3, FT_SC_E8M0 = 4, FT_SC_E4M3 = 5 };
+enum { FT_GLU_SILU = 0, FT_GLU_CLAMPED = 1 };
+enum { FT_GLOBAL_NONE = 0, FT_GLOBAL_DIVIDE = 1, FT_GLOBAL_MULTIPLY = 2 };
+/* errors */
+enum { FT_OK = 0, FT_EFORMAT = -1, FT_ESHAPE = -2, FT_ENOMEM = -3 };
+
+/* One matrix per expert, experts `*_stride` bytes apart (freetoken/quant/packed.py's layouts):
+ * dense: data [rows, cols] of kind F32/BF16/F16;
+ * int4:  data [rows, cols/2] (low nibble = even col), scales [rows, cols/group], zeros uint8 [rows, cols/group],
+ *        optional g_idx int32 [cols] (group of each col): w = (q - zero) * scale;
+ * fp4:   data [rows, cols/2] e2m1 codes, scales uint8 [rows, cols/group] (e8m0 or e4m3), optional global scale;
+ * fp8:   data [rows, cols] e4m3, scales fp32 [ceil(rows/block_rows), ceil(cols/group)]. */
+typedef struct {
+    int32_t kind, rows, cols;
+    int32_t group;       /* int4 / fp4: cols per scale; fp8: cols per scale block */
+    int32_t block_rows;  /* fp8: rows per scale block */
+    int32_t scale_kind;
+    int32_t scale_cols;  /* scales per scale row */
+    int32_t global_op;
+    const uint8_t *data, *scales, *zeros;
+    const int32_t *g_idx;
+    const float *global_scale; /* [experts] */
+    int64_t data_stride, scales_stride, zeros_stride, g_idx_stride; /* bytes between experts (g_idx: elements) */
+    int64_t row_bytes;   /* data bytes per row */
+} ft_matrix;
+
+/* Activations prepared once per call for the matrices that read them:
+ * path A (AVX512-BF16): xb [n, kpad] bf16, natural order (dense / fp8) or permuted per 128-col chunk (int4 / fp4),
+ *                       xsum [n, ngroups] (int4: sum of x over each group, for the zero point);
+ * path B (portable):    xf [n, cols] fp32. */
+typedef struct {
+    int32_t path, kpad, ngroups, cols;
+    const uint16_t *xb;
+    const float *xsum, *xf;
+} ft_acts;
+
+enum { FT_PATH_A_NATURAL = 0, FT_PATH_A_PERMUTED = 1, FT_PATH_B = 2 };
+
+typedef struct {
+    const ft_matrix *gate, *up, *down;
+    const float *b_gate_up; /* [E, 2I] fp32 or NULL */
+    const float *b_down;    /* [E, D] fp32 or NULL */
+    int32_t glu; float alpha, limit;
+    const void *x; int32_t x_kind, T;        /* [T, D_in] activations (F32 / BF16 / F16) */
+    const int32_t *ids; const float *weights; int32_t K; /* [T, K] routing */
+    const uint8_t *take; int32_t E;          /* [E]: 1 = this call computes the expert; NULL: every expert */
+    float *out;                              /* [T, D] fp32, overwritten */
+    void *out_cast; int32_t out_kind;        /* optional: out rounded to the activation dtype, [T, D] */
+    int32_t threads, generic;                /* generic: portable path only */
+} ft_moe_args;
+
+typedef struct {
+    const ft_matrix *w;                      /* expert 0 of it: [N, K] */
+    const float *bias;                       /* [N] fp32 or NULL */
+    const void *x; int32_t x_kind, T;        /* [T, K] */
+    int64_t x_stride;                        /* elements between rows of x */
+    void *out; int32_t out_kind;             /* [T, N] F32 / BF16 / F16 */
+    int64_t out_stride;
+    int32_t threads, generic;
+} ft_linear_args;
+
+/* rows.c: path selection and one row of W against n prepared activation rows */
+int ft_path_a_built(void);
+int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic);
+int64_t ft_acts_bytes(const ft_matrix *m, int path, int n);
+/* prepare rows [first, first + count) of n activation rows (x row rows[i], or i) into buf, laid out for all n */
+void ft_prepare(const ft_matrix *m, int path, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows,
+                int n, int first, int count, void *buf, ft_acts *acts);
+/* y[(r - r0) * ldy + i] = row r of expert e . activation row idx[i] (or i), for r in [r0, r1), i < n */
+void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n, float *y,
+                 int ldy, float *scratch);
+int64_t ft_rows_scratch_floats(const ft_matrix *m);
+/* scales of rows [r0, r1) of expert e as fp32 [r1 - r0, scale_cols] (fp4: the global scale applied) */
+void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc);
+#define FT_ROW_BLOCK 64
+
+/* number conversions */
+static inline float ft_bf16_to_f32(uint16_t b) { union { uint32_t u; float f; } v = {(uint32_t)b << 16}; return v.f; }
+static inline uint16_t ft_f32_to_bf16(float f) { /* round to nearest even; NaN stays NaN */
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    return (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+}
+float ft_f16_to_f32(uint16_t h);
+float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i);
+uint16_t ft_f32_to_f16(float f);
+float ft_load_act(const void *x, int32_t kind, int64_t i);
+float ft_round_act(float v, int32_t kind);
+
+/* attention.c: one query per sequence (decode) against each sequence's own KV cache, all sequences in one call */
+typedef struct {
+    int32_t B, H, Hkv, Dh;
+    const void *q; int32_t q_kind;                 /* [B, H, Dh] */
+    const void *const *k; const void *const *v;    /* per sequence [>= len, Hkv, Dh] */
+    const float *const *k_scale; const float *const *v_scale; /* per sequence [>= len, Hkv] (fp8 cache) or NULL */
+    int32_t kv_kind;                               /* F32 / BF16 / F16 / FP8 */
+    const int32_t *len;                            /* [B] positions visible to the query (itself included) */
+    float sm_scale;
+    const float *sinks;                            /* [H] or NULL */
+    int32_t window;                                /* the last `window` positions only; 0: all */
+    void *out; int32_t out_kind;                   /* [B, H, Dh] */
+    int32_t threads;
+} ft_attn_args;
+
+/* step.c: a decode token's attention after its qkv projection, one call: per-head (or whole-projection) RMSNorm of
+ * q and k, rotary embedding, k and v written into each sequence's cache at its position, attention */
+typedef struct {
+    int32_t B, H, Hkv, Dh;
+    const void *qkv; int32_t kind; int64_t qkv_stride;     /* [B, (H + 2 Hkv) Dh] rows, activation dtype */
+    const void *q_norm; const void *k_norm; int32_t norm_kind; /* RMSNorm weights or NULL */
+    int32_t norm_full;                                       /* 0: per head [Dh]; 1: over the projection */
+    float eps; int32_t round_normed;
+    const int64_t *positions;                                /* [B] */
+    const float *inv_freq; int32_t rotary; float rope_scale; /* rotary <= 0: no rotary embedding */
+    void *const *k_cache; void *const *v_cache; int32_t kv_kind; /* per sequence [>= pos + 1, Hkv, Dh] */
+    float sm_scale; const float *sinks; int32_t window;
+    void *q_buf;                                             /* [B, H, Dh] scratch in the activation dtype */
+    void *out;                                               /* [B, H, Dh] activation dtype */
+    int32_t threads;
+} ft_step_args;
+int ft_attention_decode(const ft_attn_args *a);

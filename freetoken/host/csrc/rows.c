@@ -1,0 +1,183 @@
+/* One row of an expert matrix against n prepared activation rows, in the matrix's stored format.
+ * Path B (here): the row is decoded to fp32 exactly as freetoken.quant.packed.dequantize_packed does, then one fp32
+ * dot per activation row. Path A (rows_avx512.c): bf16 dot products on the packed bits, where the CPU has them.
+ * The choice is per matrix (ft_path_for); both give each activation row the same arithmetic whatever n is, so a
+ * token's result does not depend on the batch it came in. */
+#include <math.h>
+#include <string.h>
+#include "ftk.h"
+#include "rows_avx512.h"
+
+float ft_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    union { uint32_t u; float f; } v;
+    if (exp == 0x1f) v.u = sign | 0x7f800000u | (man << 13);
+    else if (exp) v.u = sign | ((exp + 112) << 23) | (man << 13);
+    else { v.f = ldexpf((float)man, -24); v.u |= sign; }
+    return v.f;
+}
+
+uint16_t ft_f32_to_f16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to inf */
+    if (a < 0x38800000u) { /* subnormal half: round to nearest even at 2^-24 */
+        float m = fabsf(f) * 16777216.0f;
+        return (uint16_t)(sign | (uint32_t)nearbyintf(m));
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
+    return (uint16_t)(sign | (r >> 13));
+}
+
+float ft_load_act(const void *x, int32_t kind, int64_t i) {
+    if (kind == FT_BF16) return ft_bf16_to_f32(((const uint16_t *)x)[i]);
+    if (kind == FT_F16) return ft_f16_to_f32(((const uint16_t *)x)[i]);
+    return ((const float *)x)[i];
+}
+
+float ft_round_act(float v, int32_t kind) {
+    if (kind == FT_BF16) return ft_bf16_to_f32(ft_f32_to_bf16(v));
+    if (kind == FT_F16) return ft_f16_to_f32(ft_f32_to_f16(v));
+    return v;
+}
+
+static float e4m3_value(uint8_t b) {
+    int e = (b >> 3) & 0xf, m = b & 7;
+    float v;
+    if ((b & 0x7f) == 0x7f) return NAN;
+    v = e ? ldexpf(1.0f + m / 8.0f, e - 7) : ldexpf(m / 8.0f, -6);
+    return (b & 0x80) ? -v : v;
+}
+
+static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                               -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+/* scale i of a row's scales as fp32 */
+float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i) {
+    switch (m->scale_kind) {
+    case FT_SC_F32: return ((const float *)s)[i];
+    case FT_SC_BF16: return ft_bf16_to_f32(((const uint16_t *)s)[i]);
+    case FT_SC_F16: return ft_f16_to_f32(((const uint16_t *)s)[i]);
+    case FT_SC_E8M0: return s[i] == 0xff ? NAN : ldexpf(1.0f, (int)s[i] - 127);
+    case FT_SC_E4M3: return e4m3_value(s[i]);
+    default: return 1.0f;
+    }
+}
+
+int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic) {
+    if (generic || !ft_path_a_built() || x_kind != FT_BF16) return FT_PATH_B;
+    return ft_path_a_supports(m);
+}
+
+static int64_t kpad_of(const ft_matrix *m) { return ((int64_t)m->cols + 127) / 128 * 128; }
+
+int64_t ft_acts_bytes(const ft_matrix *m, int path, int n) {
+    if (path == FT_PATH_B) return (int64_t)n * m->cols * 4;
+    int64_t groups = m->group > 0 ? m->cols / m->group : 1;
+    return (int64_t)n * kpad_of(m) * 2 + (int64_t)n * (groups + 16) * 4;
+}
+
+void ft_prepare(const ft_matrix *m, int path, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows,
+                int n, int first, int count, void *buf, ft_acts *a) {
+    memset(a, 0, sizeof *a);
+    a->path = path;
+    a->cols = m->cols;
+    if (path == FT_PATH_B) {
+        float *xf = (float *)buf;
+        for (int i = first; i < first + count; i++) {
+            int64_t r = rows ? rows[i] : i;
+            for (int k = 0; k < m->cols; k++) xf[(int64_t)i * m->cols + k] = ft_load_act(x, x_kind, r * x_stride + k);
+        }
+        a->xf = xf;
+        return;
+    }
+    ft_prepare_a(m, path, x, x_stride, rows, n, first, count, buf, a);
+}
+
+int64_t ft_rows_scratch_floats(const ft_matrix *m) {
+    return (int64_t)m->cols + 64 + (int64_t)FT_ROW_BLOCK * (2 * (int64_t)m->scale_cols + 32);
+}
+
+void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
+    const uint8_t *s = m->scales + (int64_t)e * m->scales_stride + (int64_t)r0 * m->scale_cols * (
+        m->scale_kind == FT_SC_F32 ? 4 : m->scale_kind == FT_SC_BF16 || m->scale_kind == FT_SC_F16 ? 2 : 1);
+    const int64_t n = (int64_t)(r1 - r0) * m->scale_cols;
+    switch (m->scale_kind) {
+    case FT_SC_F32: memcpy(sc, s, (size_t)n * 4); break;
+    case FT_SC_BF16: for (int64_t i = 0; i < n; i++) sc[i] = ft_bf16_to_f32(((const uint16_t *)s)[i]); break;
+    case FT_SC_F16:
+#ifdef __FLT16_MAX__
+        for (int64_t i = 0; i < n; i++) sc[i] = (float)((const _Float16 *)s)[i];
+#else
+        for (int64_t i = 0; i < n; i++) sc[i] = ft_f16_to_f32(((const uint16_t *)s)[i]);
+#endif
+        break;
+    default: for (int64_t i = 0; i < n; i++) sc[i] = ft_scale(m, s, i);
+    }
+    if (m->kind == FT_FP4 && m->global_op != FT_GLOBAL_NONE) {
+        const float g = m->global_scale[e];
+        if (m->global_op == FT_GLOBAL_DIVIDE) for (int64_t i = 0; i < n; i++) sc[i] = sc[i] / g;
+        else for (int64_t i = 0; i < n; i++) sc[i] = sc[i] * g;
+    }
+}
+
+/* Path B: row `row` of expert e decoded to fp32 [cols] */
+static void decode_row(const ft_matrix *m, int e, int row, float *w) {
+    const uint8_t *d = m->data + (int64_t)e * m->data_stride + (int64_t)row * m->row_bytes;
+    const int K = m->cols;
+    switch (m->kind) {
+    case FT_F32: memcpy(w, d, (size_t)K * 4); return;
+    case FT_BF16: for (int k = 0; k < K; k++) w[k] = ft_bf16_to_f32(((const uint16_t *)d)[k]); return;
+    case FT_F16: for (int k = 0; k < K; k++) w[k] = ft_f16_to_f32(((const uint16_t *)d)[k]); return;
+    default: break;
+    }
+    const uint8_t *s = m->scales + (int64_t)e * m->scales_stride;
+    if (m->kind == FT_FP8) {
+        const int64_t srow = (int64_t)(row / m->block_rows) * m->scale_cols;
+        for (int k = 0; k < K; k++) w[k] = e4m3_value(d[k]) * ft_scale(m, s, srow + k / m->group);
+        return;
+    }
+    const int64_t srow = (int64_t)row * m->scale_cols;
+    if (m->kind == FT_FP4) {
+        float g = 1.0f;
+        if (m->global_op != FT_GLOBAL_NONE) g = m->global_scale[e];
+        for (int k = 0; k < K; k++) {
+            float sc = ft_scale(m, s, srow + k / m->group);
+            if (m->global_op == FT_GLOBAL_DIVIDE) sc = sc / g;
+            else if (m->global_op == FT_GLOBAL_MULTIPLY) sc = sc * g;
+            w[k] = E2M1[(d[k >> 1] >> ((k & 1) * 4)) & 0xf] * sc;
+        }
+        return;
+    }
+    /* int4: (q - zero) * scale, group g_idx[k] or k / group */
+    const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + srow;
+    const int32_t *gi = m->g_idx ? m->g_idx + (int64_t)e * m->g_idx_stride : NULL;
+    for (int k = 0; k < K; k++) {
+        int g = gi ? gi[k] : k / m->group;
+        float q = (float)((d[k >> 1] >> ((k & 1) * 4)) & 0xf);
+        w[k] = (q - (float)z[g]) * ft_scale(m, s, srow + g);
+    }
+}
+
+static float dot_f32(const float *w, const float *x, int K) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (int k = 0; k < K; k++) acc += w[k] * x[k];
+    return acc;
+}
+
+void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n, float *y,
+                 int ldy, float *scratch) {
+    if (a->path != FT_PATH_B) {
+        ft_rows_dot_a(m, e, r0, r1, a, idx, n, y, ldy, scratch);
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        const float *w = scratch;
+        if (m->kind == FT_F32) w = (const float *)(m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes);
+        else decode_row(m, e, r, scratch);
+        for (int i = 0; i < n; i++)
+            y[(int64_t)(r - r0) * ldy + i] = dot_f32(w, a->xf + (int64_t)(idx ? idx[i] : i) * a->cols, a->cols);
+    }
+}

@@ -1,0 +1,313 @@
+"""The host kernels' Python side: the C library's entry points over torch tensors, each beside its torch reference.
+
+    out = moe(mats, x, ids, weights, take)          # one MoE layer's taken experts, all tokens: fp32 [T, D]
+    y = linear(x, w, bias)                          # dense projection of a few rows, in the weights' dtype
+    o = attention_decode(q, ks, vs, lengths, scale) # one query per sequence against its own KV cache
+    o = attention_step(qkv, ...)                    # a decode token's q / k norms, rope, KV write and attention
+    rms_norm, rope, softmax_topk                    # a decode step's small ops, one call each
+
+threads: set_threads(n) (the engine's --threads; default the physical cores); torch's intra-op threads are set to
+the same number by the engine, so both kinds of host work use the same cores. generic=True runs the portable path
+(what CPUs without AVX512-BF16 run) on any machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from freetoken.host import build
+from freetoken.host.native import (AttnArgs, LinearArgs, Matrix, MoEArgs, StepArgs, GLU_KINDS, FP8, act_kind, check,
+                                   declare, dense_matrix, packed_matrix, ptr)
+from freetoken.quant.packed import PackedWeight
+
+_THREADS = [0]
+
+
+def physical_cores(cpuinfo: str | None = None) -> int:
+    """Distinct (physical id, core id) pairs of /proc/cpuinfo (or the text given); os.cpu_count() where it has none.
+    SMT siblings share one core's FMA units and memory port: a bandwidth-bound expert GEMV gains nothing from them."""
+    import os
+    from pathlib import Path
+
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    cores, package = set(), "0"
+    for line in cpuinfo.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name == "physical id":
+            package = value.strip()
+        elif name == "core id":
+            cores.add((package, value.strip()))
+    return len(cores) or os.cpu_count() or 1
+
+
+def set_threads(n: int | None) -> int:
+    """Threads every host kernel uses (None: the physical cores); returns the number set."""
+    if n is not None and n <= 0:
+        raise ValueError(f"threads must be positive, got {n}")
+    _THREADS[0] = n or physical_cores()
+    return _THREADS[0]
+
+
+def threads() -> int:
+    return _THREADS[0] or set_threads(None)
+
+
+_LIBS: dict[bool, ctypes.CDLL | None] = {}
+
+
+def library(generic: bool = False) -> ctypes.CDLL | None:
+    lib = _LIBS.get(generic)
+    if lib is None and generic not in _LIBS:
+        lib = build.load("generic" if generic else "native")
+        if lib is not None:
+            declare(lib)
+        _LIBS[generic] = lib
+    return lib
+
+
+def available() -> bool:
+    lib = _LIBS.get(False)
+    return lib is not None or (False not in _LIBS and library() is not None)
+
+
+def unavailable_reason() -> str | None:
+    return build.unavailable_reason("native")
+
+
+def path_a() -> bool:
+    """Whether the native library carries the AVX512-BF16 path (this CPU has it and the compiler targets it)."""
+    lib = library()
+    return lib is not None and bool(lib.ft_caps())
+
+
+# MoE layer
+@dataclass(slots=True)
+class MoEMatrices:
+    """One MoE layer's experts as the C kernels read them: gate [E, I, D], up [E, I, D], down [E, D, I] descriptors
+    (dense: the two halves of the store's gate_up rows), the gated activation, fp32 biases or None."""
+    gate: Matrix
+    up: Matrix
+    down: Matrix
+    experts: int
+    glu: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+    b_gate_up: torch.Tensor | None = None  # [E, 2I] fp32
+    b_down: torch.Tensor | None = None  # [E, D] fp32
+    keep: tuple = ()  # the tensors the descriptors point into
+    args: MoEArgs | None = None  # the call's arguments, built once; each call sets its tensors
+
+    @classmethod
+    def dense(cls, gate_up: torch.Tensor, down: torch.Tensor, **kw) -> MoEMatrices:
+        """gate_up [E, 2I, D] (gate rows, then up rows), down [E, D, I]: the store's or a slot pool's tensors."""
+        I = down.shape[-1]
+        return cls(dense_matrix(gate_up, 0, I), dense_matrix(gate_up, I, I), dense_matrix(down), gate_up.shape[0],
+                   keep=(gate_up, down), **kw)
+
+
+def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: torch.Tensor | None,
+        generic: bool = False, out: torch.Tensor | None = None, cast: bool = False) -> torch.Tensor:
+    """x [T, D] (fp32 / bf16 / fp16), ids [T, K] int32 (any id not taken is skipped), weights [T, K] fp32, take [E]
+    uint8 (None: every expert) -> fp32 [T, D]: sum over each token's taken picks of w * down(glu(gate x, up x));
+    cast: that sum rounded to x's dtype instead (one rounding, in the kernel)."""
+    lib = library(generic)
+    T, K = ids.shape
+    x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
+    take = None if take is None else take.contiguous()
+    out = torch.empty((T, m.down.rows), dtype=torch.float32) if out is None else out
+    rounded = torch.empty((T, m.down.rows), dtype=x.dtype) if cast else None
+    args = m.args
+    if args is None:
+        args = m.args = MoEArgs(ctypes.pointer(m.gate), ctypes.pointer(m.up), ctypes.pointer(m.down),
+                                ptr(m.b_gate_up), ptr(m.b_down), GLU_KINDS[m.glu], m.alpha, m.limit, E=m.experts)
+    args.x, args.x_kind, args.T, args.ids, args.weights, args.K = (x.data_ptr(), act_kind(x.dtype), T, ids.data_ptr(),
+                                                                  weights.data_ptr(), K)
+    args.take, args.out, args.threads, args.generic = ptr(take), out.data_ptr(), threads(), int(generic)
+    args.out_cast, args.out_kind = ptr(rounded), args.x_kind
+    check(lib.ft_moe(ctypes.byref(args)), "moe")
+    return out if rounded is None else rounded
+
+
+def moe_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: torch.Tensor, gate: torch.Tensor,
+            up: torch.Tensor, down: torch.Tensor, b_gate_up: torch.Tensor | None = None,
+            b_down: torch.Tensor | None = None, glu: str = "silu", alpha: float = 1.702,
+            limit: float = 7.0) -> torch.Tensor:
+    """moe's contract in torch: gate / up [E, I, D], down [E, D, I] in fp32 (dequantized), everything in fp32, the
+    gated activation rounded to x's dtype before the down projection."""
+    from freetoken.kernels.expert_ffn import glu_ref
+
+    T, K = ids.shape
+    I = gate.shape[1]
+    out = torch.zeros(T, down.shape[1], dtype=torch.float32)
+    xf = x.float()
+    for t in range(T):
+        for k in range(K):
+            e = int(ids[t, k])
+            if e < 0 or e >= take.numel() or not take[e]:
+                continue
+            g, u = gate[e] @ xf[t], up[e] @ xf[t]
+            if b_gate_up is not None:
+                g, u = g + b_gate_up[e, :I].float(), u + b_gate_up[e, I:].float()
+            h = glu_ref(g, u, glu, alpha, limit).to(x.dtype).float()
+            y = down[e] @ h
+            if b_down is not None:
+                y = y + b_down[e].float()
+            out[t] += weights[t, k].float() * y
+    return out
+
+
+# dense projection
+_LINEARS: dict[tuple, tuple] = {}  # per (weight, bias): the call's arguments, built once
+
+
+def _linear_args(w, bias: torch.Tensor | None) -> LinearArgs:
+    packed = isinstance(w, PackedWeight)
+    key = ((w.data if packed else w).data_ptr(), w.shape, None if bias is None else bias.data_ptr())
+    got = _LINEARS.get(key)
+    if got is None:
+        if len(_LINEARS) > 4096:
+            _LINEARS.clear()
+        m = packed_matrix(w) if packed else dense_matrix(w)
+        b = None if bias is None else bias.float().contiguous()
+        got = _LINEARS[key] = (LinearArgs(ctypes.pointer(m), ptr(b)), m, b, w, bias)  # keeps what it points into
+    return got[0]
+
+
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool = False) -> torch.Tensor:
+    """x [T, K], w [N, K] (fp32 / bf16 / fp16 rows, or a one-slot PackedWeight read as stored), bias [N] -> [T, N]
+    in x's dtype, accumulated in fp32: each thread streams a slice of w's rows once for every row of x."""
+    lib = library(generic)
+    T = x.shape[0]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty((T, w.shape[0]), dtype=x.dtype)
+    args = _linear_args(w, bias)
+    kind = act_kind(x.dtype)
+    args.x, args.x_kind, args.T, args.x_stride = x.data_ptr(), kind, T, x.stride(0)
+    args.out, args.out_kind, args.out_stride, args.threads, args.generic = (out.data_ptr(), kind, out.shape[1],
+                                                                            threads(), int(generic))
+    check(lib.ft_linear(ctypes.byref(args)), "linear")
+    return out
+
+
+# decode attention
+def _pointers(tensors: list[torch.Tensor]):
+    return ctypes.cast((ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors)),
+                       ctypes.POINTER(ctypes.c_void_p))
+
+
+def attention_decode(q: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
+                     lengths: list[int], sm_scale: float, sinks: torch.Tensor | None = None,
+                     window: int | None = None, k_scales: list[torch.Tensor] | None = None,
+                     v_scales: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """q [B, H, Dh]: sequence b's one query at position lengths[b] - 1 against k_caches[b], v_caches[b]
+    [>= lengths[b], Hkv, Dh] (fp32 / bf16 / fp16, or uint8 e4m3 with k_scales / v_scales [>= len, Hkv]) -> [B, H, Dh]
+    in q's dtype. Sinks [H] join the softmax denominator; window keeps the last `window` positions."""
+    lib = library()
+    B, H, Dh = q.shape
+    q = q.contiguous()
+    fp8 = k_caches[0].dtype == torch.uint8
+    kv_kind = FP8 if fp8 else act_kind(k_caches[0].dtype)
+    ks, vs = _pointers(k_caches), _pointers(v_caches)
+    kss, vss = (_pointers(k_scales), _pointers(v_scales)) if fp8 else (None, None)
+    lens = torch.tensor(lengths, dtype=torch.int32)
+    s = None if sinks is None else sinks.float().contiguous()
+    out = torch.empty_like(q)
+    args = AttnArgs(B, H, k_caches[0].shape[1], Dh, q.data_ptr(), act_kind(q.dtype), ks, vs, kss, vss, kv_kind,
+                    lens.data_ptr(), sm_scale, ptr(s), window or 0, out.data_ptr(), act_kind(out.dtype), threads())
+    check(lib.ft_attention_decode(ctypes.byref(args)), "attention_decode")
+    return out
+
+
+# a decode step's small ops
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True) -> torch.Tensor:
+    """rms_norm_ref's contract: x [T, D] (rows contiguous) -> [T, D] in x's dtype."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    T, D = x.shape
+    out = torch.empty((T, D), dtype=x.dtype)
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    check(library().ft_rms_norm(x.data_ptr(), act_kind(x.dtype), x.stride(0), T, D, w.data_ptr(), act_kind(w.dtype),
+                                eps, int(round_normed), out.data_ptr(), D), "rms_norm")
+    return out
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, rotary_dim: int,
+         scale: float = 1.0) -> torch.Tensor:
+    """apply_rope_ref's contract: x [T, H, Dh] (last dim contiguous), positions [T] int64, inv_freq [rotary_dim / 2]
+    fp32 -> a new contiguous [T, H, Dh] in x's dtype."""
+    T, H, Dh = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    pos = positions if positions.dtype == torch.int64 and positions.is_contiguous() else \
+        positions.to(torch.int64).contiguous()
+    out = torch.empty((T, H, Dh), dtype=x.dtype)
+    check(library().ft_rope(x.data_ptr(), act_kind(x.dtype), x.stride(0), x.stride(1), T, H, Dh, pos.data_ptr(),
+                            inv_freq.data_ptr(), rotary_dim, scale, out.data_ptr()), "rope")
+    return out
+
+
+def softmax_topk(logits: torch.Tensor, k: int, renormalize: bool, scale: float = 1.0):
+    """router_topk_ref's softmax routing without bias or groups: logits [T, E] -> (weights [T, K] fp32, ids [T, K]
+    int32), the K largest probabilities first, ties to the lower id."""
+    logits = logits.contiguous()
+    T, E = logits.shape
+    weights = torch.empty((T, k), dtype=torch.float32)
+    ids = torch.empty((T, k), dtype=torch.int32)
+    check(library().ft_softmax_topk(logits.data_ptr(), act_kind(logits.dtype), T, E, k, int(renormalize), scale,
+                                    weights.data_ptr(), ids.data_ptr()), "softmax_topk")
+    return weights, ids
+
+
+@dataclass(slots=True)
+class StepLayer:
+    """What attention_step needs of one attention layer besides the token: head counts, the q / k RMSNorm weights
+    (None: none; norm_full: over the whole projection, else per head), rope and softmax options."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    sm_scale: float
+    inv_freq: torch.Tensor  # [rotary / 2] fp32
+    rotary: int
+    rope_scale: float = 1.0
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    norm_full: bool = False
+    eps: float = 1e-6
+    round_normed: bool = True
+    sinks: torch.Tensor | None = None  # [H] fp32
+    window: int | None = None
+    args: StepArgs | None = None  # the call's arguments, built once; each call sets its tensors
+
+
+def attention_step(qkv: torch.Tensor, layer: StepLayer, positions: list[int], k_caches: list[torch.Tensor],
+                   v_caches: list[torch.Tensor]) -> torch.Tensor:
+    """qkv [B, (H + 2 Hkv) Dh] of B sequences' decode tokens (sequence b at positions[b]) -> attention [B, H, Dh]:
+    q and k normed and roped, k and v written into k_caches[b] / v_caches[b] [>= pos + 1, Hkv, Dh] at positions[b]."""
+    B = qkv.shape[0]
+    H, Hkv, Dh = layer.heads, layer.kv_heads, layer.head_dim
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    q_buf, out = torch.empty((2, B, H, Dh), dtype=qkv.dtype)  # scratch for q, then the output
+    args = layer.args
+    if args is None:
+        qn, kn = layer.q_norm, layer.k_norm
+        args = layer.args = StepArgs(H=H, Hkv=Hkv, Dh=Dh, q_norm=ptr(qn), k_norm=ptr(kn),
+                                     norm_kind=act_kind(qn.dtype) if qn is not None else 0,
+                                     norm_full=int(layer.norm_full), eps=layer.eps,
+                                     round_normed=int(layer.round_normed), inv_freq=layer.inv_freq.data_ptr(),
+                                     rotary=layer.rotary, rope_scale=layer.rope_scale, sm_scale=layer.sm_scale,
+                                     sinks=ptr(layer.sinks), window=layer.window or 0)
+    pos = (ctypes.c_int64 * B)(*positions)
+    args.B, args.qkv, args.kind, args.qkv_stride = B, qkv.data_ptr(), act_kind(qkv.dtype), qkv.stride(0)
+    args.positions, args.k_cache, args.v_cache = ctypes.addressof(pos), _pointers(k_caches), _pointers(v_caches)
+    args.kv_kind, args.q_buf, args.out, args.threads = (act_kind(k_caches[0].dtype), q_buf.data_ptr(),
+                                                        out.data_ptr(), threads())
+    check(library().ft_attention_step(ctypes.byref(args)), "attention_step")
+    return out
