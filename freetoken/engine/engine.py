@@ -9,6 +9,7 @@ reused and extended (its explicit length and token ids allow prefix reuse), coun
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -62,6 +63,25 @@ def set_host_threads(threads: int | None) -> int:
     return n
 
 
+def host_kernels_note(kernels: str) -> str | None:
+    """One line when the host set has to run on torch (the C kernels could not be built), said once per process:
+    tens of times slower, and the user should know why."""
+    if kernels != "host":
+        return None
+    from freetoken.host import kernels as hk
+
+    if hk.available():
+        return None
+    note = f"note: host kernels not built ({hk.unavailable_reason()}); the CPU path runs on torch (much slower)"
+    if note not in _SAID:
+        _SAID.add(note)
+        print(note, file=sys.stderr, flush=True)
+    return note
+
+
+_SAID: set[str] = set()
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -112,6 +132,7 @@ class Engine:
         self.host = HostCounters()  # launches, syncs, copies (the cost model's sim.overhead counts)
         ks = kernel_set(kernels)  # the host set runs no device kernels: nothing to count per call
         self.kernels = ks if ks.name == "host" else counted(ks, self.host)
+        self.host_note = host_kernels_note(ks.name)
         self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
         self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host,

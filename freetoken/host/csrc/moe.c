@@ -24,6 +24,14 @@ static inline float glu(float g, float u, int kind, float alpha, float limit) {
     return g / (1.0f + ft_expf(-g)) * u;
 }
 
+/* the first rows [lo, lo + 8 KB) of expert e's matrix on their way to L2 while the expert before it computes: each
+ * matrix's first lines would otherwise wait for the hardware prefetcher to find the new stream */
+static void prefetch_rows(const ft_matrix *m, int e, int64_t lo) {
+    if (e < 0) return;
+    const uint8_t *p = m->data + (int64_t)e * m->data_stride + lo * m->row_bytes;
+    for (int64_t o = 0; o < 8192; o += 64) __builtin_prefetch(p + o, 0, 2);
+}
+
 static int same_layout(const ft_matrix *a, const ft_matrix *b) {
     return a->kind == b->kind && a->cols == b->cols && a->group == b->group;
 }
@@ -38,8 +46,8 @@ int ft_moe(const ft_moe_args *a) {
     const int T = a->T, K = a->K, E = a->E, D = W2->rows, I = G->rows, Din = G->cols;
     if (U->rows != I || W2->cols != I || U->cols != Din) return FT_ESHAPE;
     const int nt = a->threads > 0 ? a->threads : 1;
-    const int pg = ft_path_for(G, a->x_kind, a->generic), pu = ft_path_for(U, a->x_kind, a->generic);
-    const int pd = ft_path_for(W2, a->x_kind, a->generic);
+    const int pg = ft_path_for(G, a->x_kind, a->generic, a->act8), pu = ft_path_for(U, a->x_kind, a->generic, a->act8);
+    const int pd = ft_path_for(W2, a->x_kind, a->generic, a->act8);
     const int share = pg == pu && same_layout(G, U);
 
     /* pairs grouped by expert, token order inside */
@@ -105,9 +113,13 @@ int ft_moe(const ft_moe_args *a) {
 #pragma omp barrier
         /* gate / up rows [lo, hi) of every taken expert -> h */
         slice(I, tid, nth, &lo, &hi);
+        int next = 0;
         for (int e = 0; e < E; e++) {
             int n = start[e + 1] - start[e];
             if (!n) continue;
+            for (next = e + 1; next < E && start[next + 1] == start[next]; next++) {}
+            prefetch_rows(G, next < E ? next : -1, lo);
+            prefetch_rows(U, next < E ? next : -1, lo);
             const int32_t *toks = pair_tok + start[e];
             const float *bg = a->b_gate_up ? a->b_gate_up + (int64_t)e * D2 : NULL;
             for (int64_t j0 = lo; j0 < hi; j0 += FT_ROW_BLOCK) {
@@ -140,6 +152,9 @@ int ft_moe(const ft_moe_args *a) {
         for (int e = 0; e < E; e++) {
             int n = start[e + 1] - start[e];
             if (!n) continue;
+            int nx = e + 1;
+            while (nx < E && start[nx + 1] == start[nx]) nx++;
+            prefetch_rows(W2, nx < E ? nx : -1, lo);
             for (int i = 0; i < n; i++) pidx[i] = start[e] + i;
             const float *bd = a->b_down ? a->b_down + (int64_t)e * D : NULL;
             for (int64_t r0 = lo; r0 < hi; r0 += FT_ROW_BLOCK) {

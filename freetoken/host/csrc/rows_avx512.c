@@ -73,10 +73,13 @@ void ft_prepare_a(const ft_matrix *m, int path, const void *x, int64_t x_stride,
 }
 
 #define DP(acc, w, x) _mm512_dpbf16_ps((acc), (__m512bh)(w), (__m512bh)_mm512_loadu_si512(x))
-/* software prefetch this many rows ahead of the decode kernels (a few KB: the hardware prefetcher alone leaves the
- * int4 kernel's loads waiting on memory) */
-#ifndef FT_PREFETCH_ROWS
-#define FT_PREFETCH_ROWS 32
+/* software prefetch this many bytes ahead in the decode kernels: the hardware prefetcher alone leaves the int4
+ * kernel's loads waiting on memory (rows of a matrix are contiguous, so this runs ahead into the next rows) */
+#ifndef FT_PREFETCH_BYTES
+#define FT_PREFETCH_BYTES 8192
+#ifndef FT_DECODE_ROWS4
+#define FT_DECODE_ROWS4 1
+#endif
 #endif
 
 /* bf16 weights, natural activations */
@@ -191,7 +194,7 @@ static inline __attribute__((always_inline)) void nibble_rows_1(const uint8_t *q
         const uint16_t *xc = x + 128 * c;
         for (int r = 0; r < R; r++) {
             const uint8_t *qr = q + r * row_bytes + 64 * c;
-            _mm_prefetch((const char *)(qr + FT_PREFETCH_ROWS * row_bytes), _MM_HINT_T0); /* rows to come */
+            _mm_prefetch((const char *)(qr + FT_PREFETCH_BYTES), _MM_HINT_T1); /* rows to come */
             __m512i src = left >= 64 ? _mm512_loadu_si512(qr) : _mm512_maskz_loadu_epi8(km, qr);
             const float *scr = sc + (int64_t)r * ng;
             __m512 sv = wide ? _mm512_set1_ps(scr[si]) : _mm512_permutexvar_ps(lanes, _mm512_loadu_ps(scr + si));
@@ -239,6 +242,19 @@ static inline __attribute__((always_inline)) void fp8_block(const uint8_t *q, in
         for (int t = 0; t < NT; t++) tot[t] = _mm512_fmadd_ps(scale, _mm512_add_ps(acc[t][0], acc[t][1]), tot[t]);
     }
     for (int t = 0; t < NT; t++) y[t] = _mm512_reduce_add_ps(tot[t]);
+}
+
+/* the next block's scales and zero points on their way while this block computes (separate arrays: each block
+ * start would otherwise wait on their first misses) */
+static inline void prefetch_block_scales(const ft_matrix *m, int e, int b0, int b1) {
+    if (b0 >= b1) return;
+    const int es = m->scale_kind == FT_SC_F32 ? 4 : m->scale_kind == FT_SC_BF16 || m->scale_kind == FT_SC_F16 ? 2 : 1;
+    const uint8_t *s = m->scales + (int64_t)e * m->scales_stride + (int64_t)b0 * m->scale_cols * es;
+    for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols * es; o += 64) _mm_prefetch((const char *)(s + o), _MM_HINT_T0);
+    if (m->zeros) {
+        const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * m->scale_cols;
+        for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols; o += 64) _mm_prefetch((const char *)(z + o), _MM_HINT_T0);
+    }
 }
 
 static inline const uint16_t *act(const ft_acts *a, const int32_t *idx, int i) {
@@ -318,6 +334,7 @@ void ft_rows_dot_a(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
     float *sc = scratch, *zs = sc + (int64_t)FT_ROW_BLOCK * ng + 32, *pad = zs + (int64_t)FT_ROW_BLOCK * ng;
     for (int b0 = r0; b0 < r1; b0 += FT_ROW_BLOCK) {
         const int b1 = b0 + FT_ROW_BLOCK < r1 ? b0 + FT_ROW_BLOCK : r1;
+        prefetch_block_scales(m, e, b1, b1 + FT_ROW_BLOCK < r1 ? b1 + FT_ROW_BLOCK : r1);
         ft_scales_block(m, e, b0, b1, sc);
         memset(sc + (int64_t)(b1 - b0) * ng, 0, 32 * 4);
         if (m->kind == FT_INT4) {
@@ -325,7 +342,7 @@ void ft_rows_dot_a(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
             for (int64_t i = 0; i < (int64_t)(b1 - b0) * ng; i++) zs[i] = sc[i] * (128.0f + (float)z[i]);
         }
         int r = b0;
-        if (n == 1 && !tail) /* decode: four rows at a time */
+        if (FT_DECODE_ROWS4 && n == 1 && !tail) /* decode: four rows at a time */
             for (; r + 4 <= b1; r += 4) {
                 const int64_t t0 = idx ? idx[0] : 0;
                 const uint16_t *x = a->xb + t0 * a->kpad;

@@ -1,0 +1,54 @@
+"""The CPU-only engine on the host kernels: logits equal the torch-reference kernel set's on the same checkpoint, with
+the C kernels and with the torch fallback a machine without a compiler runs; a decode batch equals each sequence's
+solo decode; the slot pool aliases the expert store (no second copy of any expert)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.engine import CacheConfig, Engine
+from freetoken.host import kernels as hk
+from tests.engine.conftest import build_checkpoint
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return build_checkpoint("qwen3_moe", tmp_path_factory.mktemp("q3"))
+
+
+def _logits(path, kernels, tokens):
+    engine = Engine.from_pretrained(path, CacheConfig("lru", fraction=0.5), kernels=kernels, device="cpu",
+                                    record=False)
+    kv = engine.new_kv(64)
+    out = [engine.prefill(tokens[:5], kv, all_logits=True)]
+    for t in tokens[5:]:
+        out.append(engine.decode(t, kv))
+    return torch.cat(out).float(), engine
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_host_logits_equal_the_reference_set(qwen3, fallback, monkeypatch):
+    tokens = [3, 17, 5, 9, 1, 22, 40, 8]
+    ref, _ = _logits(qwen3, "reference", tokens)
+    if fallback:
+        monkeypatch.setattr(hk, "available", lambda: False)
+    got, engine = _logits(qwen3, "host", tokens)
+    assert engine.cache.pool.alias and engine.cache.pool.nbytes == 0
+    assert all(s is None for s in engine.decoder.steps) == fallback  # the one-call decode attention, where built
+    assert (got - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
+
+
+def test_a_decode_batch_equals_its_sequences_solo(qwen3):
+    engine = Engine.from_pretrained(qwen3, CacheConfig("lru", fraction=0.5), kernels="host", device="cpu",
+                                    record=False)
+    prompts = [[3, 4, 5], [9, 1, 2, 7, 7], [11]]
+    kvs = [engine.new_kv(32) for _ in prompts]
+    firsts = [int(engine.prefill(p, kv)[-1].argmax()) for p, kv in zip(prompts, kvs)]
+    batch = engine.decode_batch(firsts, kvs)  # [B, V]
+    for p, first, row in zip(prompts, firsts, batch):
+        kv = engine.new_kv(32)
+        engine.prefill(p, kv)
+        solo = engine.decode(first, kv)[0]
+        assert torch.equal(solo, row)

@@ -1,0 +1,56 @@
+"""Host projections: dense rows in their own dtype and kept-packed matrices read as stored, against torch in fp32
+on the same (dequantized) weights; a few rows (decode) and many (prefill), bias and strided inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.host import kernels as hk
+from freetoken.host import ops
+from tests.host import packed_random as pr
+from tests.host.conftest import native_or_skip
+
+
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("T", [1, 3, 5])
+def test_dense_rows_equal_torch(T, dtype, generic):
+    native_or_skip()
+    gen = torch.Generator().manual_seed(T)
+    w = (torch.randn(200, 256, generator=gen) / 8).to(dtype)
+    x = torch.randn(T, 256, generator=gen).to(dtype)
+    b = torch.randn(200, generator=gen).to(dtype)
+    ref = x.float() @ w.float().T + b.float()
+    out = hk.linear(x, w, b, generic=generic)
+    assert out.dtype == dtype
+    tol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]  # the output's rounding
+    assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < tol
+
+
+@pytest.mark.parametrize("fmt", pr.FORMATS)
+@pytest.mark.parametrize("T", [1, 6])
+def test_packed_rows_equal_torch_on_the_dequantized_weights(fmt, T):
+    native_or_skip()
+    gen = torch.Generator().manual_seed(7)
+    w = pr.make(fmt, 1, 160, 256, gen).select(0)
+    x = torch.randn(T, 256, generator=gen)
+    ref = x @ w.to_float(0).T
+    for generic in (False, True):
+        out = hk.linear(x, w, generic=generic)
+        assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-5
+
+
+def test_strided_input_rows_and_the_op_dispatch():
+    native_or_skip()
+    gen = torch.Generator().manual_seed(8)
+    w = torch.randn(64, 96, generator=gen).bfloat16()
+    x = torch.randn(4, 2 * 96, generator=gen).bfloat16()[:, ::2]  # not contiguous
+    ref = x.float() @ w.float().T
+    assert ((hk.linear(x, w).float() - ref).abs().max() / ref.abs().max()).item() < 8e-3
+    many = torch.randn(40, 96, generator=gen).bfloat16()  # beyond NATIVE_ROWS: torch's GEMM in bf16
+    ref = many.float() @ w.float().T
+    assert ((ops.linear(many, w).float() - ref).abs().max() / ref.abs().max()).item() < 8e-3
+    packed = pr.make("int4-g32", 1, 64, 96 + 32, gen).select(0)  # a packed projection, any row count
+    xp = torch.randn(40, 128, generator=gen)
+    assert ((ops.linear(xp, packed) - xp @ packed.to_float(0).T).abs().max()).item() < 1e-4
