@@ -63,6 +63,9 @@ class ChatInput:
     template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables (enable_thinking, ...)
     thinking: bool = True  # False: reasoning is not returned (Anthropic without `thinking`)
     schema_param: str = "response_format"  # the request field params.json_schema came from, for errors
+    edits: list[dict] = field(default_factory=list)  # Anthropic context-management edits applied (their records)
+    uncleared: list[dict] | None = None  # the messages before those edits, when they removed something
+    show_thinking: bool = True  # False: reasoning is returned as empty blocks (Anthropic display "omitted")
 
 
 def text_of(content: Any, where: str) -> str:
@@ -119,8 +122,8 @@ class ChatTokenizer:
                                             add_generation_prompt=add_generation_prompt, tokenize=False,
                                             **template_kwargs)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False))
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
@@ -135,7 +138,22 @@ class ChatTokenizer:
         known before any tokenizing (vocabulary strings are at least as long as the text they decode to)."""
         return max(1, max(len(t) for t in self.tok.get_vocab()))
 
+    def placed(self, messages: Sequence[dict], tools: list[dict] | None, **template_kwargs) -> Sequence[dict]:
+        """The messages as the template can render them: system messages after the first message stay in place
+        when the template renders their text there, else they are merged into one leading system message."""
+        late = [m for m in messages[1:] if m.get("role") == "system"]
+        if not late:
+            return messages
+        try:
+            text = self.render_text(messages, tools, add_generation_prompt=True, **template_kwargs)
+            if all((m.get("content") or "") in text for m in late):
+                return messages
+        except Exception:  # a template that refuses a system message after the first (jinja raise_exception)
+            pass
+        return merge_system(messages)
+
     def render(self, messages: Sequence[dict], tools: list[dict] | None = None, **template_kwargs) -> Prompt:
+        messages = self.placed(messages, tools, **template_kwargs)
         text = self.render_text(messages, tools, add_generation_prompt=True, **template_kwargs)
         ids, offsets = self._encode_with_offsets(text)
         ends = []  # char offsets where a message ends, for the last ANCHOR_LOOKBACK messages
@@ -150,6 +168,13 @@ class ChatTokenizer:
             enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
             return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
         return self.encode(text), None
+
+
+def merge_system(messages: Sequence[dict]) -> list[dict]:
+    """Every system message's text in one leading system message (in order, blank-line separated)."""
+    systems = [m.get("content") or "" for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    return [{"role": "system", "content": "\n\n".join(systems)}, *rest] if systems else rest
 
 
 def _token_boundaries(offsets: list[tuple[int, int]] | None, char_ends: list[int]) -> list[int]:

@@ -38,7 +38,7 @@ def anthropic_cases(model):
         ({"model": "no-such-model", "max_tokens": 4, "messages": msgs}, 404, "not_found_error"),
         ({"model": model, "max_tokens": -1, "messages": msgs}, 400, "invalid_request_error"),
         ({"model": model, "messages": msgs}, 400, "invalid_request_error"),  # max_tokens is required
-        ({"model": model, "max_tokens": 4, "messages": [{"role": "system", "content": "hi"}]}, 400,
+        ({"model": model, "max_tokens": 4, "messages": [{"role": "tool", "content": "hi"}]}, 400,
          "invalid_request_error"),
         ({"model": model, "max_tokens": 4, "messages": msgs, "temperature": 3}, 400, "invalid_request_error"),
         ({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": LONG}], "stream": True}, 400,
