@@ -81,7 +81,7 @@ def test_codex_replaces_only_its_provider_table(tmp_path):
     assert ours == {"name": "freetoken (local)", "base_url": "http://127.0.0.1:2020/v1", "wire_api": "responses"}
     assert text.count("[model_providers.freetoken]") == 1
     profile = tomllib.loads((tmp_path / ".codex" / "freetoken.config.toml").read_text())
-    assert profile == {"model": "m1", "model_provider": "freetoken"}
+    assert profile == {"model": "m1", "model_provider": "freetoken", "web_search": "disabled"}
     assert backups(config)[0].read_text() == USER_CODEX
 
 
