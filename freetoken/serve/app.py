@@ -18,14 +18,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from freetoken.serve.anthropic_api import (CountTokensRequest, MessageBuilder, MessagesRequest, count_tokens_input,
                                            messages_input)
+from freetoken.serve.anthropic_context import check_betas
 from freetoken.serve.chat import Prompt
 from freetoken.serve.completions_api import Completion, CompletionRequest, completion_input, prompt_of
 from freetoken.serve.config import DEFAULT_MAX_BODY_MB, ServeConfig
 from freetoken.serve.errors import APIError, render_error, validation_message
-from freetoken.serve.middleware import ApiKey, BodyLimit
+from freetoken.serve.middleware import AccessLog, ApiKey, BodyLimit
 from freetoken.serve.openai_api import ChatCompletion, ChatCompletionRequest, chat_input, models_list
+from freetoken.serve.tokenize_api import DetokenizeRequest, TokenizeRequest, tokenize_input
 from freetoken.serve.responses_api import ResponseBuilder, ResponsesRequest, responses_input
-from freetoken.serve.service import Service
+from freetoken.serve.service import Done, Service
 
 MAX_JSON_DEPTH = 128  # deeper request JSON is refused (a 100k-deep body must be a 400, not a RecursionError)
 
@@ -81,21 +83,25 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 2**20))
     key = cfg.resolved_api_key if cfg else None
     if key:
-        app.add_middleware(ApiKey, key=key)  # added last: runs first, before any body is read
+        app.add_middleware(ApiKey, key=key)  # runs before any body is read
+    app.add_middleware(AccessLog)  # added last: runs first, so it sees every refusal too
+
+    def error(request: Request, e: APIError):
+        request.state.error = e.message  # the access log's reason
+        return render_error(request.url.path, e)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        return render_error(request.url.path, e)
+        return error(request, e)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, e: StarletteHTTPException):
-        return render_error(request.url.path, APIError(e.status_code, f"{request.method} {request.url.path}: "
-                                                                       f"{e.detail}"))
+        return error(request, APIError(e.status_code, f"{request.method} {request.url.path}: {e.detail}"))
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):
         log.exception("request failed")
-        return render_error(request.url.path, APIError(500, f"internal error: {type(e).__name__}: {e}"))
+        return error(request, APIError(500, f"internal error: {type(e).__name__}: {e}"))
 
     async def parse(request: Request, schema: type[BaseModel]):
         req = await asyncio.to_thread(decode_body, await request.body(), schema)
@@ -104,7 +110,11 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
                            "model_not_found")
         return req
 
-    def stream(events: AsyncIterator, render: Callable, on_error: Callable, head=(), tail=()):
+    def used(request: Request, done: Done) -> Done:
+        request.state.usage = (done.prompt_tokens, done.completion_tokens)  # the access log's tokens
+        return done
+
+    def stream(request: Request, events: AsyncIterator, render: Callable, on_error: Callable, head=(), tail=()):
         """SSE from events; render(event) -> list of SSE strings. Errors after the headers become an error event."""
 
         async def body():
@@ -112,6 +122,8 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
                 for item in head:
                     yield item
                 async for event in events:
+                    if isinstance(event, Done):
+                        used(request, event)
                     for item in render(event):
                         yield item
                 for item in tail:
@@ -155,10 +167,10 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         chat = chat_input(req)
         out = ChatCompletion(model_id, decode, bool(req.logprobs))
         if not req.stream:
-            return out.response(await service.complete(chat))
+            return out.response(used(request, await service.complete(chat)))
         events = await begin(chat)
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return stream(events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
+        return stream(request, events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
                       head=[_sse(out.first_chunk())], tail=["data: [DONE]\n\n"])
 
     @app.post("/v1/responses")
@@ -167,10 +179,10 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         chat = responses_input(req)
         out = ResponseBuilder(model_id, req)
         if not req.stream:
-            return out.response(await service.complete(chat))
+            return out.response(used(request, await service.complete(chat)))
         events = await begin(chat)
         head = [_sse(e, e["type"]) for e in out.start_events()]
-        return stream(events, lambda ev: [_sse(e, e["type"]) for e in out.events(ev)],
+        return stream(request, events, lambda ev: [_sse(e, e["type"]) for e in out.events(ev)],
                       lambda e: _sse({"type": "error", "sequence_number": out.seq, "code": e.code,
                                       "message": e.message, "param": e.param}, "error"), head=head)
 
@@ -191,10 +203,10 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         service.check_room(prompt, "prompt")
         out = Completion(model_id, req, text, prompt.tokens, decode)
         if not req.stream:
-            return out.response(await service.complete(chat, prompt))
+            return out.response(used(request, await service.complete(chat, prompt)))
         events = await begin(chat, prompt)
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return stream(events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
+        return stream(request, events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
                       head=[_sse(c) for c in out.first_chunks()], tail=["data: [DONE]\n\n"])
 
     # Anthropic
@@ -203,27 +215,60 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
 
     @app.post("/v1/messages")
     async def messages(request: Request):
+        check_betas(request.headers.get("anthropic-beta"))
         req = await parse(request, MessagesRequest)
         chat = messages_input(req)
-        out = MessageBuilder(model_id, chat.thinking)
+        out = MessageBuilder(model_id, chat)
         if not req.stream:
-            return out.message(await service.complete(chat))
+            return out.message(used(request, await service.complete(chat)))
         prompt = await service.prepare(chat)
         events = await begin(chat, prompt)
         head = [_sse(data, name) for name, data in out.start_events(len(prompt.tokens))]
-        return stream(events, lambda ev: [_sse(d, n) for n, d in out.events(ev)], anthropic_stream_error,
+        return stream(request, events, lambda ev: [_sse(d, n) for n, d in out.events(ev)], anthropic_stream_error,
                       head=head)
+
+    # token counts: what a prompt is on this model (no length check: a count is how a client finds out)
+    async def count(chat) -> list[int]:
+        return (await asyncio.to_thread(service.render, chat)).tokens
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request):
+        check_betas(request.headers.get("anthropic-beta"))
         req = await parse(request, CountTokensRequest)
-        chat = count_tokens_input(req)
-        service.check_length(sum(len(m.get("content") or "") for m in chat.messages))
-        return {"input_tokens": len((await asyncio.to_thread(service.render, chat)).tokens)}
+        return {"input_tokens": len(await count(count_tokens_input(req)))}
 
-    @app.get("/health")
+    @app.post("/v1/responses/input_tokens")
+    async def responses_input_tokens(request: Request):
+        req = await parse(request, ResponsesRequest)
+        return {"object": "response.input_tokens", "input_tokens": len(await count(responses_input(req)))}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        req = await parse(request, TokenizeRequest)
+        if req.messages is None and req.prompt is None:
+            raise APIError(400, "prompt: give a prompt or messages", "prompt")
+        if req.messages is None:
+            tokens = await asyncio.to_thread(service.backend.chat.encode, req.prompt or "", req.add_special_tokens)
+        else:
+            tokens = await count(tokenize_input(req))
+        return {"count": len(tokens), "max_model_len": service.backend.max_context, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        req = await parse(request, DetokenizeRequest)
+        vocab = service.backend.vocab_size
+        if not all(0 <= t < vocab for t in req.tokens):
+            raise APIError(400, f"tokens: token ids must lie in [0, {vocab})", "tokens")
+        return {"prompt": await asyncio.to_thread(service.backend.chat.decode, req.tokens)}
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         return service.health()
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root():  # clients probe the base URL before their first request (Claude Code sends HEAD /)
+        return {"model": model_id, "endpoints": "/v1/models, /v1/chat/completions, /v1/completions, /v1/responses, "
+                                                "/v1/messages, /health, /metrics, /version"}
 
     @app.get("/version")
     async def version():

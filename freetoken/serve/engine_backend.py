@@ -16,6 +16,7 @@ from freetoken.serve.decoding import Decoder
 from freetoken.serve.generation import CachedGeneration
 from freetoken.placement.memory import MemoryPlan, ModelMemory, cache_rows
 from freetoken.serve.prefix_cache import PrefixCache
+from freetoken.serve.redact import hide_home
 
 
 def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -58,6 +59,15 @@ class EngineSequence:
         return torch.stack([kv.read(l, start, stop) for l in range(len(kv.k))]).clone()  # [L, 2, T, Hkv, Dh]
 
 
+def served_context(model_context: int, asked: int | None) -> int:
+    """The model's own context unless --max-context asks for less (more than the model's is refused: positions it
+    was not trained on); the memory plan may lower it further (use_plan)."""
+    if asked is not None and asked > model_context:
+        raise ValueError(f"--max-context {asked} is more than this model's context of {model_context} tokens "
+                         f"(config.json max_position_embeddings)")
+    return asked or model_context
+
+
 def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMemory:
     """min_slots: one layer's experts, the staging rows the engine's slot pool keeps beside the cache; KV bytes
     as the cache stores them (kv_dtype)."""
@@ -95,7 +105,8 @@ class EngineBackend:
         self.chat = ChatTokenizer(tokenizer)
         self.model_id = model_id
         cfg = self.ckpt.config
-        self.max_context = max_context or min(cfg.max_position_embeddings, 32768)
+        self.model_context = cfg.max_position_embeddings
+        self.max_context = served_context(self.model_context, max_context)
         self.kv_dtype = kv_dtype
         self.expert_format = expert_format(self.ckpt)
         self.engine = None
@@ -123,9 +134,10 @@ class EngineBackend:
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
-        self.split_reason = resolved.reason
+        self.split_reason = hide_home(resolved.reason)
         self.placement_asked = placement
         kernels = resolve_kernels(kernels or "auto")
+        self.max_context = min(self.max_context, plan.kv_tokens)  # one sequence must fit the planned KV
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
         if capacity is not None or fraction is not None:
             cfg = self.ckpt.config

@@ -10,6 +10,7 @@ import torch
 from freetoken.engine.sampling import load_generation_defaults
 from freetoken.serve.chat import ChatTokenizer, Prompt
 from freetoken.serve.decoding import Decoder
+from freetoken.serve.engine_backend import served_context
 from freetoken.serve.generation import CachedGeneration
 from freetoken.serve.prefix_cache import PrefixCache
 
@@ -67,7 +68,8 @@ class HFBackend:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.chat = ChatTokenizer(tokenizer)
         self.model_id = model_id
-        self.max_context = max_context or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.model_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.max_context = served_context(self.model_context, max_context)
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         eos = eos if isinstance(eos, list) else [eos]
         self.stop_token_ids = {t for t in eos + [tokenizer.eos_token_id] if t is not None}
@@ -79,6 +81,7 @@ class HFBackend:
     def use_plan(self, plan, prefix_cache_tokens: int | None = None, **engine_options) -> None:
         """All weights stay resident here (no expert cache, engine_options unused); the plan's KV tokens bound
         the prefix cache."""
+        self.max_context = min(self.max_context, plan.kv_tokens)  # one sequence must fit the planned KV
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if _recurrent(self.model.config):
             tokens = 0  # recurrent layers' state cannot be sliced like KV: no prefix cache (the engine backend has one)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
 from freetoken.serve.chat import ChatInput, ChatTokenizer, Prompt
+from freetoken.serve.config import DEFAULT_MAX_RUNNING
 from freetoken.serve.decoding import Decoder, TokenLogprob
 from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import GrammarMask, Grammars
@@ -45,7 +46,8 @@ class Backend(Protocol):
     """What the service needs from a model (freetoken/serve/engine_backend.py adapts the live engine)."""
 
     model_id: str
-    max_context: int
+    max_context: int  # served: the model's own, or less (--max-context, the memory plan)
+    model_context: int  # the model's own (config.json), what --max-context may ask for at most
     chat: ChatTokenizer
     stop_token_ids: set[int]
     family: str  # config.json's model_type: picks the tool-call and reasoning parsers
@@ -90,7 +92,7 @@ class Counters:
 @dataclass
 class Service:
     backend: Backend
-    max_running: int = 1
+    max_running: int = DEFAULT_MAX_RUNNING
     max_waiting: int = 64
     tool_parser: str = "auto"
     reasoning_parser: str = "auto"
@@ -128,8 +130,14 @@ class Service:
             raise APIError(400, f"the chat template rejected these messages: {e}", "messages")
 
     def prompt(self, chat: ChatInput) -> Prompt:
-        """The rendered prompt, if it leaves room to generate."""
+        """The rendered prompt, if it leaves room to generate. Context-management edits that removed something get
+        the tokens they cleared (the prompt rendered without them, less this one)."""
         prompt = self.render(chat)
+        if chat.uncleared is not None and chat.edits:
+            before = self.render(ChatInput(chat.uncleared, chat.tools, chat.params,
+                                           template_kwargs=chat.template_kwargs))
+            edit = next(e for e in chat.edits if e["cleared_thinking_turns"])
+            edit["cleared_input_tokens"] = max(0, len(before.tokens) - len(prompt.tokens))
         self.check_room(prompt)
         return prompt
 
@@ -238,6 +246,7 @@ class Service:
 
     def health(self) -> dict:
         return {"status": "ok", "model": self.backend.model_id, "max_context": self.backend.max_context,
+                "model_context": self.backend.model_context,
                 "max_running": self.max_running, **self.counters.to_dict(), "engine": self.backend.stats()}
 
     def shutdown(self) -> None:

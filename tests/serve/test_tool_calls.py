@@ -41,6 +41,7 @@ class ReplayBackend:
         from freetoken.models.generation_config import GenerationDefaults
 
         self.model_id, self.max_context = "replay", 1024
+        self.model_context = self.max_context
         self.chat = ChatTokenizer(tokenizer)
         self.stop_token_ids = {tokenizer.eos_token_id}
         self.ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
