@@ -45,6 +45,8 @@ def register(sub) -> None:
                                                          "harmony, deepseek, mistral, glm")
     p.add_argument("--reasoning-parser", default="auto", help="reasoning format: auto (the model family's), think, "
                                                               "harmony, none")
+    p.add_argument("--trust-request-chat-template", action="store_true",
+                   help="accept a request's own chat_template (vLLM's flag; a template is code the server renders)")
     p.set_defaults(run=run)
 
 
@@ -83,15 +85,22 @@ def check_serve_extra() -> None:
 
 
 def setup_logging() -> None:
-    """The access log and request warnings on stderr, one line each."""
+    """The access log and request warnings on stderr (whatever sys.stderr is when a line is written), one line
+    each; once per process."""
     import logging
+    import sys
 
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    class Stderr(logging.StreamHandler):
+        def emit(self, record):
+            self.stream = sys.stderr
+            super().emit(record)
+
     root = logging.getLogger("freetoken")
-    root.addHandler(handler)
+    if not any(isinstance(h, logging.StreamHandler) and type(h).__name__ == "Stderr" for h in root.handlers):
+        handler = Stderr()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
     root.setLevel(logging.INFO)
-    root.propagate = False
 
 
 def warn_open_host(cfg: ServeConfig) -> None:
@@ -116,10 +125,10 @@ def run(args: argparse.Namespace) -> int:
 
     check_small_files(cfg)
     warn_open_host(cfg)
-    setup_logging()
     backend, _ = load(cfg)
     service = build_service(backend, cfg)
     server = Server(build_app(service, cfg), cfg.host, cfg.port)
+    setup_logging()
     try:
         server.serve_forever()
     finally:

@@ -13,9 +13,11 @@ from freetoken.serve.anthropic_context import clear_thinking, context_edits, thi
 from freetoken.serve.chat import ChatInput, Params, part_text, text_of, tool_call
 from freetoken.serve.errors import APIError
 from freetoken.serve.fields import check_fields, forced_tool
+from freetoken.serve.grammar import Constraint
 from freetoken.serve.openai_api import Lenient
 from freetoken.serve.output import tool_call_schema
 from freetoken.serve.service import Delta, Done
+from freetoken.serve.vllm_fields import check_stop
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 REFUSED = {"container": "no code-execution container", "mcp_servers": "no MCP connector"}
@@ -164,18 +166,21 @@ def _edited(req) -> tuple[list[dict], list[dict], list[dict] | None]:
 
 def messages_input(req: MessagesRequest) -> ChatInput:
     check_fields(req, REFUSED, ACCEPTED)
-    params = Params(req.max_tokens, req.temperature, req.top_p, req.top_k, list(req.stop_sequences or []))
+    params = Params(req.max_tokens, req.temperature, req.top_p, req.top_k,
+                    check_stop(req.stop_sequences, "stop_sequences"))
     tools, mode, parallel = _tool_mode(_tools(req.tools, req.tool_choice), req.tool_choice)
     schema, kwargs = _output_schema(req.output_config)
     if schema is not None and mode != "auto":
         raise APIError(400, "output_config.format: cannot be combined with a forced tool_choice")
-    params.json_schema = tool_call_schema(tools, mode, parallel) if mode != "auto" else schema
+    if mode != "auto":
+        params.constraint = Constraint("json", tool_call_schema(tools, mode, parallel), "tool_choice")
+    elif schema is not None:
+        params.constraint = Constraint("json", schema, "output_config.format.schema")
     thinking = thinking_config(req.thinking, req.max_tokens)
     params.thinking_budget = thinking.budget
     kwargs["enable_thinking"] = thinking.enabled  # Qwen3's templates read it; others ignore it
     messages, applied, uncleared = _edited(req)
-    return ChatInput(messages, tools, params, mode, parallel, kwargs, thinking.enabled,
-                     schema_param="tool_choice" if mode != "auto" else "output_config.format", edits=applied,
+    return ChatInput(messages, tools, params, mode, parallel, kwargs, thinking.enabled, edits=applied,
                      uncleared=uncleared, show_thinking=thinking.shown)
 
 

@@ -19,12 +19,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from freetoken.serve.anthropic_api import (CountTokensRequest, MessageBuilder, MessagesRequest, count_tokens_input,
                                            messages_input)
 from freetoken.serve.anthropic_context import check_betas
-from freetoken.serve.chat import Prompt
-from freetoken.serve.completions_api import Completion, CompletionRequest, completion_input, prompt_of
+from freetoken.serve.completions_api import (Completion, CompletionRequest, completion_input, completion_prompts,
+                                             prompts_of)
 from freetoken.serve.config import DEFAULT_MAX_BODY_MB, ServeConfig
 from freetoken.serve.errors import APIError, render_error, validation_message
 from freetoken.serve.middleware import AccessLog, ApiKey, BodyLimit
-from freetoken.serve.openai_api import ChatCompletion, ChatCompletionRequest, chat_input, models_list
+from freetoken.serve.openai_api import ChatCompletionRequest, chat_input, models_list, samples
+from freetoken.serve.openai_output import ChatCompletion, TokenText, best
 from freetoken.serve.tokenize_api import DetokenizeRequest, TokenizeRequest, tokenize_input
 from freetoken.serve.responses_api import ResponseBuilder, ResponsesRequest, responses_input
 from freetoken.serve.service import Done, Service
@@ -110,8 +111,11 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
                            "model_not_found")
         return req
 
-    def used(request: Request, done: Done) -> Done:
-        request.state.usage = (done.prompt_tokens, done.completion_tokens)  # the access log's tokens
+    def used(request: Request, done):
+        """The access log's tokens, of a Done or a list of them (prompt tokens of each sequence summed)."""
+        for d in done if isinstance(done, list) else [done]:
+            p, c = getattr(request.state, "usage", (0, 0))
+            request.state.usage = (p + d.prompt_tokens, c + d.completion_tokens)
         return done
 
     def stream(request: Request, events: AsyncIterator, render: Callable, on_error: Callable, head=(), tail=()):
@@ -122,8 +126,9 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
                 for item in head:
                     yield item
                 async for event in events:
-                    if isinstance(event, Done):
-                        used(request, event)
+                    done = event[1] if isinstance(event, tuple) else event
+                    if isinstance(done, Done):
+                        used(request, done)
                     for item in render(event):
                         yield item
                 for item in tail:
@@ -137,12 +142,22 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
-    async def begin(chat, prompt=None) -> AsyncIterator:
+    async def begin(events: AsyncIterator) -> AsyncIterator:
         """A request's events, its first one already there: queueing and request errors surface here, before
         any byte is sent, so they get a status code."""
-        events = service.run(chat, prompt)
         first = await anext(events)
         return _chain(first, events)
+
+    def numbered(total: int, render: Callable) -> Callable:
+        """render(index, event, last) for run_many's (index, event) pairs; last: the request's final Done."""
+        ended = [0]
+
+        def each(pair):
+            index, event = pair
+            ended[0] += isinstance(event, Done)
+            return render(index, event, ended[0] == total)
+
+        return each
 
     # OpenAI
     def openai_stream_error(e: APIError) -> str:
@@ -160,18 +175,22 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         return models_list(model_id, started)["data"][0]
 
     decode = service.backend.chat.decode_special  # one token's text, for logprobs
+    trust_template = bool(cfg and cfg.trust_request_chat_template)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = await parse(request, ChatCompletionRequest)
-        chat = chat_input(req)
-        out = ChatCompletion(model_id, decode, bool(req.logprobs))
+        chat = chat_input(req, trust_template)
+        n, best_of = samples(req.n, req.best_of, req.stream)
+        echo = chat.messages[-1]["content"] if req.echo and chat.messages[-1]["role"] == "assistant" else ""
+        out = ChatCompletion(model_id, TokenText(decode, req.return_tokens_as_token_ids), bool(req.logprobs), echo)
         if not req.stream:
-            return out.response(used(request, await service.complete(chat)))
-        events = await begin(chat)
+            return out.response(best(used(request, await service.complete_many(chat, None, best_of)), n))
+        events = await begin(service.run_many(chat, None, n))
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return stream(request, events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
-                      head=[_sse(out.first_chunk())], tail=["data: [DONE]\n\n"])
+        render = numbered(n, lambda i, ev, last: [_sse(c) for c in out.chunks(i, ev, usage, last)])
+        return stream(request, events, render, openai_stream_error,
+                      head=[_sse(c) for c in out.first_chunks(n)], tail=["data: [DONE]\n\n"])
 
     @app.post("/v1/responses")
     async def responses(request: Request):
@@ -180,7 +199,7 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         out = ResponseBuilder(model_id, req)
         if not req.stream:
             return out.response(used(request, await service.complete(chat)))
-        events = await begin(chat)
+        events = await begin(service.run(chat))
         head = [_sse(e, e["type"]) for e in out.start_events()]
         return stream(request, events, lambda ev: [_sse(e, e["type"]) for e in out.events(ev)],
                       lambda e: _sse({"type": "error", "sequence_number": out.seq, "code": e.code,
@@ -189,24 +208,21 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = await parse(request, CompletionRequest)
-        chat = completion_input(req)
-        given = prompt_of(req)
-        if isinstance(given, str):
-            service.check_length(len(given), "prompt")
-            ids, text = await asyncio.to_thread(service.backend.chat.tok.encode, given), given
-        else:
-            vocab = service.backend.vocab_size
-            if not all(isinstance(t, int) and 0 <= t < vocab for t in given):
-                raise APIError(400, f"prompt: token ids must lie in [0, {vocab})", "prompt")
-            ids, text = list(given), await asyncio.to_thread(service.backend.chat.decode, given)
-        prompt = Prompt(list(ids), [])
-        service.check_room(prompt, "prompt")
-        out = Completion(model_id, req, text, prompt.tokens, decode)
+        chat, n, best_of = completion_input(req)
+        batch = prompts_of(req)
+        for i, given in enumerate(batch):
+            if isinstance(given, str) and not req.truncate_prompt_tokens:
+                service.check_length(len(given), "prompt")
+        given = await asyncio.to_thread(completion_prompts, service, batch, req)
+        out = Completion(model_id, req, [(text, p.tokens) for text, p in given], n,
+                         TokenText(decode, req.return_tokens_as_token_ids))
+        prompts = [p for _, p in given]
         if not req.stream:
-            return out.response(used(request, await service.complete(chat, prompt)))
-        events = await begin(chat, prompt)
+            return out.response(used(request, await service.complete_many(chat, prompts, best_of)))
+        events = await begin(service.run_many(chat, prompts, n))
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return stream(request, events, lambda ev: [_sse(c) for c in out.chunks(ev, usage)], openai_stream_error,
+        render = numbered(len(prompts) * n, lambda i, ev, last: [_sse(c) for c in out.chunks(i, ev, usage, last)])
+        return stream(request, events, render, openai_stream_error,
                       head=[_sse(c) for c in out.first_chunks()], tail=["data: [DONE]\n\n"])
 
     # Anthropic
@@ -222,7 +238,7 @@ def build_app(service: Service, cfg: ServeConfig | None = None) -> FastAPI:
         if not req.stream:
             return out.message(used(request, await service.complete(chat)))
         prompt = await service.prepare(chat)
-        events = await begin(chat, prompt)
+        events = await begin(service.run(chat, prompt))
         head = [_sse(data, name) for name, data in out.start_events(len(prompt.tokens))]
         return stream(request, events, lambda ev: [_sse(d, n) for n, d in out.events(ev)], anthropic_stream_error,
                       head=head)

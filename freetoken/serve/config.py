@@ -43,6 +43,7 @@ class ServeConfig:
     max_body_mb: float = DEFAULT_MAX_BODY_MB
     tool_parser: str = "auto"  # auto: the model family's own tool-call format
     reasoning_parser: str = "auto"  # auto: the model family's own reasoning format (none for families without)
+    trust_request_chat_template: bool = False  # accept a request's own chat_template (vLLM's flag of that name)
 
     @property
     def resolved_api_key(self) -> str | None:

@@ -24,6 +24,8 @@ def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 
 class EngineSequence:
+    forkable = True  # positions can be copied into another sequence (n > 1 shares the prompt's KV)
+
     def __init__(self, engine, request: int, max_tokens: int):
         self.engine, self.request, self.max_tokens = engine, request, max_tokens
         self._kv = None
@@ -138,6 +140,7 @@ class EngineBackend:
         self.placement_asked = placement
         kernels = resolve_kernels(kernels or "auto")
         self.max_context = min(self.max_context, plan.kv_tokens)  # one sequence must fit the planned KV
+        self.kv_tokens = plan.kv_tokens
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
         if capacity is not None or fraction is not None:
             cfg = self.ckpt.config
@@ -186,23 +189,33 @@ class EngineBackend:
     def vocab_size(self) -> int:
         return self.ckpt.config.vocab_size
 
-    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> CachedGeneration:
+    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int,
+                 stop_token_ids: set[int] | None = None) -> CachedGeneration:
         from freetoken.serve.hybrid_sequence import HybridSequence
 
         kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
         seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
-        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, self.stop_token_ids,
+        stops = self.stop_token_ids if stop_token_ids is None else stop_token_ids
+        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, stops,
                                 self.engine.prefill_chunk)  # the engine's own chunks: the same numbers as solo
 
-    def decode_batch(self, gens: list[CachedGeneration]) -> list[int]:
-        """One decode step of several started sequences together; their next tokens. Models whose attention the
-        batched step does not cover (latent, sparse, linear) step their sequences one after another."""
+    def decode_logits(self, gens: list[CachedGeneration]) -> list[torch.Tensor]:
+        """One decode step of several started sequences together: each one's logits [V] (sampling is the
+        caller's, per sequence). If the step fails, every sequence's KV is cut back to where it was, so each can
+        be stepped again alone. Models whose attention the batched step does not cover (latent, sparse, linear)
+        step their sequences one after another."""
         cfg = self.ckpt.config
         if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
-            return [g.take(g.seq.forward(g.generated[-1:], decode=True)) for g in gens]
-        logits = self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
-                                          [g.seq.request for g in gens])  # [B, V]
-        return [g.take(row) for g, row in zip(gens, logits)]
+            return [g.seq.forward(g.generated[-1:], decode=True) for g in gens]
+        lengths = [g.seq.length for g in gens]
+        try:
+            return list(self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
+                                                 [g.seq.request for g in gens]))  # [B, V]
+        except BaseException:
+            for g, n in zip(gens, lengths):
+                if g.seq.length > n:
+                    g.seq.kv.truncate(n)
+            raise
 
     def placement(self) -> dict:
         """Where the expert-cache policy decides (device / host), which policy, what --placement asked, and the

@@ -12,6 +12,7 @@ from pydantic import Field
 from freetoken.serve.chat import ChatInput, text_of, tool_call
 from freetoken.serve.errors import APIError
 from freetoken.serve.fields import check_fields
+from freetoken.serve.grammar import Constraint
 from freetoken.serve.openai_api import ACCEPTED, Lenient, openai_params, openai_tools, response_schema, tool_mode
 from freetoken.serve.output import tool_call_schema
 from freetoken.serve.service import Delta, Done
@@ -133,13 +134,14 @@ def responses_input(req: ResponsesRequest) -> ChatInput:
     schema = response_schema({"type": fmt.get("type"), "json_schema": fmt} if fmt else None, "text.format")
     if schema is not None and mode != "auto":
         raise APIError(400, "text.format: cannot be combined with a forced tool_choice", "text.format")
+    constraint = None if schema is None else Constraint("json", schema, "text.format.schema")
     if mode != "auto":
-        schema = tool_call_schema(tools, mode, parallel)
+        constraint = Constraint("json", tool_call_schema(tools, mode, parallel), "tool_choice")
     kwargs = {"reasoning_effort": req.reasoning["effort"]} if (req.reasoning or {}).get("effort") else {}
-    params = openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, req.seed, json_schema=schema)
+    params = openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, req.seed,
+                           constraint=constraint)
     params.top_k = req.top_k
-    return ChatInput(_messages(req), tools, params, mode, parallel, kwargs,
-                     schema_param="tool_choice" if mode != "auto" else "text.format")
+    return ChatInput(_messages(req), tools, params, mode, parallel, kwargs)
 
 
 class ResponseBuilder:

@@ -12,7 +12,7 @@ import inspect
 import httpx
 import pytest
 
-from conftest import KEY, TIMEOUT, recorded
+from agent_server import KEY, TIMEOUT, agent_server, demo_32k, recorded  # noqa: F401  (fixtures)
 
 SKIP_HEADERS = {"content-type", "content-length", "accept", "accept-encoding", "authorization", "x-api-key",
                 "user-agent", "host", "connection"}

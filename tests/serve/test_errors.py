@@ -21,7 +21,7 @@ def openai_cases(model):
         ({"model": model}, 400, "messages"),
         ({"model": model, "messages": msgs, "temperature": "hot"}, 400, "temperature"),
         ({"model": model, "messages": msgs, "top_p": 0}, 400, "top_p"),
-        ({"model": model, "messages": msgs, "n": 2}, 400, "n"),
+        ({"model": model, "messages": msgs, "n": 129}, 400, "n"),
         ({"model": model, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
         ({"model": model, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
          "messages.0.content"),

@@ -163,7 +163,9 @@ def test_anthropic_output_format_validates(aclient, model_id):
 def openai_refusals(model):
     base = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return [({**base, "audio": {"voice": "x"}}, "audio"), ({**base, "prediction": {"type": "content"}}, "prediction"),
-            ({**base, "web_search_options": {}}, "web_search_options"), ({**base, "min_p": 0.1}, "min_p"),
+            ({**base, "web_search_options": {}}, "web_search_options"),
+            ({**base, "use_beam_search": True}, "use_beam_search"),
+            ({**base, "logits_processors": ["x"]}, "logits_processors"),
             ({**base, "functions": [{"name": "f"}]}, "functions"), ({**base, "store": True}, "store"),
             ({**base, "modalities": ["audio"]}, "modalities"), ({**base, "top_logprobs": 2}, "top_logprobs"),
             ({**base, "logit_bias": {"999999": 5}}, "logit_bias"), ({**base, "tool_choice": "required"}, "tool_choice"),

@@ -47,7 +47,7 @@ class ReplayBackend:
         self.ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         self.family, self.vocab_size, self.generation_defaults = "qwen3_moe", len(tokenizer), GenerationDefaults()
 
-    def generate(self, prompt, decoder, max_new):
+    def generate(self, prompt, decoder, max_new, stop_token_ids=None):
         return Replay(self.ids[:max_new])
 
     def stats(self):

@@ -1,4 +1,5 @@
-"""The recorded requests of real coding agents (fixtures/<agent>/<agent>-NNN.json, captured by benchmarks/agents.sh
+"""Helpers of tests/clients (a plain module: a second conftest.py would take the name `conftest` from
+tests/serve's, which its tests import). The recorded requests of real coding agents (fixtures/<agent>/<agent>-NNN.json, captured by benchmarks/agents.sh
 --capture from Claude Code, Codex and opencode talking to `ft serve`) and a server to replay them against: the demo
 model built with a 32K context, as agents.sh serves it, behind an API key."""
 
