@@ -99,7 +99,7 @@ def has_instance(root: dict, param: str) -> None:
             if not refs.get(ref) and finite(resolve(root, ref, where)):
                 refs[ref] = changed = True
     if not finite(root):
-        stuck = next((w for ref, w in found if not refs.get(ref)), param)
+        stuck = max((w for ref, w in found if not refs.get(ref)), key=len, default=param)  # the cycle's own $ref
         raise ValueError(f"{stuck}: the schema has no finite instance (a $ref cycle that every branch requires): "
                          f"the output could never end")
 
