@@ -48,7 +48,8 @@ def forced_calls(chat: ChatInput, text: str) -> list[ToolCall]:
 
 class RequestOutput:
     def __init__(self, chat: ChatInput, chat_tokenizer, prompt_tokens: list[int], parsers: tuple[str, str],
-                 decoder: Decoder | None = None):
+                 decoder: Decoder | None = None, stops=None):
+        """stops: the request's stop strings as a StopAutomaton built off the event loop (None: built here)."""
         self.chat, self.chat_tokenizer, self.decoder = chat, chat_tokenizer, decoder
         self.reasoning_tokens = 0
         self.forced = bool(chat.tools) and chat.tool_choice != "auto"
@@ -62,7 +63,8 @@ class RequestOutput:
         p = chat.params
         special = self.parser.keep_special or not p.skip_special_tokens
         decode = chat_tokenizer.decode_special if special else chat_tokenizer.decode
-        self.stream = TextStream(decode, p.stop, include_stop=p.include_stop_str_in_output, armed=not p.min_tokens)
+        self.stream = TextStream(decode, p.stop if stops is None else stops, include_stop=p.include_stop_str_in_output,
+                                 armed=not p.min_tokens)
         self.tokens = 0
         self.logprobs: list[TokenLogprob] = []
         self._pending: list[TokenLogprob] = []

@@ -26,6 +26,7 @@ from freetoken.serve.metrics import Metrics
 from freetoken.serve.output import Delta, RequestOutput
 from freetoken.serve.parsers import resolve_parsers
 from freetoken.serve.scheduler import END, Job, Scheduler
+from freetoken.serve.stopmatch import StopAutomaton
 from freetoken.serve.tools import ToolCall
 
 log = logging.getLogger("freetoken.serve")
@@ -189,8 +190,11 @@ class Service:
         if len(prompts) * n > MAX_SEQUENCES:
             raise APIError(400, f"n: {len(prompts)} prompts x n={n} is more than {MAX_SEQUENCES} sequences", "n")
         order = [(i, j) for i in range(len(prompts)) for j in range(n)]
-        decoders = await asyncio.to_thread(lambda: [make_decoder(self.backend, self.grammars, chat.params,
-                                                                 prompts[i].tokens, j) for i, j in order])
+        def build():  # grammars compile and the stop automaton is built off the event loop
+            return ([make_decoder(self.backend, self.grammars, chat.params, prompts[i].tokens, j) for i, j in order],
+                    StopAutomaton([s for s in chat.params.stop if s]))
+
+        decoders, stop_strings = await asyncio.to_thread(build)
         stops = stop_ids(self.backend, chat.params)
         room = [self.backend.max_context - len(p.tokens) for p in prompts]
         max_new = [r if chat.params.max_tokens is None else min(chat.params.max_tokens, r) for r in room]
@@ -224,7 +228,7 @@ class Service:
         jobs = [Job(gen, lambda item, k=k: loop.call_soon_threadsafe(queue.put_nowait, (k, item)),
                     lambda d=decoders[k]: d.logprob, threading.Event(), end_one) for k, gen in enumerate(gens)]
         self.scheduler.submit(*jobs)
-        outs = [RequestOutput(chat, self.backend.chat, prompts[i].tokens, self.parsers, decoders[k])
+        outs = [RequestOutput(chat, self.backend.chat, prompts[i].tokens, self.parsers, decoders[k], stop_strings)
                 for k, (i, _) in enumerate(order)]
         generated, last, first = [0] * len(order), [None] * len(order), None
         open_ = set(range(len(order)))

@@ -1,10 +1,12 @@
 """Stop strings and hold markers found in streamed text in O(new characters) per token: one Aho-Corasick automaton
-over all of them, built once per request (off the event loop). Its state after each character is the longest
-suffix of the text that is a prefix of some needle, which is also how much text must be held back in case a needle
-is still completing."""
+over all of them, built once per request off the event loop (and shared by its sequences; the same list of stops
+is built once for all requests, up to a few lists), each sequence keeping only its state. The state after each
+character is the longest suffix of the text that is a prefix of some needle, which is also how much text must be
+held back in case a needle is still completing."""
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -19,7 +21,9 @@ class Match:
     needle: int  # its index in the needles given
 
 
-class StopMatcher:
+class StopAutomaton:
+    """The immutable part: goto / fail links, each state's depth and the longest needle ending there."""
+
     def __init__(self, needles: Sequence[str]):
         self.needles = list(needles)
         self.goto: list[dict[str, int]] = [{}]
@@ -29,8 +33,6 @@ class StopMatcher:
         for i, needle in enumerate(self.needles):
             self._add(needle, i)
         self._link()
-        self.state = 0
-        self.fed = 0  # characters fed
 
     def _add(self, needle: str, index: int) -> None:
         state = 0
@@ -60,30 +62,41 @@ class StopMatcher:
                     self.out[nxt] = self.out[self.fail[nxt]]
                 queue.append(nxt)
 
+
+@functools.lru_cache(maxsize=8)
+def automaton(needles: tuple[str, ...]) -> StopAutomaton:
+    return StopAutomaton(needles)
+
+
+class StopMatcher:
+    """One text's position in an automaton."""
+
+    def __init__(self, needles: Sequence[str] | StopAutomaton):
+        self.a = needles if isinstance(needles, StopAutomaton) else automaton(tuple(needles))
+        self.needles = self.a.needles
+        self.state = 0
+        self.fed = 0  # characters fed
+
     def feed(self, text: str) -> Match | None:
         """Advances over text; the match that starts first among those completing in it, if any."""
-        best = None
+        a, best = self.a, None
         for ch in text:
             state = self.state
-            while state and ch not in self.goto[state]:
-                state = self.fail[state]
-            self.state = self.goto[state].get(ch, 0)
+            while state and ch not in a.goto[state]:
+                state = a.fail[state]
+            self.state = a.goto[state].get(ch, 0)
             self.fed += 1
-            if self.out[self.state] >= 0:
-                hit = self._earliest(self.state)
+            needle = a.out[self.state]  # the longest needle ending here: the one that starts first
+            if needle >= 0:
+                hit = Match(self.fed - len(a.needles[needle]), needle)
                 if best is None or hit.start < best.start:
                     best = hit
         return best
 
-    def _earliest(self, state: int) -> Match:
-        """The longest needle ending at the current character (starting first), following fail links."""
-        needle = self.out[state]
-        return Match(self.fed - len(self.needles[needle]), needle)
-
     @property
     def partial(self) -> int:
         """Characters at the end of the text that may still become a needle."""
-        return self.depth[self.state]
+        return self.a.depth[self.state]
 
 
 def check_stops(stops: Sequence[str], param: str = "stop") -> None:

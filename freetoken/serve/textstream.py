@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from freetoken.serve.stopmatch import StopMatcher
+from freetoken.serve.stopmatch import StopAutomaton, StopMatcher
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -17,10 +17,14 @@ class TextStream:
 
     def __init__(self, decode: Decode, stops: Sequence[str] = (), hold_markers: Sequence[str] = (),
                  include_stop: bool = False, armed: bool = True):
+        """stops and hold_markers: strings, or stops alone as a StopAutomaton built for them (no markers)."""
         self.decode = decode
-        self.stops = [s for s in stops if s]
-        self.markers = [m for m in hold_markers if m]
-        self.matcher = StopMatcher(self.stops + self.markers)
+        if isinstance(stops, StopAutomaton):
+            self.stops, self.markers, self.matcher = list(stops.needles), [], StopMatcher(stops)
+        else:
+            self.stops = [s for s in stops if s]
+            self.markers = [m for m in hold_markers if m]
+            self.matcher = StopMatcher(self.stops + self.markers)
         self.include_stop = include_stop
         self.armed_at: int | None = 0 if armed else None  # chars before which no stop counts; None: not yet
         self.ids: list[int] = []
