@@ -62,7 +62,7 @@ def context_note(args, key: str | None, model: str, info) -> str | None:
     if need is None or need < info.max_context:
         return None
     own = info.model_context or info.max_context
-    raise_it = (f"restart ft serve with --max-context {min(own, max(32768, 2 * need))}" if own > info.max_context
+    raise_it = (f"restart ft serve with --max-context {min(own, max(32768, 2 * need))}" if own > need
                 else f"the model's own context is {own} tokens: serve a model with a longer one (for the demo: "
                      f"ft demo build --context 32768 --out DIR, then ft serve --model DIR)")
     return (f"warning: {args.agent}'s first request is {need} tokens on this server, its context is "
