@@ -160,3 +160,16 @@ def test_reasoning_reaches_each_api_in_its_own_field(think_replay):
             ("thinking", "look in /tmp"), ("text", "It is empty.")]
     m = a.messages.create(**akw)  # thinking not enabled: no thinking block
     assert [(b.type, b.text) for b in m.content] == [("text", "It is empty.")]
+
+
+def test_thinking_adaptive_and_display_omitted(think_replay):
+    """Claude Code sends thinking {"type": "adaptive"}: reasoning on, no budget; display "omitted" keeps the block
+    but not its text."""
+    a = anthropic_client(think_replay)
+    akw = dict(model="replay", max_tokens=200, messages=[{"role": "user", "content": "ls"}])
+    for spec, shown in (({"type": "adaptive"}, "look in /tmp"), ({"type": "adaptive", "display": "omitted"}, ""),
+                        ({"type": "enabled", "budget_tokens": 100, "display": "omitted"}, "")):
+        for m in (a.messages.create(**akw, thinking=spec), a.messages.stream(**akw, thinking=spec).__enter__()
+                  .get_final_message()):
+            assert [(b.type, b.thinking if b.type == "thinking" else b.text) for b in m.content] == [
+                ("thinking", shown), ("text", "It is empty.")]
