@@ -139,3 +139,32 @@ def test_built_in_tools_are_a_400_naming_them(served, model_id, tool):
     assert r.json()["error"]["message"] == f"tools[1]: a {tool['type']!r} tool cannot run on this server " \
                                            f"(function tools only)"
     assert r.json()["error"]["param"] == "tools[1]"
+
+
+EFFORT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                   "<|im_start|>assistant\n[effort {{ reasoning_effort | default('none') }}]"
+                   "[flavor {{ flavor | default('none') }}]")
+
+
+def test_template_variables_reach_the_template(served, model_id, monkeypatch):
+    """reasoning_effort and chat_template_kwargs (chat), reasoning.effort (Responses), output_config.effort
+    (Anthropic) are chat-template variables: the prompt is what HF renders with them."""
+    chat = served.service.backend.chat
+    monkeypatch.setattr(chat, "template", EFFORT_TEMPLATE)
+
+    def hf(messages, **kw):
+        text = chat.tok.apply_chat_template(messages, chat_template=EFFORT_TEMPLATE, tokenize=False, **kw)
+        return len(chat.tok.encode(text, add_special_tokens=False))
+
+    user = [{"role": "user", "content": "hi"}]
+    c = openai_client(served.url)
+    r = c.chat.completions.create(model=model_id, messages=user, max_tokens=1, reasoning_effort="high",
+                                  extra_body={"chat_template_kwargs": {"flavor": "mint"}})
+    assert r.usage.prompt_tokens == hf(user, reasoning_effort="high", flavor="mint") != hf(user)
+    r = c.responses.create(model=model_id, input="hi", instructions="sys", max_output_tokens=1,
+                           reasoning={"effort": "low"})
+    assert r.usage.input_tokens == hf([{"role": "system", "content": "sys"}, *user], reasoning_effort="low")
+    m = anthropic_client(served.url).messages.create(model=model_id, max_tokens=1, messages=user,
+                                                     extra_body={"output_config": {"effort": "medium"}})
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == hf(user, reasoning_effort="medium",
+                                                                        enable_thinking=False)

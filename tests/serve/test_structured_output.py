@@ -164,3 +164,14 @@ def counted(url: str) -> float:
 
     return sum(s.value for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=TIMEOUT).text)
                for s in fam.samples if s.name == "freetoken_structured_output_invalid_total")
+
+
+def test_responses_text_format(served, model_id):
+    c = openai_client(served.url)
+    small = {"type": "object", "properties": {"k": {"enum": ["a", "b"]}, "n": {"type": "integer", "minimum": 0,
+                                                                              "maximum": 9}},
+             "required": ["k", "n"], "additionalProperties": False}
+    for seed in range(3):
+        r = c.responses.create(model=model_id, input="json", max_output_tokens=60, extra_body={"seed": seed},
+                               text={"format": {"type": "json_schema", "name": "x", "schema": small}})
+        assert r.status == "completed" and check(r.output_text, small) is None
