@@ -97,7 +97,7 @@ for agent in $AGENTS; do
         rm -rf "$CAPTURE/$agent" "$WORK/capture-$agent.log"
         "$PY" "$ROOT/tests/clients/capture.py" --listen "$port" --upstream "http://127.0.0.1:$PORT" \
             --out "$CAPTURE/$agent" --name "$agent" --scrub "$WORK/project-$agent=/work/project" \
-            --scrub "$(echo "$WORK/project-$agent" | tr '/_.' '---')=-work-project" --scrub "$WORK/home-$agent=/home/user" \
+            --scrub="$(echo "$WORK/project-$agent" | tr '/_.' '---')=-work-project" --scrub "$WORK/home-$agent=/home/user" \
             --scrub "$WORK=/work" --scrub "$KEY=<key>" --skip-agent Python-urllib > "$WORK/capture-$agent.log" 2>&1 &
         PIDS+=($!)
         for _ in $(seq 50); do grep -qs "^capturing" "$WORK/capture-$agent.log" && break; sleep 0.2; done

@@ -28,12 +28,13 @@ def test_a_keyed_server_is_keyed_not_down(agent_server, tmp_path, capsys, monkey
     assert "as model 'freetoken-demo' with the API key" in out.out and "warning" not in out.err  # 32K: it fits
 
 
-def test_a_context_below_the_agents_first_request_is_said_with_the_fix(tmp_path, capsys):
+def test_a_context_below_the_agents_first_request_is_said_with_the_fix(demo_32k, tmp_path, capsys):
     with running(None) as demo:  # the shipped demo: 2048 tokens
         assert launch(demo.url, tmp_path, "claude") == 0
         err = capsys.readouterr().err
         assert "warning: claude's first request is " in err and "its context is 2048" in err
         assert "ft demo build --context 32768 --out DIR, then ft serve --model DIR" in err
-    with running(None, max_context=1024) as shorter:  # the model allows more than is served
+    with running(demo_32k, max_context=4096) as shorter:  # the model allows more than is served
         assert launch(shorter.url, tmp_path, "opencode") == 0
-        assert "restart ft serve with --max-context 2048" in capsys.readouterr().err
+        err = capsys.readouterr().err
+        assert "its context is 4096" in err and "restart ft serve with --max-context 32768" in err
