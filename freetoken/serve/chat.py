@@ -128,6 +128,8 @@ class ChatTokenizer:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
+        if hasattr(tokenizer, "model_max_length"):  # the server checks prompts against its served context; the
+            tokenizer.model_max_length = 2**62  # tokenizer's own limit would only make transformers warn
 
     def render_text(self, messages: Sequence[dict], tools: list[dict] | None, add_generation_prompt: bool,
                     continue_final_message: bool = False, chat_template: str | None = None,
