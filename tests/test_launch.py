@@ -81,7 +81,7 @@ def test_codex_replaces_only_its_provider_table(tmp_path):
     assert ours == {"name": "freetoken (local)", "base_url": "http://127.0.0.1:2020/v1", "wire_api": "responses"}
     assert text.count("[model_providers.freetoken]") == 1
     profile = tomllib.loads((tmp_path / ".codex" / "freetoken.config.toml").read_text())
-    assert profile == {"model": "m1", "model_provider": "freetoken"}
+    assert profile == {"model": "m1", "model_provider": "freetoken", "web_search": "disabled"}
     assert backups(config)[0].read_text() == USER_CODEX
 
 
@@ -142,3 +142,26 @@ def test_a_home_that_is_a_file_is_one_line_naming_the_path(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()[-1]  # was "[Errno 20] Not a directory: '.../settings.json'"
     assert err == f"ft launch: error: {home / '.claude' / 'settings.json'}: Not a directory"
     assert home.read_text() == "not a folder\n"
+
+
+def test_api_key_goes_where_each_agent_reads_it(tmp_path, capsys, monkeypatch):
+    claude = tmp_path / ".claude" / "settings.json"
+    assert launch(tmp_path, "claude", "--api-key", "k-123") == 0
+    assert json.loads(claude.read_text())["env"]["ANTHROPIC_AUTH_TOKEN"] == "k-123"  # sent as Bearer
+    assert launch(tmp_path, "codex", "--api-key", "k-123") == 0
+    provider = tomllib.loads((tmp_path / ".codex" / "config.toml").read_text())["model_providers"]["freetoken"]
+    assert provider["env_key"] == "FT_API_KEY"
+    assert "start it with: codex --profile freetoken with FT_API_KEY set in its environment" in capsys.readouterr().out
+    monkeypatch.setenv("FT_API_KEY", "from-env")  # the server's own variable is the default
+    assert launch(tmp_path, "opencode") == 0
+    opencode = json.loads((tmp_path / ".config" / "opencode" / "opencode.json").read_text())
+    assert opencode["provider"]["freetoken"]["options"]["apiKey"] == "from-env"
+
+
+def test_without_a_key_no_key_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("FT_API_KEY", raising=False)
+    assert launch(tmp_path, "codex") == 0 and launch(tmp_path, "opencode") == 0
+    provider = tomllib.loads((tmp_path / ".codex" / "config.toml").read_text())["model_providers"]["freetoken"]
+    assert "env_key" not in provider
+    opencode = json.loads((tmp_path / ".config" / "opencode" / "opencode.json").read_text())
+    assert "apiKey" not in opencode["provider"]["freetoken"]["options"]

@@ -27,7 +27,7 @@ DEMO_FILES = frozenset({"config.json", "generation_config.json", "model.safetens
                         "tokenizer_config.json"})  # what a build writes: all a rebuild may replace
 
 
-def build_tokenizer(out: Path):
+def build_tokenizer(out: Path, context: int = MODEL_SHAPE["max_position_embeddings"]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -38,18 +38,20 @@ def build_tokenizer(out: Path):
     tok.train([str(CORPUS)], trainer)
     tok.save(str(out / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-              "bos_token": None, "model_max_length": MODEL_SHAPE["max_position_embeddings"],
+              "bos_token": None, "model_max_length": context,
               "chat_template": CHAT_TEMPLATE}
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return tok
 
 
-def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int) -> None:
+def build_model(out: Path, vocab_size: int, eos_id: int, pad_id: int,
+                context: int = MODEL_SHAPE["max_position_embeddings"]) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model("qwen3_moe", vocab_size=vocab_size, eos_token_id=eos_id, pad_token_id=pad_id,
-                               bos_token_id=None, tie_word_embeddings=False, **MODEL_SHAPE)
+                               bos_token_id=None, tie_word_embeddings=False,
+                               **{**MODEL_SHAPE, "max_position_embeddings": context})
     torch.manual_seed(SEED)
     model = AutoModelForCausalLM.from_config(cfg)
     model.save_pretrained(out)
@@ -66,8 +68,12 @@ def check_out(out: Path) -> None:
                          f"(a build replaces the whole folder)")
 
 
-def build_demo(out: str | os.PathLike) -> Path:
-    """Write the demo checkpoint into `out`, replacing it only once the new copy is complete."""
+def build_demo(out: str | os.PathLike, context: int = MODEL_SHAPE["max_position_embeddings"]) -> Path:
+    """Write the demo checkpoint into `out`, replacing it only once the new copy is complete. context: its
+    max_position_embeddings (the weights do not depend on it: RoPE without scaling), e.g. 32768 to serve coding
+    agents, whose first request is several thousand tokens."""
+    if not isinstance(context, int) or context < 16:
+        raise ValueError(f"--context must be a whole number of tokens >= 16, got {context}")
     from freetoken.io import cannot_write
 
     out = Path(out)
@@ -78,8 +84,9 @@ def build_demo(out: str | os.PathLike) -> Path:
     except OSError as e:
         raise cannot_write(out, e) from None
     try:
-        tok = build_tokenizer(tmp)
-        build_model(tmp, tok.get_vocab_size(), tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"))
+        tok = build_tokenizer(tmp, context)
+        build_model(tmp, tok.get_vocab_size(), tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>"),
+                    context)
         os.chmod(tmp, 0o755)
         for f in tmp.iterdir():
             os.chmod(f, 0o644)

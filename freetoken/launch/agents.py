@@ -1,9 +1,10 @@
 """Coding agents pointed at a running `ft serve`: each plans edits of its own config files, merging, never replacing.
 
-claude   ~/.claude/settings.json             env block: Anthropic base URL and model names (Anthropic API)
-codex    ~/.codex/config.toml                [model_providers.freetoken] (OpenAI Responses API)
-         ~/.codex/freetoken.config.toml      profile: model + provider; run `codex --profile freetoken`
-opencode ~/.config/opencode/opencode.json    provider.freetoken (OpenAI-compatible chat completions)
+claude   ~/.claude/settings.json             env block: Anthropic base URL, token (the key) and model names
+codex    ~/.codex/config.toml                [model_providers.freetoken] (OpenAI Responses API; env_key FT_API_KEY)
+         ~/.codex/freetoken.config.toml      profile: model + provider, web search off (no search runs here);
+                                             run `codex --profile freetoken`
+opencode ~/.config/opencode/opencode.json    provider.freetoken (OpenAI-compatible chat completions, options.apiKey)
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from freetoken.launch.files import FileEdit, read_text
 
 PROVIDER = "freetoken"
+KEY_ENV = "FT_API_KEY"  # codex reads the key from the environment variable its provider names (env_key)
 
 
 def origin(host: str, port: int) -> str:
@@ -34,12 +36,15 @@ class Target:
     model: str = "freetoken-demo"
     config_dir: Path | None = None
     home: Path | None = None
+    api_key: str | None = None  # the server's --api-key; None: it takes none
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must lie in 1..65535, got {self.port}")
         if not self.model or any(c.isspace() for c in self.model):
             raise ValueError(f"--model must be a non-empty id without spaces, got {self.model!r}")
+        if self.api_key is not None and (not self.api_key.strip() or any(c.isspace() for c in self.api_key)):
+            raise ValueError("--api-key must be a non-empty key without spaces")
 
     @property
     def origin(self) -> str:
@@ -58,6 +63,7 @@ class Target:
 class Plan:
     edits: list[FileEdit]
     command: str  # how to start the agent afterwards
+    env: dict[str, str] = field(default_factory=dict)  # what its environment must hold (codex: the key)
 
 
 # json helpers
@@ -101,7 +107,8 @@ def claude(t: Target) -> Plan:
     path = t.dir_for("CLAUDE_CONFIG_DIR", (".claude",)) / "settings.json"
     env = {
         "ANTHROPIC_BASE_URL": t.origin,
-        "ANTHROPIC_AUTH_TOKEN": PROVIDER,  # any non-empty token: the local server does not check it
+        # sent as Authorization: Bearer; without a key any non-empty token does (the server checks none)
+        "ANTHROPIC_AUTH_TOKEN": t.api_key or PROVIDER,
         "ANTHROPIC_MODEL": t.model,
         "ANTHROPIC_DEFAULT_OPUS_MODEL": t.model,
         "ANTHROPIC_DEFAULT_SONNET_MODEL": t.model,
@@ -117,7 +124,7 @@ def opencode(t: Target) -> Plan:
     provider = {
         "npm": "@ai-sdk/openai-compatible",
         "name": "freetoken (local)",
-        "options": {"baseURL": f"{t.origin}/v1"},
+        "options": {"baseURL": f"{t.origin}/v1", **({"apiKey": t.api_key} if t.api_key else {})},
         "models": {t.model: {"name": t.model}},
     }
     update = {"provider": {PROVIDER: provider}, "model": f"{PROVIDER}/{t.model}"}
@@ -157,7 +164,8 @@ def codex(t: Target) -> Plan:
     table = (f"[model_providers.{PROVIDER}]\n"
              f"name = {_toml_str('freetoken (local)')}\n"
              f"base_url = {_toml_str(t.origin + '/v1')}\n"
-             f'wire_api = "responses"\n')
+             f'wire_api = "responses"\n'
+             + (f"env_key = {_toml_str(KEY_ENV)}\n" if t.api_key else ""))
     kept = _drop_table(old or "", f"model_providers.{PROVIDER}").rstrip("\n")
     new = (kept + "\n\n" if kept else "") + table
     parsed = tomllib.loads(new)  # a user table written as dotted keys elsewhere would clash here
@@ -166,9 +174,11 @@ def codex(t: Target) -> Plan:
                          f"remove it by hand")
     if old is not None and tomllib.loads(old) == parsed:
         new = old
-    profile_text = f"model = {_toml_str(t.model)}\nmodel_provider = {_toml_str(PROVIDER)}\n"
+    profile_text = (f"model = {_toml_str(t.model)}\nmodel_provider = {_toml_str(PROVIDER)}\n"
+                    f"# built-in web search runs on OpenAI's servers only; this server refuses the tool\n"
+                    f'web_search = "disabled"\n')
     return Plan([FileEdit(config, old, new), FileEdit(profile, read_text(profile), profile_text)],
-                f"codex --profile {PROVIDER}")
+                f"codex --profile {PROVIDER}", {KEY_ENV: t.api_key} if t.api_key else {})
 
 
 AGENTS: dict[str, Callable[[Target], Plan]] = {"claude": claude, "codex": codex, "opencode": opencode}

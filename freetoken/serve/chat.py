@@ -35,8 +35,8 @@ class Prompt:
 
 @dataclass(slots=True)
 class Params:
-    """Sampling and stopping, API-neutral. max_tokens None: up to the context length; temperature / top_p / top_k
-    None: the model's generation_config.json default (else 1.0 / 1.0 / 0)."""
+    """Sampling and stopping, API-neutral (vLLM's fields beside OpenAI's). max_tokens None: up to the context length;
+    temperature / top_p / top_k None: the model's generation_config.json default (else 1.0 / 1.0 / 0)."""
 
     max_tokens: int | None = None
     temperature: float | None = None
@@ -48,9 +48,20 @@ class Params:
     presence_penalty: float = 0.0  # OpenAI's: minus this once a token has appeared in the output
     frequency_penalty: float = 0.0  # minus this per earlier occurrence in the output
     logit_bias: dict[int, float] = field(default_factory=dict)
-    json_schema: dict | None = None  # grammar-constrained decoding: the output is JSON matching this schema
-    prompt_logprobs: bool = False  # logprobs of the prompt tokens too (completions' echo)
+    constraint: Any = None  # grammar.Constraint: json schema, regex, choice or EBNF grammar the output must keep
+    prompt_logprobs: int | None = None  # logprobs of the prompt tokens too, with this many alternatives each
     thinking_budget: int | None = None  # reasoning tokens after which the reasoning is closed (Anthropic's)
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (after temperature)
+    repetition_penalty: float = 1.0  # HF / vLLM: logits of prompt and output tokens divided (> 0) or multiplied by it
+    min_tokens: int = 0  # no stop token (nor stop string) before this many output tokens
+    ignore_eos: bool = False  # the model's end-of-sequence tokens do not stop it
+    stop_token_ids: list[int] = field(default_factory=list)  # more tokens that stop it
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] = field(default_factory=list)  # never produced (as a whole), at any position
+    truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens
+    track_logprob: bool = False  # sum the chosen tokens' logprobs (best_of picks by it)
 
 
 @dataclass(slots=True)
@@ -62,7 +73,12 @@ class ChatInput:
     parallel_tool_calls: bool = True  # False: at most one call
     template_kwargs: dict = field(default_factory=dict)  # extra chat-template variables (enable_thinking, ...)
     thinking: bool = True  # False: reasoning is not returned (Anthropic without `thinking`)
-    schema_param: str = "response_format"  # the request field params.json_schema came from, for errors
+    edits: list[dict] = field(default_factory=list)  # Anthropic context-management edits applied (their records)
+    uncleared: list[dict] | None = None  # the messages before those edits, when they removed something
+    show_thinking: bool = True  # False: reasoning is returned as empty blocks (Anthropic display "omitted")
+    add_generation_prompt: bool = True  # the template opens the assistant's turn
+    continue_final_message: bool = False  # the last (assistant) message is continued, not closed
+    chat_template: str | None = None  # a request's own template (vLLM's chat_template, when the server trusts it)
 
 
 def text_of(content: Any, where: str) -> str:
@@ -112,15 +128,20 @@ class ChatTokenizer:
     def __init__(self, tokenizer):
         self.tok = tokenizer
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
+        if hasattr(tokenizer, "model_max_length"):  # the server checks prompts against its served context; the
+            tokenizer.model_max_length = 2**62  # tokenizer's own limit would only make transformers warn
 
     def render_text(self, messages: Sequence[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                    continue_final_message: bool = False, chat_template: str | None = None,
                     **template_kwargs) -> str:
-        return self.tok.apply_chat_template(list(messages), tools=tools or None, chat_template=self.template,
-                                            add_generation_prompt=add_generation_prompt, tokenize=False,
+        return self.tok.apply_chat_template(list(messages), tools=tools or None,
+                                            chat_template=chat_template or self.template,
+                                            add_generation_prompt=add_generation_prompt,
+                                            continue_final_message=continue_final_message, tokenize=False,
                                             **template_kwargs)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False))
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=True)
@@ -135,8 +156,26 @@ class ChatTokenizer:
         known before any tokenizing (vocabulary strings are at least as long as the text they decode to)."""
         return max(1, max(len(t) for t in self.tok.get_vocab()))
 
-    def render(self, messages: Sequence[dict], tools: list[dict] | None = None, **template_kwargs) -> Prompt:
-        text = self.render_text(messages, tools, add_generation_prompt=True, **template_kwargs)
+    def placed(self, messages: Sequence[dict], tools: list[dict] | None, **template_kwargs) -> Sequence[dict]:
+        """The messages as the template can render them: system messages after the first message stay in place
+        when the template renders their text there, else they are merged into one leading system message."""
+        late = [m for m in messages[1:] if m.get("role") == "system"]
+        if not late:
+            return messages
+        try:
+            text = self.render_text(messages, tools, False, **template_kwargs)
+            if all((m.get("content") or "") in text for m in late):
+                return messages
+        except Exception:  # a template that refuses a system message after the first (jinja raise_exception)
+            pass
+        return merge_system(messages)
+
+    def render(self, messages: Sequence[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True,
+               continue_final_message: bool = False, chat_template: str | None = None, **template_kwargs) -> Prompt:
+        template_kwargs["chat_template"] = chat_template
+        messages = self.placed(messages, tools, **template_kwargs)
+        text = self.render_text(messages, tools, add_generation_prompt and not continue_final_message,
+                                continue_final_message, **template_kwargs)
         ids, offsets = self._encode_with_offsets(text)
         ends = []  # char offsets where a message ends, for the last ANCHOR_LOOKBACK messages
         for n in range(max(1, len(messages) - ANCHOR_LOOKBACK), len(messages) + 1):
@@ -150,6 +189,13 @@ class ChatTokenizer:
             enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
             return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
         return self.encode(text), None
+
+
+def merge_system(messages: Sequence[dict]) -> list[dict]:
+    """Every system message's text in one leading system message (in order, blank-line separated)."""
+    systems = [m.get("content") or "" for m in messages if m.get("role") == "system"]
+    rest = [m for m in messages if m.get("role") != "system"]
+    return [{"role": "system", "content": "\n\n".join(systems)}, *rest] if systems else rest
 
 
 def _token_boundaries(offsets: list[tuple[int, int]] | None, char_ends: list[int]) -> list[int]:

@@ -13,6 +13,7 @@ BACKENDS = ("engine", "hf")  # freetoken's own engine | HF transformers (the ref
 CACHE_FLAGS = {"policy_options": "--policy-option / --n-cpu-moe / --cpu-moe / --scope", "profile": "--profile-trace",
                "capacity": "--capacity", "fraction": "--fraction"}  # engine backend only
 DEFAULT_MAX_BODY_MB = 32.0  # request bodies beyond this get a 413 while they stream in
+DEFAULT_MAX_RUNNING = 4  # requests decoded together (FreeToken's own default batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,7 @@ class ServeConfig:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     backend: str = "engine"
-    max_running: int = 1
+    max_running: int = DEFAULT_MAX_RUNNING
     max_waiting: int = 64
     kv_floor: int | None = None  # tokens; None: min(context, 32768)
     device_budget_gb: float | None = None  # CPU machines (and overrides): the "device" memory to plan against
@@ -42,6 +43,7 @@ class ServeConfig:
     max_body_mb: float = DEFAULT_MAX_BODY_MB
     tool_parser: str = "auto"  # auto: the model family's own tool-call format
     reasoning_parser: str = "auto"  # auto: the model family's own reasoning format (none for families without)
+    trust_request_chat_template: bool = False  # accept a request's own chat_template (vLLM's flag of that name)
 
     @property
     def resolved_api_key(self) -> str | None:

@@ -1,15 +1,19 @@
-"""One request's next-token choice. The model's logits are shaped by OpenAI's presence / frequency penalties, the
-logit bias and a grammar mask, then sampled; reported logprobs are the model's own distribution (the log-softmax
-of the unshaped logits), as OpenAI reports them."""
+"""One sequence's next-token choice. The model's logits are shaped in vLLM's order (min_tokens, allowed_token_ids,
+bad_words, logit_bias, repetition / presence / frequency penalties, min_p, the grammar and UTF-8 masks), then
+sampled (temperature, top_k, top_p); reported logprobs are the model's own distribution (the log-softmax of the
+unshaped logits), as OpenAI reports them. A step that cannot choose (NaN logits, every token masked) raises an
+APIError for this sequence alone."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from freetoken.engine.sampling import Sampler, SamplingParams
 from freetoken.serve.chat import Params
+from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import GrammarMask
 
 
@@ -18,42 +22,130 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...]  # the n most likely tokens, most likely first
+    rank: int = 1  # the token's place among all (1: the most likely)
 
 
 def top_logprobs(logits: torch.Tensor, token: int, n: int) -> TokenLogprob:
-    """logits [V] -> the token's logprob and the n best."""
+    """logits [V] -> the token's logprob, its rank and the n best."""
     logprobs = torch.log_softmax(logits.float(), dim=-1)  # [V]
     values, ids = torch.topk(logprobs, min(n, logprobs.numel())) if n else (torch.empty(0), torch.empty(0))
-    return TokenLogprob(token, float(logprobs[token]), tuple(zip(ids.tolist(), values.tolist())))
+    own = logprobs[token]
+    return TokenLogprob(token, float(own), tuple(zip(ids.tolist(), values.tolist())),
+                        1 + int((logprobs > own).sum()))
 
 
 class Decoder:
-    def __init__(self, params: Params, sampling: SamplingParams, grammar: GrammarMask | None = None):
-        self.params, self.grammar = params, grammar
+    def __init__(self, params: Params, sampling: SamplingParams, grammar: GrammarMask | None = None,
+                 stop_ids: frozenset[int] = frozenset(), prompt: list[int] = (), bad_words: list[list[int]] = ()):
+        self.params, self.grammar, self.sampling = params, grammar, sampling
         self.sample = Sampler(sampling)
+        self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        self.prompt_ids = torch.tensor(sorted(set(prompt)), dtype=torch.long)  # repetition_penalty reads them
+        self.bad_words = [w for w in bad_words if w]
+        self.out: list[int] = []
         self.counts: dict[int, int] = {}  # output token -> occurrences, for the penalties
         self.logprob: TokenLogprob | None = None  # of the last choice, when params.logprobs is set
+        self.cumulative = 0.0  # sum of the chosen tokens' logprobs (best_of ranks by it)
         self.forced: list[int] = []  # tokens to emit next instead of sampling (closing a reasoning budget)
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) -> the next token id."""
-        p = self.params
         logits = logits.detach().float().cpu()  # [V]
-        shaped = logits
-        if self.counts and (p.presence_penalty or p.frequency_penalty) or p.logit_bias or self.grammar:
-            shaped = logits.clone()
-            if self.counts and (p.presence_penalty or p.frequency_penalty):
-                ids = torch.tensor(list(self.counts))
-                n = torch.tensor(list(self.counts.values()), dtype=torch.float32)
-                shaped[ids] -= p.presence_penalty + p.frequency_penalty * n
-            if p.logit_bias:
-                shaped[torch.tensor(list(p.logit_bias))] += torch.tensor(list(p.logit_bias.values()))
-            if self.grammar:
-                self.grammar.mask(shaped)
+        if torch.isnan(logits).any():
+            raise APIError(500, "the model's logits hold NaN at this step; the sequence cannot continue", None,
+                           "model_error")
+        shaped = self.shape(logits)
+        if not torch.isfinite(shaped).any():
+            raise APIError(400, self._dead_end(), None, "no_token_allowed")
         token = self.forced.pop(0) if self.forced else self.sample(shaped)
-        if p.logprobs is not None:
-            self.logprob = top_logprobs(logits, token, p.logprobs)
+        if self.params.logprobs is not None or self.params.track_logprob:
+            record = top_logprobs(logits, token, self.params.logprobs or 0)
+            self.cumulative += record.logprob
+            self.logprob = record if self.params.logprobs is not None else None
         if self.grammar:
             self.grammar.accept(token)
+        self.out.append(token)
         self.counts[token] = self.counts.get(token, 0) + 1
         return token
+
+    def shape(self, logits: torch.Tensor) -> torch.Tensor:
+        p, ninf = self.params, float("-inf")
+        shaped = logits.clone()
+        if len(self.out) < p.min_tokens and len(self.stop_ids):
+            shaped[self.stop_ids] = ninf
+        if p.allowed_token_ids is not None:
+            keep = torch.full_like(shaped, ninf)
+            keep[torch.tensor(p.allowed_token_ids, dtype=torch.long)] = 0.0
+            shaped += keep
+        for word in self.bad_words:  # its last token is banned where the output ends with the rest of it
+            if len(word) == 1 or self.out[-(len(word) - 1):] == word[:-1]:
+                shaped[word[-1]] = ninf
+        if p.logit_bias:
+            shaped[torch.tensor(list(p.logit_bias))] += torch.tensor(list(p.logit_bias.values()))
+        if p.repetition_penalty != 1.0:  # HF / vLLM: over the prompt's and the output's tokens
+            seen = torch.cat([self.prompt_ids, torch.tensor(list(self.counts), dtype=torch.long)]).unique()
+            values = shaped[seen]
+            shaped[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            ids = torch.tensor(list(self.counts))
+            n = torch.tensor(list(self.counts.values()), dtype=torch.float32)
+            shaped[ids] -= p.presence_penalty + p.frequency_penalty * n
+        if p.min_p > 0 and not self.sampling.is_greedy:  # p_i >= min_p * p_max after temperature, in logits
+            top = shaped.max()
+            shaped[shaped < top + self.sampling.temperature * math.log(p.min_p)] = ninf
+        if self.grammar:
+            self.grammar.mask(shaped)
+        return shaped
+
+    def _dead_end(self) -> str:
+        if self.grammar is not None:
+            return (f"{self.params.constraint.param}: the constraint allows no token after "
+                    f"{len(self.out)} tokens (with this request's other token limits)")
+        return "no token is allowed at this step (allowed_token_ids, bad_words, logit_bias and min_tokens together)"
+
+
+def bad_word_ids(encode, words: list[str]) -> list[list[int]]:
+    """vLLM's reading of bad_words: each word's tokens as it would start the text and after a space."""
+    out = []
+    for word in words:
+        for variant in (word, " " + word.lstrip()):
+            ids = encode(variant)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
+
+
+def make_decoder(backend, grammars, params: Params, prompt: list[int], index: int = 0) -> Decoder:
+    """A sequence's Decoder: the request's sampling (unset fields from generation_config.json; sequence `index`
+    of n samples with seed + index, as vLLM seeds them), its constraint's grammar (compiled here, off the event
+    loop; its errors are 400s naming the field), its stop tokens. Token ids the request names must be in the
+    vocabulary."""
+    from freetoken.engine.sampling import sampling_params
+
+    vocab = backend.vocab_size
+    for name, ids in (("logit_bias", list(params.logit_bias)), ("allowed_token_ids", params.allowed_token_ids or []),
+                      ("stop_token_ids", params.stop_token_ids)):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(400, f"{name}: token id {bad} is not in the vocabulary of {vocab}", name)
+    seed = None if params.seed is None else params.seed + index
+    try:
+        sampling = sampling_params(backend.generation_defaults, params.temperature, params.top_p, params.top_k,
+                                   seed=seed)
+    except ValueError as e:  # SamplingParams' messages begin with the field's name
+        raise APIError(400, str(e), str(e).split(" ", 1)[0])
+    grammar = None
+    if params.constraint is not None:
+        try:
+            grammar = grammars.mask(params.constraint)
+        except ValueError as e:
+            raise APIError(400, str(e), params.constraint.param)
+    stops = stop_ids(backend, params)
+    return Decoder(params, sampling, grammar, stops, prompt if params.repetition_penalty != 1.0 else (),
+                   bad_word_ids(backend.chat.encode, params.bad_words))
+
+
+def stop_ids(backend, params: Params) -> frozenset[int]:
+    """The tokens that end this request's sequences: the model's end-of-sequence ones (unless ignore_eos) and the
+    request's stop_token_ids."""
+    return frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else frozenset(backend.stop_token_ids))

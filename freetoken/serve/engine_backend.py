@@ -16,6 +16,7 @@ from freetoken.serve.decoding import Decoder
 from freetoken.serve.generation import CachedGeneration
 from freetoken.placement.memory import MemoryPlan, ModelMemory, cache_rows
 from freetoken.serve.prefix_cache import PrefixCache
+from freetoken.serve.redact import hide_home
 
 
 def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -23,6 +24,8 @@ def _slice_positions(kv: torch.Tensor, start: int, stop: int) -> torch.Tensor:
 
 
 class EngineSequence:
+    forkable = True  # positions can be copied into another sequence (n > 1 shares the prompt's KV)
+
     def __init__(self, engine, request: int, max_tokens: int):
         self.engine, self.request, self.max_tokens = engine, request, max_tokens
         self._kv = None
@@ -56,6 +59,15 @@ class EngineSequence:
     def read(self, start: int, stop: int) -> torch.Tensor:
         kv = self.kv
         return torch.stack([kv.read(l, start, stop) for l in range(len(kv.k))]).clone()  # [L, 2, T, Hkv, Dh]
+
+
+def served_context(model_context: int, asked: int | None) -> int:
+    """The model's own context unless --max-context asks for less (more than the model's is refused: positions it
+    was not trained on); the memory plan may lower it further (use_plan)."""
+    if asked is not None and asked > model_context:
+        raise ValueError(f"--max-context {asked} is more than this model's context of {model_context} tokens "
+                         f"(config.json max_position_embeddings)")
+    return asked or model_context
 
 
 def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMemory:
@@ -95,7 +107,8 @@ class EngineBackend:
         self.chat = ChatTokenizer(tokenizer)
         self.model_id = model_id
         cfg = self.ckpt.config
-        self.max_context = max_context or min(cfg.max_position_embeddings, 32768)
+        self.model_context = cfg.max_position_embeddings
+        self.max_context = served_context(self.model_context, max_context)
         self.kv_dtype = kv_dtype
         self.expert_format = expert_format(self.ckpt)
         self.engine = None
@@ -123,9 +136,11 @@ class EngineBackend:
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
         resolved = resolve_split(split_mode, gpu, self.expert_format)
-        self.split_reason = resolved.reason
+        self.split_reason = hide_home(resolved.reason)
         self.placement_asked = placement
         kernels = resolve_kernels(kernels or "auto")
+        self.max_context = min(self.max_context, plan.kv_tokens)  # one sequence must fit the planned KV
+        self.kv_tokens = plan.kv_tokens
         slots, staging = cache_rows(plan, self.ckpt.config.num_experts)  # as the sim's planner splits them
         if capacity is not None or fraction is not None:
             cfg = self.ckpt.config
@@ -174,23 +189,33 @@ class EngineBackend:
     def vocab_size(self) -> int:
         return self.ckpt.config.vocab_size
 
-    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> CachedGeneration:
+    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int,
+                 stop_token_ids: set[int] | None = None) -> CachedGeneration:
         from freetoken.serve.hybrid_sequence import HybridSequence
 
         kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
         seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
-        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, self.stop_token_ids,
+        stops = self.stop_token_ids if stop_token_ids is None else stop_token_ids
+        return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, stops,
                                 self.engine.prefill_chunk)  # the engine's own chunks: the same numbers as solo
 
-    def decode_batch(self, gens: list[CachedGeneration]) -> list[int]:
-        """One decode step of several started sequences together; their next tokens. Models whose attention the
-        batched step does not cover (latent, sparse, linear) step their sequences one after another."""
+    def decode_logits(self, gens: list[CachedGeneration]) -> list[torch.Tensor]:
+        """One decode step of several started sequences together: each one's logits [V] (sampling is the
+        caller's, per sequence). If the step fails, every sequence's KV is cut back to where it was, so each can
+        be stepped again alone. Models whose attention the batched step does not cover (latent, sparse, linear)
+        step their sequences one after another."""
         cfg = self.ckpt.config
         if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
-            return [g.take(g.seq.forward(g.generated[-1:], decode=True)) for g in gens]
-        logits = self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
-                                          [g.seq.request for g in gens])  # [B, V]
-        return [g.take(row) for g, row in zip(gens, logits)]
+            return [g.seq.forward(g.generated[-1:], decode=True) for g in gens]
+        lengths = [g.seq.length for g in gens]
+        try:
+            return list(self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
+                                                 [g.seq.request for g in gens]))  # [B, V]
+        except BaseException:
+            for g, n in zip(gens, lengths):
+                if g.seq.length > n:
+                    g.seq.kv.truncate(n)
+            raise
 
     def placement(self) -> dict:
         """Where the expert-cache policy decides (device / host), which policy, what --placement asked, and the

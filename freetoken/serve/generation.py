@@ -33,7 +33,9 @@ class KVSequence(Protocol):
 
 
 class CachedGeneration:
-    """The Generation a backend hands the service (see service.Generation)."""
+    """The Generation a backend hands the service (see service.Generation). A sequence that follows another one of
+    the same prompt (n > 1, best_of) starts from a copy of that one's prompt KV and last logits once it has
+    prefilled, instead of prefilling again (where the sequence's KV can be sliced; else it prefills itself)."""
 
     def __init__(self, seq: KVSequence, cache: PrefixCache | None, prompt: Prompt, decoder: Decoder, max_new: int,
                  stop_token_ids: set[int], prefill_chunk: int | None = None):
@@ -44,8 +46,23 @@ class CachedGeneration:
         self.reused_tokens = 0
         self.generated: list[int] = []
         self.prompt_logprobs: list[TokenLogprob | None] | None = None  # when the decoder's params ask for them
+        self.prompt_logits: torch.Tensor | None = None  # [V] of the prompt's last position, kept for followers
+        self.leader: CachedGeneration | None = None  # the sequence whose prompt KV this one copies
         self._logits: torch.Tensor | None = None
         self._closed = False
+
+    def follow(self, leader: "CachedGeneration") -> None:
+        if getattr(self.seq, "forkable", False) and leader.prompt.tokens == self.prompt.tokens:
+            self.leader = leader
+
+    def _copy_leader(self) -> torch.Tensor | None:
+        """The leader's prompt logits after loading a copy of its prompt KV; None while it is still prefilling."""
+        leader, n = self.leader, len(self.prompt.tokens)
+        if leader.prompt_logits is None:
+            return None
+        self.seq.load([leader.seq.read(0, n)], self.prompt.tokens)
+        self.reused_tokens, self.prompt_logprobs = n, leader.prompt_logprobs
+        return leader.prompt_logits
 
     def __iter__(self):
         return self
@@ -72,11 +89,19 @@ class CachedGeneration:
         """The next token; None while the prompt is still being prefilled (one chunk per call)."""
         if self.finished:
             raise StopIteration
+        if self._logits is None and self.leader is not None:
+            logits = self._copy_leader()
+            if logits is None:
+                return None
+            self._logits = self.prompt_logits = logits
+            if not self.max_new:
+                raise StopIteration
+            return self.take(logits)
         if self._logits is None:  # prefill
             tokens = self.prompt.tokens
             if self._prefilled is None:
                 self.seq.mark(self.prompt.anchors)
-            if self.decoder.params.prompt_logprobs:  # every prompt position's logits: nothing reused
+            if self.decoder.params.prompt_logprobs is not None:  # every prompt position's logits: nothing reused
                 logits = self._prefill_with_logprobs(tokens)
             else:
                 if self._prefilled is None:
@@ -87,7 +112,7 @@ class CachedGeneration:
                 self._prefilled = end
                 if end < len(tokens):
                     return None
-            self._logits = logits
+            self._logits = self.prompt_logits = logits
             if not self.max_new:  # max_tokens 0: the prompt's logprobs only
                 raise StopIteration
             return self.take(self._logits)
@@ -104,7 +129,7 @@ class CachedGeneration:
 
     def _prefill_with_logprobs(self, tokens: list[int]) -> torch.Tensor:
         logits = self.seq.forward(tokens, all_logits=True)  # [T, V]
-        n = self.decoder.params.logprobs or 0
+        n = self.decoder.params.prompt_logprobs or 0
         self.prompt_logprobs = [None] + [top_logprobs(logits[i - 1], tokens[i], n) for i in range(1, len(tokens))]
         return logits[-1]
 

@@ -10,6 +10,7 @@ import torch
 from freetoken.engine.sampling import load_generation_defaults
 from freetoken.serve.chat import ChatTokenizer, Prompt
 from freetoken.serve.decoding import Decoder
+from freetoken.serve.engine_backend import served_context
 from freetoken.serve.generation import CachedGeneration
 from freetoken.serve.prefix_cache import PrefixCache
 
@@ -25,6 +26,7 @@ class HFSequence:
         from transformers import DynamicCache
 
         self.model = model
+        self.forkable = not _recurrent(model.config)  # KV positions can be copied; recurrent state cannot
         # hybrid models need their cache built from the config (conv + recurrent layers beside the KV ones)
         self.cache = DynamicCache(config=model.config) if _recurrent(model.config) else DynamicCache()
         self.length = 0
@@ -67,7 +69,8 @@ class HFBackend:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.chat = ChatTokenizer(tokenizer)
         self.model_id = model_id
-        self.max_context = max_context or int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.model_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.max_context = served_context(self.model_context, max_context)
         eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
         eos = eos if isinstance(eos, list) else [eos]
         self.stop_token_ids = {t for t in eos + [tokenizer.eos_token_id] if t is not None}
@@ -79,6 +82,8 @@ class HFBackend:
     def use_plan(self, plan, prefix_cache_tokens: int | None = None, **engine_options) -> None:
         """All weights stay resident here (no expert cache, engine_options unused); the plan's KV tokens bound
         the prefix cache."""
+        self.max_context = min(self.max_context, plan.kv_tokens)  # one sequence must fit the planned KV
+        self.kv_tokens = plan.kv_tokens
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if _recurrent(self.model.config):
             tokens = 0  # recurrent layers' state cannot be sliced like KV: no prefix cache (the engine backend has one)
@@ -87,9 +92,10 @@ class HFBackend:
     def prefix_cache_budget(self) -> int:
         return self.prefix_cache.budget_tokens if self.prefix_cache else 0
 
-    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int) -> CachedGeneration:
+    def generate(self, prompt: Prompt, decoder: Decoder, max_new: int,
+                 stop_token_ids: set[int] | None = None) -> CachedGeneration:
         return CachedGeneration(HFSequence(self.model), self.prefix_cache, prompt, decoder, max_new,
-                                self.stop_token_ids)
+                                self.stop_token_ids if stop_token_ids is None else stop_token_ids)
 
     def stats(self) -> dict:
         return {"backend": "hf", "placement": None,  # no expert cache: nothing decides placements

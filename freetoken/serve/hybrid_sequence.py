@@ -40,6 +40,8 @@ def snapshots(state_bytes: int, kv_bytes_per_token: int) -> Snapshots:
 
 
 class HybridSequence(EngineSequence):
+    forkable = False  # its recurrent state exists only at snapshots: a follower prefills itself
+
     def __init__(self, engine, request: int, max_tokens: int):
         super().__init__(engine, request, max_tokens)
         self.layers = engine.config.attention_layers

@@ -1,29 +1,27 @@
-"""OpenAI Chat Completions and Models: request schema, conversion to a ChatInput, responses and SSE chunks."""
+"""OpenAI Chat Completions and Models: request schema (OpenAI's fields and vLLM's), conversion to a ChatInput.
+The response and its SSE chunks: openai_output.py."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from freetoken.serve.chat import ChatInput, Params, text_of, tool_call
-from freetoken.serve.decoding import TokenLogprob
 from freetoken.serve.errors import APIError
 from freetoken.serve.fields import check_fields, forced_tool, logit_bias
+from freetoken.serve.grammar import Constraint
 from freetoken.serve.output import tool_call_schema
-from freetoken.serve.service import Delta, Done
+from freetoken.serve.vllm_fields import VLLMFields, apply_extras, check_stop, constraint_of
 
 # Known Chat Completions fields with no implementation here: a request that sets one gets a 400 naming it
 REFUSED = {"audio": "text output only", "prediction": "no speculative decoding",
            "web_search_options": "no built-in web search", "functions": "use tools", "function_call": "use tool_choice",
-           "verbosity": "not a model option here", "min_p": "top_p and top_k only",
-           "repetition_penalty": "use presence_penalty / frequency_penalty", "best_of": "n and best_of must be 1",
-           "suffix": "no fill-in-the-middle", "guided_json": "use response_format", "guided_regex": "JSON only",
-           "guided_grammar": "JSON only", "guided_choice": "JSON only", "structured_outputs": "use response_format"}
-ACCEPTED = frozenset({"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "store"})
+           "verbosity": "not a model option here", "suffix": "no fill-in-the-middle"}
+ACCEPTED = frozenset({"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "store",
+                      "request_id", "priority", "mm_processor_kwargs", "cache_salt", "kv_transfer_params"})
 MAX_TOP_LOGPROBS = 20
+MAX_N = 128
 
 
 class Lenient(BaseModel):
@@ -42,14 +40,15 @@ class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class ChatCompletionRequest(Lenient):
+class ChatCompletionRequest(Lenient, VLLMFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    n: int | None = Field(None, ge=1)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # vLLM: best_of samples, the n most likely returned
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -63,15 +62,19 @@ class ChatCompletionRequest(Lenient):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
-    top_k: int | None = Field(None, ge=0)  # vLLM's extension
     reasoning_effort: str | None = None  # passed to the chat template (gpt-oss's reads it)
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension: extra chat-template variables
     modalities: list[str] | None = None
+    # vLLM's chat extensions
+    chat_template_kwargs: dict[str, Any] | None = None  # extra chat-template variables
+    echo: bool = False  # the reply begins with the last message's text when that message is the assistant's
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    documents: list[dict[str, Any]] | None = None  # for templates that render retrieved documents (RAG)
+    chat_template: str | None = None  # only with --trust-request-chat-template
 
 
 def openai_params(max_tokens, temperature, top_p, stop, seed, **extra) -> Params:
-    stops = [stop] if isinstance(stop, str) else list(stop or [])
-    return Params(max_tokens, temperature, top_p, None, stops, seed, **extra)
+    return Params(max_tokens, temperature, top_p, None, check_stop(stop), seed, **extra)
 
 
 def openai_tools(tools: list[dict] | None, tool_choice) -> list[dict] | None:
@@ -99,6 +102,11 @@ def tool_mode(tools: list[dict] | None, choice, param: str = "tool_choice") -> t
         name = fn.get("name", choice.get("name"))
         return forced_tool(tools, name, param), "named"
     raise APIError(400, f"{param}: expected none, auto, required or a function, got {choice!r}", param)
+
+
+def schema_param(fmt: dict | None, param: str = "response_format") -> str:
+    """Where a response_format's schema sits, for errors naming a path inside it."""
+    return f"{param}.json_schema.schema" if (fmt or {}).get("type") == "json_schema" else param
 
 
 def response_schema(fmt: dict | None, param: str = "response_format") -> dict | None:
@@ -150,98 +158,54 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
-def chat_input(req: ChatCompletionRequest) -> ChatInput:
+def samples(n: int | None, best_of: int | None, stream: bool) -> tuple[int, int]:
+    """(n, best_of): best_of sequences are sampled and the n most likely (by their tokens' summed logprobs)
+    returned; best_of > n cannot stream (the best are known only at the end)."""
+    n = n or 1
+    best = best_of or n
+    if best < n:
+        raise APIError(400, f"best_of: must be >= n ({n}), got {best}", "best_of")
+    if stream and best > n:
+        raise APIError(400, "best_of: more samples than n cannot be streamed (the best are known only at the end)",
+                       "best_of")
+    return n, best
+
+
+def chat_input(req: ChatCompletionRequest, trust_template: bool = False) -> ChatInput:
     check_fields(req, REFUSED, ACCEPTED)
-    if req.n not in (None, 1):
-        raise APIError(400, f"n: only n=1 is supported, got {req.n}", "n")
     if (req.model_extra or {}).get("store"):
         raise APIError(400, "store: completions are not stored by this server", "store")
     if req.modalities not in (None, ["text"]):
         raise APIError(400, f"modalities: text only, got {req.modalities}", "modalities")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
+    if req.chat_template is not None and not trust_template:
+        raise APIError(400, "chat_template: this server renders with the model's own template (start it with "
+                            "--trust-request-chat-template to accept one)", "chat_template")
+    if req.continue_final_message and (req.add_generation_prompt or req.messages[-1].role != "assistant"):
+        raise APIError(400, "continue_final_message: needs add_generation_prompt: false and a last message of the "
+                            "assistant", "continue_final_message")
+    n, best = samples(req.n, req.best_of, req.stream)
     max_tokens = req.max_completion_tokens or req.max_tokens
     tools, mode = tool_mode(openai_tools(req.tools, req.tool_choice), req.tool_choice)
     parallel = req.parallel_tool_calls is not False
-    schema = response_schema(req.response_format)
-    if schema is not None and mode != "auto":
-        raise APIError(400, "response_format: cannot be combined with a forced tool_choice", "response_format")
+    constraint = constraint_of(req, response_schema(req.response_format), schema_param(req.response_format))
+    if constraint is not None and mode != "auto":
+        raise APIError(400, f"{constraint.param}: cannot be combined with a forced tool_choice", constraint.param)
     if mode != "auto":
-        schema = tool_call_schema(tools, mode, parallel)
+        constraint = Constraint("json", tool_call_schema(tools, mode, parallel), "tool_choice")
     params = openai_params(max_tokens, req.temperature, req.top_p, req.stop, req.seed,
                            **sampling_fields(req, (req.top_logprobs or 0) if req.logprobs else None),
-                           json_schema=schema)
-    params.top_k = req.top_k
+                           constraint=constraint, track_logprob=best > n)
+    apply_extras(req, params)
     kwargs = dict(req.chat_template_kwargs or {})
     if req.reasoning_effort is not None:
         kwargs["reasoning_effort"] = req.reasoning_effort
+    if req.documents is not None:
+        kwargs["documents"] = req.documents
     return ChatInput(chat_messages(req.messages), tools, params, mode, parallel, kwargs,
-                     schema_param="tool_choice" if mode != "auto" else "response_format")
-
-
-def logprob_json(lp: TokenLogprob, decode) -> dict:
-    """OpenAI's form of one token's logprob: token text, its UTF-8 bytes, the top alternatives."""
-    def one(token: int, value: float) -> dict:
-        text = decode([token])
-        return {"token": text, "logprob": value, "bytes": list(text.encode())}
-
-    return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
-
-
-def choice_logprobs(lps: list[TokenLogprob], decode, wanted: bool) -> dict | None:
-    return {"content": [logprob_json(lp, decode) for lp in lps]} if wanted else None
-
-
-def usage(done: Done) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
-
-
-def tool_calls_json(done: Done) -> list[dict]:
-    return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in done.tool_calls]
-
-
-class ChatCompletion:
-    """Builds the response object and the stream chunks of one completion."""
-
-    def __init__(self, model: str, decode=None, logprobs: bool = False):
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.model = model
-        self.decode, self.logprobs = decode, logprobs
-
-    def response(self, done: Done) -> dict:
-        message = {"role": "assistant", "content": done.text if (done.text or not done.tool_calls) else None}
-        if done.reasoning:
-            message["reasoning_content"] = done.reasoning
-        if done.tool_calls:
-            message["tool_calls"] = tool_calls_json(done)
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": done.finish,
-                             "logprobs": choice_logprobs(done.logprobs, self.decode, self.logprobs)}],
-                "usage": usage(done)}
-
-    def chunk(self, delta: dict, finish: str | None = None, logprobs: dict | None = None) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}]}
-
-    def chunks(self, event: Delta | Done, include_usage: bool) -> list[dict]:
-        if isinstance(event, Delta):
-            key = "reasoning_content" if event.kind == "reasoning" else "content"
-            return [self.chunk({key: event.text}, None, choice_logprobs(event.logprobs, self.decode, self.logprobs))]
-        out = []
-        if event.tool_calls:
-            out.append(self.chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(tool_calls_json(event))]}))
-        out.append(self.chunk({}, event.finish))
-        if include_usage:
-            out.append({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                        "model": self.model, "choices": [], "usage": usage(event)})
-        return out
-
-    def first_chunk(self) -> dict:
-        return self.chunk({"role": "assistant", "content": ""})
+                     add_generation_prompt=req.add_generation_prompt,
+                     continue_final_message=req.continue_final_message, chat_template=req.chat_template)
 
 
 def models_list(model_id: str, created: int) -> dict:

@@ -48,24 +48,32 @@ def forced_calls(chat: ChatInput, text: str) -> list[ToolCall]:
 
 class RequestOutput:
     def __init__(self, chat: ChatInput, chat_tokenizer, prompt_tokens: list[int], parsers: tuple[str, str],
-                 decoder: Decoder | None = None):
+                 decoder: Decoder | None = None, stops=None):
+        """stops: the request's stop strings as a StopAutomaton built off the event loop (None: built here)."""
         self.chat, self.chat_tokenizer, self.decoder = chat, chat_tokenizer, decoder
         self.reasoning_tokens = 0
         self.forced = bool(chat.tools) and chat.tool_choice != "auto"
         tool_parser, reasoning = parsers
-        if self.forced or chat.params.json_schema is not None:  # the grammar writes JSON from the first token
+        if self.forced or chat.params.constraint is not None:  # the grammar writes the output from its first token
             self.parser = OutputParser(None, think=False)
         else:
             tail = chat_tokenizer.decode_special(prompt_tokens[-16:]) if reasoning == "think" else ""
             thinking_open = tail.rfind(THINK_OPEN) > tail.rfind(THINK_CLOSE)
             self.parser = output_parser(tool_parser, reasoning, bool(chat.tools), thinking_open)
-        decode = chat_tokenizer.decode_special if self.parser.keep_special else chat_tokenizer.decode
-        self.stream = TextStream(decode, chat.params.stop)
+        p = chat.params
+        special = self.parser.keep_special or not p.skip_special_tokens
+        decode = chat_tokenizer.decode_special if special else chat_tokenizer.decode
+        self.stream = TextStream(decode, p.stop if stops is None else stops, include_stop=p.include_stop_str_in_output,
+                                 armed=not p.min_tokens)
+        self.tokens = 0
         self.logprobs: list[TokenLogprob] = []
         self._pending: list[TokenLogprob] = []
         self.calls: list[ToolCall] = []
 
     def push(self, token: int, logprob: TokenLogprob | None) -> list[Delta]:
+        self.tokens += 1
+        if self.tokens > self.chat.params.min_tokens:
+            self.stream.arm()  # stop strings count in the text after the first min_tokens tokens
         if logprob is not None:
             self.logprobs.append(logprob)
             self._pending.append(logprob)

@@ -12,15 +12,17 @@ from pydantic import Field
 from freetoken.serve.chat import ChatInput, text_of, tool_call
 from freetoken.serve.errors import APIError
 from freetoken.serve.fields import check_fields
+from freetoken.serve.grammar import Constraint
 from freetoken.serve.openai_api import ACCEPTED, Lenient, openai_params, openai_tools, response_schema, tool_mode
 from freetoken.serve.output import tool_call_schema
+from freetoken.serve.service import Delta, Done
 
 REFUSED = {"previous_response_id": "no stored responses; send the whole input", "conversation": "no stored state",
            "background": "no background mode", "prompt": "no stored prompts", "max_tool_calls": "no tool loop here",
            "top_logprobs": "use /v1/chat/completions for logprobs", "audio": "text only"}
-# include: extra output to echo (encrypted reasoning, ...); nothing here to include, accepted as such
-RESPONSES_ACCEPTED = ACCEPTED | {"include", "truncation"}
-from freetoken.serve.service import Delta, Done
+# include: extra output to echo (encrypted reasoning, ...); nothing here to include, accepted as such;
+# client_metadata: Codex's turn ids, no effect on the output
+RESPONSES_ACCEPTED = ACCEPTED | {"include", "truncation", "client_metadata"}
 
 
 class ResponsesRequest(Lenient):
@@ -37,6 +39,8 @@ class ResponsesRequest(Lenient):
     stop: str | list[str] | None = None
     text: dict[str, Any] | None = None  # {"format": {"type": "json_schema", "schema": ...}}
     reasoning: dict[str, Any] | None = None  # {"effort": ...}: passed to the chat template as reasoning_effort
+    seed: int | None = None
+    top_k: int | None = Field(None, ge=0)  # vLLM's extension
 
 
 def _messages(req: ResponsesRequest) -> list[dict]:
@@ -57,7 +61,10 @@ def _messages(req: ResponsesRequest) -> list[dict]:
                 raise APIError(400, str(e), f"input.{i}.content")
             out.append({"role": "system" if role == "developer" else role, "content": content})
         elif kind == "function_call":
-            call = tool_call(item.get("name", ""), item.get("arguments", "{}"), item.get("call_id"))
+            name = item.get("name", "")
+            if item.get("namespace"):
+                name = f"{item['namespace']}{NAMESPACE_SEP}{name}"
+            call = tool_call(name, item.get("arguments", "{}"), item.get("call_id"))
             if out and out[-1]["role"] == "assistant":
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -73,17 +80,46 @@ def _messages(req: ResponsesRequest) -> list[dict]:
     return out
 
 
+NAMESPACE_SEP = "."  # a namespace's function f of namespace ns is shown to the model as ns.f
+
+
+def _function(t: dict, where: str, namespace: str | None = None, note: str = "") -> dict:
+    if t.get("type") != "function" or not isinstance(t.get("name"), str):
+        kind = t.get("type")
+        raise APIError(400, f"{where}: a {kind!r} tool cannot run on this server (function tools only)", where)
+    name = t["name"] if namespace is None else f"{namespace}{NAMESPACE_SEP}{t['name']}"
+    fn = {"name": name, **{k: t[k] for k in ("description", "parameters") if k in t}}
+    if note:
+        fn["description"] = f"{note}\n{fn.get('description', '')}".strip()
+    return {"type": "function", "function": fn}
+
+
 def _tools(req: ResponsesRequest) -> list[dict] | None:
-    """Responses tools are flat ({type, name, parameters}); the chat templates take the nested chat form."""
+    """Responses tools are flat ({type, name, parameters}); the chat templates take the nested chat form. A
+    namespace's functions are listed as ns.f; a built-in tool (web_search, file_search, ...) cannot run here and is
+    a 400 naming it."""
     if not req.tools:
         return None
     nested = []
     for i, t in enumerate(req.tools):
-        if t.get("type") != "function":
-            continue  # built-in tools (web search, ...) do not exist here
-        fn = {k: t[k] for k in ("name", "description", "parameters") if k in t}
-        nested.append({"type": "function", "function": fn})
+        where = f"tools[{i}]"
+        if t.get("type") == "namespace":
+            ns = t.get("name")
+            if not isinstance(ns, str) or not ns or not isinstance(t.get("tools"), list):
+                raise APIError(400, f"{where}: a namespace tool needs a name and a list of tools", where)
+            nested += [_function(f, f"{where}.tools[{j}]", ns, t.get("description", ""))
+                       for j, f in enumerate(t["tools"])]
+        else:
+            nested.append(_function(t, where))
     return openai_tools(nested, req.tool_choice)
+
+
+def namespaced(name: str, req: ResponsesRequest) -> tuple[str, str | None]:
+    """A called tool's (name, namespace) as the request listed it."""
+    ns, _, inner = name.partition(NAMESPACE_SEP)
+    if inner and any(t.get("type") == "namespace" and t.get("name") == ns for t in req.tools or []):
+        return inner, ns
+    return name, None
 
 
 def responses_input(req: ResponsesRequest) -> ChatInput:
@@ -98,12 +134,14 @@ def responses_input(req: ResponsesRequest) -> ChatInput:
     schema = response_schema({"type": fmt.get("type"), "json_schema": fmt} if fmt else None, "text.format")
     if schema is not None and mode != "auto":
         raise APIError(400, "text.format: cannot be combined with a forced tool_choice", "text.format")
+    constraint = None if schema is None else Constraint("json", schema, "text.format.schema")
     if mode != "auto":
-        schema = tool_call_schema(tools, mode, parallel)
+        constraint = Constraint("json", tool_call_schema(tools, mode, parallel), "tool_choice")
     kwargs = {"reasoning_effort": req.reasoning["effort"]} if (req.reasoning or {}).get("effort") else {}
-    params = openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, None, json_schema=schema)
-    return ChatInput(_messages(req), tools, params, mode, parallel, kwargs,
-                     schema_param="tool_choice" if mode != "auto" else "text.format")
+    params = openai_params(req.max_output_tokens, req.temperature, req.top_p, req.stop, req.seed,
+                           constraint=constraint)
+    params.top_k = req.top_k
+    return ChatInput(_messages(req), tools, params, mode, parallel, kwargs)
 
 
 class ResponseBuilder:
@@ -151,8 +189,13 @@ class ResponseBuilder:
             items.insert(len(items) if streamed else 0, {
                 "type": "reasoning", "id": f"rs_{self.msg_id[4:]}", "summary": [],
                 "content": [{"type": "reasoning_text", "text": done.reasoning}]})
-        return items + [{"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name,
-                         "arguments": c.arguments, "status": "completed"} for c in done.tool_calls]
+        return items + [{**self._call(c), "arguments": c.arguments, "status": "completed"} for c in done.tool_calls]
+
+    def _call(self, c) -> dict:
+        """A function_call item's identity: its name, and its namespace when the function came from one."""
+        name, ns = namespaced(c.name, self.req)
+        return {"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": name,
+                **({"namespace": ns} if ns else {})}
 
     # stream
     def start_events(self) -> list[dict]:
@@ -177,13 +220,12 @@ class ResponseBuilder:
                            part=part),
                self._event("response.output_item.done", output_index=0, item=self._message(event.text, "completed"))]
         for i, c in enumerate(event.tool_calls, start=1):
-            item = {"type": "function_call", "id": f"fc_{c.id}", "call_id": c.id, "name": c.name, "arguments": "",
-                    "status": "in_progress"}
+            item = {**self._call(c), "arguments": "", "status": "in_progress"}
             out += [self._event("response.output_item.added", output_index=i, item=item),
                     self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
                                 delta=c.arguments),
                     self._event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
-                                name=c.name, arguments=c.arguments),
+                                name=item["name"], arguments=c.arguments),
                     self._event("response.output_item.done", output_index=i,
                                 item={**item, "arguments": c.arguments, "status": "completed"})]
         final = self.response(event, streamed=True)

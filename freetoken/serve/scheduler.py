@@ -1,8 +1,12 @@
 """Continuous batching: one engine thread runs every admitted sequence. Each iteration it ends the finished or
-cancelled ones (closing them caches their KV, then frees their request's slot), runs one prefill chunk of each new
-one (the engine's own chunk size, so the numbers equal a solo run's), then one decode step for all the others
-together (one batched forward where the backend has decode_batch, so a MoE layer call is the union of their
-experts), and hands each sampled token to its request's queue."""
+cancelled ones (closing them caches their KV, then tells their request), runs one prefill chunk of each new one
+(the engine's own chunk size, so the numbers equal a solo run's), then one decode step for all the others together
+(one batched forward where the backend has decode_logits, so a MoE layer call is the union of their experts), and
+hands each sampled token to its request.
+
+Faults stay with their sequence: sampling (grammar, NaN logits, a request's own limits) runs per sequence after the
+shared forward, so a sequence that fails there fails alone; a batched forward that fails is undone (the backend
+cuts every KV back) and its sequences are stepped one at a time, so only the one that fails on its own fails."""
 
 from __future__ import annotations
 
@@ -22,22 +26,23 @@ class Job:
     emit: Callable[[object], None]  # hands (token, logprob), an exception or END to the request (thread-safe)
     logprob: Callable[[], object]  # the logprob record of the token just sampled (None unless asked for)
     cancel: threading.Event  # set by the request: stop generating
-    release: Callable[[], None]  # frees the request's slot (thread-safe)
+    release: Callable[[], None]  # called once the sequence has ended (thread-safe)
     done: bool = False  # failed or exhausted
 
 
 class Scheduler:
     def __init__(self, backend, observe_batch: Callable[[int], None]):
         self.backend, self.observe_batch = backend, observe_batch
-        self.batched = hasattr(backend, "decode_batch")
+        self.batched = hasattr(backend, "decode_logits")
         self._cv = threading.Condition()
         self._new: list[Job] = []
+        self.active: list[Job] = []  # the engine thread's; others only read it (the KV-usage gauge)
         self._stop = False
         self._thread = threading.Thread(target=self._loop, daemon=True, name="ft-engine")
         self._thread.start()
 
     def submit(self, *jobs: Job) -> None:
-        """Jobs given together are admitted in the same iteration."""
+        """Jobs given together are admitted in the same iteration, in order (a follower after its leader)."""
         with self._cv:
             self._new.extend(jobs)
             self._cv.notify()
@@ -49,7 +54,7 @@ class Scheduler:
         self._thread.join(timeout)
 
     def _loop(self) -> None:
-        active: list[Job] = []
+        active = self.active
         while True:
             with self._cv:
                 while not self._new and not active and not self._stop:
@@ -62,40 +67,52 @@ class Scheduler:
                 active.remove(job)
                 self._end(job)
             for job in [j for j in active if not j.gen.started]:  # a prefill chunk each, between decode steps
-                self._step([job], lambda job=job: [next(job.gen)])
+                self._solo(job)
             ready = [j for j in active if j.gen.started and not j.done and not j.cancel.is_set()
                      and not j.gen.finished]
             if len(ready) > 1 and self.batched:
-                self.observe_batch(len(ready))
-                self._step(ready, lambda: self.backend.decode_batch([j.gen for j in ready]))
+                self._batch(ready)
             else:
                 for job in ready:
                     self.observe_batch(1)
-                    self._step([job], lambda job=job: [next(job.gen)])
+                    self._solo(job)
+
+    def _batch(self, jobs: list[Job]) -> None:
+        try:
+            rows = self.backend.decode_logits([j.gen for j in jobs])
+        except Exception:
+            log.exception("batched decode step failed; stepping its %d sequences one at a time", len(jobs))
+            for job in jobs:
+                self.observe_batch(1)
+                self._solo(job)
+            return
+        self.observe_batch(len(jobs))
+        for job, row in zip(jobs, rows):
+            self._run(job, lambda job=job, row=row: job.gen.take(row))
+
+    def _solo(self, job: Job) -> None:
+        self._run(job, lambda: next(job.gen))
 
     @staticmethod
-    def _step(jobs: list[Job], run: Callable[[], list[int]]) -> None:
+    def _run(job: Job, step: Callable[[], int | None]) -> None:
+        """One step of one sequence; what goes wrong goes to its request alone."""
         try:
-            tokens = run()
-        except StopIteration:  # e.g. max_tokens 0: the prefill was all
-            for job in jobs:
-                job.done = True
-            return
-        except BaseException as e:  # surfaced to each request, never lost in the thread
-            log.exception("engine step failed")
-            for job in jobs:
-                job.emit(e)
-                job.done = True
-            return
-        for job, token in zip(jobs, tokens):
+            token = step()
             if token is not None:  # None: a prefill chunk, no token yet
                 job.emit((token, job.logprob()))
+        except StopIteration:  # e.g. max_tokens 0: the prefill was all
+            job.done = True
+        except Exception as e:  # surfaced to its request, never lost in the thread
+            if getattr(e, "status", 500) >= 500:
+                log.exception("sequence failed")
+            job.emit(e)
+            job.done = True
 
     @staticmethod
     def _end(job: Job) -> None:
         try:
             job.gen.close()
-        except BaseException as e:
+        except Exception as e:
             job.emit(e)
         job.emit(END)
         job.release()

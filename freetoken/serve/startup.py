@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from freetoken.serve.config import DEMO_MODEL_ID, ServeConfig
+from freetoken.serve.redact import hide_home
 from freetoken.placement.memory import GiB, MemoryPlan, ModelMemory, plan_memory
 
 
@@ -63,13 +64,23 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
         backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split,
                          options=cfg.policy_options, profile=cfg.profile, capacity=cfg.capacity,
                          fraction=cfg.fraction, placement=cfg.placement, eager=cfg.eager)
-    log(f"model {model_id!r} from {model_dir} ({cfg.backend} backend), context {backend.max_context} tokens, "
-        f"prefix cache {backend.prefix_cache_budget()} tokens")
+    log(f"model {model_id!r} from {hide_home(str(model_dir))} ({cfg.backend} backend), prefix cache "
+        f"{backend.prefix_cache_budget()} tokens")
+    log(context_line(backend.max_context, backend.model_context, cfg.max_context, plan.kv_tokens))
     if getattr(backend, "cache_note", ""):
         log(f"expert cache: {backend.cache_note}; split {backend.split_reason}")
         log(backend.engine.cache.placement_line)  # where the policy decides, as ft generate says it
         log(backend.engine.decode_line)
     return backend, plan
+
+
+def context_line(served: int, model: int, asked: int | None, kv_tokens: int) -> str:
+    """What the server serves and what set it: the model's own, --max-context, or the memory plan's KV tokens."""
+    if served == model:
+        return f"context {served} tokens (the model's own)"
+    why = "--max-context" if asked is not None and served == asked else \
+        f"the memory plan's KV cache of {kv_tokens} tokens (raise --device-budget or --kv-floor)"
+    return f"context {served} tokens (the model's is {model}; limited by {why})"
 
 
 def build_service(backend, cfg: ServeConfig):

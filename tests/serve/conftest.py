@@ -160,3 +160,32 @@ def greedy():
         return memo[text, max_tokens]
 
     return run
+
+
+@pytest.fixture(scope="session")
+def engine_steps():
+    """steps(text | ids, n, shape, stops) -> (token ids, per-step log-softmax [V]) of greedy decoding of the demo
+    model on the engine itself (not through a server), the text as one chat turn or the ids as given, with
+    shape(logits, earlier ids) applied before each argmax; it stops after a token in stops."""
+    import torch
+
+    from freetoken.models.tokenizer import chat_prompt
+    from freetoken.paths import DEMO_MODEL
+
+    engine = reference_engine(DEMO_MODEL, device="cpu")
+
+    def steps(text, n: int, shape=lambda logits, ids: logits, stops=()):
+        ids = chat_prompt(engine.tokenizer, text) if isinstance(text, str) else list(text)
+        kv = engine.new_kv()
+        logits = engine.prefill(ids, kv)[-1].float()
+        out, logprobs = [], []
+        for _ in range(n):
+            logprobs.append(torch.log_softmax(logits, -1))
+            out.append(int(torch.argmax(shape(logits.clone(), out))))
+            if out[-1] in stops:
+                break
+            logits = engine.decode(out[-1], kv)[-1].float()
+        return out, logprobs
+
+    steps.engine = engine
+    return steps

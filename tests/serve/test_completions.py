@@ -50,8 +50,8 @@ def test_generated_logprobs_and_refusals(tiny_client, tiny_model_id, tiny_served
     assert len(lp.tokens) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")  # no stop token
     assert "".join(lp.tokens) == r.choices[0].text
     assert all(v == pytest.approx(max(top.values())) for v, top in zip(lp.token_logprobs, lp.top_logprobs))
-    for kw, param in (({"suffix": "x"}, "suffix"), ({"prompt": ["a", "b"]}, "prompt"),
+    for kw, param in (({"suffix": "x"}, "suffix"), ({"extra_body": {"use_beam_search": True}}, "use_beam_search"),
                       ({"max_tokens": 0}, "max_tokens"), ({"prompt": [10**9]}, "prompt")):
         with pytest.raises(openai.BadRequestError) as e:
             tiny_client.completions.create(**{"model": tiny_model_id, "prompt": TEXT, "max_tokens": 2, **kw})
-        assert e.value.body["param"] == param
+        assert e.value.body["param"] == param, e.value.body

@@ -21,7 +21,7 @@ def openai_cases(model):
         ({"model": model}, 400, "messages"),
         ({"model": model, "messages": msgs, "temperature": "hot"}, 400, "temperature"),
         ({"model": model, "messages": msgs, "top_p": 0}, 400, "top_p"),
-        ({"model": model, "messages": msgs, "n": 2}, 400, "n"),
+        ({"model": model, "messages": msgs, "n": 129}, 400, "n"),
         ({"model": model, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role"),
         ({"model": model, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
          "messages.0.content"),
@@ -38,7 +38,7 @@ def anthropic_cases(model):
         ({"model": "no-such-model", "max_tokens": 4, "messages": msgs}, 404, "not_found_error"),
         ({"model": model, "max_tokens": -1, "messages": msgs}, 400, "invalid_request_error"),
         ({"model": model, "messages": msgs}, 400, "invalid_request_error"),  # max_tokens is required
-        ({"model": model, "max_tokens": 4, "messages": [{"role": "system", "content": "hi"}]}, 400,
+        ({"model": model, "max_tokens": 4, "messages": [{"role": "tool", "content": "hi"}]}, 400,
          "invalid_request_error"),
         ({"model": model, "max_tokens": 4, "messages": msgs, "temperature": 3}, 400, "invalid_request_error"),
         ({"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": LONG}], "stream": True}, 400,

@@ -106,8 +106,9 @@ def test_api_key_in_both_apis(keyed):
         anthropic_client(url, api_key="wrong").messages.create(
             model=model, max_tokens=2, messages=msgs)
     assert e.value.status_code == 401 and e.value.body["error"]["type"] == "authentication_error"
-    assert httpx.get(url + "/health", timeout=TIMEOUT).status_code == 200  # open without a key
-    assert httpx.get(url + "/metrics", timeout=TIMEOUT).status_code == 401
+    for path in ("/health", "/metrics", "/version"):  # vLLM's rule: the key guards /v1/... only
+        assert httpx.get(url + path, timeout=TIMEOUT).status_code == 200
+    assert httpx.head(url + "/health", timeout=TIMEOUT).status_code == 200
     ok = openai_client(url, api_key=KEY)
     assert ok.chat.completions.create(model=model, messages=msgs, max_tokens=2).usage.completion_tokens >= 1
     m = anthropic_client(url, api_key=KEY).messages.create(

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import torch
 
-from conftest import TIMEOUT, anthropic_client, openai_client, reference_engine
+from conftest import TIMEOUT, anthropic_client, openai_client
 
 PROMPT = "hello there"
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
@@ -37,29 +37,6 @@ def client(served):
 @pytest.fixture(scope="module")
 def aclient(served):
     return anthropic_client(served[0])
-
-
-@pytest.fixture(scope="module")
-def engine_steps(served):
-    """steps(text, n, shape) -> (token ids, per-step log-softmax [V]) of greedy decoding on the engine itself (not
-    through the server), with shape(logits, earlier ids) applied before each argmax."""
-    from freetoken.models.tokenizer import chat_prompt
-    from freetoken.paths import DEMO_MODEL
-
-    engine = reference_engine(DEMO_MODEL, device="cpu")
-
-    def steps(text: str, n: int, shape=lambda logits, ids: logits):
-        ids = chat_prompt(engine.tokenizer, text)
-        kv = engine.new_kv()
-        logits = engine.prefill(ids, kv)[-1].float()
-        out, logprobs = [], []
-        for _ in range(n):
-            logprobs.append(torch.log_softmax(logits, -1))
-            out.append(int(torch.argmax(shape(logits.clone(), out))))
-            logits = engine.decode(out[-1], kv)[-1].float()
-        return out, logprobs
-
-    return steps
 
 
 def chat(client, model_id, text=PROMPT, **kw):
@@ -163,7 +140,9 @@ def test_anthropic_output_format_validates(aclient, model_id):
 def openai_refusals(model):
     base = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     return [({**base, "audio": {"voice": "x"}}, "audio"), ({**base, "prediction": {"type": "content"}}, "prediction"),
-            ({**base, "web_search_options": {}}, "web_search_options"), ({**base, "min_p": 0.1}, "min_p"),
+            ({**base, "web_search_options": {}}, "web_search_options"),
+            ({**base, "use_beam_search": True}, "use_beam_search"),
+            ({**base, "logits_processors": ["x"]}, "logits_processors"),
             ({**base, "functions": [{"name": "f"}]}, "functions"), ({**base, "store": True}, "store"),
             ({**base, "modalities": ["audio"]}, "modalities"), ({**base, "top_logprobs": 2}, "top_logprobs"),
             ({**base, "logit_bias": {"999999": 5}}, "logit_bias"), ({**base, "tool_choice": "required"}, "tool_choice"),

@@ -41,12 +41,13 @@ class ReplayBackend:
         from freetoken.models.generation_config import GenerationDefaults
 
         self.model_id, self.max_context = "replay", 1024
+        self.model_context = self.max_context
         self.chat = ChatTokenizer(tokenizer)
         self.stop_token_ids = {tokenizer.eos_token_id}
         self.ids = tokenizer.encode(answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         self.family, self.vocab_size, self.generation_defaults = "qwen3_moe", len(tokenizer), GenerationDefaults()
 
-    def generate(self, prompt, decoder, max_new):
+    def generate(self, prompt, decoder, max_new, stop_token_ids=None):
         return Replay(self.ids[:max_new])
 
     def stats(self):
@@ -159,3 +160,16 @@ def test_reasoning_reaches_each_api_in_its_own_field(think_replay):
             ("thinking", "look in /tmp"), ("text", "It is empty.")]
     m = a.messages.create(**akw)  # thinking not enabled: no thinking block
     assert [(b.type, b.text) for b in m.content] == [("text", "It is empty.")]
+
+
+def test_thinking_adaptive_and_display_omitted(think_replay):
+    """Claude Code sends thinking {"type": "adaptive"}: reasoning on, no budget; display "omitted" keeps the block
+    but not its text."""
+    a = anthropic_client(think_replay)
+    akw = dict(model="replay", max_tokens=200, messages=[{"role": "user", "content": "ls"}])
+    for spec, shown in (({"type": "adaptive"}, "look in /tmp"), ({"type": "adaptive", "display": "omitted"}, ""),
+                        ({"type": "enabled", "budget_tokens": 100, "display": "omitted"}, "")):
+        for m in (a.messages.create(**akw, thinking=spec), a.messages.stream(**akw, thinking=spec).__enter__()
+                  .get_final_message()):
+            assert [(b.type, b.thinking if b.type == "thinking" else b.text) for b in m.content] == [
+                ("thinking", shown), ("text", "It is empty.")]
