@@ -131,15 +131,16 @@ def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     T, K = ids.shape
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     take = None if take is None else take.contiguous()
-    out = torch.empty((T, m.down.rows), dtype=torch.float32) if out is None else out
     rounded = torch.empty((T, m.down.rows), dtype=x.dtype) if cast else None
+    if out is None and not cast:
+        out = torch.empty((T, m.down.rows), dtype=torch.float32)
     args = m.args
     if args is None:
         args = m.args = MoEArgs(ctypes.pointer(m.gate), ctypes.pointer(m.up), ctypes.pointer(m.down),
                                 ptr(m.b_gate_up), ptr(m.b_down), GLU_KINDS[m.glu], m.alpha, m.limit, E=m.experts)
     args.x, args.x_kind, args.T, args.ids, args.weights, args.K = (x.data_ptr(), act_kind(x.dtype), T, ids.data_ptr(),
                                                                   weights.data_ptr(), K)
-    args.take, args.out, args.threads, args.generic = ptr(take), out.data_ptr(), threads(), int(generic)
+    args.take, args.out, args.threads, args.generic = ptr(take), ptr(out), threads(), int(generic)
     args.act8 = _ACT8[0]
     args.out_cast, args.out_kind = ptr(rounded), args.x_kind
     check(lib.ft_moe(ctypes.byref(args)), "moe")

@@ -194,7 +194,7 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
 
     view = TensorView(reader.where, reader.raw)
     try:
-        dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_ATTENTION.match)
+        dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_KEPT_PACKED.match)
         experts = [read_experts(view, family, cfg, layer, fmt, pin) for layer in cfg.moe_layers]
         biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
@@ -203,9 +203,10 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
     return Checkpoint(path, family, cfg, dense, experts, fmt, biases)
 
 
-# attention projections stay packed when quantized (GPTQ and FP8 checkpoints quantize them): the host kernels read
-# them as stored; the engine dequantizes them itself where its kernels cannot (engine/model.py)
-_ATTENTION = re.compile(r"model\.layers\.\d+\.self_attn\.[qkvo]_proj\.weight$")
+# attention projections and the LM head stay packed when quantized (GPTQ and FP8 checkpoints quantize attention, some
+# the LM head too): the host kernels read them as stored; the engine dequantizes them where its kernels cannot
+# (engine/model.py)
+_KEPT_PACKED = re.compile(r"(model\.layers\.\d+\.self_attn\.[qkvo]_proj|lm_head)\.weight$")
 
 
 def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -56,7 +56,7 @@ typedef struct {
     const void *x; int32_t x_kind, T;        /* [T, D_in] activations (F32 / BF16 / F16) */
     const int32_t *ids; const float *weights; int32_t K; /* [T, K] routing */
     const uint8_t *take; int32_t E;          /* [E]: 1 = this call computes the expert; NULL: every expert */
-    float *out;                              /* [T, D] fp32, overwritten */
+    float *out;                              /* [T, D] fp32, overwritten (NULL: out_cast only) */
     void *out_cast; int32_t out_kind;        /* optional: out rounded to the activation dtype, [T, D] */
     int32_t threads, generic;                /* generic: portable path only */
     int32_t act8;                            /* int4 weights: int8 activations (path A8) where the CPU has VNNI */

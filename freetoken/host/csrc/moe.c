@@ -67,7 +67,8 @@ int ft_moe(const ft_moe_args *a) {
     if (ft_rows_scratch_floats(U) > rs) rs = ft_rows_scratch_floats(U);
     if (ft_rows_scratch_floats(W2) > rs) rs = ft_rows_scratch_floats(W2);
     const size_t per_thread = (size_t)(rs + 3 * (size_t)FT_ROW_BLOCK * T + (size_t)T + 64) * 4;
-    need += (size_t)P * 8 + acts_g + acts_u + acts_d + (size_t)P * I * 4 + (size_t)P * I * 2 + (size_t)nt * per_thread;
+    need += (size_t)P * 8 + acts_g + acts_u + acts_d + (size_t)P * I * 4 + (size_t)P * I * 2 + (size_t)nt * per_thread +
+            (a->out ? 0 : (size_t)T * D * 4);
     ar = ft_arena_reset(need);
     if (!ar) return FT_ENOMEM;
     start = ft_arena_take(ar, (size_t)(E + 1) * 4);
@@ -94,6 +95,7 @@ int ft_moe(const ft_moe_args *a) {
     float *h = ft_arena_take(ar, (size_t)P * I * 4);
     uint16_t *hb = ft_arena_take(ar, (size_t)P * I * 2);
     uint8_t *thread_mem = ft_arena_take(ar, per_thread * nt);
+    float *out = a->out ? a->out : ft_arena_take(ar, (size_t)T * D * 4); /* only the rounded result wanted */
     ft_acts ag, au, ad;
     const int D2 = 2 * I;
 
@@ -148,7 +150,7 @@ int ft_moe(const ft_moe_args *a) {
 #pragma omp barrier
         /* down rows [lo, hi) of every taken expert, weighted into out */
         slice(D, tid, nth, &lo, &hi);
-        for (int t = 0; t < T; t++) memset(a->out + (int64_t)t * D + lo, 0, (size_t)(hi - lo) * 4);
+        for (int t = 0; t < T; t++) memset(out + (int64_t)t * D + lo, 0, (size_t)(hi - lo) * 4);
         for (int e = 0; e < E; e++) {
             int n = start[e + 1] - start[e];
             if (!n) continue;
@@ -163,7 +165,7 @@ int ft_moe(const ft_moe_args *a) {
                 for (int i = 0; i < n; i++) {
                     const int64_t p = start[e] + i;
                     const float wt = a->weights[(int64_t)pair_tok[p] * K + pair_k[p]];
-                    float *o = a->out + (int64_t)pair_tok[p] * D;
+                    float *o = out + (int64_t)pair_tok[p] * D;
                     for (int64_t r = r0; r < r1; r++) o[r] += wt * (yv[(r - r0) * n + i] + (bd ? bd[r] : 0.0f));
                 }
             }
@@ -171,7 +173,7 @@ int ft_moe(const ft_moe_args *a) {
         if (a->out_cast) /* each thread rounds its own rows */
             for (int t = 0; t < T; t++)
                 for (int64_t r = lo; r < hi; r++) {
-                    const float v = a->out[(int64_t)t * D + r];
+                    const float v = out[(int64_t)t * D + r];
                     if (a->out_kind == FT_BF16) ((uint16_t *)a->out_cast)[(int64_t)t * D + r] = ft_f32_to_bf16(v);
                     else if (a->out_kind == FT_F16) ((uint16_t *)a->out_cast)[(int64_t)t * D + r] = ft_f32_to_f16(v);
                     else ((float *)a->out_cast)[(int64_t)t * D + r] = v;
