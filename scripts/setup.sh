@@ -9,4 +9,6 @@ if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then pip install -q "torch>=2.4"; else pip install -q torch==2.13.0; fi
 fi
 pip install -q -e ".[dev]"
+# the host kernels built now for this CPU (a few seconds), not on the first run (torch if no C compiler: said there)
+python -c "from freetoken.host import kernels; kernels.library()" || true
 echo "freetoken installed in $(pwd)/.venv"

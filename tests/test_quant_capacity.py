@@ -110,7 +110,12 @@ def test_sim_and_engine_agree_on_capacity(name, tmp_path):
     assert (policy_capacity(sim_plan, card), cache_rows(sim_plan, card.num_experts)[1]) == (pool.capacity,
                                                                                              pool.staging) \
         and pool.staging == E
-    assert pool.nbytes == plan.expert_bytes == plan.expert_slots * card.expert_bytes()
+    # the CPU engine's pool aliases the store (no rows); a pool of the planned rows holds exactly the planned bytes
+    from freetoken.engine.slots import SlotPool
+
+    real = SlotPool(pool.capacity, pool.staging, store, "cpu")
+    assert pool.alias and pool.nbytes == 0
+    assert real.nbytes == plan.expert_bytes == plan.expert_slots * card.expert_bytes()
 
 
 def test_gptq_expert_bytes_by_hand(tmp_path):

@@ -90,6 +90,17 @@ def build_engine(args: argparse.Namespace, tokenizer=None):
                                   placement=args.placement, eager=args.eager, threads=args.threads)
 
 
+def host_line(kernels: str, threads: int) -> str | None:
+    """Which host path a CPU run takes: this CPU's C kernels, the portable ones, or torch (and why)."""
+    if kernels != "host":
+        return None
+    from freetoken.host import kernels as hk
+
+    if not hk.available():
+        return f"torch: {hk.unavailable_reason()}"
+    return f"C {'AVX512-BF16' if hk.path_a() else 'portable'}, {threads} thread{'s' if threads > 1 else ''}"
+
+
 def draft_config(args: argparse.Namespace):
     """The --draft flags as a DraftConfig (None without --draft); a draft flag without --draft is an error."""
     from freetoken.engine.draft import DraftConfig
@@ -184,8 +195,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(note + "\n")
     if Path(args.model).resolve() == DEMO_MODEL.resolve():
         sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
-    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}; "
-                     f"KV cache: {args.kv_dtype}\n")
+    host = host_line(args.kernels, engine.threads)
+    sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}"
+                     f"{f' ({host})' if host else ''}; KV cache: {args.kv_dtype}\n")
     sys.stderr.write(engine.cache.placement_line + "\n" + engine.decode_line + "\n")
     out: list[int] = []
     shown = ""
@@ -214,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
                     "kv_dtype": args.kv_dtype, "device": str(engine.device), "experts": store.format,
+                    "host_kernels": host, "threads": engine.threads,
                     "trace": args.record_trace, **signals})
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")

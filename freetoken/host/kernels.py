@@ -24,17 +24,6 @@ from freetoken.host.native import (AttnArgs, LinearArgs, Matrix, MoEArgs, StepAr
 from freetoken.quant.packed import PackedWeight
 
 _THREADS = [0]
-_ACT8 = [False]
-
-
-def set_int8_activations(on: bool) -> None:
-    """int4 experts and projections against int8 activations (per 32-column block, VNNI dot products: llama.cpp's
-    way with its 4-bit types) instead of bf16 ones; only where activations are bf16 and the CPU has VNNI."""
-    _ACT8[0] = bool(on)
-
-
-def int8_activations() -> bool:
-    return _ACT8[0]
 
 
 def physical_cores(cpuinfo: str | None = None) -> int:
@@ -141,7 +130,6 @@ def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     args.x, args.x_kind, args.T, args.ids, args.weights, args.K = (x.data_ptr(), act_kind(x.dtype), T, ids.data_ptr(),
                                                                   weights.data_ptr(), K)
     args.take, args.out, args.threads, args.generic = ptr(take), ptr(out), threads(), int(generic)
-    args.act8 = _ACT8[0]
     args.out_cast, args.out_kind = ptr(rounded), args.x_kind
     check(lib.ft_moe(ctypes.byref(args)), "moe")
     return out if rounded is None else rounded
@@ -205,7 +193,6 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
     args.x, args.x_kind, args.T, args.x_stride = x.data_ptr(), kind, T, x.stride(0)
     args.out, args.out_kind, args.out_stride, args.threads, args.generic = (out.data_ptr(), kind, out.shape[1],
                                                                             threads(), int(generic))
-    args.act8 = _ACT8[0]
     check(lib.ft_linear(ctypes.byref(args)), "linear")
     return out
 

@@ -35,13 +35,13 @@ class MoEArgs(ctypes.Structure):
                 ("b_gate_up", _p), ("b_down", _p), ("glu", _i32), ("alpha", _f32), ("limit", _f32),
                 ("x", _p), ("x_kind", _i32), ("T", _i32), ("ids", _p), ("weights", _p), ("K", _i32),
                 ("take", _p), ("E", _i32), ("out", _p), ("out_cast", _p), ("out_kind", _i32), ("threads", _i32),
-                ("generic", _i32), ("act8", _i32)]
+                ("generic", _i32)]
 
 
 class LinearArgs(ctypes.Structure):
     _fields_ = [("w", ctypes.POINTER(Matrix)), ("bias", _p), ("x", _p), ("x_kind", _i32), ("T", _i32),
                 ("x_stride", _i64), ("out", _p), ("out_kind", _i32), ("out_stride", _i64), ("threads", _i32),
-                ("generic", _i32), ("act8", _i32)]
+                ("generic", _i32)]
 
 
 class AttnArgs(ctypes.Structure):

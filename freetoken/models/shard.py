@@ -21,6 +21,8 @@ DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
     "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64,
 }
+if hasattr(torch, "float8_e8m0fnu"):  # MX block scales (torch >= 2.7)
+    DTYPES["F8_E8M0"] = torch.float8_e8m0fnu
 MAX_HEADER = 100 << 20
 
 
@@ -47,9 +49,13 @@ class Shard:
         self.entries: dict[str, tuple[torch.dtype, tuple[int, ...], int, int]] = {}
         for name, e in header.items():
             try:
-                dtype, shape, (begin, end) = DTYPES[e["dtype"]], tuple(int(d) for d in e["shape"]), e["data_offsets"]
+                dtype, shape, (begin, end) = e["dtype"], tuple(int(d) for d in e["shape"]), e["data_offsets"]
             except (KeyError, TypeError, ValueError):
                 raise ShardError(f"tensor {name!r}: bad header entry {e!r}") from None
+            if dtype not in DTYPES:  # a dtype this reader does not map (sub-byte floats): safetensors reads it
+                self.entries[name] = (dtype, shape, begin, end)
+                continue
+            dtype = DTYPES[dtype]
             nbytes = math.prod(shape) * dtype.itemsize
             if end - begin != nbytes or begin < 0 or self.base + end > size:
                 raise ShardError(f"tensor {name!r}: {nbytes} bytes of {e['dtype']} {list(shape)} do not match the "
@@ -64,6 +70,11 @@ class Shard:
 
     def read(self, name: str) -> torch.Tensor:
         dtype, shape, begin, end = self.entries[name]
+        if isinstance(dtype, str):
+            from safetensors import safe_open
+
+            with safe_open(str(self.file), framework="pt") as f:
+                return f.get_tensor(name).clone()
         out = torch.empty(shape, dtype=dtype)
         if end > begin:
             view = memoryview(out.view(-1).view(torch.uint8).numpy())

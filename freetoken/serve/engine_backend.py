@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from freetoken.quant.packed import PackedWeight
+
 from freetoken.serve.chat import ChatTokenizer, Prompt
 from freetoken.serve.decoding import Decoder
 from freetoken.serve.generation import CachedGeneration
@@ -77,7 +79,10 @@ def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMe
     from freetoken.kv_dtype import kv_bytes_per_token
 
     cfg = ckpt.config
-    dense = sum(t.nbytes for t in ckpt.dense.values())  # tensors and kept-packed projections alike
+    compute = ckpt.dense["model.embed_tokens.weight"].element_size()
+    # a projection kept packed for the host counts as the device kernels hold it: dequantized (the card's view too)
+    dense = sum(t.shape[0] * t.shape[1] * compute if isinstance(t, PackedWeight) else t.nbytes
+                for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
     kv_rows = len(cfg.attention_layers) * cfg.num_kv_heads
     kv_per_token = kv_bytes_per_token(kv_rows, cfg.head_dim, kv_dtype, store.dtype.itemsize)

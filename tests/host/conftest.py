@@ -5,12 +5,10 @@ from freetoken.host import kernels as hk
 
 @pytest.fixture(autouse=True)
 def _host_defaults():
-    """Each test starts from the default thread count and bf16 activations, whatever the one before set."""
+    """Each test starts from the default thread count, whatever the one before set."""
     hk.set_threads(None)
-    hk.set_int8_activations(False)
     yield
     hk.set_threads(None)
-    hk.set_int8_activations(False)
 
 
 def native_or_skip():

@@ -40,13 +40,9 @@ typedef struct {
     int32_t path, kpad, ngroups, cols;
     const uint16_t *xb;
     const float *xsum, *xf;
-    const int8_t *xq;     /* path A8: [n, kpad] int8, per 128-col chunk the even cols then the odd ones */
-    const float *xlane;   /* path A8: [n, kpad / 128 * 16] each dot-product lane's activation scale */
 } ft_acts;
 
-/* A8: int4 weights against int8 activations (per 32-col block scales) with VNNI integer dot products: what
- * llama.cpp does for its 4-bit types (Q8 activations); chosen per call (act8), never for fp32 / fp16 activations */
-enum { FT_PATH_A_NATURAL = 0, FT_PATH_A_PERMUTED = 1, FT_PATH_B = 2, FT_PATH_A8 = 3 };
+enum { FT_PATH_A_NATURAL = 0, FT_PATH_A_PERMUTED = 1, FT_PATH_B = 2 };
 
 typedef struct {
     const ft_matrix *gate, *up, *down;
@@ -59,7 +55,6 @@ typedef struct {
     float *out;                              /* [T, D] fp32, overwritten (NULL: out_cast only) */
     void *out_cast; int32_t out_kind;        /* optional: out rounded to the activation dtype, [T, D] */
     int32_t threads, generic;                /* generic: portable path only */
-    int32_t act8;                            /* int4 weights: int8 activations (path A8) where the CPU has VNNI */
 } ft_moe_args;
 
 typedef struct {
@@ -69,12 +64,12 @@ typedef struct {
     int64_t x_stride;                        /* elements between rows of x */
     void *out; int32_t out_kind;             /* [T, N] F32 / BF16 / F16 */
     int64_t out_stride;
-    int32_t threads, generic, act8;
+    int32_t threads, generic;
 } ft_linear_args;
 
 /* rows.c: path selection and one row of W against n prepared activation rows */
 int ft_path_a_built(void);
-int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic, int32_t act8);
+int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic);
 int64_t ft_acts_bytes(const ft_matrix *m, int path, int n);
 /* prepare rows [first, first + count) of n activation rows (x row rows[i], or i) into buf, laid out for all n */
 void ft_prepare(const ft_matrix *m, int path, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows,

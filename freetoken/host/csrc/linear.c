@@ -15,7 +15,7 @@ int ft_linear(const ft_linear_args *a) {
     const ft_matrix *W = a->w;
     const int T = a->T, N = W->rows;
     const int nt = a->threads > 0 ? a->threads : 1;
-    const int path = ft_path_for(W, a->x_kind, a->generic, a->act8);
+    const int path = ft_path_for(W, a->x_kind, a->generic);
     const int64_t per_thread = ft_rows_scratch_floats(W) + (int64_t)FT_ROW_BLOCK * T + 16;
     ft_arena *ar = ft_arena_reset((size_t)ft_acts_bytes(W, path, T) + (size_t)nt * per_thread * 4);
     if (!ar) return FT_ENOMEM;

@@ -46,8 +46,8 @@ int ft_moe(const ft_moe_args *a) {
     const int T = a->T, K = a->K, E = a->E, D = W2->rows, I = G->rows, Din = G->cols;
     if (U->rows != I || W2->cols != I || U->cols != Din) return FT_ESHAPE;
     const int nt = a->threads > 0 ? a->threads : 1;
-    const int pg = ft_path_for(G, a->x_kind, a->generic, a->act8), pu = ft_path_for(U, a->x_kind, a->generic, a->act8);
-    const int pd = ft_path_for(W2, a->x_kind, a->generic, a->act8);
+    const int pg = ft_path_for(G, a->x_kind, a->generic), pu = ft_path_for(U, a->x_kind, a->generic);
+    const int pd = ft_path_for(W2, a->x_kind, a->generic);
     const int share = pg == pu && same_layout(G, U);
 
     /* pairs grouped by expert, token order inside */

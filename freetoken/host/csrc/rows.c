@@ -65,9 +65,8 @@ float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i) {
     }
 }
 
-int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic, int32_t act8) {
+int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic) {
     if (generic || !ft_path_a_built() || x_kind != FT_BF16) return FT_PATH_B;
-    if (act8 && ft_path_a8_built() && ft_q8_supports(m)) return FT_PATH_A8;
     return ft_path_a_supports(m);
 }
 
@@ -75,7 +74,6 @@ static int64_t kpad_of(const ft_matrix *m) { return ((int64_t)m->cols + 127) / 1
 
 int64_t ft_acts_bytes(const ft_matrix *m, int path, int n) {
     if (path == FT_PATH_B) return (int64_t)n * m->cols * 4;
-    if (path == FT_PATH_A8) return ft_q8_acts_bytes(m, n);
     int64_t groups = m->group > 0 ? m->cols / m->group : 1;
     return (int64_t)n * kpad_of(m) * 2 + (int64_t)n * (groups + 16) * 4;
 }
@@ -94,8 +92,7 @@ void ft_prepare(const ft_matrix *m, int path, const void *x, int32_t x_kind, int
         a->xf = xf;
         return;
     }
-    if (path == FT_PATH_A8) ft_prepare_q8(m, x, x_stride, rows, n, first, count, buf, a);
-    else ft_prepare_a(m, path, x, x_stride, rows, n, first, count, buf, a);
+    ft_prepare_a(m, path, x, x_stride, rows, n, first, count, buf, a);
 }
 
 int64_t ft_rows_scratch_floats(const ft_matrix *m) {
@@ -172,10 +169,6 @@ static float dot_f32(const float *w, const float *x, int K) {
 
 void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n, float *y,
                  int ldy, float *scratch) {
-    if (a->path == FT_PATH_A8) {
-        ft_rows_dot_q8(m, e, r0, r1, a, idx, n, y, ldy, scratch);
-        return;
-    }
     if (a->path != FT_PATH_B) {
         ft_rows_dot_a(m, e, r0, r1, a, idx, n, y, ldy, scratch);
         return;

@@ -8,11 +8,3 @@ void ft_prepare_a(const ft_matrix *m, int path, const void *x, int64_t x_stride,
 void ft_rows_dot_a(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
                    float *y, int ldy, float *scratch);
 
-/* rows_q8.c: path A8 */
-int ft_path_a8_built(void);
-int ft_q8_supports(const ft_matrix *m);
-int64_t ft_q8_acts_bytes(const ft_matrix *m, int n);
-void ft_prepare_q8(const ft_matrix *m, const void *x, int64_t x_stride, const int32_t *rows, int n, int first,
-                   int count, void *buf, ft_acts *a);
-void ft_rows_dot_q8(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n, float *y,
-                    int ldy, float *scratch);
