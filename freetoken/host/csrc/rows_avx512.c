@@ -102,6 +102,39 @@ static inline __attribute__((always_inline)) void bf16_block(const uint16_t *w, 
     for (int t = 0; t < NT; t++) y[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[t][0], acc[t][1]));
 }
 
+/* two rows of bf16 weights against NT activation rows: each (row, activation row) pair accumulates exactly as
+ * bf16_block's does (two accumulators alternating by step), with one weight load feeding NT products */
+static inline __attribute__((always_inline)) void bf16_tile(const uint16_t *w0, const uint16_t *w1, int steps,
+                                                            const uint16_t **x, float *y0, float *y1, const int NT) {
+    __m512 acc[2][4][2];
+    for (int t = 0; t < NT; t++)
+        for (int p = 0; p < 2; p++) acc[0][t][p] = acc[1][t][p] = _mm512_setzero_ps();
+    int s = 0;
+    for (; s + 2 <= steps; s += 2) {
+        const __m512i a0 = _mm512_loadu_si512(w0 + 32 * s), b0 = _mm512_loadu_si512(w0 + 32 * s + 32);
+        const __m512i a1 = _mm512_loadu_si512(w1 + 32 * s), b1 = _mm512_loadu_si512(w1 + 32 * s + 32);
+        for (int t = 0; t < NT; t++) {
+            const __m512i xa = _mm512_loadu_si512(x[t] + 32 * s), xb = _mm512_loadu_si512(x[t] + 32 * s + 32);
+            acc[0][t][0] = _mm512_dpbf16_ps(acc[0][t][0], (__m512bh)a0, (__m512bh)xa);
+            acc[0][t][1] = _mm512_dpbf16_ps(acc[0][t][1], (__m512bh)b0, (__m512bh)xb);
+            acc[1][t][0] = _mm512_dpbf16_ps(acc[1][t][0], (__m512bh)a1, (__m512bh)xa);
+            acc[1][t][1] = _mm512_dpbf16_ps(acc[1][t][1], (__m512bh)b1, (__m512bh)xb);
+        }
+    }
+    if (s < steps) {
+        const __m512i a0 = _mm512_loadu_si512(w0 + 32 * s), a1 = _mm512_loadu_si512(w1 + 32 * s);
+        for (int t = 0; t < NT; t++) {
+            const __m512i xa = _mm512_loadu_si512(x[t] + 32 * s);
+            acc[0][t][0] = _mm512_dpbf16_ps(acc[0][t][0], (__m512bh)a0, (__m512bh)xa);
+            acc[1][t][0] = _mm512_dpbf16_ps(acc[1][t][0], (__m512bh)a1, (__m512bh)xa);
+        }
+    }
+    for (int t = 0; t < NT; t++) {
+        y0[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][t][0], acc[0][t][1]));
+        y1[t] = _mm512_reduce_add_ps(_mm512_add_ps(acc[1][t][0], acc[1][t][1]));
+    }
+}
+
 static __m512i CTL[4];      /* multishift controls: step p, dword 2q + h <- nibbles 16q + 4p + 2h, +1 */
 static __m512i E4M3_LUT[4]; /* bf16 bits of e4m3 magnitudes 0..127, 32 per register */
 
@@ -305,7 +338,26 @@ void ft_rows_dot_a(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
                    float *y, int ldy, float *scratch) {
     const uint8_t *base = m->data + (int64_t)e * m->data_stride;
     if (m->kind == FT_BF16) {
-        for (int r = r0; r < r1; r++) dense_rows(m, base + (int64_t)r * m->row_bytes, a, idx, n, y + (int64_t)(r - r0) * ldy);
+        int r = r0;
+        if (n >= 8) /* compute-bound: two weight rows at a time, each load feeding up to 8 products (fewer rows stream
+                     * one weight row at a time: interleaved rows slow the hardware prefetcher) */
+            for (; r + 2 <= r1; r += 2) {
+                const uint16_t *w0 = (const uint16_t *)(base + (int64_t)r * m->row_bytes);
+                const uint16_t *w1 = (const uint16_t *)(base + (int64_t)(r + 1) * m->row_bytes);
+                float *y0 = y + (int64_t)(r - r0) * ldy, *y1 = y0 + ldy;
+                for (int i = 0; i < n; i += 4) {
+                    const int nt = n - i < 4 ? n - i : 4;
+                    const uint16_t *x[4];
+                    for (int t = 0; t < nt; t++) x[t] = act(a, idx, i + t);
+                    switch (nt) {
+                    case 1: bf16_tile(w0, w1, m->cols / 32, x, y0 + i, y1 + i, 1); break;
+                    case 2: bf16_tile(w0, w1, m->cols / 32, x, y0 + i, y1 + i, 2); break;
+                    case 3: bf16_tile(w0, w1, m->cols / 32, x, y0 + i, y1 + i, 3); break;
+                    default: bf16_tile(w0, w1, m->cols / 32, x, y0 + i, y1 + i, 4);
+                    }
+                }
+            }
+        for (; r < r1; r++) dense_rows(m, base + (int64_t)r * m->row_bytes, a, idx, n, y + (int64_t)(r - r0) * ldy);
         return;
     }
     if (m->kind == FT_FP8) {
