@@ -136,9 +136,9 @@ class ExpertStore:
         """sum over each token's picks whose expert `take` marks (None: all) of w[t, k] * down(glu(gate x, up x)),
         computed on the host from the store -> fp32 [T, D] (cast: rounded to x's dtype). x [T, D] on the host in
         the store's dtype, ids [T, K] expert ids, weights [T, K] fp32, take [E] bool. One call into the host
-        kernels; dense experts of a prefill-sized call (GEMM_TOKENS_PER_EXPERT tokens each on average) go to
-        torch's GEMM expert by expert instead (oneDNN's blocked kernels win there), as they do where the host
-        kernels are not built."""
+        kernels; dense experts of a long prefill chunk (GEMM_TOKENS_PER_EXPERT tokens each on average) go to
+        torch's GEMM expert by expert instead (oneDNN's blocked kernels are faster there; like HF transformers,
+        it rounds gate / up to the dtype before the activation), as they do where the host kernels are not built."""
         if host_kernels.available() and (self.packed or not _gemm_sized(ids, take, self.num_experts)):
             take_t = None if take is None else torch.from_numpy(np.ascontiguousarray(take, np.uint8))
             return host_kernels.moe(self.host_matrices(layer), x, torch.from_numpy(np.ascontiguousarray(ids, np.int32)),
@@ -179,11 +179,13 @@ class ExpertStore:
         return self.b_gate_up[layer][expert], self.b_down[layer][expert]
 
 
-GEMM_TOKENS_PER_EXPERT = 32  # measured crossover: from here torch's GEMM (oneDNN) beats the C kernel on dense experts
+# measured (1 thread, bf16, Qwen3-30B-A3B's expert shape): the C kernel 99 / torch 109 GFLOP/s at 32 tokens per
+# expert, 119 / 161 at 128; below 32 the C kernel wins (docs/host.md)
+GEMM_TOKENS_PER_EXPERT = 64
 
 
 def _gemm_sized(ids: np.ndarray, take: np.ndarray | None, num_experts: int) -> bool:
-    """A prefill-sized call: its experts average enough tokens each that a blocked GEMM per expert wins."""
+    """A long prefill chunk: its experts average enough tokens each that torch's blocked GEMM per expert wins."""
     if ids.size < GEMM_TOKENS_PER_EXPERT:
         return False
     routed = ids[(ids >= 0) & (ids < num_experts)]

@@ -235,7 +235,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bo
     out = torch.empty((T, D), dtype=x.dtype)
     w = weight if weight.is_contiguous() else weight.contiguous()
     check(library().ft_rms_norm(x.data_ptr(), act_kind(x.dtype), x.stride(0), T, D, w.data_ptr(), act_kind(w.dtype),
-                                eps, int(round_normed), out.data_ptr(), D), "rms_norm")
+                                eps, int(round_normed), out.data_ptr(), D, threads()), "rms_norm")
     return out
 
 

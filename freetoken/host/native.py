@@ -65,7 +65,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = [ctypes.POINTER(arg)], ctypes.c_int
     lib.ft_caps.argtypes, lib.ft_caps.restype = [], ctypes.c_int
-    lib.ft_rms_norm.argtypes = [_p, _i32, _i64, _i32, _i32, _p, _i32, _f32, _i32, _p, _i64]
+    lib.ft_rms_norm.argtypes = [_p, _i32, _i64, _i32, _i32, _p, _i32, _f32, _i32, _p, _i64, _i32]
     lib.ft_rope.argtypes = [_p, _i32, _i64, _i64, _i32, _i32, _i32, _p, _p, _i32, _f32, _p]
     lib.ft_softmax_topk.argtypes = [_p, _i32, _i32, _i32, _i32, _i32, _f32, _p, _p]
     for fn in (lib.ft_rms_norm, lib.ft_rope, lib.ft_softmax_topk):

@@ -133,7 +133,24 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         scales = {} if k_scale is None else {"k_scales": [k_scale], "v_scales": [v_scale]}
         return hk.attention_decode(q, [k_cache], [v_cache], [start_pos + 1], sm_scale, sinks, window,
                                    **scales).view_as(q)
+    if q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype and sinks is None and window is None:
+        return _sdpa_in_dtype(q, k_cache, v_cache, start_pos, sm_scale)
     return attention_host(q, k_cache, v_cache, start_pos, sm_scale, sinks, window, k_scale, v_scale)
+
+
+def _sdpa_in_dtype(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int,
+                   sm_scale: float) -> torch.Tensor:
+    """Prefill attention in the activations' own dtype (torch's flash kernel accumulates in fp32), on views of the
+    cache: no fp32 copies of K and V (what a prompt of thousands of tokens paid for)."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    T, H, Dh = q.shape
+    L = start_pos + T
+    qh = q.transpose(0, 1)[None]  # [1, H, T, Dh]
+    kh, vh = k_cache[:L].transpose(0, 1)[None], v_cache[:L].transpose(0, 1)[None]  # [1, Hkv, L, Dh]
+    mask = {"is_causal": True} if start_pos == 0 else {"attn_mask": causal_lower_right(T, L)}
+    o = F.scaled_dot_product_attention(qh, kh, vh, scale=sm_scale, enable_gqa=H != kh.shape[1], **mask)
+    return o[0].transpose(0, 1)  # [T, H, Dh]
 
 
 def attention_decode_batch(q: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],

@@ -52,3 +52,27 @@ def test_a_decode_batch_equals_its_sequences_solo(qwen3):
         engine.prefill(p, kv)
         solo = engine.decode(first, kv)[0]
         assert torch.equal(solo, row)
+
+
+def test_a_long_prefill_chunk_takes_torchs_gemm_with_the_same_result():
+    """Dense experts averaging GEMM_TOKENS_PER_EXPERT tokens go to torch's GEMM (gate / up rounded to the dtype
+    before the activation, as HF does); the C kernel keeps them in fp32: both within bf16 rounding of the fp32
+    reference."""
+    from freetoken.engine import slots
+    from freetoken.engine.slots import ExpertStore
+    from freetoken.host.kernels import moe_ref
+
+    gen = torch.Generator().manual_seed(0)
+    E, I, D, T, K = 4, 64, 128, 200, 2
+    gu, dn = (torch.randn(1, E, 2 * I, D, generator=gen) / 8).bfloat16()[0], (torch.randn(E, D, I, generator=gen) / 8).bfloat16()
+    store = ExpertStore([(gu, dn)])
+    x = torch.randn(T, D, generator=gen).bfloat16()
+    ids = np.stack([torch.randperm(E, generator=gen)[:K].numpy() for _ in range(T)]).astype(np.int32)
+    w = torch.rand(T, K, generator=gen)
+    assert slots._gemm_sized(ids, None, E) and not slots._gemm_sized(ids[:20], None, E)
+    ref = moe_ref(x, torch.from_numpy(ids), w, torch.ones(E, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(),
+                  dn.float())
+    gemm = store.host_moe(0, x, ids, w, None)
+    native = torch.cat([store.host_moe(0, x[i:i + 20], ids[i:i + 20], w[i:i + 20], None) for i in range(0, T, 20)])
+    for out in (gemm, native):
+        assert ((out - ref).abs().max() / ref.abs().max()).item() < 1e-2

@@ -116,27 +116,64 @@ static void scores_avx512(const void *k, int kind, int lo, int L, int Hkv, int g
     }
 }
 
-/* acc [G, Dh] = sum_j s[i, j] * v_j, 4 heads x 4 chunks of 16 dims in registers at a time */
+#ifdef __AVX512BF16__
+/* bf16 queries against a bf16 cache: dot products of bf16 pairs (exact products, fp32 sums), 32 dims per op */
+static void scores_bf16(const uint16_t *k, int lo, int L, int Hkv, int g, int Dh, const uint16_t *q, int G,
+                        float scale, float *s, int64_t ld) {
+    for (int i0 = 0; i0 < G; i0 += 4) {
+        const int n = G - i0 < 4 ? G - i0 : 4;
+        const uint16_t *qh[4];
+        for (int h = 0; h < 4; h++) qh[h] = q + (i0 + (h < n ? h : 0)) * Dh;
+        for (int j = lo; j < L; j++) {
+            const uint16_t *kr = k + ((int64_t)j * Hkv + g) * Dh;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < Dh; d += 32) {
+                const __m512bh r = (__m512bh)_mm512_loadu_si512(kr + d);
+                a0 = _mm512_dpbf16_ps(a0, r, (__m512bh)_mm512_loadu_si512(qh[0] + d));
+                a1 = _mm512_dpbf16_ps(a1, r, (__m512bh)_mm512_loadu_si512(qh[1] + d));
+                a2 = _mm512_dpbf16_ps(a2, r, (__m512bh)_mm512_loadu_si512(qh[2] + d));
+                a3 = _mm512_dpbf16_ps(a3, r, (__m512bh)_mm512_loadu_si512(qh[3] + d));
+            }
+            float out[4];
+            _mm_storeu_ps(out, _mm_mul_ps(reduce4(a0, a1, a2, a3), _mm_set1_ps(scale)));
+            for (int h = 0; h < n; h++) s[(int64_t)(i0 + h) * ld + j] = out[h];
+        }
+    }
+}
+#endif
+
+/* acc [G, Dh] = sum_j s[i, j] * v_j: N heads x NC chunks of 16 dims held in registers over the positions */
+static inline __attribute__((always_inline)) void values_tile(const void *v, int kind, int lo, int L, int Hkv, int g,
+                                                              int Dh, int d0, const float *s, int i0, int64_t ld,
+                                                              float *acc, const int N, const int NC) {
+    __m512 a[4][4];
+    for (int h = 0; h < N; h++)
+        for (int c = 0; c < NC; c++) a[h][c] = _mm512_setzero_ps();
+    for (int j = lo; j < L; j++) {
+        const int64_t off = ((int64_t)j * Hkv + g) * Dh + d0;
+        __m512 r[4];
+        for (int c = 0; c < NC; c++) r[c] = load16(v, kind, off + 16 * c);
+        for (int h = 0; h < N; h++) {
+            const __m512 p = _mm512_set1_ps(s[(int64_t)(i0 + h) * ld + j]);
+            for (int c = 0; c < NC; c++) a[h][c] = _mm512_fmadd_ps(p, r[c], a[h][c]);
+        }
+    }
+    for (int h = 0; h < N; h++)
+        for (int c = 0; c < NC; c++) _mm512_storeu_ps(acc + (i0 + h) * Dh + d0 + 16 * c, a[h][c]);
+}
+
 static void values_avx512(const void *v, int kind, int lo, int L, int Hkv, int g, int Dh, const float *s, int G,
                           int64_t ld, float *acc) {
     for (int i0 = 0; i0 < G; i0 += 4) {
         const int n = G - i0 < 4 ? G - i0 : 4;
         for (int d0 = 0; d0 < Dh; d0 += 64) {
             const int nc = (Dh - d0) / 16 < 4 ? (Dh - d0) / 16 : 4;
-            __m512 a[4][4];
-            for (int h = 0; h < 4; h++)
-                for (int c = 0; c < 4; c++) a[h][c] = _mm512_setzero_ps();
-            for (int j = lo; j < L; j++) {
-                const int64_t off = ((int64_t)j * Hkv + g) * Dh + d0;
-                __m512 r[4];
-                for (int c = 0; c < nc; c++) r[c] = load16(v, kind, off + 16 * c);
-                for (int h = 0; h < n; h++) {
-                    const __m512 p = _mm512_set1_ps(s[(int64_t)(i0 + h) * ld + j]);
-                    for (int c = 0; c < nc; c++) a[h][c] = _mm512_fmadd_ps(p, r[c], a[h][c]);
-                }
-            }
-            for (int h = 0; h < n; h++)
-                for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + (i0 + h) * Dh + d0 + 16 * c, a[h][c]);
+            if (n == 4 && nc == 4) values_tile(v, kind, lo, L, Hkv, g, Dh, d0, s, i0, ld, acc, 4, 4);
+            else if (n == 4 && nc == 2) values_tile(v, kind, lo, L, Hkv, g, Dh, d0, s, i0, ld, acc, 4, 2);
+            else
+                for (int h = 0; h < n; h++)
+                    for (int c = 0; c < nc; c++) values_tile(v, kind, lo, L, Hkv, g, Dh, d0 + 16 * c, s, i0 + h, ld,
+                                                             acc, 1, 1);
         }
     }
 }
@@ -168,6 +205,12 @@ int ft_attention_decode(const ft_attn_args *a) {
             for (int d = 0; d < Dh; d++)
                 q[i * Dh + d] = ft_load_act(a->q, a->q_kind, ((int64_t)b * H + g * G + i) * Dh + d);
         const float *ks = a->k_scale ? a->k_scale[b] : NULL, *vs = a->v_scale ? a->v_scale[b] : NULL;
+#ifdef __AVX512BF16__
+        if (fast && a->kv_kind == FT_BF16 && a->q_kind == FT_BF16 && Dh % 32 == 0)
+            scores_bf16((const uint16_t *)a->k[b], lo, L, Hkv, g, Dh,
+                        (const uint16_t *)a->q + ((int64_t)b * H + g * G) * Dh, G, a->sm_scale, s, maxlen);
+        else
+#endif
 #ifdef __AVX512F__
         if (fast) scores_avx512(a->k[b], a->kv_kind, lo, L, Hkv, g, Dh, q, G, a->sm_scale, s, maxlen);
         else

@@ -96,12 +96,13 @@ int ft_moe(const ft_moe_args *a) {
     uint16_t *hb = ft_arena_take(ar, (size_t)P * I * 2);
     uint8_t *thread_mem = ft_arena_take(ar, per_thread * nt);
     float *out = a->out ? a->out : ft_arena_take(ar, (size_t)T * D * 4); /* only the rounded result wanted */
-    ft_acts ag, au, ad;
     const int D2 = 2 * I;
 
 #pragma omp parallel num_threads(nt)
     {
         const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+        ft_acts ag, au, ad; /* each thread's own view of the shared buffers (same fields in every thread): no thread
+                             * ever reads a struct another one is writing */
         float *scr = (float *)(thread_mem + per_thread * tid);
         float *gv = scr + rs, *uv = gv + (size_t)FT_ROW_BLOCK * T, *yv = uv + (size_t)FT_ROW_BLOCK * T;
         int32_t *pidx = (int32_t *)(yv + (size_t)FT_ROW_BLOCK * T);

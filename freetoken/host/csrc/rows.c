@@ -8,40 +8,6 @@
 #include "ftk.h"
 #include "rows_avx512.h"
 
-float ft_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    union { uint32_t u; float f; } v;
-    if (exp == 0x1f) v.u = sign | 0x7f800000u | (man << 13);
-    else if (exp) v.u = sign | ((exp + 112) << 23) | (man << 13);
-    else { v.f = ldexpf((float)man, -24); v.u |= sign; }
-    return v.f;
-}
-
-uint16_t ft_f32_to_f16(float f) {
-    union { float f; uint32_t u; } v = {f};
-    uint32_t sign = (v.u >> 16) & 0x8000, a = v.u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to inf */
-    if (a < 0x38800000u) { /* subnormal half: round to nearest even at 2^-24 */
-        float m = fabsf(f) * 16777216.0f;
-        return (uint16_t)(sign | (uint32_t)nearbyintf(m));
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
-    return (uint16_t)(sign | (r >> 13));
-}
-
-float ft_load_act(const void *x, int32_t kind, int64_t i) {
-    if (kind == FT_BF16) return ft_bf16_to_f32(((const uint16_t *)x)[i]);
-    if (kind == FT_F16) return ft_f16_to_f32(((const uint16_t *)x)[i]);
-    return ((const float *)x)[i];
-}
-
-float ft_round_act(float v, int32_t kind) {
-    if (kind == FT_BF16) return ft_bf16_to_f32(ft_f32_to_bf16(v));
-    if (kind == FT_F16) return ft_f16_to_f32(ft_f32_to_f16(v));
-    return v;
-}
-
 static float e4m3_value(uint8_t b) {
     int e = (b >> 3) & 0xf, m = b & 7;
     float v;

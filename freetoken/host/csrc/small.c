@@ -2,6 +2,7 @@
  * each instead of a dozen torch ops, same formulas as the references in freetoken/kernels. */
 #include <math.h>
 #include <string.h>
+#include <stdlib.h>
 #include "fastmath.h"
 #include "ftk.h"
 
@@ -11,23 +12,69 @@ static inline void put(void *out, int32_t kind, int64_t i, float v) {
     else ((float *)out)[i] = v;
 }
 
-/* rows of x [T, D] (row stride x_stride) -> out [T, D]: normalise in fp32, (round to the dtype), times w, rounded */
-int ft_rms_norm(const void *x, int32_t kind, int64_t x_stride, int32_t T, int32_t D, const void *w, int32_t w_kind,
-                float eps, int32_t round_normed, void *out, int64_t out_stride) {
-    for (int t = 0; t < T; t++) {
-        float ss = 0.0f;
-        for (int d = 0; d < D; d++) {
-            float v = ft_load_act(x, kind, (int64_t)t * x_stride + d);
-            ss += v * v;
-        }
-        const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-        for (int d = 0; d < D; d++) {
-            float n = ft_load_act(x, kind, (int64_t)t * x_stride + d) * inv;
-            if (round_normed) n = ft_round_act(n, kind);
-            put(out, kind, (int64_t)t * out_stride + d, ft_load_act(w, w_kind, d) * n);
-        }
+/* rows of x [T, D] (row stride x_stride) -> out [T, D]: normalise in fp32, (round to the dtype), times w, rounded.
+ * Rows in parallel (threads), each row's loops vectorised: the prefill of a long prompt normalises T x D values. */
+static void load_row(const void *x, int32_t kind, int64_t off, int D, float *dst) {
+    if (kind == FT_BF16) {
+        const uint16_t *p = (const uint16_t *)x + off;
+#pragma omp simd
+        for (int d = 0; d < D; d++) dst[d] = ft_bf16_to_f32(p[d]);
+    } else if (kind == FT_F16) {
+        for (int d = 0; d < D; d++) dst[d] = ft_f16_to_f32(((const uint16_t *)x)[off + d]);
+    } else {
+        memcpy(dst, (const float *)x + off, (size_t)D * 4);
     }
-    return FT_OK;
+}
+
+static void store_row(void *out, int32_t kind, int64_t off, int D, const float *src) {
+    if (kind == FT_BF16) {
+        uint16_t *p = (uint16_t *)out + off;
+#pragma omp simd
+        for (int d = 0; d < D; d++) p[d] = ft_f32_to_bf16(src[d]);
+    } else if (kind == FT_F16) {
+        for (int d = 0; d < D; d++) ((uint16_t *)out)[off + d] = ft_f32_to_f16(src[d]);
+    } else {
+        memcpy((float *)out + off, src, (size_t)D * 4);
+    }
+}
+
+int ft_rms_norm(const void *x, int32_t kind, int64_t x_stride, int32_t T, int32_t D, const void *w, int32_t w_kind,
+                float eps, int32_t round_normed, void *out, int64_t out_stride, int32_t threads) {
+    float *wf = (float *)malloc((size_t)D * 4);
+    if (!wf) return FT_ENOMEM;
+    load_row(w, w_kind, 0, D, wf);
+    const int nt = T >= 8 && threads > 1 ? threads : 1;
+    int bad = 0;
+#pragma omp parallel num_threads(nt)
+    {
+        float *row = (float *)malloc((size_t)D * 4);
+        if (!row) {
+#pragma omp atomic write
+            bad = 1;
+        }
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) {
+            if (!row) continue;
+            load_row(x, kind, (int64_t)t * x_stride, D, row);
+            float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+            for (int d = 0; d < D; d++) ss += row[d] * row[d];
+            const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+            if (round_normed && kind == FT_BF16) {
+#pragma omp simd
+                for (int d = 0; d < D; d++) row[d] = wf[d] * ft_bf16_to_f32(ft_f32_to_bf16(row[d] * inv));
+            } else if (round_normed) {
+                for (int d = 0; d < D; d++) row[d] = wf[d] * ft_round_act(row[d] * inv, kind);
+            } else {
+#pragma omp simd
+                for (int d = 0; d < D; d++) row[d] = wf[d] * (row[d] * inv);
+            }
+            store_row(out, kind, (int64_t)t * out_stride, D, row);
+        }
+        free(row);
+    }
+    free(wf);
+    return bad ? FT_ENOMEM : FT_OK;
 }
 
 /* x [T, H, Dh] (strides sx_t, sx_h) -> out [T, H, Dh] contiguous: the first rotary dims rotated by position * inv_freq
