@@ -39,13 +39,20 @@ def test_quick_run_writes_a_valid_cpu_profile(quick_run):
     assert "PCIe absent" in profile["recommendation"]["reason"]
     # the buffer is beyond the last-level cache, and the expert is Qwen3-30B-A3B's: 3 * 2048 * 768 * 2 bytes
     assert profile["host"]["buffer_bytes"] >= 4 * last_level_cache_bytes()
-    assert profile["cpu_lane"]["bytes_per_pass"] == 9_437_184
+    # the CPU lane runs 4 experts (--misses-per-call) per MoE layer call, through the engine's host path
+    assert profile["cpu_lane"]["experts_per_call"] == 4 and profile["cpu_lane"]["function"].startswith("engine")
+    assert profile["cpu_lane"]["bytes_per_pass"] == 4 * 9_437_184
     assert profile["cpu_lane"]["experts_in_pool"] * 9_437_184 >= profile["host"]["buffer_bytes"]
+    assert profile["repeats"] == 3 and profile["threads"] == torch.get_num_threads()
     for lane in ("host", "cpu_lane"):
         r = profile[lane]
-        # sustained = all bytes over all seconds (rounded to 3 decimals when written)
-        assert r["gb_s"] == pytest.approx(r["passes"] * r["bytes_per_pass"] / r["seconds"] / 1e9, rel=0.01)
-        assert r["passes"] >= 3 and r["seconds"] >= 0.75 * 0.99
+        assert r["repeats"] == len(r["readings"]) == 3
+        for x in r["readings"]:  # each reading sustained = all bytes over all seconds (rounded when written)
+            assert x["gb_s"] == pytest.approx(x["passes"] * x["bytes_per_pass"] / x["seconds"] / 1e9, rel=0.01)
+            assert x["passes"] >= 3 and x["seconds"] >= 0.25 * 0.99
+        rates = sorted(x["gb_s"] for x in r["readings"])
+        assert r["gb_s"] == r["median_gb_s"] == rates[1] and (r["min_gb_s"], r["max_gb_s"]) == (rates[0], rates[2])
+        assert r["spread"] == pytest.approx((rates[2] - rates[0]) / rates[1], abs=1e-3)
         assert r["gb_s"] <= r["peak_gb_s"]
 
 
@@ -53,7 +60,7 @@ def test_quick_run_writes_a_valid_cpu_profile(quick_run):
 def test_table_says_pcie_is_absent(tmp_path, capsys):
     assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "host memory read" in out and "CPU lane, 1 token/expert" in out
+    assert "host memory read" in out and "CPU lane, 4 experts/call" in out and "3 readings per lane" in out
     assert "absent (no CUDA device)" in out and "recommended mode: cpu" in out
 
 
@@ -77,9 +84,16 @@ def test_hybrid_only_when_the_decode_probe_confirms_it():
     assert faster["mode"] == "hybrid" and (faster["bp_gb_s"], faster["bh_gb_s"]) == (10.0, 40.0)
 
 
+def _lane(gb_s: float) -> dict:
+    from freetoken.calibrate.measure import Rate
+    from freetoken.calibrate.repeat import Repeated
+
+    return Repeated((Rate(gb_s, gb_s, 1.0, 3, 1000),) * 3).to_dict()
+
+
 def _profile(mode, bp=None, bh=None):
-    return {"version": 1, "key": "GPU X|bf16", "gpu": "GPU X", "expert_format": "bf16",
-            "geometry": {"hidden": 2048, "intermediate": 768}, "host": {"gb_s": 60.0}, "cpu_lane": {"gb_s": 30.0},
+    return {"version": 2, "key": "GPU X|bf16", "gpu": "GPU X", "expert_format": "bf16", "threads": 8, "repeats": 3,
+            "geometry": {"hidden": 2048, "intermediate": 768}, "host": _lane(60.0), "cpu_lane": _lane(30.0),
             "recommendation": {"mode": mode, "bp_gb_s": bp, "bh_gb_s": bh, "reason": "test"}}
 
 
@@ -107,7 +121,7 @@ def test_broken_profiles_are_named(tmp_path):
     bad = _profile("hybrid")  # hybrid without rates
     with pytest.raises(ValueError, match="bp_gb_s"):
         save_profile(bad, path)
-    path.write_text(json.dumps({**_profile("offload"), "host": {"gb_s": -1}}))
+    path.write_text(json.dumps({**_profile("offload"), "host": {**_lane(1.0), "gb_s": -1}}))
     with pytest.raises(ValueError, match=r"host\.gb_s"):
         load_profile(path)
 
