@@ -151,8 +151,9 @@ def run_vs_llamacpp(cfg: LlamaBenchConfig, log: Log = lambda s: None, progress: 
             loaded[name] = LlamaCppSide.load(name, path, first, b.decode_tokens, b.threads[0], context=b.context)
             moved[name] = traffic.gguf_traffic(path, mcfg.top_k, mcfg.num_experts, mcfg.vocab_size)
         else:
-            ckpt = ckpts.get(row.weights) or ckpts.setdefault(row.weights, load_checkpoint(path))
-            engine = load_engine(ckpt, FT_MODES[row.mode], b.threads[0], b.context)
+            if row.weights not in ckpts:  # one load per checkpoint, shared by its engines (--cpu-moe, --fraction 1)
+                ckpts[row.weights] = load_checkpoint(path)
+            engine = load_engine(ckpts[row.weights], FT_MODES[row.mode], b.threads[0], b.context)
             loaded[name] = EngineSide(name, engine, first, b.decode_tokens, b.threads[0])
             moved[name] = traffic.engine_traffic(engine)
     probe = traffic.ReadProbe(b.read_buffer_bytes, b.read_seconds)
