@@ -14,16 +14,27 @@ from freetoken.calibrate.profile import load_profile, profile_path, save_profile
 from freetoken.cli import main
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _threads_restored():
+    """--threads sets torch's and the host kernels' thread counts for the process: put them back afterwards."""
+    from freetoken.host import kernels as host_kernels
+
+    before = torch.get_num_threads(), host_kernels.threads()
+    yield
+    torch.set_num_threads(before[0])
+    host_kernels.set_threads(before[1])
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    """One real `ft bench bw --quick --json` run (a few seconds), shared by the checks below."""
+    """One real `ft bench bw --quick --json --threads 1` run (a few seconds), shared by the checks below."""
     cache = tmp_path_factory.mktemp("cache")
     import contextlib
     import io
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["bench", "bw", "--quick", "--json", "--cache-dir", str(cache)]) == 0
+        assert main(["bench", "bw", "--quick", "--json", "--threads", "1", "--cache-dir", str(cache)]) == 0
     return json.loads(out.getvalue()), cache
 
 
@@ -43,7 +54,7 @@ def test_quick_run_writes_a_valid_cpu_profile(quick_run):
     assert profile["cpu_lane"]["experts_per_call"] == 4 and profile["cpu_lane"]["function"].startswith("engine")
     assert profile["cpu_lane"]["bytes_per_pass"] == 4 * 9_437_184
     assert profile["cpu_lane"]["experts_in_pool"] * 9_437_184 >= profile["host"]["buffer_bytes"]
-    assert profile["repeats"] == 3 and profile["threads"] == torch.get_num_threads()
+    assert profile["repeats"] == 3 and profile["threads"] == profile["host_kernel_threads"] == 1  # --threads 1
     for lane in ("host", "cpu_lane"):
         r = profile[lane]
         assert r["repeats"] == len(r["readings"]) == 3
@@ -58,9 +69,10 @@ def test_quick_run_writes_a_valid_cpu_profile(quick_run):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
 def test_table_says_pcie_is_absent(tmp_path, capsys):
-    assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--cache-dir", str(tmp_path)]) == 0
+    assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--threads", "1", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "host memory read" in out and "CPU lane, 4 experts/call" in out and "3 readings per lane" in out
+    assert "1 threads (host kernels 1)" in out
     assert "absent (no CUDA device)" in out and "recommended mode: cpu" in out
 
 
@@ -141,6 +153,12 @@ def test_decode_probe_runs_both_splits_on_the_engine():
     assert out["offload_tok_s"] > 0 and out["hybrid_tok_s"] > 0
 
 
+def test_bad_counts_are_refused(capsys):
+    for flag in ("--repeats", "--threads", "--seconds", "--misses-per-call"):
+        assert main(["bench", "bw", "--quick", "--no-save", flag, "0"]) == 2
+        assert capsys.readouterr().err == f"ft bench: error: {flag} must be positive, got 0\n"
+
+
 def test_bad_geometry_is_refused(capsys):
     assert main(["bench", "bw", "--quick", "--format", "int3", "--no-save"]) == 2
     assert "expert format 'int3'" in capsys.readouterr().err
@@ -158,7 +176,7 @@ def test_model_flag_writes_the_profile_serve_reads(tmp_path, capsys):
     from freetoken.serve.engine_backend import expert_format
 
     assert main(["bench", "bw", "--model", str(DEMO_MODEL), "--quick", "--no-probe", "--seconds", "0.05",
-                 "--cache-dir", str(tmp_path), "--json"]) == 0
+                 "--threads", "1", "--cache-dir", str(tmp_path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     fmt = expert_format(load_checkpoint(DEMO_MODEL))
     assert fmt == "fp32" and printed["path"] == str(profile_path(None, fmt, tmp_path))

@@ -217,3 +217,16 @@ def test_converter_source_from_the_flag_the_environment_or_an_sdist(tmp_path, mo
     got = sorted(p.relative_to(tmp_path / "cache").as_posix() for p in (tmp_path / "cache").rglob("*") if p.is_file())
     assert got == ["vendor/llama.cpp/conversion/base.py", "vendor/llama.cpp/convert_hf_to_gguf.py",
                    "vendor/llama.cpp/gguf-py/gguf/__init__.py"]  # the C sources stay in the archive
+
+
+def test_llama_cpp_comparison_starts_from_bf16_weights(capsys, monkeypatch, tmp_path):
+    import types
+
+    from freetoken.paths import DEMO_MODEL
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))  # importable, never called here
+    assert main(["bench", "cpu", "--against", "llama.cpp", "--model", str(DEMO_MODEL), "--work-dir",
+                 str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"ft bench: error: --model {DEMO_MODEL}: --against llama.cpp starts from "
+                                       f"bf16 weights (the bf16 rows compare them as they are, the other rows are "
+                                       f"made from them)\n")

@@ -10,6 +10,7 @@ bit-identical quantizations. Greedy tokens are compared only where the weights a
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,6 +80,10 @@ def prepare(cfg: LlamaBenchConfig, log: Log) -> dict[str, Path]:
         model = Path(cfg.model)
         if checkpoint_family(model) != "qwen3_moe":
             raise ValueError(f"--model {model}: --against llama.cpp runs Qwen3-MoE checkpoints")
+        raw = json.loads((model / "config.json").read_text())
+        if "quantization_config" in raw or (raw.get("dtype") or raw.get("torch_dtype")) != "bfloat16":
+            raise ValueError(f"--model {model}: --against llama.cpp starts from bf16 weights (the bf16 rows compare "
+                             f"them as they are, the other rows are made from them)")
     folder = _artifact_dir(cfg, model)
     rows = [ROWS[r] for r in cfg.rows]
     paths = {"model": model}

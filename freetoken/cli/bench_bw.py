@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (("--repeats", args.repeats), ("--threads", args.threads), ("--seconds", args.seconds),
                         ("--misses-per-call", args.misses_per_call)):
         if value is not None and value <= 0:
-            raise ValueError(f"{flag} must be positive, got {value}")
+            raise ValueError(f"{flag} must be positive, got {value:g}")
     from freetoken.engine.engine import set_host_threads
 
     set_host_threads(args.threads)  # None: torch's (the physical cores by default), as the engine
