@@ -133,3 +133,52 @@ def test_the_hybrid_split_takes_the_overlapped_medians():
     assert (cpu, dma) == (11.0, 40.0)
     rec = recommend(45.0, cpu, dma, 4, {"offload_tok_s": 10.0, "hybrid_tok_s": 20.0})
     assert (rec["bh_gb_s"], rec["bp_gb_s"]) == (11.0, 40.0)
+
+
+def test_the_cuda_branch_repeats_every_lane_and_recommends_from_the_medians(monkeypatch, tmp_path):
+    """The GPU half of run_bench with its lanes scripted (no GPU here): PCIe bulk, gather and the overlapped pair
+    are each read `repeats` times, a collapsed overlapped pair is retried as a pair, and the recommendation (and the
+    hybrid split a profile hands `--split auto`) uses the medians."""
+    from freetoken.calibrate import bench
+    from freetoken.calibrate.lanes import Geometry
+    from freetoken.calibrate.mode import resolve_split
+
+    gather = iter([50.0, 52.0, 49.0])
+    pairs = iter([(30.0, 45.0), (0.1, 46.0), (31.0, 44.0), (29.0, 45.5)])
+    monkeypatch.setattr(bench.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "GPU X")
+    real_pool = bench.ExpertPool
+    monkeypatch.setattr(bench, "ExpertPool", lambda geo, n, pin=False: real_pool(geo, n))
+    monkeypatch.setattr(bench, "DeviceSlots", lambda pool, slots: None)
+    monkeypatch.setattr(bench, "host_read", lambda span, seconds: rate(80.0))
+    monkeypatch.setattr(bench, "cpu_lane", lambda pool, seconds, lane, per_call: rate(33.0))
+    monkeypatch.setattr(bench, "h2d_bulk", lambda pool, seconds: rate(55.0))
+    monkeypatch.setattr(bench, "gather_lane", lambda pool, slots, seconds, m: rate(next(gather)))
+
+    def overlapped(cpu_pool, lane, gpu_pool, slots, seconds, m):
+        cpu, dma = next(pairs)
+        return rate(cpu), rate(dma)
+
+    monkeypatch.setattr(bench, "overlapped", overlapped)
+    import freetoken.calibrate.gpu_probe as gp
+    import freetoken.calibrate.probe as probe
+
+    monkeypatch.setattr(gp, "gpu_probe", lambda: {"launch_us": 3.0})
+    seen = {}
+
+    def decode_probe(bp, bh, model):
+        seen["rates"] = (bp, bh)
+        return {"offload_tok_s": 10.0, "hybrid_tok_s": 20.0, "model": "scripted"}
+
+    monkeypatch.setattr(probe, "decode_probe", decode_probe)
+    cfg = bench.BenchConfig(Geometry(64, 32, "fp32"), seconds=0.01, min_buffer_bytes=1 << 16, llc_multiple=0)
+    p = bench.run_bench(cfg)
+    assert p["pcie"]["gb_s"] == 50.0 and p["pcie"]["gather"]["readings"][1]["gb_s"] == 52.0
+    assert p["overlap"]["cpu_lane"]["gb_s"] == 30.0 and p["overlap"]["gather"]["gb_s"] == 45.0  # 45, 44, 45.5 kept
+    assert p["overlap"]["gather"]["discarded_gb_s"] == [46.0]  # retried with its collapsed partner
+    assert seen["rates"] == (45.0, 30.0)  # the decode probe's hybrid split at the medians
+    rec = p["recommendation"]
+    assert (rec["bp_gb_s"], rec["bh_gb_s"]) == (45.0, 30.0) and rec["mode"] == "hybrid"
+    save_profile(p, tmp_path / "bw-gpu-x-fp32.json")
+    split = resolve_split("auto", "GPU X", "fp32", tmp_path).split
+    assert (split.mode, split.bp, split.bh) == ("hybrid", 45.0, 30.0)
