@@ -125,12 +125,13 @@ def with_bench_profile(hw: HardwareProfile, profile: dict, where: str) -> Hardwa
 
     BP: the expert-gather copy rate; BH: the CPU lane; DRAM: what the two lanes moved together when run at once
     (their sum is the shared ceiling when they contend, and >= BP + BH, i.e. no contention, when they do not).
+    Each `gb_s` is the median of the lane's readings (freetoken/calibrate/repeat.py).
     """
     from dataclasses import replace
 
     sources = dict(hw.sources)
     new = {"host_gb_s": float(profile["cpu_lane"]["gb_s"])}
-    sources["host_gb_s"] = f"ft bench bw ({where}): cpu_lane.gb_s"
+    sources["host_gb_s"] = f"ft bench bw ({where}): cpu_lane.gb_s (median of its readings)"
     if profile.get("pcie"):
         new["pcie_gb_s"] = float(profile["pcie"]["gb_s"])
         sources["pcie_gb_s"] = f"ft bench bw ({where}): pcie.gb_s (expert gather)"

@@ -14,16 +14,27 @@ from freetoken.calibrate.profile import load_profile, profile_path, save_profile
 from freetoken.cli import main
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _threads_restored():
+    """--threads sets torch's and the host kernels' thread counts for the process: put them back afterwards."""
+    from freetoken.host import kernels as host_kernels
+
+    before = torch.get_num_threads(), host_kernels.threads()
+    yield
+    torch.set_num_threads(before[0])
+    host_kernels.set_threads(before[1])
+
+
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    """One real `ft bench bw --quick --json` run (a few seconds), shared by the checks below."""
+    """One real `ft bench bw --quick --json --threads 1` run (a few seconds), shared by the checks below."""
     cache = tmp_path_factory.mktemp("cache")
     import contextlib
     import io
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert main(["bench", "bw", "--quick", "--json", "--cache-dir", str(cache)]) == 0
+        assert main(["bench", "bw", "--quick", "--json", "--threads", "1", "--cache-dir", str(cache)]) == 0
     return json.loads(out.getvalue()), cache
 
 
@@ -39,21 +50,29 @@ def test_quick_run_writes_a_valid_cpu_profile(quick_run):
     assert "PCIe absent" in profile["recommendation"]["reason"]
     # the buffer is beyond the last-level cache, and the expert is Qwen3-30B-A3B's: 3 * 2048 * 768 * 2 bytes
     assert profile["host"]["buffer_bytes"] >= 4 * last_level_cache_bytes()
-    assert profile["cpu_lane"]["bytes_per_pass"] == 9_437_184
+    # the CPU lane runs 4 experts (--misses-per-call) per MoE layer call, through the engine's host path
+    assert profile["cpu_lane"]["experts_per_call"] == 4 and profile["cpu_lane"]["function"].startswith("engine")
+    assert profile["cpu_lane"]["bytes_per_pass"] == 4 * 9_437_184
     assert profile["cpu_lane"]["experts_in_pool"] * 9_437_184 >= profile["host"]["buffer_bytes"]
+    assert profile["repeats"] == 3 and profile["threads"] == profile["host_kernel_threads"] == 1  # --threads 1
     for lane in ("host", "cpu_lane"):
         r = profile[lane]
-        # sustained = all bytes over all seconds (rounded to 3 decimals when written)
-        assert r["gb_s"] == pytest.approx(r["passes"] * r["bytes_per_pass"] / r["seconds"] / 1e9, rel=0.01)
-        assert r["passes"] >= 3 and r["seconds"] >= 0.75 * 0.99
+        assert r["repeats"] == len(r["readings"]) == 3
+        for x in r["readings"]:  # each reading sustained = all bytes over all seconds (rounded when written)
+            assert x["gb_s"] == pytest.approx(x["passes"] * x["bytes_per_pass"] / x["seconds"] / 1e9, rel=0.01)
+            assert x["passes"] >= 3 and x["seconds"] >= 0.25 * 0.99
+        rates = sorted(x["gb_s"] for x in r["readings"])
+        assert r["gb_s"] == r["median_gb_s"] == rates[1] and (r["min_gb_s"], r["max_gb_s"]) == (rates[0], rates[2])
+        assert r["spread"] == pytest.approx((rates[2] - rates[0]) / rates[1], abs=1e-3)
         assert r["gb_s"] <= r["peak_gb_s"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
 def test_table_says_pcie_is_absent(tmp_path, capsys):
-    assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--cache-dir", str(tmp_path)]) == 0
+    assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--threads", "1", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "host memory read" in out and "CPU lane, 1 token/expert" in out
+    assert "host memory read" in out and "CPU lane, 4 experts/call" in out and "3 readings per lane" in out
+    assert "1 threads (host kernels 1)" in out
     assert "absent (no CUDA device)" in out and "recommended mode: cpu" in out
 
 
@@ -77,9 +96,16 @@ def test_hybrid_only_when_the_decode_probe_confirms_it():
     assert faster["mode"] == "hybrid" and (faster["bp_gb_s"], faster["bh_gb_s"]) == (10.0, 40.0)
 
 
+def _lane(gb_s: float) -> dict:
+    from freetoken.calibrate.measure import Rate
+    from freetoken.calibrate.repeat import Repeated
+
+    return Repeated((Rate(gb_s, gb_s, 1.0, 3, 1000),) * 3).to_dict()
+
+
 def _profile(mode, bp=None, bh=None):
-    return {"version": 1, "key": "GPU X|bf16", "gpu": "GPU X", "expert_format": "bf16",
-            "geometry": {"hidden": 2048, "intermediate": 768}, "host": {"gb_s": 60.0}, "cpu_lane": {"gb_s": 30.0},
+    return {"version": 2, "key": "GPU X|bf16", "gpu": "GPU X", "expert_format": "bf16", "threads": 8, "repeats": 3,
+            "geometry": {"hidden": 2048, "intermediate": 768}, "host": _lane(60.0), "cpu_lane": _lane(30.0),
             "recommendation": {"mode": mode, "bp_gb_s": bp, "bh_gb_s": bh, "reason": "test"}}
 
 
@@ -107,7 +133,7 @@ def test_broken_profiles_are_named(tmp_path):
     bad = _profile("hybrid")  # hybrid without rates
     with pytest.raises(ValueError, match="bp_gb_s"):
         save_profile(bad, path)
-    path.write_text(json.dumps({**_profile("offload"), "host": {"gb_s": -1}}))
+    path.write_text(json.dumps({**_profile("offload"), "host": {**_lane(1.0), "gb_s": -1}}))
     with pytest.raises(ValueError, match=r"host\.gb_s"):
         load_profile(path)
 
@@ -127,6 +153,12 @@ def test_decode_probe_runs_both_splits_on_the_engine():
     assert out["offload_tok_s"] > 0 and out["hybrid_tok_s"] > 0
 
 
+def test_bad_counts_are_refused(capsys):
+    for flag in ("--repeats", "--threads", "--seconds", "--misses-per-call"):
+        assert main(["bench", "bw", "--quick", "--no-save", flag, "0"]) == 2
+        assert capsys.readouterr().err == f"ft bench: error: {flag} must be positive, got 0\n"
+
+
 def test_bad_geometry_is_refused(capsys):
     assert main(["bench", "bw", "--quick", "--format", "int3", "--no-save"]) == 2
     assert "expert format 'int3'" in capsys.readouterr().err
@@ -144,7 +176,7 @@ def test_model_flag_writes_the_profile_serve_reads(tmp_path, capsys):
     from freetoken.serve.engine_backend import expert_format
 
     assert main(["bench", "bw", "--model", str(DEMO_MODEL), "--quick", "--no-probe", "--seconds", "0.05",
-                 "--cache-dir", str(tmp_path), "--json"]) == 0
+                 "--threads", "1", "--cache-dir", str(tmp_path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     fmt = expert_format(load_checkpoint(DEMO_MODEL))
     assert fmt == "fp32" and printed["path"] == str(profile_path(None, fmt, tmp_path))

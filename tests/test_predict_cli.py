@@ -116,9 +116,16 @@ def test_bench_profile_replaces_the_lane_bandwidths(capsys, tmp_path):
     from freetoken.calibrate.profile import save_profile
     from freetoken.sim.hardware import with_bench_profile
 
-    profile = {"version": 1, "key": "x|int4", "expert_format": "int4", "geometry": {},
-               "host": {"gb_s": 70.0}, "cpu_lane": {"gb_s": 40.0}, "pcie": {"gb_s": 25.0},
-               "overlap": {"cpu_lane": {"gb_s": 30.0}, "gather": {"gb_s": 20.0}},
+    from freetoken.calibrate.measure import Rate
+    from freetoken.calibrate.repeat import Repeated
+
+    def lane(*readings):  # ft bench bw's lane entry: its readings, their median as gb_s
+        return Repeated(tuple(Rate(r, r, 1.0, 3, 1000) for r in readings)).to_dict()
+
+    profile = {"version": 2, "key": "x|int4", "expert_format": "int4", "geometry": {}, "threads": 8, "repeats": 3,
+               "host": lane(70.0, 69.0, 71.0), "cpu_lane": lane(41.0, 40.0, 12.0),
+               "pcie": {"gb_s": 25.0, "gather": lane(25.0, 24.0, 26.0)},
+               "overlap": {"cpu_lane": lane(30.0, 29.0, 31.0), "gather": lane(20.0, 19.5, 20.5)},
                "recommendation": {"mode": "hybrid", "bp_gb_s": 25.0, "bh_gb_s": 40.0}}
     path = save_profile(profile, tmp_path / "bw.json")
     hw = with_bench_profile(load_hardware("rtx5090-ryzen"), profile, str(path))

@@ -19,8 +19,8 @@ from freetoken.calibrate.measure import Rate, sustain
 
 FORMATS: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-# CpuLane(expert index in the pool) computes that expert on the host for the lane's tokens
-CpuLane = Callable[[int], object]
+# CpuLane(expert indices in the pool) computes those experts on the host for the lane's tokens: one MoE layer call
+CpuLane = Callable[[list[int]], object]
 
 
 def torch_expert_ffn(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -76,13 +76,14 @@ class ExpertPool:
 
 
 def torch_lane(pool: ExpertPool, tokens: int = 1) -> CpuLane:
-    """The FFN as plain torch matmuls in the weights' own format."""
+    """The FFN as plain torch matmuls in the weights' own format, expert by expert."""
     x = torch.randn(tokens, pool.geo.hidden).to(pool.geo.dtype)
-    return lambda e: torch_expert_ffn(x, pool.w13[e], pool.w2[e])
+    return lambda experts: [torch_expert_ffn(x, pool.w13[e], pool.w2[e]) for e in experts]
 
 
 def engine_lane(pool: ExpertPool, tokens: int = 1) -> CpuLane:
-    """The live engine's own CPU lane (LiveExecutor's host path) over the pool as a one-layer expert store."""
+    """The live engine's own CPU lane (LiveExecutor's host path) over the pool as a one-layer expert store: one
+    call per MoE layer call, every token routed to all the call's experts (one token: a decode step's layer)."""
     from freetoken.engine.executor import LiveExecutor
     from freetoken.engine.kernelset import kernel_set
     from freetoken.engine.slots import ExpertStore, SlotPool
@@ -90,19 +91,22 @@ def engine_lane(pool: ExpertPool, tokens: int = 1) -> CpuLane:
     store = ExpertStore([(pool.w13, pool.w2)])
     executor = LiveExecutor(store, SlotPool(0, 1, store, "cpu"), kernel_set("reference"), torch.device("cpu"))
     x = torch.randn(tokens, pool.geo.hidden).to(pool.geo.dtype)
-    weights = torch.ones(tokens, 1)  # [T, K=1]
-    ids = np.zeros((tokens, 1), np.int64)
 
-    def lane(e: int):
-        ids[:] = e
-        return executor._cpu_lane(0, [e], x, weights, ids)
+    def lane(experts: list[int]):
+        ids = np.tile(np.asarray(experts, np.int64), (tokens, 1))  # [T, K]
+        weights = torch.full(ids.shape, 1.0 / len(experts))  # [T, K] fp32
+        return executor._cpu_lane(0, experts, x, weights, ids)
 
     return lane
 
 
-def cpu_lane(pool: ExpertPool, seconds: float, lane: CpuLane, stop: threading.Event | None = None) -> Rate:
-    """Expert weight bytes the CPU lane gets through per second."""
-    return sustain(lambda: lane(pool.take()), pool.geo.expert_bytes, seconds, until=stop)
+def cpu_lane(pool: ExpertPool, seconds: float, lane: CpuLane, stop: threading.Event | None = None,
+             per_call: int = 1) -> Rate:
+    """Expert weight bytes the CPU lane gets through per second, `per_call` distinct experts per layer call."""
+    if not 0 < per_call <= pool.experts:
+        raise ValueError(f"experts per CPU-lane call must lie in [1, {pool.experts}], got {per_call}")
+    return sustain(lambda: lane([pool.take() for _ in range(per_call)]), per_call * pool.geo.expert_bytes, seconds,
+                   until=stop)
 
 
 class DeviceSlots:
@@ -154,12 +158,13 @@ def gather_lane(pool: ExpertPool, slots: DeviceSlots, seconds: float, per_call: 
 
 def overlapped(cpu_pool: ExpertPool, lane: CpuLane, gpu_pool: ExpertPool, slots: DeviceSlots, seconds: float,
                per_call: int = 4) -> tuple[Rate, Rate]:
-    """Both lanes at once, as in a hybrid step; each rate is measured over the window where both ran."""
+    """Both lanes at once, as in a hybrid step, `per_call` experts per call each; each rate is measured over the
+    window where both ran."""
     out: dict[str, Rate] = {}
     done = threading.Event()
 
     def run_cpu():
-        out["cpu"] = cpu_lane(cpu_pool, seconds, lane=lane)
+        out["cpu"] = cpu_lane(cpu_pool, seconds, lane=lane, per_call=per_call)
         done.set()
 
     worker = threading.Thread(target=run_cpu, daemon=True)

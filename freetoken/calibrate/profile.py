@@ -1,4 +1,8 @@
-"""The bandwidth profile: what `ft bench bw` measured, one JSON file per (GPU, expert format) in the user cache."""
+"""The bandwidth profile: what `ft bench bw` measured, one JSON file per (GPU, expert format) in the user cache.
+
+Version 2: each lane holds its readings, their median (`gb_s`) and spread, and the threads the host lanes ran on;
+a version 1 profile (one reading per lane, which a collapsed reading could fill) is refused: rerun `ft bench bw`.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ from pathlib import Path
 
 from freetoken.io import write_atomic
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 MODES = ("offload", "hybrid", "cpu")
 REQUIRED = {  # field -> type, checked on load
     "version": int, "key": str, "expert_format": str, "geometry": dict, "host": dict, "cpu_lane": dict,
-    "recommendation": dict,
+    "recommendation": dict, "threads": int, "repeats": int,
 }
+LANE_FIELDS = ("gb_s", "median_gb_s", "min_gb_s", "max_gb_s")  # positive numbers in every measured lane
 
 
 def cache_dir() -> Path:
@@ -69,9 +74,22 @@ def validate_profile(profile, where) -> None:
         raise ValueError(f"{where}: recommendation.mode must be one of {', '.join(MODES)}, got {rec.get('mode')!r}")
     if rec["mode"] == "hybrid" and not (_positive(rec.get("bp_gb_s")) and _positive(rec.get("bh_gb_s"))):
         raise ValueError(f"{where}: a hybrid recommendation needs positive bp_gb_s and bh_gb_s")
-    for lane in ("host", "cpu_lane"):
-        if not _positive(profile[lane].get("gb_s")):
-            raise ValueError(f"{where}: {lane}.gb_s must be a positive number")
+    for name in ("threads", "repeats"):
+        if profile[name] <= 0:
+            raise ValueError(f"{where}: {name} must be positive, got {profile[name]}")
+    lanes = {"host": profile["host"], "cpu_lane": profile["cpu_lane"]}
+    for group in ("pcie", "overlap"):
+        lanes.update({f"{group}.{k}": v for k, v in (profile.get(group) or {}).items() if isinstance(v, dict)})
+    for lane, r in lanes.items():
+        for f in LANE_FIELDS:
+            if not _positive(r.get(f)):
+                raise ValueError(f"{where}: {lane}.{f} must be a positive number")
+        readings = r.get("readings")
+        if not isinstance(readings, list) or not readings:
+            raise ValueError(f"{where}: {lane}.readings must list the lane's readings; rerun `ft bench bw`")
+        if not r["min_gb_s"] <= r["gb_s"] <= r["max_gb_s"]:
+            raise ValueError(f"{where}: {lane}.gb_s {r['gb_s']} is not the median of readings in "
+                             f"[{r['min_gb_s']}, {r['max_gb_s']}]")
 
 
 def _positive(x) -> bool:

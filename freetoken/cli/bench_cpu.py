@@ -1,159 +1,157 @@
-"""ft bench cpu: the engine's CPU path (torch kernels, slot-grouped expert FFN) beside HF transformers on the same
-random-weight checkpoint, each in its own process: prefill tok/s, decode tok/s and peak RSS, as ratios in one run.
-
-Both sides run greedy on the same prompt ids; their tokens are compared as a check that they did the same work.
+"""ft bench cpu: the CPU engine against HF transformers (--against hf) or llama.cpp (--against llama.cpp) on the same
+weights, prompt ids and threads, every side in one process, interleaved, best of N (freetoken/calibrate/cpu_race.py):
+prefill and decode tok/s, peak RSS of each side alone in a child, greedy tokens compared; against llama.cpp also
+bytes read per token and their share of the read bandwidth measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from freetoken.cli.common import print_json
 
-# a small Qwen3-MoE: big enough that expert FFNs dominate, small enough to build and run in seconds on 2 cores
-SHAPE = dict(hidden_size=512, intermediate_size=1024, moe_intermediate_size=256, num_hidden_layers=4,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=64, num_experts=32, num_experts_per_tok=4,
-             norm_topk_prob=True, max_position_embeddings=4096, vocab_size=2048, tie_word_embeddings=False)
+AGAINST = ("hf", "llama.cpp")
+HF_ONLY = ("family", "dtype", "ft_mode")
+LLAMA_ONLY = ("rows", "llama_cpp_src")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("cpu", help="CPU engine vs HF transformers: prefill / decode tok/s and peak memory")
-    p.add_argument("--model", help="checkpoint directory (default: a random Qwen3-MoE built in a temp folder)")
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--decode-tokens", type=int, default=32)
-    p.add_argument("--fraction", type=float, default=0.5, help="engine: expert slots as a fraction of all experts")
-    p.add_argument("--reps", type=int, default=3, help="timed runs per side after one warm-up (the fastest counts)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--worker", choices=["engine", "hf"], help=argparse.SUPPRESS)
+    p = sub.add_parser("cpu", help="CPU engine vs HF transformers or llama.cpp: prefill / decode tok/s, bytes per "
+                                   "token, peak memory, in one interleaved run")
+    p.add_argument("--against", choices=AGAINST, default="hf", help="hf (default): HF transformers; llama.cpp: "
+                   "llama-cpp-python on GGUF files made by llama.cpp's own converter and quantizer")
+    p.add_argument("--model", help="checkpoint directory (default: random models built once into --work-dir)")
+    p.add_argument("--family", help="--against hf: comma-separated families of the random models (default "
+                                    "qwen3_moe,qwen3_5_moe)")
+    p.add_argument("--prompt-tokens", help="comma-separated prompt lengths (default: hf 512,2048; llama.cpp 512)")
+    p.add_argument("--decode-tokens", type=int, default=32, help="greedy tokens decoded per run (default 32)")
+    p.add_argument("--reps", type=int, default=3, help="timed rounds; each side's fastest counts (default 3)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed rounds before them (default 1)")
+    p.add_argument("--threads", help="comma-separated thread counts, every side at each (default: hf the physical "
+                                     "cores; llama.cpp 1 and the physical cores)")
+    p.add_argument("--dtype", help="--against hf: bf16 (default) or fp32, both sides")
+    p.add_argument("--ft-mode", help="--against hf: the engine's expert placement, all (default: --fraction 1) or "
+                                     "cpu-moe (--cpu-moe)")
+    p.add_argument("--rows", help="--against llama.cpp: which rows (default all): llama-bf16, llama-q8_0, "
+                                  "llama-q4_0, llama-q4_k_m, ft-bf16-cpu-moe, ft-bf16-all, ft-gptq-cpu-moe, "
+                                  "ft-gptq-all")
+    p.add_argument("--shape", default="", help="random models' shape overrides, e.g. hidden=256,layers=2 (fields of "
+                                               "freetoken.calibrate.checkpoints.RandomMoE)")
+    p.add_argument("--llama-cpp-src", help="--against llama.cpp: a llama.cpp source tree with convert_hf_to_gguf.py "
+                                           "(default $FT_LLAMA_CPP_SRC, else the installed llama-cpp-python's sdist, "
+                                           "downloaded once)")
+    p.add_argument("--work-dir", type=Path, help="built checkpoints and GGUF files (default "
+                                                 "$XDG_CACHE_HOME/freetoken/bench-cpu)")
+    p.add_argument("--no-rss", action="store_true", help="skip the peak-RSS child processes")
+    p.add_argument("--out", help="write the results to this .csv or .json file")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.set_defaults(run=run)
 
 
-def build_random(out: Path) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model("qwen3_moe", eos_token_id=None, bos_token_id=None, pad_token_id=0, **SHAPE)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
-    return out
-
-
-def _peak_rss() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"{flag} {text!r}: expected comma-separated integers") from None
+    if not values:
+        raise ValueError(f"{flag} {text!r}: give at least one value")
+    return values
 
 
-def _prompt(vocab: int, n: int) -> list[int]:
-    import numpy as np
-
-    return np.random.default_rng(0).integers(1, vocab, n).tolist()
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
-def _best_of(reps: int, run_once) -> dict:
-    """run_once() -> (prefill_s, decode_s, tokens); the fastest of `reps` runs after one warm-up (first-call
-    allocations and lazy initialisation are not what this compares)."""
-    run_once()
-    runs = [run_once() for _ in range(reps)]
-    return {"prefill_s": min(r[0] for r in runs), "decode_s": min(r[1] for r in runs), "tokens": runs[0][2]}
+def base_config(args: argparse.Namespace):
+    """The settings both comparisons share, every mistake named by its flag before anything is built."""
+    from freetoken.calibrate.cpu_bench import CpuBenchConfig, default_work_dir
+    from freetoken.host.kernels import physical_cores
+    from freetoken.io import folder_problem
 
+    llama = args.against == "llama.cpp"
+    for name in HF_ONLY if llama else LLAMA_ONLY:
+        if getattr(args, name) is not None:
+            raise ValueError(f"{_flag(name)} applies to --against {'hf' if llama else 'llama.cpp'} only")
+    cores = physical_cores()
+    prompt = _ints(args.prompt_tokens, "--prompt-tokens") if args.prompt_tokens else ((512,) if llama else (512, 2048))
+    threads = (_ints(args.threads, "--threads") if args.threads else
+               (tuple(dict.fromkeys((1, cores))) if llama else (cores,)))
+    if args.out:
+        from freetoken.calibrate.cpu_table import check_out
 
-def worker_engine(args) -> dict:
-    import time
-
-    from freetoken.engine import CacheConfig, Engine
-
-    engine = Engine.from_pretrained(args.model, CacheConfig("lru", fraction=args.fraction), kernels="reference",
-                                    device="cpu", record=False)
-    ids = _prompt(engine.config.vocab_size, args.prompt_tokens)
-
-    def run_once():
-        engine.reset()
-        kv = engine.new_kv(args.prompt_tokens + args.decode_tokens + 1)
-        t0 = time.perf_counter()
-        logits = engine.prefill(ids, kv)
-        prefill_s = time.perf_counter() - t0
-        tokens = [int(logits[-1].argmax())]
-        t0 = time.perf_counter()
-        for _ in range(args.decode_tokens):
-            tokens.append(int(engine.decode(tokens[-1], kv)[-1].argmax()))
-        return prefill_s, time.perf_counter() - t0, tokens
-
-    return {**_best_of(args.reps, run_once), "peak_rss": _peak_rss()}
-
-
-def worker_hf(args) -> dict:
-    import time
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    ids = _prompt(model.config.vocab_size, args.prompt_tokens)
-
-    @torch.inference_mode()
-    def run_once():
-        t0 = time.perf_counter()
-        out = model(torch.tensor([ids]), use_cache=True)
-        prefill_s = time.perf_counter() - t0
-        past, tokens = out.past_key_values, [int(out.logits[0, -1].argmax())]
-        t0 = time.perf_counter()
-        for _ in range(args.decode_tokens):
-            out = model(torch.tensor([[tokens[-1]]]), past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            tokens.append(int(out.logits[0, -1].argmax()))
-        return prefill_s, time.perf_counter() - t0, tokens
-
-    return {**_best_of(args.reps, run_once), "peak_rss": _peak_rss()}
-
-
-def _spawn(which: str, args, model: Path) -> dict:
-    cmd = [sys.executable, "-m", "freetoken.cli", "bench", "cpu", "--worker", which, "--model", str(model),
-           "--prompt-tokens", str(args.prompt_tokens), "--decode-tokens", str(args.decode_tokens),
-           "--fraction", str(args.fraction), "--reps", str(args.reps)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ValueError(f"the {which} run failed: {last.removeprefix('ft bench: error: ')}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        check_out(args.out)
+    work = args.work_dir or default_work_dir()
+    problem = folder_problem(Path(work))
+    if problem:
+        raise ValueError(f"--work-dir {work}: cannot write ({problem})")
+    if args.model is not None and args.shape:
+        raise ValueError("--shape sets the random models' shape: drop it with --model")
+    if args.model is not None and not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model}: no such checkpoint directory")
+    return CpuBenchConfig(prompt_tokens=prompt, decode_tokens=args.decode_tokens, reps=args.reps,
+                          warmup=args.warmup, threads=threads, rss=not args.no_rss, work_dir=Path(work))
 
 
 def run(args: argparse.Namespace) -> int:
-    if min(args.prompt_tokens, args.decode_tokens, args.reps) <= 0:
-        raise ValueError("--prompt-tokens, --decode-tokens and --reps must be positive")
-    if not 0 <= args.fraction <= 1:
-        raise ValueError(f"--fraction must lie in [0, 1], got {args.fraction}")
-    if args.worker:
-        print(json.dumps((worker_engine if args.worker == "engine" else worker_hf)(args)))
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(args.model) if args.model else build_random(Path(tmp) / "model")
-        eng, hf = _spawn("engine", args, model), _spawn("hf", args, model)
-    P, N = args.prompt_tokens, args.decode_tokens
-    row = {
-        "prompt_tokens": P, "decode_tokens": N, "fraction": args.fraction,
-        "engine_prefill_tok_s": P / eng["prefill_s"], "hf_prefill_tok_s": P / hf["prefill_s"],
-        "engine_decode_tok_s": N / eng["decode_s"], "hf_decode_tok_s": N / hf["decode_s"],
-        "engine_peak_rss_mib": eng["peak_rss"] / 2**20, "hf_peak_rss_mib": hf["peak_rss"] / 2**20,
-        "same_tokens": eng["tokens"] == hf["tokens"],
-    }
-    row["prefill_vs_hf"] = row["engine_prefill_tok_s"] / row["hf_prefill_tok_s"]
-    row["decode_vs_hf"] = row["engine_decode_tok_s"] / row["hf_decode_tok_s"]
-    row["peak_rss_vs_hf"] = eng["peak_rss"] / hf["peak_rss"]
+    from freetoken.calibrate.cpu_table import write_out
+    from freetoken.cli.common import progress
+
+    base = base_config(args)
+
+    def log(line: str) -> None:
+        print(f"  {line}", file=sys.stderr)
+
+    if args.against == "llama.cpp":
+        from freetoken.calibrate.checkpoints import RandomMoE
+        from freetoken.calibrate.llamacpp import require_llama_cpp
+        from freetoken.calibrate.vs_llamacpp import ROWS, LlamaBenchConfig, parse_rows, run_vs_llamacpp
+
+        require_llama_cpp()  # before anything is built
+        cfg = LlamaBenchConfig(base, parse_rows(args.rows) if args.rows is not None else tuple(ROWS),
+                               Path(args.model) if args.model else None, RandomMoE().with_overrides(args.shape),
+                               args.llama_cpp_src)
+        result = run_vs_llamacpp(cfg, log, progress)
+    else:
+        from freetoken.calibrate.vs_hf import HFBenchConfig, run_vs_hf
+
+        families = tuple(f.strip() for f in args.family.split(",") if f.strip()) if args.family else None
+        if args.model and families:
+            raise ValueError("--family picks the random models: drop it with --model (its config names its family)")
+        cfg = HFBenchConfig(base, **({"families": families} if families else {}),
+                            model=Path(args.model) if args.model else None, dtype=args.dtype or "bf16",
+                            ft_mode=args.ft_mode or "all", shape=args.shape)
+        cfg.shapes()  # --shape mistakes now, not after the first family ran
+        result = run_vs_hf(cfg, log, progress)
+    if args.out:
+        write_out(args.out, result)
     if args.json:
-        print_json(row)
-        return 0
-    print(f"CPU engine vs HF transformers, {P}-token prompt, {N} decode tokens, expert cache {args.fraction:.0%}")
-    print(f"  prefill  {row['engine_prefill_tok_s']:9.1f} tok/s vs {row['hf_prefill_tok_s']:9.1f}   "
-          f"{row['prefill_vs_hf']:.2f}x  (target >= 0.5x)")
-    print(f"  decode   {row['engine_decode_tok_s']:9.1f} tok/s vs {row['hf_decode_tok_s']:9.1f}   "
-          f"{row['decode_vs_hf']:.2f}x  (target >= 1x)")
-    print(f"  peak RSS {row['engine_peak_rss_mib']:9.0f} MiB   vs {row['hf_peak_rss_mib']:9.0f}       "
-          f"{row['peak_rss_vs_hf']:.2f}x  (target <= 1.5x)")
-    print(f"  greedy tokens equal: {row['same_tokens']}")
+        print_json(result)
+    else:
+        print_result(result)
+        if args.out:
+            print(f"results written to {args.out}")
     return 0
+
+
+def print_result(result: dict) -> None:
+    from freetoken.calibrate.cpu_table import HF_COLUMNS, LLAMA_COLUMNS, RATIO_COLUMNS, format_table
+
+    load = (result["machine_before"]["load_average"][0], result["machine_after"]["load_average"][0])
+    cores = result["machine_before"]["physical_cores"]
+    head = (f"best of {result['reps']} interleaved rounds (after {result['warmup']} warm-up), "
+            f"{result['decode_tokens']} decode tokens; {cores} physical cores, load average {load[0]:.1f} before, "
+            f"{load[1]:.1f} after")
+    if result["against"] == "hf":
+        print(f"CPU engine vs HF transformers in one process, {result['dtype']} on both sides; {head}")
+        print(format_table(HF_COLUMNS, result["rows"]))
+        return
+    print(f"ft vs llama.cpp on the same weights ({result['model']}); {head}")
+    for P, bw in result["read_bytes_s"].items():
+        print(f"  read bandwidth measured in the run ({P}-token race): "
+              + ", ".join(f"{k.removeprefix('t')} thread(s) {v / 1e9:.1f} GB/s" for k, v in bw.items()))
+    print(format_table(LLAMA_COLUMNS, result["rows"]))
+    if result["ratios"]:
+        print("\nft / llama.cpp (bf16 vs bf16: the same weights; GPTQ int4 g128 vs Q4_0: about the same bytes)")
+        print(format_table(RATIO_COLUMNS, result["ratios"]))
