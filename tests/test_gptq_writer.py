@@ -110,3 +110,26 @@ def test_the_engine_generates_from_the_written_checkpoint(pair):
     tokens = list(engine.generate([5, 6, 7], SamplingParams(greedy=True), max_tokens=3, stop_token_ids=()))
     assert len(tokens) == 3 and all(0 <= t < SHAPE.vocab for t in tokens)
     assert engine.store.packed and "gptq" in engine.store.format
+
+
+def test_the_lm_head_option_quantizes_it_and_the_engine_keeps_it_packed(pair, tmp_path):
+    """lm_head=True: the LM head as int4 too (the same-bytes comparison with llama.cpp's Q4_0); the host engine reads
+    it packed, and its logits are those of the hand-rounded head."""
+    from freetoken.engine import CacheConfig, Engine
+    from freetoken.quant.packed import PackedWeight
+
+    src, _ = pair
+    dst = write_gptq(src, tmp_path / "gptq-head", lm_head=True)
+    qc = json.loads((dst / "config.json").read_text())["quantization_config"]
+    assert qc["modules_to_not_convert"] == ["mlp.gate"]
+    head = Shard(src / "model.safetensors").read("lm_head.weight")
+    engine = Engine.from_pretrained(dst, CacheConfig("lru", fraction=1.0), kernels="host", device="cpu", record=False)
+    assert isinstance(engine.decoder.lm_head, PackedWeight)
+    np.testing.assert_allclose(engine.decoder.lm_head.to_float(0).numpy(), rtn_by_hand(head.float().numpy(), 128),
+                               rtol=0, atol=1e-7)
+    kv = engine.new_kv(16)
+    x = torch.randn(1, SHAPE.hidden).bfloat16()
+    got = engine.kernels.linear(x, engine.decoder.lm_head).float()
+    ref = x.float() @ engine.decoder.lm_head.to_float(0).T
+    assert ((got - ref).abs().max() / ref.abs().max()).item() < 8e-3  # the logits' bf16 rounding
+    assert engine.prefill([1, 2, 3], kv).shape == (1, SHAPE.vocab)

@@ -4,6 +4,8 @@ weights both were made from.
 
 Quantized, as GPTQ checkpoints of these models are: attention q/k/v/o and every expert projection (routed and
 shared); the router (`mlp.gate`), the embedding, the norms and lm_head stay as they are (modules_to_not_convert).
+`lm_head=True` quantizes the LM head too (as GPTQModel's lm_head option does): the int4 weights then read about the
+bytes llama.cpp's Q4_0 file does (whose output matrix is Q6_K).
 
 Per group of `group` inputs of an output row (asymmetric min-max, the range widened to hold 0 as GPTQ's quantizer
 does): scale = (max - min) / 15, zero = round(-min / scale), q = clamp(round(w / scale) + zero, 0, 15); the scale
@@ -64,12 +66,15 @@ def pack_gptq(q: torch.Tensor, zero: torch.Tensor, scale: torch.Tensor) -> dict[
             "scales": scale.t().contiguous().to(torch.float16)}
 
 
-def quantizable(name: str, shape: tuple[int, ...], group: int = GROUP) -> bool:
-    return bool(QUANTIZED.search(name)) and len(shape) == 2 and shape[1] % group == 0 and shape[0] % 8 == 0
+def quantizable(name: str, shape: tuple[int, ...], group: int = GROUP, lm_head: bool = False) -> bool:
+    ok = bool(QUANTIZED.search(name)) or (lm_head and name == "lm_head.weight")
+    return ok and len(shape) == 2 and shape[1] % group == 0 and shape[0] % 8 == 0
 
 
-def write_gptq(src: Path, dst: Path, group: int = GROUP, log: Callable[[str], None] = lambda s: None) -> Path:
-    """The bf16 checkpoint `src` as a GPTQ v2 int4 g`group` checkpoint in `dst` (shard for shard)."""
+def write_gptq(src: Path, dst: Path, group: int = GROUP, log: Callable[[str], None] = lambda s: None,
+               lm_head: bool = False) -> Path:
+    """The bf16 checkpoint `src` as a GPTQ v2 int4 g`group` checkpoint in `dst` (shard for shard); lm_head: quantize
+    the LM head too."""
     from safetensors.torch import save_file
 
     from freetoken.models.shard import Shard
@@ -85,7 +90,7 @@ def write_gptq(src: Path, dst: Path, group: int = GROUP, log: Callable[[str], No
         shard, out = Shard(file), {}
         for name in shard.keys():
             t = shard.read(name)
-            if quantizable(name, tuple(t.shape), group):
+            if quantizable(name, tuple(t.shape), group, lm_head):
                 prefix = name.removesuffix(".weight")
                 for part, packed in pack_gptq(*rtn_int4(t, group)).items():
                     out[f"{prefix}.{part}"] = packed
@@ -101,7 +106,8 @@ def write_gptq(src: Path, dst: Path, group: int = GROUP, log: Callable[[str], No
     config = json.loads((src / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": False,
                                      "desc_act": False, "checkpoint_format": "gptq_v2",
-                                     "modules_to_not_convert": NOT_CONVERTED}
+                                     "modules_to_not_convert": [m for m in NOT_CONVERTED
+                                                                if not (lm_head and m == "lm_head")]}
     (dst / "config.json").write_text(json.dumps(config, indent=1))
     for name in SMALL_FILES:
         if (src / name).is_file():

@@ -20,12 +20,13 @@ from freetoken.calibrate.cpu_race import matching_prefix, race
 from freetoken.calibrate.sides import FT_MODES, EngineSide, load_engine, prompt_ids
 
 GPTQ = "GPTQ int4 g128"
+GPTQ_HEAD = "GPTQ int4 g128 + lm_head"  # the LM head quantized too: about the bytes of llama.cpp's Q4_0 file
 
 
 @dataclass(frozen=True, slots=True)
 class Row:
     engine: str  # "llama.cpp" | "ft"
-    weights: str  # bf16, Q8_0, Q4_0, Q4_K_M | bf16, GPTQ int4 g128
+    weights: str  # bf16, Q8_0, Q4_0, Q4_K_M | bf16, GPTQ int4 g128 (+ lm_head)
     mode: str | None = None  # ft: a FT_MODES key
 
 
@@ -34,10 +35,11 @@ ROWS = {
     "llama-q4_0": Row("llama.cpp", "Q4_0"), "llama-q4_k_m": Row("llama.cpp", "Q4_K_M"),
     "ft-bf16-cpu-moe": Row("ft", "bf16", "cpu-moe"), "ft-bf16-all": Row("ft", "bf16", "all"),
     "ft-gptq-cpu-moe": Row("ft", GPTQ, "cpu-moe"), "ft-gptq-all": Row("ft", GPTQ, "all"),
+    "ft-gptq-head-cpu-moe": Row("ft", GPTQ_HEAD, "cpu-moe"), "ft-gptq-head-all": Row("ft", GPTQ_HEAD, "all"),
 }
 # (ft row, llama.cpp row): same weights (bf16), or int4 at about the same bytes (GPTQ g128 vs Q4_0)
 RATIOS = (("ft-bf16-cpu-moe", "llama-bf16"), ("ft-bf16-all", "llama-bf16"), ("ft-gptq-cpu-moe", "llama-q4_0"),
-          ("ft-gptq-all", "llama-q4_0"))
+          ("ft-gptq-all", "llama-q4_0"), ("ft-gptq-head-cpu-moe", "llama-q4_0"), ("ft-gptq-head-all", "llama-q4_0"))
 
 
 def parse_rows(text: str) -> tuple[str, ...]:
@@ -90,6 +92,10 @@ def prepare(cfg: LlamaBenchConfig, log: Log) -> dict[str, Path]:
     if any(r.engine == "ft" and r.weights == GPTQ for r in rows):
         log("GPTQ int4 g128 checkpoint of the same weights (round to nearest)")
         paths[GPTQ] = cached(folder / "gptq-int4-g128", lambda tmp: write_gptq(model, tmp, log=log))
+    if any(r.engine == "ft" and r.weights == GPTQ_HEAD for r in rows):
+        log("GPTQ int4 g128 checkpoint with the LM head quantized too")
+        paths[GPTQ_HEAD] = cached(folder / "gptq-int4-g128-lm-head",
+                                  lambda tmp: write_gptq(model, tmp, log=log, lm_head=True))
     kinds = list(dict.fromkeys(r.weights for r in rows if r.engine == "llama.cpp"))
     if kinds:
         bf16 = folder / "gguf" / "model-bf16.gguf"
@@ -137,7 +143,7 @@ def run_vs_llamacpp(cfg: LlamaBenchConfig, log: Log = lambda s: None, progress: 
     def weights_path(row: Row) -> Path:
         if row.engine == "llama.cpp":
             return paths[f"gguf {row.weights}"]
-        return paths[GPTQ] if row.weights == GPTQ else paths["model"]
+        return paths[row.weights] if row.weights in (GPTQ, GPTQ_HEAD) else paths["model"]
 
     peak: dict[str, int | None] = {name: None for name in cfg.rows}
     if b.rss:
