@@ -35,7 +35,7 @@ from freetoken.experiments.traces import stream_of
 from freetoken.io import write_atomic
 from freetoken.paths import WORK_ROOT
 from freetoken.placement import DECODE
-from freetoken.placement.layer_sweep import visit_rates
+from freetoken.placement.policies.sweep.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
 
 FRACTIONS = (0.25, 0.37, 0.50)

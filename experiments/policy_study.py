@@ -35,7 +35,7 @@ from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
 from freetoken.experiments.policy_report import COLUMNS, render, write_outputs  # noqa: F401  (the study's names)
 from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
-from freetoken.placement.layer_sweep import visit_rates
+from freetoken.placement.policies.sweep.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)

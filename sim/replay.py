@@ -12,8 +12,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.modules import MODULES
-from freetoken.placement import COMPILED_POLICY, PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
+from freetoken.placement import PREFILL, Call, CallStream, CompiledPolicy, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts, count
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
@@ -87,7 +86,7 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     phase's run of calls with its own. double_buffer: also record what freetoken's prefill double buffer streams
     into each call (ReplayResult.streamed, see streams_prefill); the compiled replay then runs those calls one by
     one, reading the residency before each."""
-    if keep_plans or not isinstance(policy, MODULES[COMPILED_POLICY].CompiledPolicy):
+    if keep_plans or not isinstance(policy, CompiledPolicy):
         return replay(stream.calls(), policy, split, expert_bytes=expert_bytes, keep_plans=keep_plans,
                       on_call=on_call, prefill_split=prefill_split, double_buffer=double_buffer)
     C = stream.num_calls

@@ -224,7 +224,7 @@ def check_cpu_moe(options: dict, model, config=None) -> None:
     if n is None or n == "all":  # --cpu-moe: every MoE layer, however many
         return
     from freetoken.models.checkpoint import read_config, resolve_dir
-    from freetoken.placement.static_layers import check_cpu_layers
+    from freetoken.placement.policies.static_layers import check_cpu_layers
 
     path = resolve_dir(model)
     layers = (config if config is not None else read_config(path)[1]).num_moe_layers

@@ -26,7 +26,7 @@ DEVICE_FORMS = ("lru", "static_layers", "frequency")
 
 def device_form(policy: PlacementPolicy) -> str | None:
     """None when `policy` can decide on the device, else the one-line reason it keeps the host path."""
-    from freetoken.placement.compiled import CompiledPolicy
+    from freetoken.placement import CompiledPolicy
 
     if policy.name not in DEVICE_FORMS:
         return f"placement {policy.name} has no device form (device: {', '.join(DEVICE_FORMS)}); it decides on the host"

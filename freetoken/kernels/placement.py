@@ -1,6 +1,6 @@
 """Placement decision on the device: one MoE call's expert ids -> slot ids, copy list and evictions, in one program.
 
-The state is the compiled placement's core arrays (freetoken.placement.compiled.base) held in device tensors, so a
+The state is the compiled placement's core arrays (freetoken.placement.compiled.core) held in device tensors, so a
 decode step can decide without returning to the host (FreeToken's lru_ensure):
     slot_of      int32 [K]  slot of each key (layer * E + expert), -1 = not resident
     key_of_slot  int32 [C]  key held by each slot, -1 = empty

@@ -26,15 +26,15 @@ fit: a call has at most E keys, and at most prefill_chunk x top-k < 2^31 (token,
 it). cpu and cpu tokens are written as they are, unless offload (0). The offload and other-split copies are
 compiled as functions of their own (~3% on the offload loop: fewer spills than both inlined in one).
 
-Loaded like the drivers (specialise.stream_for): a copy named by this package's source digest, so an edit to lru.py
-or split.py recompiles it. Same signature as driver.replay_calls; flags are LRU's (admits, nothing else).
+It reads LRU's recency list (nxt, prv) and per-layer counts (held) as arrays, so it is compiled once, whatever else
+LRU's state holds (policies/lru.py calls it).
 """
 
-from numba import njit
 from numba import int64 as I64
 from numba import uint64 as U64
 
-from freetoken.placement.compiled.base import CALLS, CLOCK, NFREE, STAMP
+from freetoken.placement.compiled.cache import jit
+from freetoken.placement.compiled.core import CALLS, CLOCK, NFREE, STAMP
 from freetoken.placement.compiled.linked import append
 from freetoken.placement.compiled.split import choose
 
@@ -43,7 +43,7 @@ SMALL = 4  # offload calls of at most this many keys skip the marking pass
 LOW = (1 << 32) - 1  # the low half of a packed pair
 
 
-@njit(cache=True, inline="always")
+@jit
 def _compact(queue, pos, head, tail):
     """Live entries of [head, tail) moved to the front, in order; returns their count (<= capacity + 1)."""
     n = 0
@@ -56,7 +56,7 @@ def _compact(queue, pos, head, tail):
     return n
 
 
-@njit(cache=True, inline="always")
+@jit
 def _among(keys, lo, hi, key):
     for j in range(lo, hi):
         if U64(keys[U64(j)]) == key:  # (an int32 against a uint64 would compare as floats)
@@ -64,7 +64,7 @@ def _among(keys, lo, hi, key):
     return False
 
 
-@njit(cache=True, inline="always")
+@jit
 def _push(queue, pos, head, tail, key):
     """key to the back of the queue (compacting it first when full); returns (head, tail)."""
     if tail == queue.size:
@@ -75,32 +75,32 @@ def _push(queue, pos, head, tail, key):
     return head, tail + 1
 
 
-@njit(cache=True, _nrt=False)
-def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
-    """Calls c0..c1-1; log [8, C] columns as driver.replay_calls. With log [10, C], rows 8 and 9 get each call's
-    distinct experts and (token, expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits,
-    cpu, evictions and cpu tokens over these calls (summed by _fill, so sim.replay needs no pass over the log)."""
+@jit(entry=True)
+def replay_calls(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log):
+    """Calls c0..c1-1 of LRU (its recency list nxt / prv, per-layer counts held, E experts per layer; admits: its
+    flag) as the driver's replay_calls. With log [10, C], rows 8 and 9 get each call's distinct experts and (token,
+    expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits, cpu, evictions and cpu tokens
+    over these calls (summed by _fill, so sim.replay needs no pass over the log)."""
     if split[0] == 0:  # offload: every miss fetched, whatever the other fields say (a copy with the split folded)
-        return _offload(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log)
-    return _other(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log)
+        return _offload(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log)
+    return _other(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log)
 
 
-@njit(cache=True, _nrt=False)
-def _offload(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):  # the loop with offload folded
-    return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, True)
+@jit
+def _offload(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log):
+    return _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, True)
 
 
-@njit(cache=True, _nrt=False)
-def _other(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
-    return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, False)
+@jit
+def _other(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log):
+    return _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, False)
 
 
-@njit(cache=True, inline="always")
-def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, offload):
+@jit(inline=True)  # (into _offload and _other: each its own loop, `offload` folded)
+def _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, offload):
     slot_of, key_of_slot, free, last_use, mark, ints = st
-    nxt, prv, held, E = p[0], p[1], p[2], p[4][1]
-    kind, miss, rank, order = buf[0], buf[2], buf[3], buf[4]
-    queue, pos = buf[7], buf[8]  # queue [2K + 2] (live entries <= capacity + 1 <= K + 1); pos [K] of its live entry
+    kind, miss, rank, order = buf.kind, buf.miss, buf.rank, buf.order
+    queue, pos = buf.queue, buf.pos  # queue [2K + 2] (live entries <= capacity + 1 <= K + 1); pos [K] of its live entry
     sentinel = U64(nxt.size - 1)
     capacity = key_of_slot.size
     admit_prefill = split[7] != 0
@@ -114,7 +114,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         pos[k] = tail
         tail += 1
         k = U64(nxt[k])
-    base_admits = flags[0] != 0 and capacity > 0
+    base_admits = admits and capacity > 0
     hi = offsets[c0]
     for c in range(c0, c1):
         lo, hi = hi, offsets[U64(c + 1)]
@@ -125,7 +125,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
             for i in range(lo, hi):
                 mark[U64(keys[U64(i)])] = stamp
         elif not offload:
-            m = 0
+            m = I64(0)  # (not a literal 0: one compile of choose with the driver's)
             for i in range(lo, hi):
                 key = U64(keys[i])
                 mark[key] = stamp
@@ -201,7 +201,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
     return _fill(offsets, c0, c1, log, offload)
 
 
-@njit(cache=True, inline="always")
+@jit(inline=True)
 def _fill(offsets, c0, c1, log, offload):
     """The log columns the loop leaves (fetched, prefetched, fetch tokens; cpu and cpu tokens under offload; rows 8
     and 9 of a log [10, C]), from those it wrote; returns the sums of hits, cpu, evictions and cpu tokens."""

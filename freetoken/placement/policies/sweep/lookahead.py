@@ -13,11 +13,15 @@ step before routed to.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from freetoken.placement.call import Call
-from freetoken.placement.carry import CarriedHint
-from freetoken.placement.layer_sweep import LayerSweep
+from freetoken.placement.carry import CarriedHint, LiveCarry, check_carry
+from freetoken.placement.compiled.cache import jit
+from freetoken.placement.policies.sweep import layer_sweep, walk
+from freetoken.placement.policies.sweep.layer_sweep import LayerSweep
 from freetoken.placement.stream import KeyStream
 
 
@@ -103,3 +107,115 @@ class Lookahead(LayerSweep):
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
         return super().victim(key, now, protected | self._pending if self._pending else protected)
+
+
+# ── compiled: the same decision on arrays (freetoken/placement/compiled) ─────────────────────────────────────────────
+# On the family's State (family.py): layer_sweep's hooks, and the oracle's draws indexed by call (the reference's own
+# NoisyOracle draws, then the carry's keys of the same calls: CarriedHint), so the hints are its hints exactly; the
+# pending keys are p.pending == p.pending_stamp[0].
+
+class Oracle(NamedTuple):
+    """Call c + j's keys as predicted j calls ahead: predicted[j - 1 (one row: every j), offsets[c + j]:...]."""
+
+    offsets: np.ndarray  # int64 [C + 1]
+    call_layer: np.ndarray  # int64 [C]
+    predicted: np.ndarray  # int64 [J, N]
+    carry_keys: np.ndarray  # int64 [M] the keys carried into each call (carry; none: empty)
+    carry_offsets: np.ndarray  # int64 [C + 1]
+    depth: int
+
+
+def oracle(name: str, future, num_layers: int, num_experts: int, draw, depth: int, carry, hint) -> Oracle:
+    """The oracle of a compiled lookahead / hinted_sweep: draw(future) -> predicted [J, N] (the reference's)."""
+    if hint is not None:
+        raise ValueError(f"{name}: a live hint object runs in the interpreted class (make_policy picks it)")
+    if future is None:
+        raise ValueError(f"{name} needs a router hint (live engine) or the future key stream (simulator) to build a "
+                         f"noisy oracle from")
+    K = num_layers * num_experts
+    keys = np.ascontiguousarray(future.keys, np.int64)
+    if keys.size and (keys.min() < 0 or keys.max() >= K):
+        raise ValueError(f"{name}: the future's keys must lie in [0, {K}) ({num_layers} layers x {num_experts} "
+                         f"experts), got [{keys.min()}, {keys.max()}]")
+    offsets = np.ascontiguousarray(future.offsets, np.int64)
+    call_layer = keys[offsets[:-1]] // num_experts if offsets.size > 1 else np.zeros(0, np.int64)
+    predicted = np.ascontiguousarray(draw(future), np.int64)
+    carry_keys, carry_offsets = np.zeros(0, np.int64), np.zeros(call_layer.size + 1, np.int64)
+    if carry is not None:
+        carry = check_carry(carry, name)
+        if isinstance(carry, LiveCarry):
+            raise ValueError(f"{name}: a live carry runs in the interpreted class (make_policy picks it)")
+        if carry.num_calls != call_layer.size:
+            raise ValueError(f"{name}: the carry holds {carry.num_calls} calls, the future {call_layer.size}")
+        carry_keys = np.ascontiguousarray(carry.keys, np.int64)
+        carry_offsets = np.ascontiguousarray(carry.offsets, np.int64)
+    return Oracle(offsets, call_layer, predicted, carry_keys, carry_offsets, depth)
+
+
+@jit
+def check_call(o, c, keys, num_experts):
+    if c >= o.call_layer.size or o.call_layer[c] != keys[0] // num_experts or \
+            o.offsets[c + 1] - o.offsets[c] != keys.size:
+        raise ValueError("a call differs from the future the oracle was given (calls must come in its order)")
+
+
+@jit
+def upcoming(o, c, layer, num_layers, mark, stamp, out):
+    """NoisyOracle.upcoming then CarriedHint's keys, each once, nearest first, as a fresh mark (mark == stamp[0]);
+    returns how many are in out."""
+    stamp[0] += 1
+    n = 0
+    reach = min(o.depth, num_layers - 1 - layer, o.call_layer.size - 1 - c)  # distances inside the sweep
+    for j in range(1, reach + 1):
+        if o.call_layer[c + j] != layer + j:  # the oracle's sweep ends: the next token is unknown
+            break
+        row = 0 if o.predicted.shape[0] == 1 else j - 1
+        for i in range(o.offsets[c + j], o.offsets[c + j + 1]):
+            n = _mark(o.predicted[row, i], mark, stamp[0], out, n)
+    for j in range(1, reach + 1):
+        for i in range(o.carry_offsets[c + j], o.carry_offsets[c + j + 1]):
+            n = _mark(o.carry_keys[i], mark, stamp[0], out, n)
+    return n
+
+
+@jit
+def _mark(k, mark, stamp, out, n):
+    if mark[k] != stamp:
+        mark[k] = stamp
+        out[n] = k
+        n += 1
+    return n
+
+
+@jit
+def begin_call(p, st, c, keys, tokens, phase):
+    layer_sweep.begin_call(p, st, c, keys, tokens, phase)
+    if keys.size:
+        check_call(p.oracle, c, keys, p.rates.num_experts)
+
+
+@jit
+def prefetch_for(p, st, c, keys, out):
+    walk.end_walk(p.walk)  # the pending keys (protected) change
+    if keys.size == 0:
+        return 0
+    r = p.rates
+    return upcoming(p.oracle, c, keys[0] // r.num_experts, r.num_layers, p.pending, p.pending_stamp, out)
+
+
+@jit
+def wait(p, key):
+    """Lookahead.wait: a pending key waits only for its layer."""
+    if p.pending[key] == p.pending_stamp[0]:
+        return float(layer_sweep.distance(p.rates, key))
+    return layer_sweep.sweep_wait(p.rates, key)
+
+
+@jit
+def to_beat(p, key):
+    return wait(p, key) if p.bypass else -np.inf
+
+
+@jit
+def walk_skips(p, key):
+    return p.pending[key] == p.pending_stamp[0]  # protected too (Lookahead.victim)
