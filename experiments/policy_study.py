@@ -271,7 +271,7 @@ def keep_columns(columns: dict) -> dict:
 
 def compute(cfg):
     from freetoken.experiments.runner import RunOutput, build, show_progress
-    from freetoken.cli.common import progress
+    from freetoken.progress import progress
 
     spec = build(cfg, "study")
     with progress(1, f"policy study {spec.case} at {spec.fraction:.0%}", enabled=show_progress(cfg)) as advance:

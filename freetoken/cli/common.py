@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from contextlib import contextmanager
 
 
 class LazyChoices:
@@ -62,20 +61,6 @@ def check_output(path: str, flag: str) -> None:
     problem = output_problem(Path(path))
     if problem:
         raise ValueError(f"{flag} {path}: cannot write ({problem})".lstrip())
-
-
-@contextmanager
-def progress(total: int, description: str, enabled: bool = True):
-    """Yields advance(n=1); draws on stderr only when enabled and stderr is a terminal."""
-    if not enabled or not sys.stderr.isatty():
-        yield lambda n=1: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
 
 
 def add_split_args(p) -> None:

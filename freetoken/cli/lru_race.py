@@ -56,7 +56,7 @@ def race(trace, stream, capacity: int, prefill_chunk: int, repeat: int,
     the same keys prefixed 'interleaved_' for the interleaved runs."""
     import numpy as np
 
-    from freetoken.cli.bench_sim import libcachesim_misses
+    from freetoken.sim.libcachesim import libcachesim_misses
     from freetoken.placement import Split, make_policy
     from freetoken.sim.calls import trace_stream
     from freetoken.sim.replay import replay_stream

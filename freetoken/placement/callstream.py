@@ -17,6 +17,7 @@ import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL, Call
 from freetoken.placement.compiled.cache import jit
+from freetoken.placement.compiled.notes import label
 from freetoken.placement.stream import KeyStream
 
 KEY_DTYPE = np.int32  # keys and per-key token counts of a CallStream
@@ -126,6 +127,10 @@ class CallStream:
             keys = self.keys[lo:hi]
             base = layer[c] * E
             yield Call(layer[c], (keys - base).tolist(), self.tokens[lo:hi].tolist(), phase[c], request[c])
+
+
+label(_sizes, "the call builder")
+label(_build, "the call builder")
 
 
 def empty_stream(num_experts: int) -> CallStream:

@@ -95,13 +95,15 @@ def _file_hash(path: Path, mtime_ns: int, size: int) -> bytes:
 
 class Locator(_CacheLocator):
     """numba's cache locator for the functions `jit` marked: a folder per source file and stamp (a changed source
-    gets a fresh folder, so no index that names a class since removed is ever read; the previous one is dropped)."""
+    gets a fresh folder, so no index that names a class since removed is ever read; the file's previous one is
+    dropped)."""
 
     def __init__(self, py_func):
         self._lineno = py_func.__code__.co_firstlineno
         self._py_file = str(Path(sys.modules[py_func.__module__].__file__).resolve())  # (numba's warnings name it)
         self._stamp = digest(stamped_files(py_func.__module__))
-        self._path = cache_dir() / self.get_suitable_cache_subpath(self._py_file) / self._stamp[:16]
+        source = Path(self._py_file)
+        self._path = cache_dir() / self.get_suitable_cache_subpath(self._py_file) / source.stem / self._stamp[:16]
 
     def ensure_cache_path(self):
         if not self._path.is_dir():

@@ -13,6 +13,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from freetoken.placement.compiled.hooks import register
+from freetoken.placement.compiled.notes import label
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ class Setup:
 
 @dataclass(frozen=True, eq=False)
 class Compiled:
-    """name: what the compile note calls it; state: the State class; setup: builds a Setup (validating options as
+    """name: the policy's (or policies') name, for the cache and the compile note; state: the State class; setup: builds a Setup (validating options as
     the reference does); hooks: name -> function; stream: optional (policy, stream, split, c0, c1, log) -> sums, a
     replay of a CallStream faster than the driver's with its results (tests must show both equal)."""
 
@@ -42,6 +43,7 @@ class Compiled:
     setup: Callable[..., Setup]
     hooks: dict = field(default_factory=dict)
     stream: Callable | None = None
+    label: str | None = None  # what the compile note calls it (default: name)
 
     def __post_init__(self) -> None:
         register(self.state, self.hooks)
@@ -51,7 +53,7 @@ class Compiled:
         """The driver's replay_calls for this State, a dispatcher of the policy module's own (cached per policy)."""
         from freetoken.placement.compiled.driver import entry
 
-        return entry(self.state.__module__, self.name)
+        return label(entry(self.state.__module__, self.name), self.label or self.name)
 
     def warm(self, policy) -> None:
         """Load or compile what `policy` runs, by replaying no call (its state does not change)."""
@@ -77,4 +79,4 @@ def pinned(cls) -> Compiled:
         keys = sorted(reference.slot_of, key=reference.slot_of.__getitem__)  # slot order = placement order
         return Setup(Pinned(np.array(keys, np.int64)), tuple(keys), admits=False)
 
-    return Compiled("pinned", Pinned, setup)
+    return Compiled("pinned", Pinned, setup, label="pinned (static_layers, frequency)")

@@ -36,6 +36,7 @@ from numba import uint64 as U64
 from freetoken.placement.compiled.cache import jit
 from freetoken.placement.compiled.core import CALLS, CLOCK, NFREE, STAMP
 from freetoken.placement.compiled.linked import append
+from freetoken.placement.compiled.notes import label
 from freetoken.placement.compiled.split import choose
 
 PREFILL = 0
@@ -230,3 +231,6 @@ def _fill(offsets, c0, c1, log, offload):
         total_ne += ne
         total_ut += ut
     return total_h, total_u, total_ne, total_ut
+
+
+label(replay_calls, "lru's stream replay")

@@ -70,14 +70,13 @@ def setup_hinted_sweep(capacity: int, num_layers: int, num_experts: int, future=
     return _setup(HINTED, ref, o, new_hint(num_layers, num_experts, acc, min_confidence))
 
 
-# hooks and the walk's questions, by mode
+# hooks and the walk's questions, by mode (layer_sweep's, then the policy's own part, as its class inherits)
 def begin_call(p, st, c, keys, tokens, phase):
-    if p.mode == LOOKAHEAD:
-        lookahead.begin_call(p, st, c, keys, tokens, phase)
-    elif p.mode == HINTED:
-        hinted_sweep.begin_call(p, st, c, keys, tokens, phase)
-    else:
-        layer_sweep.begin_call(p, st, c, keys, tokens, phase)
+    layer_sweep.begin_call(p, st, c, keys, tokens, phase)
+    if keys.size and p.mode != SWEEP:
+        lookahead.check_call(p.oracle, c, keys, p.rates.num_experts)
+        if p.mode == HINTED:
+            hinted_sweep.take_hint(p, c, keys[0] // p.rates.num_experts)
 
 
 def prefetch_for(p, st, c, keys, out):
@@ -87,9 +86,12 @@ def prefetch_for(p, st, c, keys, out):
 
 
 def to_beat(p, key):
-    if p.mode == LOOKAHEAD:
-        return lookahead.to_beat(p, key)
-    return hinted_sweep.to_beat(p, key) if p.mode == HINTED else layer_sweep.to_beat(p, key)
+    """_to_beat: the key's own wait (each policy's), when bypassing or (hinted_sweep) prefetching."""
+    if p.mode == HINTED:
+        return hinted_sweep.wait(p, key) if p.bypass or hinted_sweep.prefetching(p, key) else -np.inf
+    if not p.bypass:
+        return -np.inf
+    return lookahead.wait(p, key) if p.mode == LOOKAHEAD else layer_sweep.sweep_wait(p.rates, key)
 
 
 def bound(p, log_p):
@@ -97,11 +99,11 @@ def bound(p, log_p):
 
 
 def resident_wait(p, key):
-    return hinted_sweep.wait(p, key) if p.mode == HINTED else layer_sweep.resident_wait(p, key)
+    return hinted_sweep.wait(p, key) if p.mode == HINTED else layer_sweep.sweep_wait(p.rates, key)
 
 
 def walk_skips(p, key):
-    return p.mode == LOOKAHEAD and lookahead.walk_skips(p, key)
+    return p.mode == LOOKAHEAD and p.pending[key] == p.pending_stamp[0]  # (Lookahead.victim: pending protected)
 
 
 register(State, {walk.to_beat: to_beat, walk.bound: bound, walk.resident_wait: resident_wait,
@@ -109,6 +111,7 @@ register(State, {walk.to_beat: to_beat, walk.bound: bound, walk.resident_wait: r
 HOOKS = dict(begin_call=begin_call, on_hit=layer_sweep.on_hit, on_miss=layer_sweep.on_miss,
              on_admit=layer_sweep.on_admit, on_evict=layer_sweep.on_evict, victim=walk.victim,
              prefetch_for=prefetch_for)
-LayerSweep.compiled = Compiled("sweep", State, setup_layer_sweep, HOOKS)
-Lookahead.compiled = Compiled("sweep", State, setup_lookahead, HOOKS)
-HintedSweep.compiled = Compiled("sweep", State, setup_hinted_sweep, HOOKS)
+LABEL = "the layer-sweep family"
+LayerSweep.compiled = Compiled("sweep", State, setup_layer_sweep, HOOKS, label=LABEL)
+Lookahead.compiled = Compiled("sweep", State, setup_lookahead, HOOKS, label=LABEL)
+HintedSweep.compiled = Compiled("sweep", State, setup_hinted_sweep, HOOKS, label=LABEL)

@@ -219,8 +219,9 @@ class HintedSweep(LayerSweep):
 
 
 # ── compiled: the same decision on arrays (freetoken/placement/compiled) ─────────────────────────────────────────────
-# On the family's State (family.py): layer_sweep's hooks, the oracle's draws by call (DistanceOracle's own, as
-# lookahead.Oracle), and the standing hint as arrays: a key or layer is named while its mark equals hint.stamp[0].
+# On the family's State (family.py: its hooks call these after layer_sweep's): the oracle's draws by call
+# (DistanceOracle's own, as lookahead.Oracle), and the standing hint as arrays: a key or layer is named while its mark
+# equals hint.stamp[0]; take_hint runs when the call begins (plan: before its own misses pick victims).
 
 class Hint(NamedTuple):
     predicted: np.ndarray  # int64 [K] == stamp[0]: named by the standing hint (_predicted)
@@ -300,14 +301,6 @@ def wait(p, key):
 
 
 @jit
-def begin_call(p, st, c, keys, tokens, phase):
-    layer_sweep.begin_call(p, st, c, keys, tokens, phase)
-    if keys.size:
-        lookahead.check_call(p.oracle, c, keys, p.rates.num_experts)
-        take_hint(p, c, keys[0] // p.rates.num_experts)  # (plan: before the call's own misses pick victims)
-
-
-@jit
 def prefetch_for(p, st, c, keys, out):
     """The named keys, nearest first, whose posterior reaches min_confidence (never over 1: num <= den)."""
     h, n = p.hint, 0
@@ -321,9 +314,9 @@ def prefetch_for(p, st, c, keys, out):
 
 
 @jit
-def to_beat(p, key):
-    prefetch = p.hint.predicted[key] == p.hint.stamp[0] and p.hint.hinted[key // p.rates.num_experts] == p.hint.stamp[0]
-    return wait(p, key) if (p.bypass or prefetch) else -np.inf
+def prefetching(p, key):
+    """_to_beat: a predicted key of a hinted layer is weighed against the victim even without bypass."""
+    return p.hint.predicted[key] == p.hint.stamp[0] and p.hint.hinted[key // p.rates.num_experts] == p.hint.stamp[0]
 
 
 @jit

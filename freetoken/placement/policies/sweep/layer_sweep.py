@@ -312,17 +312,7 @@ def on_evict(p, key):
     _touch(p.residents, key)  # victim() took it out of the walk already
 
 
-# the walk's questions (walk.py's overridables; family.py routes them)
-@jit
-def to_beat(p, key):
-    return sweep_wait(p.rates, key) if p.bypass else -np.inf
-
-
+# the walk's bound (walk.py; family.py routes the walk's questions)
 @jit
 def bound(p, log_p):
     return p.rates.num_layers * math.exp(-log_p) * SLACK
-
-
-@jit
-def resident_wait(p, key):
-    return sweep_wait(p.rates, key)

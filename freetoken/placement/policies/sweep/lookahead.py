@@ -110,9 +110,9 @@ class Lookahead(LayerSweep):
 
 
 # ── compiled: the same decision on arrays (freetoken/placement/compiled) ─────────────────────────────────────────────
-# On the family's State (family.py): layer_sweep's hooks, and the oracle's draws indexed by call (the reference's own
-# NoisyOracle draws, then the carry's keys of the same calls: CarriedHint), so the hints are its hints exactly; the
-# pending keys are p.pending == p.pending_stamp[0].
+# On the family's State (family.py: its hooks call these after layer_sweep's): the oracle's draws indexed by call (the
+# reference's own NoisyOracle draws, then the carry's keys of the same calls: CarriedHint), so the hints are its hints
+# exactly; the pending keys are p.pending == p.pending_stamp[0], protected in the walk too (Lookahead.victim).
 
 class Oracle(NamedTuple):
     """Call c + j's keys as predicted j calls ahead: predicted[j - 1 (one row: every j), offsets[c + j]:...]."""
@@ -188,14 +188,8 @@ def _mark(k, mark, stamp, out, n):
 
 
 @jit
-def begin_call(p, st, c, keys, tokens, phase):
-    layer_sweep.begin_call(p, st, c, keys, tokens, phase)
-    if keys.size:
-        check_call(p.oracle, c, keys, p.rates.num_experts)
-
-
-@jit
 def prefetch_for(p, st, c, keys, out):
+    """Lookahead.prefetch_for: the oracle's keys, now the pending ones."""
     walk.end_walk(p.walk)  # the pending keys (protected) change
     if keys.size == 0:
         return 0
@@ -210,12 +204,3 @@ def wait(p, key):
         return float(layer_sweep.distance(p.rates, key))
     return layer_sweep.sweep_wait(p.rates, key)
 
-
-@jit
-def to_beat(p, key):
-    return wait(p, key) if p.bypass else -np.inf
-
-
-@jit
-def walk_skips(p, key):
-    return p.pending[key] == p.pending_stamp[0]  # protected too (Lookahead.victim)
