@@ -9,4 +9,5 @@ if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1; then pip install -q "torch>=2.4"; else pip install -q torch==2.13.0; fi
 fi
 pip install -q -e ".[dev]"
+ft warmup --all  # compile the placement policies now (cached on disk), not in the first `ft sim` or test
 echo "freetoken installed in $(pwd)/.venv"

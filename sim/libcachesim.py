@@ -42,17 +42,23 @@ def write_oracle_general(path: str | os.PathLike, keys: np.ndarray, with_next_ac
 
 def libcachesim_misses(keys: np.ndarray, capacity: int, algorithm: str = "LRU") -> int:
     """Misses of libCacheSim's `algorithm` (LRU, Belady, ...) with `capacity` objects on a sequential key stream."""
-    lcs = _libcachesim()
     keys = np.asarray(keys, np.int64)
     if keys.size == 0:
         return 0
     with tempfile.TemporaryDirectory(prefix="ft-lcs-", dir=ram_dir()) as tmp:
         path = Path(tmp) / "keys.oracleGeneral.bin"
         write_oracle_general(path, keys, with_next_access=algorithm.startswith("Belady"))
-        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-        miss_ratio, _ = getattr(lcs, algorithm)(capacity, hashpower=hashpower(capacity)).process_trace(reader)
-        del reader
-    return int(round(miss_ratio * keys.size))
+        return file_misses(path, keys.size, capacity, algorithm)
+
+
+def file_misses(path: str | os.PathLike, accesses: int, capacity: int, algorithm: str = "LRU") -> int:
+    """Misses of libCacheSim's `algorithm` over an oracleGeneral file of `accesses` requests (written beforehand:
+    this is its C reader and simulator alone)."""
+    lcs = _libcachesim()
+    reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    miss_ratio, _ = getattr(lcs, algorithm)(capacity, hashpower=hashpower(capacity)).process_trace(reader)
+    del reader
+    return int(round(miss_ratio * accesses))
 
 
 def ram_dir() -> str | None:

@@ -1,12 +1,13 @@
 """ft bench sim: how fast the simulator replays, against libCacheSim's Python bindings, and what the one-pass
 miss-ratio curve saves over replaying capacity by capacity. Both ratios come from one run on one key stream.
 
-libCacheSim is measured on its fastest documented Python path, end to end: the key stream written as an
-oracleGeneral binary trace (numpy, one write), read by its C reader and run by `process_trace` in C. Its
-per-request path (`cache.get(Request)` from Python) is timed too. Our side is `sim.replay.replay_stream` with the
-production (compiled) LRU policy over the same calls, building the policy and producing the full per-call log; it
-is timed from the call stream (as libCacheSim from the keys) and, separately, from the trace (conversion included);
-the two sides' runs alternate (freetoken.cli.lru_race). --race adds that race alone on more traces.
+libCacheSim is measured on its fastest documented Python path: the key stream written beforehand as an
+oracleGeneral binary trace, read by its C reader and run by `process_trace` in C (the timed part). Its per-request
+path (`cache.get(Request)` from Python) is timed too. Our side is `sim.replay.replay_stream` with the production
+(compiled) LRU policy over the same calls, building the policy and producing the full per-call log; it is timed from
+the call stream (as libCacheSim from the keys) and, separately, from the trace (conversion included). The plainest
+compiled set-access LRU (plain_lru.py) runs beside both, the physical anchor ours must not lose to
+(freetoken.cli.lru_race). --race adds that race alone on more traces.
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
           f"LRU capacity {out['capacity']}; wall (CPU) ms, best of >= {out['repeat']} runs; the call stream is "
           f"built in {out['build_calls_s'] * 1e3:.1f} ms")
     rows = [("ours: LRU replay of the call stream", "ours"), ("  of which the compiled loop", "ours_loop"),
-            ("ours: trace -> call stream + replay", "ours_from_trace"), ("libcachesim: file + C reader", "libcachesim")]
+            ("ours: trace -> call stream + replay", "ours_from_trace"), ("a plain compiled set-LRU loop", "plain"),
+            ("libcachesim: its C reader + simulator", "libcachesim")]
     for mode, title in (("", "runs back to back"), ("interleaved_", "runs interleaved")):
         print(f"  {title}:")
         for label, key in rows:
@@ -248,10 +250,12 @@ def _print_row(label: str, r: dict) -> None:
 
 
 def _print_ratios(path: str, r: dict) -> None:
-    """The race's two ratios (back to back, interleaved) with the times they divide."""
+    """The race's ratios (back to back, interleaved) with the times they divide."""
     for mode, title in (("", "back to back"), ("interleaved_", "interleaved")):
         print(f"ratio replay speed ours / libcachesim{'' if not mode else ' (' + title + ')'}: "
-              f"{r[f'{mode}ours_vs_libcachesim']:.2f}x wall, {r[f'{mode}ours_vs_libcachesim_cpu']:.2f}x CPU on "
-              f"{path} ({title}: ours {r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop "
-              f"{r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} ms, libcachesim "
-              f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms; both given the call stream's keys)")
+              f"{r[f'{mode}ours_vs_libcachesim']:.2f}x wall, {r[f'{mode}ours_vs_libcachesim_cpu']:.2f}x CPU; "
+              f"ours / the plain loop: {r[f'{mode}ours_vs_plain']:.2f}x wall on {path} ({title}: ours "
+              f"{r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop {r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} "
+              f"ms, the plain loop {r[f'{mode}plain']['seconds'] * 1e3:.3f} ms, libcachesim "
+              f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms on its file written beforehand; all given the call "
+              f"stream's keys)")

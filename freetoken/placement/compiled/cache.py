@@ -100,10 +100,7 @@ class Locator(_CacheLocator):
 
     def __init__(self, py_func):
         self._lineno = py_func.__code__.co_firstlineno
-        self._py_file = str(Path(sys.modules[py_func.__module__].__file__).resolve())  # (numba's warnings name it)
-        self._stamp = digest(stamped_files(py_func.__module__))
-        source = Path(self._py_file)
-        self._path = cache_dir() / self.get_suitable_cache_subpath(self._py_file) / source.stem / self._stamp[:16]
+        self._py_file, self._stamp, self._path = _where(py_func.__module__)  # (numba's warnings name _py_file)
 
     def ensure_cache_path(self):
         if not self._path.is_dir():
@@ -123,6 +120,14 @@ class Locator(_CacheLocator):
     @classmethod
     def from_function(cls, py_func, py_file):
         return cls(py_func) if getattr(py_func, MARK, False) else None
+
+
+@functools.lru_cache(maxsize=None)
+def _where(module: str) -> tuple[str, str, Path]:
+    """(source file, stamp, cache folder) of a module's compiled functions, once per process."""
+    source = Path(sys.modules[module].__file__).resolve()
+    stamp = digest(stamped_files(module))
+    return str(source), stamp, cache_dir() / Locator.get_suitable_cache_subpath(str(source)) / source.stem / stamp[:16]
 
 
 if Locator not in CacheImpl._locator_classes:

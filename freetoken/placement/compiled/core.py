@@ -25,12 +25,19 @@ class Core(NamedTuple):
     counters: np.ndarray  # int64 [4] CLOCK (accesses applied), NFREE, STAMP (calls started), CALLS (calls planned)
 
 
+def filled(n: int, dtype, value: int = -1) -> np.ndarray:
+    """np.full(n, value, dtype) in half its time (a policy allocates a dozen such arrays; a replay of a small trace
+    takes tens of microseconds)."""
+    a = np.empty(n, dtype)
+    a.fill(value)
+    return a
+
+
 def new_core(capacity: int, num_layers: int, num_experts: int, pinned=()) -> Core:
     """A cold cache; `pinned` keys get the lowest slots first, in the order given (a static policy's warm start)."""
     K = num_layers * num_experts
-    core = Core(np.full(K, -1, np.int32), np.full(capacity, -1, np.int32),
-                np.arange(capacity - 1, -1, -1, dtype=np.int32), np.full(K, -1, np.int64), np.full(K, -1, np.int64),
-                np.array([0, capacity, 0, 0], np.int64))
+    core = Core(filled(K, np.int32), filled(capacity, np.int32), np.arange(capacity - 1, -1, -1, dtype=np.int32),
+                filled(K, np.int64), filled(K, np.int64), np.array([0, capacity, 0, 0], np.int64))
     for key in pinned:
         core.counters[NFREE] -= 1
         s = core.free[core.counters[NFREE]]

@@ -23,7 +23,7 @@ import numpy as np
 
 from freetoken.placement.compiled import lru_stream
 from freetoken.placement.compiled.cache import jit
-from freetoken.placement.compiled.core import is_protected
+from freetoken.placement.compiled.core import filled, is_protected
 from freetoken.placement.compiled.form import Compiled, Setup
 from freetoken.placement.compiled.linked import append, unlink
 from freetoken.placement.compiled.split import split_array
@@ -126,7 +126,7 @@ def setup(capacity: int, num_layers: int, num_experts: int, scope: str = "unifie
     if per_layer or split != "equal":
         quota = layer_quotas(capacity, num_layers, num_experts, split, profile)
     K = num_layers * num_experts
-    state = State(np.full(K + 1, K, np.int64), np.full(K + 1, K, np.int64), np.zeros(num_layers, np.int64),
+    state = State(filled(K + 1, np.int64, K), filled(K + 1, np.int64, K), np.zeros(num_layers, np.int64),
                   np.array(quota, np.int64), per_layer, num_experts)
     return Setup(state, stream=not per_layer)
 
