@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
           f"built in {out['build_calls_s'] * 1e3:.1f} ms")
     rows = [("ours: LRU replay of the call stream", "ours"), ("  of which the compiled loop", "ours_loop"),
             ("ours: trace -> call stream + replay", "ours_from_trace"), ("a plain compiled set-LRU loop", "plain"),
-            ("libcachesim: its C reader + simulator", "libcachesim")]
+            ("libcachesim: its C reader + simulator", "libcachesim"),
+            ("libcachesim: file written + C reader", "libcachesim_writing")]
     for mode, title in (("", "runs back to back"), ("interleaved_", "runs interleaved")):
         print(f"  {title}:")
         for label, key in rows:
@@ -258,4 +259,4 @@ def _print_ratios(path: str, r: dict) -> None:
               f"{r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop {r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} "
               f"ms, the plain loop {r[f'{mode}plain']['seconds'] * 1e3:.3f} ms, libcachesim "
               f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms on its file written beforehand; all given the call "
-              f"stream's keys)")
+              f"stream's keys); with its file written in its time: {r[f'{mode}ours_vs_libcachesim_writing']:.2f}x")

@@ -52,9 +52,11 @@ def speed(misses: int, wall: float, cpu: float, n: int) -> dict:
 
 def race(trace, stream, capacity: int, prefill_chunk: int, repeat: int,
          min_seconds: float = MIN_SECONDS) -> dict:
-    """{'ours', 'ours_loop', 'ours_from_trace', 'plain', 'libcachesim'}: speed() rows back to back, and the ratios
-    of libCacheSim's and the plain loop's time to ours ('ours_vs_libcachesim', 'ours_vs_plain', their '_cpu'
-    twins, and 'ours_from_trace_vs_libcachesim'); the same keys prefixed 'interleaved_' for the interleaved runs."""
+    """{'ours', 'ours_loop', 'ours_from_trace', 'plain', 'libcachesim', 'libcachesim_writing'}: speed() rows back
+    to back, and the ratios of the others' time to ours ('ours_vs_libcachesim', 'ours_vs_plain',
+    'ours_vs_libcachesim_writing' (its input file written in its time, as `ft bench sim` timed it before), their
+    '_cpu' twins, and 'ours_from_trace_vs_libcachesim'); the same keys prefixed 'interleaved_' for the interleaved
+    runs."""
     import tempfile
     from pathlib import Path
 
@@ -63,7 +65,7 @@ def race(trace, stream, capacity: int, prefill_chunk: int, repeat: int,
     from freetoken.cli.plain_lru import plain_lru_misses
     from freetoken.placement import Split, make_policy
     from freetoken.sim.calls import trace_stream
-    from freetoken.sim.libcachesim import file_misses, ram_dir, write_oracle_general
+    from freetoken.sim.libcachesim import file_misses, libcachesim_misses, ram_dir, write_oracle_general
     from freetoken.sim.replay import replay_stream
 
     L, E, C, n = trace.num_layers, trace.num_experts, stream.num_calls, stream.num_accesses
@@ -84,6 +86,7 @@ def race(trace, stream, capacity: int, prefill_chunk: int, repeat: int,
                                                               make_policy("lru", capacity, L, E), split).total.misses),
             "plain": (None, lambda _: plain_lru_misses(stream.keys, stream.offsets, L * E, capacity)),
             "libcachesim": (None, lambda _: file_misses(path, n, capacity)),
+            "libcachesim_writing": (None, lambda _: libcachesim_misses(stream.keys, capacity)),  # its file too
         }
         for _, run in entries.values():  # loads (or compiles) each side, untimed (libCacheSim: its cache set-up)
             run((make_policy("lru", capacity, L, E), np.empty((10, C), np.int64)))
@@ -95,7 +98,8 @@ def race(trace, stream, capacity: int, prefill_chunk: int, repeat: int,
                 raise RuntimeError(f"the plain loop counts {rows['plain']['misses']} misses, ours "
                                    f"{rows['ours']['misses']}")
             out.update({f"{mode}{name}": row for name, row in rows.items()})
-            for name, other in (("ours", "libcachesim"), ("ours_from_trace", "libcachesim"), ("ours", "plain")):
+            for name, other in (("ours", "libcachesim"), ("ours_from_trace", "libcachesim"), ("ours", "plain"),
+                                ("ours", "libcachesim_writing")):
                 key = f"{mode}{name}_vs_{other}"
                 out[key] = rows[other]["seconds"] / rows[name]["seconds"]
                 cpu = rows[name]["cpu_seconds"]

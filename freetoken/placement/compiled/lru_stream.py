@@ -44,7 +44,7 @@ SMALL = 4  # offload calls of at most this many keys skip the marking pass
 LOW = (1 << 32) - 1  # the low half of a packed pair
 
 
-@jit
+@jit(inline=True)
 def _compact(queue, pos, head, tail):
     """Live entries of [head, tail) moved to the front, in order; returns their count (<= capacity + 1)."""
     n = 0
@@ -57,7 +57,7 @@ def _compact(queue, pos, head, tail):
     return n
 
 
-@jit
+@jit(inline=True)  # (the hot path: in the loop's own code)
 def _among(keys, lo, hi, key):
     for j in range(lo, hi):
         if U64(keys[U64(j)]) == key:  # (an int32 against a uint64 would compare as floats)
@@ -65,7 +65,7 @@ def _among(keys, lo, hi, key):
     return False
 
 
-@jit
+@jit(inline=True)
 def _push(queue, pos, head, tail, key):
     """key to the back of the queue (compacting it first when full); returns (head, tail)."""
     if tail == queue.size:
