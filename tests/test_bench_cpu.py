@@ -3,12 +3,15 @@ engine's CPU path against HF transformers in separate processes)."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 
 from freetoken.cli import main
 from freetoken.paths import DEMO_MODEL
 
 
+@pytest.mark.slow
 def test_bench_cpu_runs_both_sides_and_they_agree(capsys):
     assert main(["bench", "cpu", "--model", str(DEMO_MODEL), "--prompt-tokens", "12", "--decode-tokens", "3",
                  "--reps", "1", "--json"]) == 0
@@ -25,6 +28,7 @@ def test_bench_cpu_refuses_bad_sizes(capsys):
     assert "--prompt-tokens" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_cpu_names_the_checkpoint_its_worker_could_not_load(capsys, tmp_path):
     assert main(["bench", "cpu", "--model", str(tmp_path / "none"), "--reps", "1"]) == 2
     # was: "bench cpu: the engine run failed: ['ft bench: error: ...']"

@@ -1,3 +1,4 @@
+import pytest
 """`ft bench sim` end to end on a tiny trace: its miss counts are real (checked against each other and against
 a replay written out here), its curve agrees with its replays, and bad input fails in one line. No timing asserts:
 speed targets live in the benchmark's printed ratios."""
@@ -21,6 +22,7 @@ def _top1_decode(tmp_path):
     return save(trace, tmp_path / "top1.safetensors"), trace
 
 
+@pytest.mark.slow
 def test_bench_json_counts_agree(tmp_path, capsys):
     path, trace = _top1_decode(tmp_path)
     assert main(["bench", "sim", "--trace", str(path), "--capacities", "4", "--repeat", "1", "--json"]) == 0
@@ -34,6 +36,7 @@ def test_bench_json_counts_agree(tmp_path, capsys):
     assert out["ours_vs_libcachesim"] == out["libcachesim"]["seconds"] / out["ours"]["seconds"]
 
 
+@pytest.mark.slow
 def test_bench_prints_both_ratios(tmp_path, capsys):
     path, _ = _top1_decode(tmp_path)
     assert main(["bench", "sim", "--trace", str(path), "--capacities", "3", "--repeat", "1",

@@ -149,6 +149,7 @@ def test_synthetic_every_split(policy, options):
     assert check(synthetic(0), 5, policy, options, list(SPLITS)) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy, options", POLICIES, ids=lambda x: x if isinstance(x, str) else
                          "-".join(str(v) for v in x.values()) or "-")
 @pytest.mark.parametrize("name", ["mixtral", "deepseek", "granite"])

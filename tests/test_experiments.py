@@ -32,6 +32,7 @@ def ft_sim_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_sweep_2x2_matches_ft_sim_and_resumes(tmp_path, tiny_trace_file, capsys):
     results = tmp_path / "results"
     args = ("-m", "policy=lru,frequency", "cache.fraction=0.25,0.5", f"trace.path={tiny_trace_file}",

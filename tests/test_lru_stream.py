@@ -52,6 +52,7 @@ def test_synthetic_every_split():
         assert _check(synthetic(seed, T=48), 5, list(SPLITS)) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mixtral", "deepseek", "granite"])
 def test_real_traces(name):
     trace, chunk = real(name)

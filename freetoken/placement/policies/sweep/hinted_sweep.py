@@ -47,7 +47,7 @@ from freetoken.placement.carry import CarriedHint
 from freetoken.placement.compiled.cache import jit
 from freetoken.placement.policies.sweep import layer_sweep, lookahead
 from freetoken.placement.policies.sweep.layer_sweep import FLOOR, LayerSweep
-from freetoken.placement.policies.sweep.lookahead import noisy_keys
+from freetoken.placement.policies.sweep.lookahead import FutureOracle, noisy_keys
 from freetoken.placement.policies.sweep.walk import SLACK
 from freetoken.placement.stream import KeyStream
 
@@ -78,29 +78,14 @@ def distance_predictions(future: KeyStream, num_experts: int, acc: Sequence[floa
     return [noisy_keys(future.keys, num_experts, a, rng) for a in acc]
 
 
-class DistanceOracle:
-    """Router hints from a recorded future: the true experts of the next calls of the same sweep, each one at
-    distance j replaced by a uniformly drawn other expert of its layer with probability 1 - acc[j - 1]. Every
-    (call, distance) pair draws its own noise (a later, nearer prediction of the same call is redrawn)."""
+class DistanceOracle(FutureOracle):
+    """The true experts of the next calls of the same sweep, each one at distance j replaced by a uniformly drawn
+    other expert of its layer with probability 1 - acc[j - 1]. Every (call, distance) pair draws its own noise (a
+    later, nearer prediction of the same call is redrawn)."""
 
     def __init__(self, future: KeyStream, num_experts: int, acc: Sequence[float], seed: int = 0):
-        keys, E = future.keys, num_experts
-        self._predicted = distance_predictions(future, num_experts, acc, seed)  # per distance: [N]
-        self._offsets = future.offsets.tolist()
-        self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
-        self._call = 0
-
-    def upcoming(self, call: Call) -> list[int]:
-        c, off, layer = self._call, self._offsets, self._layer
-        if c >= len(layer) or layer[c] != call.layer or len(call.experts) != off[c + 1] - off[c]:
-            raise ValueError(f"hinted_sweep: call {c} (layer {call.layer}) does not match the future it was given")
-        self._call = c + 1
-        out: list[int] = []
-        for j, predicted in enumerate(self._predicted, 1):
-            if c + j >= len(layer) or layer[c + j] != call.layer + j:  # the sweep ends: next token unknown
-                break
-            out.extend(k for k in dict.fromkeys(predicted[off[c + j]:off[c + j + 1]].tolist()) if k not in out)
-        return out
+        super().__init__(future, num_experts, distance_predictions(future, num_experts, acc, seed), len(acc),
+                         "hinted_sweep")
 
 
 class HintedSweep(LayerSweep):

@@ -45,36 +45,45 @@ def noisy_future(future: KeyStream, num_experts: int, accuracy: float, depth: in
     return noisy_keys(future.keys, num_experts, accuracy, np.random.default_rng(seed))
 
 
-class NoisyOracle:
-    """Router hints from a recorded future, with a stated accuracy. Calls must come in the future's order."""
+class FutureOracle:
+    """Router hints from a recorded future: call c is told the keys predicted for the next calls c + j of its sweep
+    (j = 1..depth while the sweep goes on, nearest first, each once), rows[j - 1] (one row: the same for every j)
+    predicting each access of the future. Calls must come in the future's order."""
 
-    def __init__(self, future: KeyStream, num_experts: int, accuracy: float = 0.8, depth: int = 1, seed: int = 0):
-        predicted = noisy_future(future, num_experts, accuracy, depth, seed)
-        self.accuracy, self.depth = accuracy, depth
+    def __init__(self, future: KeyStream, num_experts: int, rows: list[np.ndarray], depth: int, name: str):
         keys = future.keys
-        E = num_experts
-        self._keys = keys.tolist()
-        self._predicted = predicted.tolist()  # [N]
+        self.depth, self.name = depth, name
+        self._rows = [r.tolist() for r in rows]  # each [N]
         self._offsets = future.offsets.tolist()
-        self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
+        self._layer = (keys[future.offsets[:-1]] // num_experts).tolist() if future.num_calls else []  # [C]
         self._call = 0
 
     def upcoming(self, call: Call) -> list[int]:
         c, off, layer = self._call, self._offsets, self._layer
         if c >= len(layer):
-            raise ValueError(f"lookahead: call {c} is past the end of the future it was given")
+            raise ValueError(f"{self.name}: call {c} is past the end of the future it was given")
         if layer[c] != call.layer or len(call.experts) != off[c + 1] - off[c]:
-            raise ValueError(f"lookahead: call {c} is layer {call.layer} with {len(call.experts)} experts, the "
+            raise ValueError(f"{self.name}: call {c} is layer {call.layer} with {len(call.experts)} experts, the "
                              f"future it was given says layer {layer[c]} with {off[c + 1] - off[c]}")
         self._call = c + 1
         out: list[int] = []
         for j in range(1, self.depth + 1):
             if c + j >= len(layer) or layer[c + j] != call.layer + j:  # the sweep ends: next token unknown
                 break
-            for key in self._predicted[off[c + j]:off[c + j + 1]]:
+            for key in self._rows[min(j, len(self._rows)) - 1][off[c + j]:off[c + j + 1]]:
                 if key not in out:
                     out.append(key)
         return out
+
+
+class NoisyOracle(FutureOracle):
+    """Each true key, or with probability 1 - accuracy a uniformly drawn other expert of its layer: one draw per
+    access of the future, the same whatever the distance it is predicted from."""
+
+    def __init__(self, future: KeyStream, num_experts: int, accuracy: float = 0.8, depth: int = 1, seed: int = 0):
+        super().__init__(future, num_experts, [noisy_future(future, num_experts, accuracy, depth, seed)], depth,
+                         "lookahead")
+        self.accuracy = accuracy
 
 
 class Lookahead(LayerSweep):
