@@ -5,8 +5,8 @@ decode step can decide without returning to the host (FreeToken's lru_ensure):
     slot_of      int32 [K]  slot of each key (layer * E + expert), -1 = not resident
     key_of_slot  int32 [C]  key held by each slot, -1 = empty
     last_use     int64 [K]  clock of each key's latest access, -1 = never
-    ints         int64 [2]  CLOCK (accesses applied), USED (slots ever handed out: the compiled free stack's top is
-                            slot USED, as slots are never given back, only passed from victim to newcomer)
+    ints         int64 [2]  CLOCK (accesses applied), USED (slots ever handed out, as the compiled Core counts them:
+                            slots are never given back, only passed from victim to newcomer)
 Why no recency list for LRU: in the reference (placement/policies/lru.py) a key moves to the back of the order exactly when it
 is accessed while resident (hit) or admitted (its miss), so among resident keys the LRU order is last_use order, and
 the call's own keys, which must not be evicted, are exactly those with last_use >= the call's start clock once the

@@ -11,7 +11,7 @@ import numpy as np
 
 from freetoken.placement.compiled.cache import jit
 
-CLOCK, NFREE, STAMP, CALLS = 0, 1, 2, 3  # Core.counters
+CLOCK, USED, STAMP, CALLS = 0, 1, 2, 3  # Core.counters
 
 
 class Core(NamedTuple):
@@ -19,10 +19,12 @@ class Core(NamedTuple):
 
     slot_of: np.ndarray  # int32 [K] slot of each key, -1 = not resident
     key_of_slot: np.ndarray  # int32 [C] key each slot holds, -1 = empty
-    free: np.ndarray  # int32 [C] never-used slots, a stack: free[:counters[NFREE]], its top the lowest slot id
     last_use: np.ndarray  # int64 [K] clock of each key's latest access, -1 = never
     mark: np.ndarray  # int64 [K] == counters[STAMP]: the key is the current call's (protected from eviction)
-    counters: np.ndarray  # int64 [4] CLOCK (accesses applied), NFREE, STAMP (calls started), CALLS (calls planned)
+    counters: np.ndarray  # int64 [4] CLOCK (accesses applied), USED (slots handed out: a slot is never given back,
+    #                                   only passed from a victim to its newcomer, so the next free one is USED while
+    #                                   USED < C, as the reference's free list pops 0, 1, ...), STAMP (calls started),
+    #                                   CALLS (calls planned)
 
 
 def filled(n: int, dtype, value: int = -1) -> np.ndarray:
@@ -36,12 +38,11 @@ def filled(n: int, dtype, value: int = -1) -> np.ndarray:
 def new_core(capacity: int, num_layers: int, num_experts: int, pinned=()) -> Core:
     """A cold cache; `pinned` keys get the lowest slots first, in the order given (a static policy's warm start)."""
     K = num_layers * num_experts
-    core = Core(filled(K, np.int32), filled(capacity, np.int32), np.arange(capacity - 1, -1, -1, dtype=np.int32),
-                filled(K, np.int64), filled(K, np.int64), np.array([0, capacity, 0, 0], np.int64))
-    for key in pinned:
-        core.counters[NFREE] -= 1
-        s = core.free[core.counters[NFREE]]
+    core = Core(filled(K, np.int32), filled(capacity, np.int32), filled(K, np.int64), filled(K, np.int64),
+                np.zeros(4, np.int64))
+    for s, key in enumerate(pinned):
         core.slot_of[key], core.key_of_slot[s] = s, key
+    core.counters[USED] = len(pinned)
     return core
 
 
@@ -64,8 +65,6 @@ class Scratch(NamedTuple):
     evicted: np.ndarray  # int64 [E + C + 1] keys evicted by the call's fetches and prefetches
     prefetched: np.ndarray  # int64 [K + 1] keys prefetched
     wanted: np.ndarray  # int64 [K + 1] prefetch_for's keys
-    queue: np.ndarray  # int64 [2K + 2] lru_stream's recency queue
-    pos: np.ndarray  # int64 [K] lru_stream: each key's live entry in it
     offsets: np.ndarray  # int64 [2] plan(): its one call as a stream
     phase: np.ndarray  # int8 [1]
     log: np.ndarray  # int64 [8, 1]
@@ -74,5 +73,5 @@ class Scratch(NamedTuple):
 def new_scratch(capacity: int, num_layers: int, num_experts: int) -> Scratch:
     E, K, e = num_experts, num_layers * num_experts, np.empty
     return Scratch(e(E, np.int64), e(E, np.int64), e(E, np.int64), e(E, np.int64), e(E, np.int64), e(E, np.int64),
-                   e(E + capacity + 1, np.int64), e(K + 1, np.int64), e(K + 1, np.int64), e(2 * K + 2, np.int64),
-                   e(K, np.int64), np.zeros(2, np.int64), np.zeros(1, np.int8), np.zeros((8, 1), np.int64))
+                   e(E + capacity + 1, np.int64), e(K + 1, np.int64), e(K + 1, np.int64), np.zeros(2, np.int64),
+                   np.zeros(1, np.int8), np.zeros((8, 1), np.int64))

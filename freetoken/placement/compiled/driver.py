@@ -24,7 +24,7 @@ import numpy as np
 
 from freetoken.placement.call import CPU, FETCH, HIT, PREFILL
 from freetoken.placement.compiled.cache import FLAGS, MARK, jit
-from freetoken.placement.compiled.core import CALLS, CLOCK, NFREE, STAMP
+from freetoken.placement.compiled.core import CALLS, CLOCK, STAMP, USED
 from freetoken.placement.compiled.hooks import (admission_order, begin_call, on_admit, on_evict, on_hit, on_miss,
                                                 on_prefetch, prefetch_for, victim)
 from freetoken.placement.compiled.split import choose
@@ -57,9 +57,9 @@ def _admit(p, st, key, now):
     """A slot for `key`: a free one, else the victim's, else none (-1: it runs from staging). Returns (slot,
     evicted key or -1)."""
     out = -1
-    if st.counters[NFREE] > 0:
-        st.counters[NFREE] -= 1
-        s = st.free[st.counters[NFREE]]
+    if st.counters[USED] < st.key_of_slot.size:
+        s = st.counters[USED]
+        st.counters[USED] += 1
     else:
         out = victim(p, st, key, now)
         if out < 0:

@@ -30,11 +30,14 @@ It reads LRU's recency list (nxt, prv) and per-layer counts (held) as arrays, so
 LRU's state holds (policies/lru.py calls it).
 """
 
+from typing import NamedTuple
+
+import numpy as np
 from numba import int64 as I64
 from numba import uint64 as U64
 
 from freetoken.placement.compiled.cache import jit
-from freetoken.placement.compiled.core import CALLS, CLOCK, NFREE, STAMP
+from freetoken.placement.compiled.core import CALLS, CLOCK, STAMP, USED
 from freetoken.placement.compiled.linked import append
 from freetoken.placement.compiled.notes import label
 from freetoken.placement.compiled.split import choose
@@ -76,12 +79,26 @@ def _push(queue, pos, head, tail, key):
     return head, tail + 1
 
 
-@jit(entry=True)
-def replay_calls(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log):
+class Buffers(NamedTuple):
+    """The loop's scratch (allocated per replay: nothing in it outlives one)."""
+
+    kind: np.ndarray  # int64 [E] (non-offload splits) per key of the call: 0 hit, 1 fetched, 2 cpu
+    miss: np.ndarray  # int64 [E] its misses
+    rank: np.ndarray  # int64 [E] the split's ranking of them
+    order: np.ndarray  # int64 [E]
+    queue: np.ndarray  # int64 [2K + 2] the recency queue (live entries <= capacity + 1 <= K + 1)
+    pos: np.ndarray  # int64 [K] each key's live entry in it
+
+
+@jit(entry=True, allocates=True)
+def replay_calls(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, log):
     """Calls c0..c1-1 of LRU (its recency list nxt / prv, per-layer counts held, E experts per layer; admits: its
     flag) as the driver's replay_calls. With log [10, C], rows 8 and 9 get each call's distinct experts and (token,
     expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits, cpu, evictions and cpu tokens
     over these calls (summed by _fill, so sim.replay needs no pass over the log)."""
+    K = st.slot_of.size
+    buf = Buffers(np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E, np.int64),
+                  np.empty(2 * K + 2, np.int64), np.empty(K, np.int64))
     if split[0] == 0:  # offload: every miss fetched, whatever the other fields say (a copy with the split folded)
         return _offload(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log)
     return _other(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log)
@@ -99,13 +116,12 @@ def _other(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, a
 
 @jit(inline=True)  # (into _offload and _other: each its own loop, `offload` folded)
 def _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, offload):
-    slot_of, key_of_slot, free, last_use, mark, ints = st
-    kind, miss, rank, order = buf.kind, buf.miss, buf.rank, buf.order
-    queue, pos = buf.queue, buf.pos  # queue [2K + 2] (live entries <= capacity + 1 <= K + 1); pos [K] of its live entry
+    slot_of, key_of_slot, last_use, mark, ints = st
+    kind, miss, rank, order, queue, pos = buf
     sentinel = U64(nxt.size - 1)
     capacity = key_of_slot.size
     admit_prefill = split[7] != 0
-    now, nfree, stamp = ints[CLOCK], ints[NFREE], ints[STAMP]
+    now, used, stamp = ints[CLOCK], ints[USED], ints[STAMP]
     head = tail = 0
     for key in range(slot_of.size):
         pos[key] = -1
@@ -149,9 +165,9 @@ def _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, 
             elif offload or kind[i - lo] == 1:
                 if admits:
                     s = -1
-                    if nfree > 0:
-                        nfree -= 1
-                        s = free[U64(nfree)]
+                    if used < capacity:
+                        s = used
+                        used += 1
                     else:
                         while head < tail:  # the least recent live unprotected entry
                             k = U64(queue[U64(head)])
@@ -186,7 +202,7 @@ def _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, 
         if not offload:  # (offload: both 0, written by _fill)
             log[2, cu] = u
             log[7, cu] = ut
-    ints[CLOCK], ints[NFREE], ints[STAMP] = now, nfree, stamp
+    ints[CLOCK], ints[USED], ints[STAMP] = now, used, stamp
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
         held[layer] = 0

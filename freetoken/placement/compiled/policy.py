@@ -23,9 +23,15 @@ class CompiledPolicy(PlacementPolicy):
         self.name, self.capacity, self.num_layers, self.num_experts = cls.name, capacity, num_layers, num_experts
         self.admits = s.admits
         self.state, self.core = s.state, new_core(capacity, num_layers, num_experts, s.pinned)
-        self.flags = np.array([s.admits, s.orders_admission, s.prefetches], np.int64)
+        self.flags = (int(s.admits), int(s.orders_admission), int(s.prefetches))  # driver.ADMITS, ...
         self.own_stream = s.stream  # replay() takes the form's own stream replay
-        self._buf = new_scratch(capacity, num_layers, num_experts)
+        self._scratch = None  # the driver's, made on its first call (a stream replay of its own needs none)
+
+    @property
+    def _buf(self):
+        if self._scratch is None:
+            self._scratch = new_scratch(self.capacity, self.num_layers, self.num_experts)
+        return self._scratch
 
     def warm(self) -> None:
         """Load (or compile) the compiled code this policy runs, without planning anything: a server or a timed run

@@ -118,16 +118,19 @@ class State(NamedTuple):
     num_experts: int
 
 
+NO_QUOTA = np.zeros(0, np.int64)  # (never written)
+
+
 def setup(capacity: int, num_layers: int, num_experts: int, scope: str = "unified", split: str = "equal",
           profile=None) -> Setup:
     """The reference's checks and quotas; scope unified replays streams in compiled/lru_stream.py."""
     per_layer = check_scope(scope) == "per_layer"
-    quota = ()  # read by scope per_layer only; a profile split still checks its profile, as the reference does
+    quota = NO_QUOTA  # read by scope per_layer only; a profile split still checks its profile, as the reference does
     if per_layer or split != "equal":
-        quota = layer_quotas(capacity, num_layers, num_experts, split, profile)
+        quota = np.array(layer_quotas(capacity, num_layers, num_experts, split, profile), np.int64)
     K = num_layers * num_experts
-    state = State(filled(K + 1, np.int64, K), filled(K + 1, np.int64, K), np.zeros(num_layers, np.int64),
-                  np.array(quota, np.int64), per_layer, num_experts)
+    state = State(filled(K + 1, np.int64, K), filled(K + 1, np.int64, K), np.zeros(num_layers, np.int64), quota,
+                  per_layer, num_experts)
     return Setup(state, stream=not per_layer)
 
 
@@ -175,8 +178,7 @@ def _stream(policy, stream, split, c0, c1, log):
     """Scope unified: compiled/lru_stream.py over the same arrays."""
     p = policy.state
     return lru_stream.replay_calls(policy.core, p.nxt, p.prv, p.held, p.num_experts, stream.keys, stream.tokens,
-                                   stream.offsets, stream.phase, c0, c1, split_array(split), policy.admits,
-                                   policy._buf, log)
+                                   stream.offsets, stream.phase, c0, c1, split_array(split), policy.admits, log)
 
 
 LRU.compiled = Compiled("lru", State, setup, dict(on_hit=on_hit, on_admit=on_admit, on_evict=on_evict, victim=victim),
