@@ -256,7 +256,7 @@ def _print_ratios(path: str, r: dict) -> None:
         print(f"ratio replay speed ours / libcachesim{'' if not mode else ' (' + title + ')'}: "
               f"{r[f'{mode}ours_vs_libcachesim']:.2f}x wall, {r[f'{mode}ours_vs_libcachesim_cpu']:.2f}x CPU; "
               f"ours / the plain loop: {r[f'{mode}ours_vs_plain']:.2f}x wall on {path} ({title}: ours "
-              f"{r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop {r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} "
-              f"ms, the plain loop {r[f'{mode}plain']['seconds'] * 1e3:.3f} ms, libcachesim "
+              f"{r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop "
+              f"{r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} ms, the plain loop {r[f'{mode}plain']['seconds'] * 1e3:.3f} ms, libcachesim "
               f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms on its file written beforehand; all given the call "
               f"stream's keys); with its file written in its time: {r[f'{mode}ours_vs_libcachesim_writing']:.2f}x")

@@ -1,4 +1,4 @@
-"""ft warmup: compile the placement code ahead of its first use (scripts/setup.sh runs it), so that first use is fast."""
+"""ft warmup: compile the placement code ahead of its first use (scripts/setup.sh runs it): that use is then fast."""
 
 from __future__ import annotations
 

@@ -70,8 +70,8 @@ def is_compiled(name: str) -> bool:
 
 
 __all__ = [
-    "BUILTIN", "Belady", "CacheConfig", "Call", "CallStream", "CompiledPolicy", "Counts", "DECODE", "DEFAULT_PREFILL_CHUNK",
-    "FETCH_ORDERS", "Frequency", "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES", "PREFILL", "PlacementPolicy", "Plan",
+    "BUILTIN", "Belady", "CacheConfig", "Call", "CallStream", "CompiledPolicy", "Counts", "DECODE",
+    "DEFAULT_PREFILL_CHUNK", "FETCH_ORDERS", "Frequency", "KeyStream", "LRU", "NOT_RESIDENT", "POLICIES", "PREFILL", "PlacementPolicy", "Plan",
     "Split", "StaticLayers", "balanced_fetch_count", "build_policy", "cache_config", "call_stream", "is_compiled",
     "key_stream", "make_call", "make_policy", "paper_fetch_count",
 ]

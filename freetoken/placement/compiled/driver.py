@@ -7,7 +7,7 @@ a free one, else the victim's, else it runs from staging); a policy that orders 
 the call's accesses instead; prefetches come last. plan() runs one call through the same loop.
 
 Per key of the last call, scratch.kind (0 hit, 1 fetched, 2 cpu) and scratch.slot; its evictions and prefetches in
-scratch.evicted / prefetched. flags: [admits, orders_admission, prefetches]. log [8, C] columns: hits, fetched, cpu,
+scratch.evicted / prefetched. flags: (admits, orders_admission, prefetches). log [8, C] columns: hits, fetched, cpu,
 evictions, prefetched, hit_tokens, fetch_tokens, cpu_tokens.
 
 What does not depend on the policy (marking the call, the split, the log) is compiled once for all of them; the
@@ -88,7 +88,8 @@ def _log(kind, tokens, c, ne, npf, log):
         else:
             u += 1
             ut += t
-    log[0, c], log[1, c], log[2, c], log[3, c], log[4, c], log[5, c], log[6, c], log[7, c] = h, f, u, ne, npf, ht, ft, ut
+    log[0, c], log[1, c], log[2, c], log[3, c] = h, f, u, ne
+    log[4, c], log[5, c], log[6, c], log[7, c] = npf, ht, ft, ut
 
 
 def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):

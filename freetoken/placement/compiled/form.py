@@ -34,9 +34,10 @@ class Setup:
 
 @dataclass(frozen=True, eq=False)
 class Compiled:
-    """name: the policy's (or policies') name, for the cache and the compile note; state: the State class; setup: builds a Setup (validating options as
-    the reference does); hooks: name -> function; stream: optional (policy, stream, split, c0, c1, log) -> sums, a
-    replay of a CallStream faster than the driver's with its results (tests must show both equal)."""
+    """name: the policy's (or policies') name, for the cache and the compile note; state: the State class; setup:
+    builds a Setup (validating options as the reference does); hooks: name -> function; stream: optional
+    (policy, stream, split, c0, c1, log) -> sums, a replay of a CallStream faster than the driver's with its results
+    (tests must show both equal)."""
 
     name: str
     state: type
