@@ -1,6 +1,7 @@
 """Sweep launchers: before Hydra composes, a `hydra/launcher=NAME` whose plugin is not installed is named with the
 package to install (Hydra itself only says it "could not load" the plugin's config); after it composes, a results.dir
-that cannot be written in is one line (ResultsDirCheck), before Hydra makes its log folder there."""
+that cannot be written in is one line (ResultsDirCheck), before Hydra makes its log folder there; and a sweep's
+placement policies are compiled once, before its jobs start (CompileFirst)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,33 @@ class ResultsDirCheck(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         self.on_run_start(config)
+
+
+class CompileFirst(Callback):
+    """conf/hydra/default.yaml's callback: before a multirun's jobs start (parallel workers, which would each compile
+    the same placement code), the parent compiles or loads the policies the sweep runs, so every job loads them
+    from the disk cache."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from freetoken.placement.warmup import warm
+
+        warm(sweep_policies(config))
+
+
+def sweep_policies(config: DictConfig) -> list[str]:
+    """The built-in policies a sweep replays: its policy= values, the configured one, or (the policy study, or a
+    sweep of values not read here) every built-in."""
+    from freetoken.placement import BUILTIN
+
+    if config.get("study") is not None:
+        return list(BUILTIN)
+    for override in config.hydra.overrides.task:
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "policy":
+            names = value.split(",")
+            return names if set(names) <= set(BUILTIN) else list(BUILTIN)
+    name = config.get("policy", {}).get("name")
+    return [name] if name in BUILTIN else []
 
 
 def launch(main: Callable[[], object], prog: str) -> None:

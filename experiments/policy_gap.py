@@ -35,7 +35,7 @@ from freetoken.experiments.traces import stream_of
 from freetoken.io import write_atomic
 from freetoken.paths import WORK_ROOT
 from freetoken.placement import DECODE
-from freetoken.placement.layer_sweep import visit_rates
+from freetoken.placement.policies.sweep.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
 
 FRACTIONS = (0.25, 0.37, 0.50)
@@ -77,7 +77,7 @@ def per_layer_excess(trace: RoutingTrace, f: float, chunk: int, options: dict) -
 
 def libcachesim_ratios(trace: RoutingTrace, f: float, chunk: int) -> tuple[str, float]:
     """(best algorithm, its misses over libCacheSim Belady's) on the trace's key stream."""
-    from freetoken.cli.bench_sim import libcachesim_misses
+    from freetoken.sim.libcachesim import libcachesim_misses
 
     keys = stream_of(trace, chunk).keys
     cap = int(round(f * trace.num_layers * trace.num_experts))

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from freetoken.placement import Split
-from freetoken.placement.layer_sweep import _FLOOR, LayerSweep
+from freetoken.placement.policies.sweep.layer_sweep import FLOOR, LayerSweep
 from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
 from freetoken.trace import RoutingTrace
 from freetoken.sim.run import SimConfig, simulate
@@ -102,7 +102,7 @@ class WindowedFuture(LayerSweep):
         layer = keys // self.num_experts  # [R]
         elapsed = np.asarray(self._visits, np.int64)[layer] - self._stamp_now[keys]
         rate = self._p_now[keys] * self._powers(int(elapsed.max()))[elapsed]
-        wait = (layer - self._layer - 1) % L + 1 + L * (1.0 / np.maximum(rate, _FLOOR) - 1.0)
+        wait = (layer - self._layer - 1) % L + 1 + L * (1.0 / np.maximum(rate, FLOOR) - 1.0)
         gap = self._due[keys] - self._call
         return np.where(gap <= self.window, gap.astype(np.float64), self.window + wait)
 

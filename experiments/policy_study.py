@@ -35,7 +35,7 @@ from freetoken.experiments.policy_hints import HINT_FRACTIONS, hint_rows, replay
 from freetoken.experiments.policy_report import COLUMNS, render, write_outputs  # noqa: F401  (the study's names)
 from freetoken.experiments.runner import guarded
 from freetoken.paths import CONF_DIR
-from freetoken.placement.layer_sweep import visit_rates
+from freetoken.placement.policies.sweep.layer_sweep import visit_rates
 from freetoken.trace import RoutingTrace
 
 FRACTIONS = (0.10, 0.25, 0.37, 0.50)
@@ -271,7 +271,7 @@ def keep_columns(columns: dict) -> dict:
 
 def compute(cfg):
     from freetoken.experiments.runner import RunOutput, build, show_progress
-    from freetoken.cli.common import progress
+    from freetoken.progress import progress
 
     spec = build(cfg, "study")
     with progress(1, f"policy study {spec.case} at {spec.fraction:.0%}", enabled=show_progress(cfg)) as advance:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from freetoken.cli.common import progress
+from freetoken.progress import progress
 from freetoken.paths import CONF_DIR
 from freetoken.experiments.launchers import launch
 from freetoken.experiments.runner import RunOutput, build, guarded, run_once, show_progress

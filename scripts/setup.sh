@@ -11,4 +11,5 @@ fi
 pip install -q -e ".[dev]"
 # the host kernels built now for this CPU (a few seconds), not on the first run (torch if no C compiler: said there)
 python -c "from freetoken.host import kernels; kernels.library()" || true
+ft warmup --all  # compile the placement policies now (cached on disk), not in the first `ft sim` or test
 echo "freetoken installed in $(pwd)/.venv"

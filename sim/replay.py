@@ -6,14 +6,13 @@ counts are kept as columns (ReplayLog) so the cost model and per-request / per-p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import add
 from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.modules import MODULES
-from freetoken.placement import COMPILED_POLICY, PREFILL, Call, CallStream, PlacementPolicy, Plan, Split
+from freetoken.placement import PREFILL, Call, CallStream, CompiledPolicy, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts, count
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
@@ -56,7 +55,7 @@ class ReplayResult:
     @property
     def total(self) -> Counts:
         if self.summed is not None:
-            return self.summed.copy()  # a fresh record, as count() gives
+            return replace(self.summed)  # a fresh record, as count() gives
         return count(self.log, None, self.expert_bytes)
 
     def by_phase(self) -> dict[str, Counts]:
@@ -87,7 +86,7 @@ def replay_stream(stream: CallStream, policy: PlacementPolicy, split: Split, *, 
     phase's run of calls with its own. double_buffer: also record what freetoken's prefill double buffer streams
     into each call (ReplayResult.streamed, see streams_prefill); the compiled replay then runs those calls one by
     one, reading the residency before each."""
-    if keep_plans or not isinstance(policy, MODULES[COMPILED_POLICY].CompiledPolicy):
+    if keep_plans or not isinstance(policy, CompiledPolicy):
         return replay(stream.calls(), policy, split, expert_bytes=expert_bytes, keep_plans=keep_plans,
                       on_call=on_call, prefill_split=prefill_split, double_buffer=double_buffer)
     C = stream.num_calls

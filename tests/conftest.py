@@ -19,6 +19,16 @@ if not _HAS_CUDA:
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked gpu need CUDA: without it they are collected (`-m gpu` lists them) and skipped."""
+    if _HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 def shared_traces_dir() -> Path | None:
     """The read-only real traces: $FT_SHARED_TRACES, or ../shared/traces beside the checkout."""
     env = os.environ.get("FT_SHARED_TRACES")

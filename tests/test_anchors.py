@@ -88,6 +88,7 @@ def test_warm_server_rates_are_the_measured_requests_own_calls():
     assert log.hits[mine & (log.phase == 0)].sum() > 0
 
 
+@pytest.mark.slow
 def test_granite_locality_proxy_is_rederived_from_the_real_trace(shared_traces):
     # ROUTINGS["granite decode"]: Gini of the decode steps matched at 256 experts / top-8; reuse, window fitted
     import numpy as np

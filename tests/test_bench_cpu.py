@@ -4,6 +4,7 @@ plumbing without llama.cpp (a missing llama_cpp is one clear line; the converter
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -46,6 +47,7 @@ def hf_run(tmp_path_factory):
     return json.loads(buf.getvalue()), out
 
 
+@pytest.mark.slow
 def test_hf_run_races_both_families_and_both_sides_agree(hf_run):
     result, _ = hf_run
     assert result["against"] == "hf" and result["dtype"] == "bf16" and result["reps"] == 2
@@ -61,6 +63,7 @@ def test_hf_run_races_both_families_and_both_sides_agree(hf_run):
         assert r["ft_peak_rss_bytes"] is None and r["threads"] == 1 and r["ft_mode"] == "--fraction 1"
 
 
+@pytest.mark.slow
 def test_hf_run_writes_its_rows_as_csv(hf_run):
     result, out = hf_run
     rows = list(csv.DictReader(io.StringIO(out.read_text())))

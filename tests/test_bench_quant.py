@@ -33,6 +33,7 @@ def bench(tmp_path_factory):
     return json.loads(proc.stdout), out
 
 
+@pytest.mark.slow
 def test_bytes_per_expert_by_hand(bench):
     rows, _ = bench
     by = {r["name"]: r for r in rows}
@@ -42,6 +43,7 @@ def test_bytes_per_expert_by_hand(bench):
     assert by["gptq-g128"]["vs_bf16"] == pytest.approx(2_469_888 / 9_437_184)
 
 
+@pytest.mark.slow
 def test_measured_rss_matches_the_cost_model(bench):
     rows, csv_path = bench
     assert len(rows) == 11 and {r["method"] for r in rows} == {"process RSS delta"}

@@ -3,6 +3,8 @@ without torch. Each check runs in a fresh interpreter, since this test process h
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import subprocess
 import sys
@@ -37,6 +39,7 @@ print(json.dumps({{"code": code, "help": help_text.getvalue(), "heavy": [m for m
     assert got["heavy"] == []
 
 
+@pytest.mark.slow
 def test_sim_trace_and_bench_sim_run_without_torch(tmp_path, shared_traces):
     log = shared_traces / "mixtral-8x7b" / "humaneval_1_routing.jsonl"
     imported, synth = tmp_path / "h1.safetensors", tmp_path / "synth.safetensors"

@@ -31,6 +31,7 @@ def test_mixtral_hint_as_deep_as_the_sweep():
                  ["offload"]) > 0
 
 
+@pytest.mark.slow
 def test_mixtral_longer_stream_small_scan():
     """96 tokens (3,072 calls): residents turn over many times, so settled heaps and resumed scans are exercised."""
     from freetoken.trace.importers import import_trace

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from freetoken.placement import Split, make_call
-from freetoken.placement.static_layers import StaticLayers
+from freetoken.placement.policies.static_layers import StaticLayers
 from freetoken.sim.hardware import HARDWARE_DIR, hardware_names, load_hardware
 from freetoken.sim.model_card import MODEL_DIR, load_model_card, model_names
 from freetoken.sim.planner import plan_for

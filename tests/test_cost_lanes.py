@@ -82,6 +82,19 @@ def test_pcie_lane_offload_decode():
     assert t[0] == pytest.approx(DENSE + 4 * MS + 2 * MS)
 
 
+def test_every_traffic_term_reaches_its_lane():
+    """One decode call with every byte flow present, each a different number of milliseconds, so that dropping any
+    term from its lane changes that lane's busy time: GPU = dense weights 1 + KV 2 + states 4 + hits 2 x 1 + fetched
+    experts computed 3 x 1; PCIe = (3 fetched + 2 prefetched) x 2; CPU = 4 x 1."""
+    card = toy_card(state_bytes_per_sequence=6_000_000)  # read and written: 12 MB = 4 ms
+    call = dict(phase=1, hits=2, hit_tokens=2, fetched=3, fetch_tokens=3, prefetched=2, cpu=4, cpu_tokens=4)
+    meta = CallMeta(np.array([1]), np.array([2_000_000 - 1]), np.array([0]))  # 2e6 tokens of KV (this one too)
+    t = charge(log_of(call), meta, card, toy_hw(), CostOptions(host="independent"))
+    assert t.gpu[0] == pytest.approx((1 + 2 + 4 + 2 + 3) * MS, rel=1e-9)
+    assert t.pcie[0] == pytest.approx((3 + 2) * 2 * MS, rel=1e-9)
+    assert t.cpu[0] == pytest.approx(4 * MS, rel=1e-9)
+
+
 def test_cpu_lane_decode_bytes_and_latency():
     # 2 experts on the CPU: 2 x S / BH = 2 ms, plus a 50 us lane latency
     t = seconds([dict(phase=1, cpu=2, cpu_tokens=2)], [1], hw=toy_hw(cpu_lane_latency_us=50.0))

@@ -4,9 +4,8 @@ step's calls, by hand, against a brute-force rebuild from the accepted counts, a
 import numpy as np
 import pytest
 
-from freetoken.placement import DECODE, PREFILL, KeyStream, Split, make_policy
+from freetoken.placement import DECODE, POLICIES, PREFILL, CompiledPolicy, KeyStream, Split, make_policy
 from freetoken.placement.carry import LiveCarry
-from freetoken.placement.compiled import CompiledPolicy
 from freetoken.trace import RoutingTrace
 from freetoken.sim.batch import Speculation
 from freetoken.sim.calls import Steps, steps_stream
@@ -193,7 +192,7 @@ def test_an_unbuilt_carry_outside_the_simulator_is_one_line(reference):
         make_policy("hinted_sweep", 2, 2, E, reference=reference, future=future, carry="drafts")
     assert "carry must be the carried keys per call" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match="a live carry runs in the interpreted class"):
-        CompiledPolicy("lookahead", 2, 2, E, future=future, carry=LiveCarry(2))
+        CompiledPolicy(POLICIES["lookahead"], 2, 2, E, future=future, carry=LiveCarry(2))
     assert not isinstance(make_policy("lookahead", 2, 2, E, future=future, carry=LiveCarry(2)), CompiledPolicy)
     with pytest.raises(ValueError, match="the carry holds 1 calls, the future 2"):
         make_policy("lookahead", 2, 2, E, future=future, carry=KeyStream(np.zeros(0, np.int64), np.zeros(2, np.int64)))

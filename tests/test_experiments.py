@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 METRICS = ("accesses", "hits", "misses", "fetched", "cpu", "evictions", "hit_rate", "miss_rate", "capacity")
 
 
-def entry(module: str, *overrides: str, jobs: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "FT_JOBS": str(jobs), "HYDRA_FULL_ERROR": "0"}
+def entry(module: str, *overrides: str, jobs: int = 2, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "FT_JOBS": str(jobs), "HYDRA_FULL_ERROR": "0", **(env or {})}
     return subprocess.run([sys.executable, "-m", module, *overrides], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=240)
 
@@ -32,6 +32,7 @@ def ft_sim_json(capsys, *args: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_sweep_2x2_matches_ft_sim_and_resumes(tmp_path, tiny_trace_file, capsys):
     results = tmp_path / "results"
     args = ("-m", "policy=lru,frequency", "cache.fraction=0.25,0.5", f"trace.path={tiny_trace_file}",
@@ -61,6 +62,35 @@ def test_sweep_2x2_matches_ft_sim_and_resumes(tmp_path, tiny_trace_file, capsys)
     assert log.count("skip ") == 4 and "done " not in log
     assert {p: p.stat().st_mtime_ns for p in (results / "runs" / "replay").glob("*.json")} == stamps
     assert len(pd.read_parquet(results / "replay.parquet")) == 4
+
+
+@pytest.mark.slow
+def test_parallel_sweep_jobs_share_the_parents_compile(tmp_path, tiny_trace_file):
+    """Cold cache, two parallel jobs per policy: each policy is compiled once, in the parent (CompileFirst), and
+    the jobs load it (a job that compiled would announce it on the same stderr)."""
+    done = entry("experiments.replay", "-m", "policy=lru,frequency", "cache.fraction=0.25,0.5",
+                 f"trace.path={tiny_trace_file}", "trace.name=tiny", "sim.prefill_chunk=4",
+                 f"results.dir={tmp_path / 'results'}", env={"FT_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    notes = [line for line in done.stderr.splitlines() if line.startswith("compiling ")]
+    assert sorted(n.split(" (first use")[0] for n in notes) == [
+        "compiling lru", "compiling lru's stream replay", "compiling pinned (static_layers, frequency)",
+        "compiling the call builder"], notes
+
+
+def test_sweep_policies_are_the_sweeps_or_every_builtin():
+    from omegaconf import OmegaConf
+
+    from freetoken.experiments.launchers import sweep_policies
+    from freetoken.placement import BUILTIN
+
+    def config(task, policy="lru", **rest):
+        return OmegaConf.create({"hydra": {"overrides": {"task": task}}, "policy": {"name": policy}, **rest})
+
+    assert sweep_policies(config(["policy=lru,belady", "cache.fraction=0.1,0.2"])) == ["lru", "belady"]
+    assert sweep_policies(config(["cache.fraction=0.1"], policy="s3fifo")) == ["s3fifo"]
+    assert sweep_policies(config(["policy=glob(*)"])) == list(BUILTIN)  # a sweep syntax not read here: all
+    assert sweep_policies(config([], study={"case": "x"})) == list(BUILTIN)
 
 
 def test_in_process_run_equals_ft_sim_for_every_policy(small_config, tiny_trace_file, capsys):

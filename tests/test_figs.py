@@ -28,6 +28,9 @@ def predict_run(results, preset: str, overrides: list[str], values: dict) -> dic
                     predict.columns_filter)
 
 
+pytestmark = pytest.mark.slow  # (its fixture runs sweeps to build a results table)
+
+
 @pytest.fixture(scope="module")
 def small_results(tmp_path_factory, tiny_trace_file):
     from freetoken.experiments import replay

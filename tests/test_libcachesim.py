@@ -15,7 +15,7 @@ import functools
 import numpy as np
 import pytest
 
-from freetoken.cli.bench_sim import libcachesim_misses, libcachesim_misses_per_request
+from freetoken.sim.libcachesim import libcachesim_misses, libcachesim_misses_per_request
 from freetoken.placement import LRU, Belady, KeyStream, Split, key_stream, make_policy
 from freetoken.trace import DECODE, RoutingTrace
 from freetoken.trace.importers import import_trace

@@ -9,7 +9,7 @@ import pytest
 from test_policy_reference import random_trace
 
 from freetoken.placement import Split, make_policy
-from freetoken.placement.lru import layer_quotas
+from freetoken.placement.policies.lru import layer_quotas
 from freetoken.trace.stats import expert_counts
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.replay import replay

@@ -10,7 +10,7 @@ import pytest
 from test_policy_reference import random_trace
 
 from freetoken.placement import DECODE, PREFILL, Split, make_policy
-from freetoken.placement.moe_infinity import activation_matrices
+from freetoken.placement.policies.moe_infinity import activation_matrices
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.replay import replay
 

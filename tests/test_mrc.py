@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from freetoken.cli.bench_sim import libcachesim_misses
+from freetoken.sim.libcachesim import libcachesim_misses
 from freetoken.placement import DECODE, LRU, PREFILL, KeyStream, Split, key_stream, make_policy
 from freetoken.trace import RoutingTrace
 from freetoken.trace.importers import import_trace

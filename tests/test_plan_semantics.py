@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from freetoken.placement import DECODE, LRU, Call, Split, StaticLayers, make_policy
-from freetoken.placement.belady import Belady
+from freetoken.placement.policies.belady import Belady
 from freetoken.placement.stream import key_stream
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from freetoken.placement import DECODE, Call, Split, key_stream, make_policy
-from freetoken.placement.hinted_sweep import DistanceOracle, HintedSweep, accuracies
+from freetoken.placement.policies.sweep.hinted_sweep import DistanceOracle, HintedSweep, accuracies
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.synth import SynthSpec, synthesize
 

@@ -41,7 +41,7 @@ class ScalarWindowedFuture(WindowedFuture):
 
 @pytest.mark.parametrize("window, capacity, warm", [(1, 6, False), (4, 9, True), (16, 14, True), (64, 20, False)])
 def test_probe_victim_equals_its_scalar_definition(shared_traces, window, capacity, warm):
-    from freetoken.placement.layer_sweep import visit_rates
+    from freetoken.placement.policies.sweep.layer_sweep import visit_rates
     from freetoken.trace.importers import import_trace
 
     full = import_trace(shared_traces / "mixtral-8x7b" / "humaneval_2_routing.jsonl")
@@ -83,7 +83,7 @@ def test_hint_rows_are_the_replays_they_name_and_time_is_the_cost_model():
     halves = [trace.select(np.isin(trace.request, g)) for g in ([0, 1], [2, 3])]
     rest = dict(variants(4))[labels[len(variants(4)) - 1]]
     assert rest == {"accuracy": 1.0, "depth": 3, "min_confidence": math.inf}
-    from freetoken.placement.layer_sweep import visit_rates
+    from freetoken.placement.policies.sweep.layer_sweep import visit_rates
     from freetoken.sim.cost import CostOptions, call_meta, charge
     from freetoken.sim.hardware import load_hardware
     from freetoken.sim.model_card import load_model_card

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from freetoken.placement import Split, make_policy
-from freetoken.placement.layer_sweep import LayerSweep, visit_rates
+from freetoken.placement.policies.sweep.layer_sweep import LayerSweep, visit_rates
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.synth import SynthSpec, synthesize
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from freetoken.placement import Split, key_stream, make_policy
-from freetoken.placement.lookahead import Lookahead, NoisyOracle
+from freetoken.placement.policies.sweep.lookahead import Lookahead, NoisyOracle
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.synth import SynthSpec, synthesize
 from tests.test_policy_layer_sweep import BruteSweep

@@ -4,7 +4,7 @@ compared plan by plan."""
 import pytest
 
 from freetoken.placement import DECODE, Call, Split, make_policy
-from freetoken.placement.s3fifo import S3FIFO
+from freetoken.placement.policies.s3fifo import S3FIFO
 from freetoken.sim.calls import trace_calls
 from freetoken.sim.synth import SynthSpec, synthesize
 

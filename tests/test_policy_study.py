@@ -208,7 +208,7 @@ def test_carry_rows_are_the_hinted_policies_replayed_with_the_drafts_carry():
     fitted decay and the other fold's prior as in their main rows; no carry rows elsewhere."""
     from freetoken.experiments.policy_grid import BY_LABEL, options
     from freetoken.experiments.traces import stream_of
-    from freetoken.placement.layer_sweep import visit_rates
+    from freetoken.placement.policies.sweep.layer_sweep import visit_rates
 
     case, trace = _case()
     rows = ps.run_case(case, Path("."), [0.25], ("lru", "lookahead", "hinted_sweep"), scenarios=ps.SCENARIOS)

@@ -10,11 +10,11 @@ import math
 import pytest
 
 from freetoken.placement import Split
-from freetoken.placement.belady import Belady
-from freetoken.placement.hinted_sweep import HintedSweep
-from freetoken.placement.layer_sweep import LayerSweep
-from freetoken.placement.lookahead import Lookahead
-from freetoken.placement.s3fifo import S3FIFO
+from freetoken.placement.policies.belady import Belady
+from freetoken.placement.policies.sweep.hinted_sweep import HintedSweep
+from freetoken.placement.policies.sweep.layer_sweep import LayerSweep
+from freetoken.placement.policies.sweep.lookahead import Lookahead
+from freetoken.placement.policies.s3fifo import S3FIFO
 from freetoken.sim.calls import trace_calls, trace_key_stream
 from freetoken.sim.synth import SynthSpec, synthesize
 

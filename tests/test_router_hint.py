@@ -134,7 +134,7 @@ def test_hinted_sweep_measures_a_recorded_hint_as_the_trace_does():
     """measure=True: after a replay of decode tokens (a call = one token's top-k), the running tally per layer is
     the trace's own measured accuracy (trace.stats.hint_accuracy); the option's 0.9 is not what it weighs by."""
     from freetoken.placement import Split
-    from freetoken.placement.hinted_sweep import HintedSweep
+    from freetoken.placement.policies.sweep.hinted_sweep import HintedSweep
 
     trace = hinted_trace(300)
     measured = hint_accuracy(trace)

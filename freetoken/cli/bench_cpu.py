@@ -96,7 +96,7 @@ def base_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from freetoken.calibrate.cpu_table import write_out
-    from freetoken.cli.common import progress
+    from freetoken.progress import progress
 
     base = base_config(args)
 

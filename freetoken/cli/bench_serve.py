@@ -9,7 +9,6 @@ server's process they would take its GIL and count their own parsing as the serv
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 
@@ -46,6 +45,8 @@ async def _one(client, url: str, body: dict) -> tuple[float, float, int]:
 
 
 async def _round(url: str, model: str, n: int, max_tokens: int, bias: dict) -> dict:
+    import asyncio
+
     import httpx
 
     bodies = [{"model": model, "max_tokens": max_tokens, "temperature": 0, "logit_bias": bias, "stream": True,
@@ -79,6 +80,8 @@ def engine_decode_tok_s(engine, n: int, steps: int, repeat: int) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio  # (here, not at the top: every `ft` command builds this module's parser)
+
     import torch
 
     from freetoken.cli.common import print_json

@@ -1,101 +1,25 @@
 """ft bench sim: how fast the simulator replays, against libCacheSim's Python bindings, and what the one-pass
 miss-ratio curve saves over replaying capacity by capacity. Both ratios come from one run on one key stream.
 
-libCacheSim is measured on its fastest documented Python path, end to end: the key stream written as an
-oracleGeneral binary trace (numpy, one write), read by its C reader and run by `process_trace` in C. Its
-per-request path (`cache.get(Request)` from Python) is timed too. Our side is `sim.replay.replay_stream` with the
-production (compiled) LRU policy over the same calls, building the policy and producing the full per-call log; it
-is timed from the call stream (as libCacheSim from the keys) and, separately, from the trace (conversion included);
-the two sides' runs alternate (freetoken.cli.lru_race). --race adds that race alone on more traces.
+libCacheSim is measured on its fastest documented Python path: the key stream written beforehand as an
+oracleGeneral binary trace, read by its C reader and run by `process_trace` in C (the timed part). Its per-request
+path (`cache.get(Request)` from Python) is timed too. Our side is `sim.replay.replay_stream` with the production
+(compiled) LRU policy over the same calls, building the policy and producing the full per-call log; it is timed from
+the call stream (as libCacheSim from the keys) and, separately, from the trace (conversion included). The plainest
+compiled set-access LRU (plain_lru.py) runs beside both, the physical anchor ours must not lose to
+(freetoken.cli.lru_race). --race adds that race alone on more traces.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from freetoken.cli.common import print_json, progress
+from freetoken.cli.common import print_json
+from freetoken.progress import progress
 from freetoken.cli.lru_race import MIN_SECONDS, best_runs, race, speed
 from freetoken.paths import DEFAULT_TRACE
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
-
-if TYPE_CHECKING:
-    import numpy as np
-
-ORACLE_GENERAL = [("clock_time", "<u4"), ("obj_id", "<u8"), ("obj_size", "<u4"),
-                  ("next_access_vtime", "<i8")]  # numpy dtype fields of libCacheSim's oracleGeneral record, 24 bytes
-
-
-def _libcachesim():
-    try:
-        import libcachesim
-    except ImportError:
-        raise ValueError("libcachesim is not installed (pip install libcachesim==0.3.5, or the project's [dev] "
-                         "extra)") from None
-    return libcachesim
-
-
-def write_oracle_general(path: str | os.PathLike, keys: np.ndarray, with_next_access: bool) -> None:
-    """One request per key, size 1 (so cache_size counts objects). next_access_vtime: the index of the
-    key's next request, -1 for none (Belady needs it; LRU ignores it)."""
-    import numpy as np
-
-    from freetoken.placement.stream import NEVER, next_occurrence
-
-    rec = np.zeros(len(keys), np.dtype(ORACLE_GENERAL))
-    rec["clock_time"] = np.arange(1, len(keys) + 1)
-    rec["obj_id"] = keys
-    rec["obj_size"] = 1
-    if with_next_access:
-        nxt = next_occurrence(keys)
-        rec["next_access_vtime"] = np.where(nxt == NEVER, -1, nxt)
-    else:
-        rec["next_access_vtime"] = -1
-    rec.tofile(path)
-
-
-def libcachesim_misses(keys: np.ndarray, capacity: int, algorithm: str = "LRU") -> int:
-    """Misses of libCacheSim's `algorithm` (LRU, Belady, ...) with `capacity` objects on a sequential key stream."""
-    import numpy as np
-
-    lcs = _libcachesim()
-    keys = np.asarray(keys, np.int64)
-    if keys.size == 0:
-        return 0
-    with tempfile.TemporaryDirectory(prefix="ft-lcs-", dir=_ram_dir()) as tmp:
-        path = Path(tmp) / "keys.oracleGeneral.bin"
-        write_oracle_general(path, keys, with_next_access=algorithm.startswith("Belady"))
-        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
-        miss_ratio, _ = getattr(lcs, algorithm)(capacity, hashpower=_hashpower(capacity)).process_trace(reader)
-        del reader
-    return int(round(miss_ratio * keys.size))
-
-
-def _ram_dir() -> str | None:
-    """/dev/shm where it is a writable directory (its input file then costs no disk I/O: the fair race), else the
-    default temporary directory."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-
-
-def _hashpower(capacity: int) -> int:
-    """Its hash table sized to the cache (the default, 2**24 buckets, costs more to allocate than small runs take)."""
-    return max(4, int(capacity).bit_length() + 1)
-
-
-def libcachesim_misses_per_request(keys: np.ndarray, capacity: int) -> int:
-    """libCacheSim LRU fed one Request at a time from Python: the path for a stream not on disk."""
-    lcs = _libcachesim()
-    cache, req = lcs.LRU(capacity, hashpower=_hashpower(capacity)), lcs.Request()
-    req.obj_size = 1
-    hits = 0
-    for key in keys.tolist():
-        req.obj_id = key
-        hits += cache.get(req)
-    return len(keys) - hits
-
 
 def _timed(fn, repeat: int = 1):
     """(result, wall seconds, CPU seconds): the best of `repeat` runs (one run of a few ms is noise on a shared
@@ -142,6 +66,8 @@ def run_bench(trace, capacities: int = 20, prefill_chunk: int = DEFAULT_PREFILL_
     log(f"racing compiled lru against libcachesim on {n} accesses at capacity {capacity} (runs interleaved)")
     out.update(race(trace, stream, capacity, prefill_chunk, repeat, min_seconds))
     if per_request:
+        from freetoken.sim.libcachesim import libcachesim_misses_per_request
+
         log("libcachesim: one Request at a time from Python")
         out["libcachesim_per_request"] = speed(*_timed(
             lambda: libcachesim_misses_per_request(stream.keys, capacity), repeat), n)
@@ -281,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
           f"LRU capacity {out['capacity']}; wall (CPU) ms, best of >= {out['repeat']} runs; the call stream is "
           f"built in {out['build_calls_s'] * 1e3:.1f} ms")
     rows = [("ours: LRU replay of the call stream", "ours"), ("  of which the compiled loop", "ours_loop"),
-            ("ours: trace -> call stream + replay", "ours_from_trace"), ("libcachesim: file + C reader", "libcachesim")]
+            ("ours: trace -> call stream + replay", "ours_from_trace"), ("a plain compiled set-LRU loop", "plain"),
+            ("libcachesim: its C reader + simulator", "libcachesim"),
+            ("libcachesim: file written + C reader", "libcachesim_writing")]
     for mode, title in (("", "runs back to back"), ("interleaved_", "runs interleaved")):
         print(f"  {title}:")
         for label, key in rows:
@@ -323,10 +251,12 @@ def _print_row(label: str, r: dict) -> None:
 
 
 def _print_ratios(path: str, r: dict) -> None:
-    """The race's two ratios (back to back, interleaved) with the times they divide."""
+    """The race's ratios (back to back, interleaved) with the times they divide."""
     for mode, title in (("", "back to back"), ("interleaved_", "interleaved")):
         print(f"ratio replay speed ours / libcachesim{'' if not mode else ' (' + title + ')'}: "
-              f"{r[f'{mode}ours_vs_libcachesim']:.2f}x wall, {r[f'{mode}ours_vs_libcachesim_cpu']:.2f}x CPU on "
-              f"{path} ({title}: ours {r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop "
-              f"{r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} ms, libcachesim "
-              f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms; both given the call stream's keys)")
+              f"{r[f'{mode}ours_vs_libcachesim']:.2f}x wall, {r[f'{mode}ours_vs_libcachesim_cpu']:.2f}x CPU; "
+              f"ours / the plain loop: {r[f'{mode}ours_vs_plain']:.2f}x wall on {path} ({title}: ours "
+              f"{r[f'{mode}ours']['seconds'] * 1e3:.3f} ms, its compiled loop "
+              f"{r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} ms, the plain loop {r[f'{mode}plain']['seconds'] * 1e3:.3f} ms, libcachesim "
+              f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms on its file written beforehand; all given the call "
+              f"stream's keys); with its file written in its time: {r[f'{mode}ours_vs_libcachesim_writing']:.2f}x")

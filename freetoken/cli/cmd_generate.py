@@ -199,6 +199,9 @@ def run(args: argparse.Namespace) -> int:
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}"
                      f"{f' ({host})' if host else ''}; KV cache: {args.kv_dtype}\n")
     sys.stderr.write(engine.cache.placement_line + "\n" + engine.decode_line + "\n")
+    from freetoken.placement.warmup import warm_policy
+
+    warm_policy(engine.cache.policy)  # compiled before the clock starts, not inside the first prefill's time
     out: list[int] = []
     shown = ""
     live = sys.stderr.isatty()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from freetoken.cli.common import LazyChoices, add_size_args, print_json, progress
+from freetoken.cli.common import LazyChoices, add_size_args, print_json
+from freetoken.progress import progress
 from freetoken.kv_dtype import KV_DTYPE_HELP, check_kv_dtype
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from freetoken.cli.common import add_cache_args, cache_config_from_args, print_json, progress
+from freetoken.cli.common import add_cache_args, cache_config_from_args, print_json
+from freetoken.progress import progress
 from freetoken.paths import DEFAULT_TRACE
 
 

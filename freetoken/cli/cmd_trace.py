@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from freetoken.cli.common import LazyChoices, check_output, print_json, progress
+from freetoken.cli.common import LazyChoices, check_output, print_json
+from freetoken.progress import progress
 from freetoken.defaults import DEFAULT_PREFILL_CHUNK, check_prefill_chunk
 
 if TYPE_CHECKING:

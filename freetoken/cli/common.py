@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from contextlib import contextmanager
 
 
 class LazyChoices:
@@ -62,20 +61,6 @@ def check_output(path: str, flag: str) -> None:
     problem = output_problem(Path(path))
     if problem:
         raise ValueError(f"{flag} {path}: cannot write ({problem})".lstrip())
-
-
-@contextmanager
-def progress(total: int, description: str, enabled: bool = True):
-    """Yields advance(n=1); draws on stderr only when enabled and stderr is a terminal."""
-    if not enabled or not sys.stderr.isatty():
-        yield lambda n=1: None
-        return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
 
 
 def add_split_args(p) -> None:
@@ -224,7 +209,7 @@ def check_cpu_moe(options: dict, model, config=None) -> None:
     if n is None or n == "all":  # --cpu-moe: every MoE layer, however many
         return
     from freetoken.models.checkpoint import read_config, resolve_dir
-    from freetoken.placement.static_layers import check_cpu_layers
+    from freetoken.placement.policies.static_layers import check_cpu_layers
 
     path = resolve_dir(model)
     layers = (config if config is not None else read_config(path)[1]).num_moe_layers

@@ -29,7 +29,7 @@ def peak_rss(trace, trace_path: str, capacity: int, prefill_chunk: int) -> dict:
     """{'ft_sim_mib', 'libcachesim_mib', 'ratio'} for an LRU run at `capacity` slots."""
     import numpy as np
 
-    from freetoken.cli.bench_sim import _hashpower
+    from freetoken.sim.libcachesim import hashpower
     from freetoken.trace import save
     from freetoken.sim.calls import trace_stream
 
@@ -49,5 +49,5 @@ def peak_rss(trace, trace_path: str, capacity: int, prefill_chunk: int) -> dict:
                         "rec['t'] = np.arange(1, len(keys) + 1); rec['id'] = keys; rec['size'] = 1; rec['next'] = -1\n"
                         f"rec.tofile({str(keys) + '.bin'!r})\n"
                         f"reader = lcs.TraceReader({str(keys) + '.bin'!r}, lcs.TraceType.ORACLE_GENERAL_TRACE)\n"
-                        f"lcs.LRU({capacity}, hashpower={_hashpower(capacity)}).process_trace(reader)")
+                        f"lcs.LRU({capacity}, hashpower={hashpower(capacity)}).process_trace(reader)")
     return {"ft_sim_mib": ft / 1024, "libcachesim_mib": lcs / 1024, "ratio": ft / lcs}

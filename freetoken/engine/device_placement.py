@@ -26,7 +26,7 @@ DEVICE_FORMS = ("lru", "static_layers", "frequency")
 
 def device_form(policy: PlacementPolicy) -> str | None:
     """None when `policy` can decide on the device, else the one-line reason it keeps the host path."""
-    from freetoken.placement.compiled import CompiledPolicy
+    from freetoken.placement import CompiledPolicy
 
     if policy.name not in DEVICE_FORMS:
         return f"placement {policy.name} has no device form (device: {', '.join(DEVICE_FORMS)}); it decides on the host"
@@ -49,12 +49,8 @@ def placement_line(policy: PlacementPolicy, on_device: bool = False, reason: str
 
 def _state_arrays(policy: PlacementPolicy) -> tuple[np.ndarray, ...]:
     """(slot_of, key_of_slot, last_use, ints = [CLOCK, USED]) of a fresh compiled policy's core."""
-    slot_of, key_of_slot, free, last_use, _mark, ints = policy.core
-    nfree = int(ints[1])
-    if nfree and int(free[nfree - 1]) != policy.capacity - nfree:
-        raise ValueError("placement state: free slots are not the compiled stack's 0..C-1 order")
-    return (slot_of.copy(), key_of_slot.copy(), last_use.copy(),
-            np.array([int(ints[0]), policy.capacity - nfree], np.int64))
+    core = policy.core
+    return (core.slot_of.copy(), core.key_of_slot.copy(), core.last_use.copy(), core.counters[:2].copy())
 
 
 @functools.lru_cache(maxsize=64)

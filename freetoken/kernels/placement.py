@@ -1,16 +1,16 @@
 """Placement decision on the device: one MoE call's expert ids -> slot ids, copy list and evictions, in one program.
 
-The state is the compiled placement's core arrays (freetoken.placement.compiled.base) held in device tensors, so a
+The state is the compiled placement's core arrays (freetoken.placement.compiled.core) held in device tensors, so a
 decode step can decide without returning to the host (FreeToken's lru_ensure):
     slot_of      int32 [K]  slot of each key (layer * E + expert), -1 = not resident
     key_of_slot  int32 [C]  key held by each slot, -1 = empty
     last_use     int64 [K]  clock of each key's latest access, -1 = never
-    ints         int64 [2]  CLOCK (accesses applied), USED (slots ever handed out: the compiled free stack's top is
-                            slot USED, as slots are never given back, only passed from victim to newcomer)
-Why no recency list for LRU: in the reference (placement.lru) a key moves to the back of the order exactly when it
-is accessed while resident (hit) or admitted (its miss), so among resident keys the LRU order is last_use order, and
-the call's own keys, which must not be evicted, are exactly those with last_use >= the call's start clock once the
-call's clocks are written. The victim is then an argmin over the slots.
+    ints         int64 [2]  CLOCK (accesses applied), USED (slots ever handed out, as the compiled Core counts them:
+                            slots are never given back, only passed from victim to newcomer)
+Why no recency list for LRU: in the reference (placement/policies/lru.py) a key moves to the back of the order exactly
+when it is accessed while resident (hit) or admitted (its miss), so among resident keys the LRU order is last_use
+order, and the call's own keys, which must not be evicted, are exactly those with last_use >= the call's start clock
+once the call's clocks are written. The victim is then an argmin over the slots.
 
 Outputs per call entry i (call order): kind 0 hit / 1 fetched / 2 cpu / -1 padding, slot (-1: cpu, or a fetch that
 runs from a staging buffer); the copy list (expert, slot) of fetches in call order; evicted keys in eviction order;

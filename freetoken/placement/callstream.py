@@ -13,16 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterator
 
-import numba as nb
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL, Call
+from freetoken.placement.compiled.cache import jit
+from freetoken.placement.compiled.notes import label
 from freetoken.placement.stream import KeyStream
 
 KEY_DTYPE = np.int32  # keys and per-key token counts of a CallStream
 
 
-@nb.njit(cache=True, nogil=True)
+@jit(entry=True)
 def fill_call(experts, lo, hi, layer, base, seen, pos, stamp, keys, tokens, w):
     """Distinct experts of experts[lo:hi, layer, :] in first-use order, written at keys[w:] as base + expert with
     their token counts; seen / pos are [E] scratch (seen[e] == stamp: e already written, at pos[e]). Returns the
@@ -42,7 +43,7 @@ def fill_call(experts, lo, hi, layer, base, seen, pos, stamp, keys, tokens, w):
     return w
 
 
-@nb.njit(cache=True, nogil=True)
+@jit(entry=True)
 def _sizes(seg_lo, seg_hi, seg_prefill, chunk, L, E, K):
     """(calls, an upper bound on their accesses) without reading the picks: a call of n tokens needs at most
     min(E, n K) distinct experts (exact in decode, K per call)."""
@@ -56,7 +57,7 @@ def _sizes(seg_lo, seg_hi, seg_prefill, chunk, L, E, K):
     return c, n
 
 
-@nb.njit(cache=True, nogil=True)
+@jit(entry=True, allocates=True)
 def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets, call_layer, call_seg):
     """One pass over the segments, writing every call (keys / tokens sized by _sizes' bound); returns the accesses
     written."""
@@ -126,6 +127,16 @@ class CallStream:
             keys = self.keys[lo:hi]
             base = layer[c] * E
             yield Call(layer[c], (keys - base).tolist(), self.tokens[lo:hi].tolist(), phase[c], request[c])
+
+
+label(_sizes, "the call builder")
+label(_build, "the call builder")
+
+
+def empty_stream(num_experts: int) -> CallStream:
+    """A stream of no call (what a compiled replay is loaded with before its first real one)."""
+    return CallStream(np.zeros(0, KEY_DTYPE), np.zeros(0, KEY_DTYPE), np.zeros(1, np.int64), np.zeros(0, np.int64),
+                      np.zeros(0, np.int8), np.zeros(0, np.int64), num_experts, 1)
 
 
 def segments_of(request: np.ndarray, turn: np.ndarray, phase: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ j = 1..depth that stay inside the sweep (l + j < L, the reach of the router hint
 none (nothing crosses the sweep's end).
 
 The carry is either a KeyStream with one entry per call of the run (the simulator builds it from its speculative
-replay, carry="drafts"; the compiled sweeps read the same stream, compiled/sweep.py) or a live holder
+replay, carry="drafts"; the compiled sweeps read the same stream, policies/sweep/lookahead.py) or a live holder
 (LiveCarry) that the engine fills before each verify forward.
 """
 

@@ -201,7 +201,7 @@ def policy_options(config: CacheConfig, *, profile=None, future=None, library=No
     if "past" in policy_option_names(config.policy) and "past" not in options:
         trace = load(config.profile) if config.profile is not None else library
         if trace is not None:
-            from freetoken.placement.moe_infinity import activation_matrices
+            from freetoken.placement.policies.moe_infinity import activation_matrices
 
             options["past"] = activation_matrices(trace)
     if cls.needs_future and "future" not in options and "hint" not in options:

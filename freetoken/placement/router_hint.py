@@ -24,7 +24,7 @@ import numpy as np
 
 from freetoken.placement.call import Call
 from freetoken.placement.callstream import call_stream, make_call
-from freetoken.placement.lookahead import noisy_keys
+from freetoken.placement.policies.sweep.lookahead import noisy_keys
 from freetoken.placement.stream import KeyStream
 
 ROUTER = "router"  # the CacheConfig option value hint="router": the engine's early router, live

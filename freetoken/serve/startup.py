@@ -64,6 +64,9 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
         backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split,
                          options=cfg.policy_options, profile=cfg.profile, capacity=cfg.capacity,
                          fraction=cfg.fraction, placement=cfg.placement, eager=cfg.eager)
+        from freetoken.placement.warmup import warm_policy
+
+        warm_policy(backend.engine.cache.policy)  # compiled before the server says ready, not in its first request
     log(f"model {model_id!r} from {hide_home(str(model_dir))} ({cfg.backend} backend), prefix cache "
         f"{backend.prefix_cache_budget()} tokens")
     log(context_line(backend.max_context, backend.model_context, cfg.max_context, plan.kv_tokens))

@@ -106,7 +106,7 @@ def policy_options(name: str, trace, prefill_chunk: int) -> dict:
     if "future" in params:
         options["future"] = trace_key_stream(trace, prefill_chunk)
     if "past" in params:  # moe_infinity's offline library: the probe's requests, so matches drive prefetches
-        from freetoken.placement.moe_infinity import activation_matrices
+        from freetoken.placement.policies.moe_infinity import activation_matrices
 
         options["past"] = activation_matrices(trace)
     return options

@@ -127,6 +127,7 @@ def test_logits_match_hf_every_capacity_every_split(name, models):
     assert_logits_grid(models[name], E, f"deepseek {name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["v2", "v3_fp8"])
 def test_triton_kernels(name, models):
     """The Triton path (interpreted on CPU): hits, fetches into slots and staging, and the CPU lane."""
@@ -230,6 +231,7 @@ def test_rope_first_layout_keeps_hf_scores(version):
     assert (plain - want).abs().max() > 1e-2  # without the de-interleave the scores are wrong
 
 
+@pytest.mark.slow
 def test_sim_replay_makes_the_live_plans(models):
     """Sim = live on DeepSeek-V3's recorded routing, every policy (test_sim_equals_live.py's harness)."""
     from .test_sim_equals_live import assert_sim_replays_live

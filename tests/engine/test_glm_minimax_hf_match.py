@@ -90,6 +90,7 @@ def test_logits_match_hf_every_capacity_every_split(name, models):
     assert_logits_grid(models[name], E, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_triton_kernels(name, models):
     """The Triton path (interpreted on CPU) over the prompt (one chunk) and one decode step: hits, fetches, the CPU
@@ -188,6 +189,7 @@ def test_shipped_card_is_what_ft_predict_reads_from_the_config(card_name, config
     assert from_config.expert_params == shipped.expert_params
 
 
+@pytest.mark.slow
 def test_sim_replay_makes_the_live_plans(models):
     """Sim = live on each family's recorded routing, every policy, one split each (test_sim_equals_live.py's
     harness; together the three splits)."""

@@ -95,6 +95,7 @@ def test_logits_match_hf_every_capacity_every_split(fmt, models):
     assert_logits_grid(models[fmt], E, f"gpt_oss {fmt}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["dense", "mxfp4"])
 def test_triton_kernels(fmt, models):
     """The Triton path (interpreted on CPU): hits, fetches into slots and staging, and the CPU lane."""

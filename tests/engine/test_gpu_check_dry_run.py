@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import sys
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import torch
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
+@pytest.mark.slow
 def test_gpu_check_dry_run(capsys):
     sys.path.insert(0, str(BENCH))
     try:
@@ -30,6 +33,7 @@ def test_gpu_check_dry_run(capsys):
     assert "lru" in out and "tok/s" in out
 
 
+@pytest.mark.slow
 def test_gpu_check_verdict_exit_code_and_json(tmp_path, capsys, monkeypatch):
     """Within the stated tolerance: PASS, exit 0, JSON summary; a tolerance nothing can meet: FAIL, exit 1."""
     import json

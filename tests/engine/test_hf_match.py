@@ -50,7 +50,7 @@ def assert_grid(make_engine, tokens: list[int], want: torch.Tensor, capacities, 
                 extra(capacity, split, engine)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f if f == "qwen3_moe" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
 def test_lru_every_capacity_every_split(family, hf_models, checkpoints):
     ref, ckpt = hf_models[family], checkpoints[family]
     L, E = ckpt.config.num_moe_layers, ckpt.config.num_experts
@@ -75,7 +75,7 @@ def test_lru_every_capacity_every_split(family, hf_models, checkpoints):
     assert len(seen_rates) > 3  # the grid really exercised different cache states
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [f if f == "qwen3_moe" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
 def test_every_policy(family, hf_models, checkpoints):
     ref, ckpt = hf_models[family], checkpoints[family]
     first = Engine(ckpt, CacheConfig("lru", capacity=0), kernels="reference", device="cpu", prefill_chunk=CHUNK)
@@ -113,6 +113,7 @@ def test_greedy_tokens_equal_hf_generate(family, hf_models, checkpoints):
     assert got == ref.tokens[len(PROMPT):]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_triton_kernels_prefill_and_decode(family, hf_models, checkpoints):
     """The real Triton path (interpreted on CPU) on one full prefill + 8 decode steps, with a cache that

@@ -161,6 +161,7 @@ def test_slot_pool_holds_packed_bytes(fmt, quant_models):
     assert held < 0.3 * dense_fp32  # int4 ~0.15, fp8 ~0.26, fp4 ~0.14 of fp32
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", TRITON_CASES)
 def test_triton_expert_ffn_quant(fmt, quant_models):
     """The Triton path (interpreted on CPU): hits, fetches into slots and staging, and the CPU lane."""

@@ -99,6 +99,7 @@ def test_logits_match_hf_every_capacity_every_split(name, models):
     assert_logits_grid(models[name], E, f"{name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
 def test_triton_kernels(name, models):
     """The Triton path (interpreted on CPU): conv, chunked and recurrent delta rule, gated norm, and the cache's
@@ -157,6 +158,7 @@ def test_recurrent_state_is_reused_only_where_it_exists(models):
                                                            stop_token_ids=[]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_moe"])
 def test_sim_replay_makes_the_live_plans(name, models):
     """Sim = live on each family's recorded routing, every policy (test_sim_equals_live.py's harness)."""

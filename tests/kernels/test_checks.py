@@ -31,6 +31,7 @@ def test_wrong_rank_and_dtype_are_named():
         rms_norm(torch.ones(2, 4, dtype=torch.int32), torch.ones(4), 1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the switch only applies without CUDA")
 def test_import_switches_cpu_machines_to_the_interpreter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

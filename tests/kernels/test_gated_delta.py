@@ -46,6 +46,21 @@ def test_chunked_prefill_is_hf_chunk_rule(T):
         _close(state, want_state)
 
 
+@pytest.mark.parametrize("fn, T", [(gated_delta_chunk_ref, 200), (gated_delta_chunk, 50)],
+                         ids=["reference-4-chunks-of-64", "kernel-4-chunks-of-16"])
+def test_prefill_over_several_chunks_is_hf_chunk_rule(fn, T):
+    """Enough tokens for three full chunks and a partial one: the state carried from chunk to chunk (its decay by the
+    chunk's last cumulative gate, c_last) reaches every later chunk's output and the final state."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+
+    q, k, v, gate, beta = _inputs(T, 3)
+    start = torch.randn(HV, DK, DV, generator=torch.Generator().manual_seed(4)) * 0.3
+    want, want_state = _hf(torch_chunk_gated_delta_rule, q, k, v, gate, beta, start.clone())
+    state = start.clone()
+    _close(fn(q, k, v, gate, beta, state), want)
+    _close(state, want_state)
+
+
 def test_decode_steps_continue_a_prefill_state():
     """Prefill 18 tokens (chunked), then 3 steps one token each: = HF's recurrent rule over all 21 tokens."""
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule

@@ -18,6 +18,7 @@ def _module():
     return mod
 
 
+@pytest.mark.slow
 def test_dry_run_checks_every_kernel(capsys):
     results = _module().check_kernels(dry_run=True)
     names = [r.name for r in results]

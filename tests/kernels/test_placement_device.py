@@ -1,6 +1,6 @@
 """Device placement (freetoken.kernels.placement, interpreted here) against the host policy, Plan by Plan.
 
-The host side is the interpreted reference class (placement.lru / static_layers / frequency) replayed call by call;
+The host side is the interpreted reference class (policies/lru.py, static_layers.py, frequency.py) replayed call by call;
 the device side starts from a fresh compiled policy's arrays. Splits cover offload, cpu, hybrid with each rule and
 fetch order, fetch_min_pairs and prefill streaming through staging; capacities from 0 to all keys; a synthetic
 trace and a real one (the Mixtral token-level slice and Granite prefill + decode). Shapes stay tiny: the

@@ -3,6 +3,8 @@ candidate per shape class and writes it under the device's name, keeping the res
 
 from __future__ import annotations
 
+import pytest
+
 import importlib.util
 import json
 import sys
@@ -19,6 +21,7 @@ def _module():
     return mod
 
 
+@pytest.mark.slow
 def test_dry_run_writes_the_winners_for_this_device(tmp_path):
     import torch
 

@@ -3,6 +3,8 @@ address; `ft launch` then finds the served model id by asking it."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import re
 import selectors
@@ -37,6 +39,7 @@ def read_until_ready(proc: subprocess.Popen, seconds: float = 90.0) -> tuple[str
     raise AssertionError("no ready line:\n" + "\n".join(lines))
 
 
+@pytest.mark.slow
 def test_ft_serve_prints_plan_and_ready_then_launch_finds_the_model(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([*FT, "serve", "--port", "0", "--device-budget", "0.5"],  # the demo model

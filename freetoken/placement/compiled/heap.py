@@ -8,10 +8,11 @@ The heap's size lives in a caller's int array, size[at], so a policy keeps it in
 
 from __future__ import annotations
 
-import numba as nb
+from freetoken.placement.compiled.cache import jit
 
 
-@nb.njit(cache=True, inline="always")
+
+@jit
 def before(a, b, desc, x, y):
     """Key x sorts before key y."""
     if a[x] != a[y]:
@@ -21,7 +22,7 @@ def before(a, b, desc, x, y):
     return x < y
 
 
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the drivers' compile short
+@jit
 def sift_up(heap, pos, a, b, desc, i):
     key = heap[i]
     while i > 0:
@@ -35,7 +36,7 @@ def sift_up(heap, pos, a, b, desc, i):
     pos[key] = i
 
 
-@nb.njit(cache=True, _nrt=False)  # called, not inlined: keeps the drivers' compile short
+@jit
 def sift_down(heap, pos, n, a, b, desc, i):
     key = heap[i]
     while True:
@@ -53,7 +54,7 @@ def sift_down(heap, pos, n, a, b, desc, i):
     pos[key] = i
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def refile(heap, pos, size, at, a, b, desc, key):
     """Put `key` on the heap, or move it to its place after its a / b changed."""
     i = pos[key]
@@ -65,7 +66,7 @@ def refile(heap, pos, size, at, a, b, desc, key):
     sift_down(heap, pos, size[at], a, b, desc, pos[key])
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def remove_at(heap, pos, size, at, a, b, desc, i):
     """Take the key at index i off the heap (its pos is the caller's to mark)."""
     size[at] -= 1
@@ -79,7 +80,7 @@ def remove_at(heap, pos, size, at, a, b, desc, i):
     sift_down(heap, pos, n, a, b, desc, pos[moved])
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def remove_key(heap, pos, size, at, a, b, desc, key):
     """Take `key` off the heap if it is on it (pos >= 0); its pos becomes -1 either way (a resident that left)."""
     i = pos[key]
@@ -88,7 +89,7 @@ def remove_key(heap, pos, size, at, a, b, desc, key):
         remove_at(heap, pos, size, at, a, b, desc, i)
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def pop(heap, pos, size, at, a, b, desc):
     """Take the first key off the heap and return it (its pos is the caller's to mark)."""
     key = heap[0]
@@ -102,7 +103,7 @@ def pop(heap, pos, size, at, a, b, desc):
 
 
 # a frontier heap of keys by (z, key), no positions kept: the sweeps' walk reads their residents' heap in order
-@nb.njit(cache=True, inline="always")
+@jit
 def front_up(front, i, z):
     """Sift front[i] up the frontier heap (by z, then key)."""
     key = front[i]
@@ -116,7 +117,7 @@ def front_up(front, i, z):
     front[i] = key
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def front_down(front, n, z):
     """Sift front[0] down the frontier heap front[:n]."""
     if n == 0:

@@ -6,11 +6,12 @@ Links are read as uint64: numba then indexes without the negative-index wraparou
 
 from __future__ import annotations
 
-import numba as nb
 from numba import uint64 as U64
 
+from freetoken.placement.compiled.cache import jit
 
-@nb.njit(cache=True, inline="always")
+
+@jit
 def unlink(nxt, prv, key):
     """Take `key` out of its list (its own links are left as they were: the caller's to reset)."""
     a, b = U64(prv[key]), U64(nxt[key])
@@ -18,7 +19,7 @@ def unlink(nxt, prv, key):
     prv[b] = a
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def append(nxt, prv, sentinel, key):
     """Put `key` at the tail of the list whose sentinel is `sentinel`."""
     s = U64(sentinel)

@@ -26,16 +26,20 @@ fit: a call has at most E keys, and at most prefill_chunk x top-k < 2^31 (token,
 it). cpu and cpu tokens are written as they are, unless offload (0). The offload and other-split copies are
 compiled as functions of their own (~3% on the offload loop: fewer spills than both inlined in one).
 
-Loaded like the drivers (specialise.stream_for): a copy named by this package's source digest, so an edit to lru.py
-or split.py recompiles it. Same signature as driver.replay_calls; flags are LRU's (admits, nothing else).
+It reads LRU's recency list (nxt, prv) and per-layer counts (held) as arrays, so it is compiled once, whatever else
+LRU's state holds (policies/lru.py calls it).
 """
 
-from numba import njit
+from typing import NamedTuple
+
+import numpy as np
 from numba import int64 as I64
 from numba import uint64 as U64
 
-from freetoken.placement.compiled.base import CALLS, CLOCK, NFREE, STAMP
+from freetoken.placement.compiled.cache import jit
+from freetoken.placement.compiled.core import CALLS, CLOCK, STAMP, USED
 from freetoken.placement.compiled.linked import append
+from freetoken.placement.compiled.notes import label
 from freetoken.placement.compiled.split import choose
 
 PREFILL = 0
@@ -43,7 +47,7 @@ SMALL = 4  # offload calls of at most this many keys skip the marking pass
 LOW = (1 << 32) - 1  # the low half of a packed pair
 
 
-@njit(cache=True, inline="always")
+@jit(inline=True)
 def _compact(queue, pos, head, tail):
     """Live entries of [head, tail) moved to the front, in order; returns their count (<= capacity + 1)."""
     n = 0
@@ -56,7 +60,7 @@ def _compact(queue, pos, head, tail):
     return n
 
 
-@njit(cache=True, inline="always")
+@jit(inline=True)  # (the hot path: in the loop's own code)
 def _among(keys, lo, hi, key):
     for j in range(lo, hi):
         if U64(keys[U64(j)]) == key:  # (an int32 against a uint64 would compare as floats)
@@ -64,7 +68,7 @@ def _among(keys, lo, hi, key):
     return False
 
 
-@njit(cache=True, inline="always")
+@jit(inline=True)
 def _push(queue, pos, head, tail, key):
     """key to the back of the queue (compacting it first when full); returns (head, tail)."""
     if tail == queue.size:
@@ -75,36 +79,49 @@ def _push(queue, pos, head, tail, key):
     return head, tail + 1
 
 
-@njit(cache=True, _nrt=False)
-def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
-    """Calls c0..c1-1; log [8, C] columns as driver.replay_calls. With log [10, C], rows 8 and 9 get each call's
-    distinct experts and (token, expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits,
-    cpu, evictions and cpu tokens over these calls (summed by _fill, so sim.replay needs no pass over the log)."""
+class Buffers(NamedTuple):
+    """The loop's scratch (allocated per replay: nothing in it outlives one)."""
+
+    kind: np.ndarray  # int64 [E] (non-offload splits) per key of the call: 0 hit, 1 fetched, 2 cpu
+    miss: np.ndarray  # int64 [E] its misses
+    rank: np.ndarray  # int64 [E] the split's ranking of them
+    order: np.ndarray  # int64 [E]
+    queue: np.ndarray  # int64 [2K + 2] the recency queue (live entries <= capacity + 1 <= K + 1)
+    pos: np.ndarray  # int64 [K] each key's live entry in it
+
+
+@jit(entry=True, allocates=True)
+def replay_calls(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, log):
+    """Calls c0..c1-1 of LRU (its recency list nxt / prv, per-layer counts held, E experts per layer; admits: its
+    flag) as the driver's replay_calls. With log [10, C], rows 8 and 9 get each call's distinct experts and (token,
+    expert) pairs (sim.replay's experts / tokens columns). Returns the sums of hits, cpu, evictions and cpu tokens
+    over these calls (summed by _fill, so sim.replay needs no pass over the log)."""
+    K = st.slot_of.size
+    buf = Buffers(np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E, np.int64), np.empty(E, np.int64),
+                  np.empty(2 * K + 2, np.int64), np.empty(K, np.int64))
     if split[0] == 0:  # offload: every miss fetched, whatever the other fields say (a copy with the split folded)
-        return _offload(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log)
-    return _other(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log)
+        return _offload(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log)
+    return _other(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log)
 
 
-@njit(cache=True, _nrt=False)
-def _offload(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):  # the loop with offload folded
-    return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, True)
+@jit
+def _offload(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log):
+    return _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, True)
 
 
-@njit(cache=True, _nrt=False)
-def _other(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log):
-    return _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, False)
+@jit
+def _other(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log):
+    return _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, False)
 
 
-@njit(cache=True, inline="always")
-def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log, offload):
-    slot_of, key_of_slot, free, last_use, mark, ints = st
-    nxt, prv, held, E = p[0], p[1], p[2], p[4][1]
-    kind, miss, rank, order = buf[0], buf[2], buf[3], buf[4]
-    queue, pos = buf[7], buf[8]  # queue [2K + 2] (live entries <= capacity + 1 <= K + 1); pos [K] of its live entry
+@jit(inline=True)  # (into _offload and _other: each its own loop, `offload` folded)
+def _replay(st, nxt, prv, held, E, keys, tokens, offsets, phase, c0, c1, split, admits, buf, log, offload):
+    slot_of, key_of_slot, last_use, mark, ints = st
+    kind, miss, rank, order, queue, pos = buf
     sentinel = U64(nxt.size - 1)
     capacity = key_of_slot.size
     admit_prefill = split[7] != 0
-    now, nfree, stamp = ints[CLOCK], ints[NFREE], ints[STAMP]
+    now, used, stamp = ints[CLOCK], ints[USED], ints[STAMP]
     head = tail = 0
     for key in range(slot_of.size):
         pos[key] = -1
@@ -114,7 +131,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         pos[k] = tail
         tail += 1
         k = U64(nxt[k])
-    base_admits = flags[0] != 0 and capacity > 0
+    base_admits = admits and capacity > 0
     hi = offsets[c0]
     for c in range(c0, c1):
         lo, hi = hi, offsets[U64(c + 1)]
@@ -125,7 +142,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
             for i in range(lo, hi):
                 mark[U64(keys[U64(i)])] = stamp
         elif not offload:
-            m = 0
+            m = I64(0)  # (not a literal 0: one compile of choose with the driver's)
             for i in range(lo, hi):
                 key = U64(keys[i])
                 mark[key] = stamp
@@ -148,9 +165,9 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
             elif offload or kind[i - lo] == 1:
                 if admits:
                     s = -1
-                    if nfree > 0:
-                        nfree -= 1
-                        s = free[U64(nfree)]
+                    if used < capacity:
+                        s = used
+                        used += 1
                     else:
                         while head < tail:  # the least recent live unprotected entry
                             k = U64(queue[U64(head)])
@@ -185,7 +202,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
         if not offload:  # (offload: both 0, written by _fill)
             log[2, cu] = u
             log[7, cu] = ut
-    ints[CLOCK], ints[NFREE], ints[STAMP] = now, nfree, stamp
+    ints[CLOCK], ints[USED], ints[STAMP] = now, used, stamp
     ints[CALLS] += c1 - c0
     for layer in range(held.size):
         held[layer] = 0
@@ -201,7 +218,7 @@ def _replay(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf, log,
     return _fill(offsets, c0, c1, log, offload)
 
 
-@njit(cache=True, inline="always")
+@jit(inline=True)
 def _fill(offsets, c0, c1, log, offload):
     """The log columns the loop leaves (fetched, prefetched, fetch tokens; cpu and cpu tokens under offload; rows 8
     and 9 of a log [10, C]), from those it wrote; returns the sums of hits, cpu, evictions and cpu tokens."""
@@ -230,3 +247,6 @@ def _fill(offsets, c0, c1, log, offload):
         total_ne += ne
         total_ut += ut
     return total_h, total_u, total_ne, total_ut
+
+
+label(replay_calls, "lru's stream replay")

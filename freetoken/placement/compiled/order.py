@@ -3,10 +3,11 @@ of indices into caller-given buffers, equal to np.argsort(+-values, kind="merges
 
 from __future__ import annotations
 
-import numba as nb
+from freetoken.placement.compiled.cache import jit
 
 
-@nb.njit(cache=True, inline="always")
+
+@jit
 def _before(values, off, a, b, descending):
     """Whether index a sorts before index b: by value (descending or ascending), ties to the lower index."""
     va, vb = values[off + a], values[off + b]
@@ -15,7 +16,7 @@ def _before(values, off, a, b, descending):
     return a < b
 
 
-@nb.njit(cache=True, inline="always")
+@jit(entry=True)  # (tests call it from Python)
 def stable_order(values, off, n, descending, order, tmp):
     """order[:n] = the indices 0..n-1 of values[off:off + n] sorted (ties to the lower index); tmp: scratch [>= n]."""
     for i in range(n):

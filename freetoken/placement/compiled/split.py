@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import functools
 
-import numba as nb
 import numpy as np
 
+from freetoken.placement.compiled.cache import jit
 from freetoken.placement.split import FETCH_ORDERS, Split
 
 MODES = ("offload", "cpu", "hybrid")
@@ -23,7 +23,7 @@ def split_array(split: Split) -> np.ndarray:
     return a
 
 
-@nb.njit(cache=True)
+@jit
 def fetch_count(split, m):
     """split.fetch_count(m): offload m, cpu 0, hybrid by its rule (balanced: integer argmin, ties to fewer)."""
     mode = int(split[0])
@@ -48,11 +48,11 @@ def fetch_count(split, m):
     return min(m, int(split[4]))
 
 
-@nb.njit(cache=True, inline="always")
+@jit
 def choose(split, keys, tokens, last_use, miss, m, num_keys, kind, rank, order):
     """Marks kind[miss[j]] = 1 (fetch) for the misses the split fetches; the others stay 2 (cpu).
     miss[:m]: indices of the call's misses in call order; rank, order: [>= m] scratch. Ranks as split.FETCH_ORDERS
-    (keys of one call share a layer, so key order is expert-id order); no allocation (the driver runs without NRT)."""
+    (keys of one call share a layer, so key order is expert-id order)."""
     if m == 0:
         return
     q = -1

@@ -31,15 +31,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 
 from freetoken.placement.call import Call
+from freetoken.placement.compiled.cache import jit
+from freetoken.placement.compiled.heap import refile, remove_key
+from freetoken.placement.policies.sweep import walk
+from freetoken.placement.policies.sweep.walk import SLACK, VictimWalk, new_walk
 from freetoken.placement.policy import PlacementPolicy
-from freetoken.placement.protected import ProtectedMemo
 
-_FLOOR = 1e-300  # p of a key never used: never log(0)
-_SLACK = 1 - 1e-9  # rounding margin on the heap's bound
+FLOOR = 1e-300  # p of a key never used: never log(0)
 
 
 def visit_rates(calls: Iterable[Call], num_layers: int, num_experts: int) -> np.ndarray:
@@ -63,7 +66,7 @@ def visit_rates(calls: Iterable[Call], num_layers: int, num_experts: int) -> np.
     return used / np.maximum(visits, 1)[:, None]
 
 
-class LayerSweep(PlacementPolicy):
+class LayerSweep(VictimWalk, PlacementPolicy):
     name = "layer_sweep"
 
     def __init__(self, capacity: int, num_layers: int, num_experts: int, decay: float = 0.9, bypass: bool = True,
@@ -92,7 +95,7 @@ class LayerSweep(PlacementPolicy):
         self._layer = 0  # layer of the current call
         self._z: dict[int, float] = {}  # resident key -> its heap entry's z
         self._heap: list[tuple[float, int]] = []  # (z, key), lazily invalidated
-        self._walk: _Walk | None = None  # the current call's heap walk (see victim)
+        self._walk = None  # the current call's heap walk (walk.py)
         if prior is not None:
             flat = np.asarray(self._p)
             warm = np.lexsort((np.arange(n), -flat))[:capacity]  # highest prior first, then lowest key
@@ -109,10 +112,10 @@ class LayerSweep(PlacementPolicy):
         """Expected calls until `key` is next needed."""
         L = self.num_layers
         d = (key // self.num_experts - self._layer - 1) % L + 1
-        return d + L * (1.0 / max(self._rate(key), _FLOOR) - 1.0)
+        return d + L * (1.0 / max(self._rate(key), FLOOR) - 1.0)
 
     def _z_of(self, key: int) -> float:
-        return math.log(max(self._p[key], _FLOOR)) - self._stamp[key] * self._log_decay
+        return math.log(max(self._p[key], FLOOR)) - self._stamp[key] * self._log_decay
 
     def _push(self, key: int) -> None:
         if self._walk is not None and key not in self._walk.protected.keys:
@@ -154,82 +157,162 @@ class LayerSweep(PlacementPolicy):
     def on_evict(self, key: int) -> None:
         del self._z[key]  # evictions come from victim(), which took the key's entry out of the walk
 
-    def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        """The unprotected resident with the longest wait (ties: lowest key); None when `key` waits longer still.
-
-        The heap is walked from the least likely key; the walk of one call is kept (see _Walk) and later
-        evictions of the same call read it, extending it from the heap only as far as they need."""
-        walk = self._walk
-        if walk is None or not walk.protected.same(protected):
-            self._end_walk()
-            walk = self._walk = _Walk()
-            walk.protected.same(protected)
-        to_beat = self._to_beat(key)
-        found = walk.found
-        best, best_wait, at = None, -math.inf, -1
-        for i in range(self.scan):  # protected keys do not count: at most the call's (and hinted) keys
-            if i == len(found) and not self._walk_on(walk):
-                break
-            bound, w, k, _ = found[i]
-            # heap order is ascending p, so no key after this one waits longer than its bound
-            if bound < (best_wait if best_wait > to_beat else to_beat):
-                break
-            if w > best_wait or (w == best_wait and k < best):
-                best, best_wait, at = k, w, i
-        if best is None or to_beat > best_wait:
-            return None
-        del found[at]  # its heap entry goes with it: the key leaves
-        return best
-
-    # the walk
-    def _to_beat(self, key: int) -> float:
-        """The wait a victim must exceed for `key` to be cached."""
-        return self.wait(key) if self.bypass else -math.inf
-
-    def _bound(self, log_p: float) -> float:
-        """An upper bound on the wait of any key of rate >= exp(log_p)."""
-        return self.num_layers * math.exp(-log_p) * _SLACK if log_p > -700.0 else math.inf
-
+    # the walk (walk.py's VictimWalk: victim, _to_beat, _bound, _walk_on, _end_walk)
     def _resident_wait(self, key: int) -> float:
         return LayerSweep.wait(self, key)  # a resident's wait is layer_sweep's, whatever a subclass says of `key`
 
-    def _walk_on(self, walk: "_Walk") -> bool:
-        """Pop the heap up to the next live unprotected entry and append it to walk.found; False at the end."""
-        heap, zs, protected = self._heap, self._z, walk.protected.keys
-        shift = self._most_visits * self._log_decay  # exp(z + shift) <= the key's p now, for any layer
-        pop = heapq.heappop
-        while heap:
-            item = pop(heap)
-            z, k = item
-            if zs.get(k) != z:  # stale: evicted, or used since
-                continue
-            if k in protected:
-                walk.held.append(item)
-                continue
-            walk.found.append((self._bound(z + shift), self._resident_wait(k), k, z))
-            return True
-        return False
 
-    def _end_walk(self) -> None:
-        """Put the walk's entries back on the heap (the call is over, or an unprotected key changed)."""
-        walk, self._walk = self._walk, None
-        if walk is not None:
-            push, heap = heapq.heappush, self._heap
-            for item in walk.held:
-                push(heap, item)
-            for _, _, k, z in walk.found:
-                push(heap, (z, k))
+# ── compiled: the same decision on arrays (freetoken/placement/compiled) ─────────────────────────────────────────────
+# The residents sit in an indexed min-heap by (z, key), z as the reference's heap entries (one live entry per
+# resident; the reference's stale entries never count). It does not change during a call: the call's uses,
+# admissions and evictions touch only its protected keys and its victims, so they are listed (touch) and applied
+# when the next call begins (settle; a key's z is the same then: its rate and stamp change once per call, at its
+# use). Floating point follows the reference's operations in order (decay ** d for d < POWERS is read from a table
+# of those same pow results).
+
+POWERS = 4096
 
 
-class _Walk:
-    """The heap walk of one call's evictions, ascending p. Between two evictions of a call only its own
-    (protected) keys change (their uses and admissions) and the evicted key leaves, so what the walk found stays
-    valid until the call ends or the protected set changes; its entries stay off the heap meanwhile.
-    held: popped entries of protected keys; found: (bound, wait, key, z) of unprotected residents, in heap order."""
+class Rates(NamedTuple):
+    p: np.ndarray  # float64 [K] decayed use rate, as of the key's stamp (_p)
+    stamp: np.ndarray  # int64 [K] (_stamp)
+    visits: np.ndarray  # int64 [L] (_visits)
+    layer: np.ndarray  # int64 [1] (_layer)
+    most_visits: np.ndarray  # int64 [1] (_most_visits)
+    powers: np.ndarray  # float64 [POWERS] decay ** d
+    decay: float
+    log_decay: float  # (_log_decay)
+    num_layers: int
+    num_experts: int
 
-    __slots__ = ("protected", "held", "found")
 
-    def __init__(self) -> None:
-        self.protected = ProtectedMemo()
-        self.held: list[tuple[float, int]] = []
-        self.found: list[tuple[float, float, int, float]] = []
+class Residents(NamedTuple):
+    z: np.ndarray  # float64 [K] each resident's z (_z)
+    heap: np.ndarray  # int64 [C + 1] residents by (z, key) (_heap)
+    pos: np.ndarray  # int64 [K] each key's index in it, -1: not on it
+    size: np.ndarray  # int64 [1]
+    touched: np.ndarray  # int64 [K] keys the call used, admitted or evicted (settled when the next call begins)
+    listed: np.ndarray  # int64 [K] 1: in touched
+    n_touched: np.ndarray  # int64 [1]
+
+
+def sweep_parts(reference: LayerSweep) -> tuple:
+    """(rates, residents, walk, warm keys in slot order) of a fresh reference (its checks, rates and warm set)."""
+    K, L, C = reference.num_layers * reference.num_experts, reference.num_layers, reference.capacity
+    z = np.zeros
+    rates = Rates(np.asarray(reference._p, np.float64), z(K, np.int64), z(L, np.int64), z(1, np.int64),
+                  z(1, np.int64), _powers(reference.decay, np.empty(POWERS)), reference.decay, reference._log_decay,
+                  L, reference.num_experts)
+    residents = Residents(z(K), z(C + 1, np.int64), np.full(K, -1, np.int64), z(1, np.int64), z(K, np.int64),
+                          z(K, np.int64), z(1, np.int64))
+    warm = sorted(reference.slot_of, key=reference.slot_of.__getitem__)
+    for k in warm:
+        _push(rates, residents, k)
+    return rates, residents, new_walk(C), tuple(warm)
+
+
+@jit(entry=True)
+def _powers(decay, out):
+    """out[d] = decay ** d, the very pow the estimate would call."""
+    for d in range(out.size):
+        out[d] = decay ** float(d)
+    return out
+
+
+# the estimate
+@jit
+def rate(r, key):
+    """_rate: p of `key` now."""
+    d = r.visits[key // r.num_experts] - r.stamp[key]
+    return r.p[key] * (r.powers[d] if d < r.powers.size else r.decay ** float(d))
+
+
+@jit
+def distance(r, key):
+    """Calls until the key's layer comes round again in the sweep."""
+    return (key // r.num_experts - r.layer[0] - 1) % r.num_layers + 1
+
+
+@jit
+def sweep_wait(r, key):
+    """LayerSweep.wait."""
+    return distance(r, key) + r.num_layers * (1.0 / max(rate(r, key), FLOOR) - 1.0)
+
+
+@jit
+def _use(r, key):
+    v = r.visits[key // r.num_experts]
+    d = v - r.stamp[key]
+    r.p[key] = r.p[key] * (r.powers[d] if d < r.powers.size else r.decay ** float(d)) + (1.0 - r.decay)
+    r.stamp[key] = v
+
+
+# the heap of residents
+@jit(entry=True)
+def _push(r, h, key):
+    """(Re)file `key` under its z now (_z_of)."""
+    h.z[key] = math.log(max(r.p[key], FLOOR)) - r.stamp[key] * r.log_decay
+    refile(h.heap, h.pos, h.size, 0, h.z, h.z, False, key)
+
+
+@jit
+def _touch(h, key):
+    if h.listed[key] == 0:
+        h.listed[key] = 1
+        h.touched[h.n_touched[0]] = key
+        h.n_touched[0] += 1
+
+
+@jit
+def _settle(r, h, slot_of):
+    """The last call's changes: its evicted keys leave the heap, its used and admitted keys are refiled under their
+    z now (evictions first: the heap never holds more than the capacity)."""
+    for i in range(h.n_touched[0]):
+        if slot_of[h.touched[i]] < 0:
+            remove_key(h.heap, h.pos, h.size, 0, h.z, h.z, False, h.touched[i])
+    for i in range(h.n_touched[0]):
+        key = h.touched[i]
+        h.listed[key] = 0
+        if slot_of[key] >= 0:
+            _push(r, h, key)
+    h.n_touched[0] = 0
+
+
+# hooks (lookahead and hinted_sweep call these, as their classes inherit them; family.py registers them)
+@jit
+def begin_call(p, st, c, keys, tokens, phase):
+    _settle(p.rates, p.residents, st.slot_of)
+    walk.end_walk(p.walk)  # waits move with the layer
+    if keys.size:
+        r = p.rates
+        layer = keys[0] // r.num_experts
+        r.layer[0] = layer
+        r.visits[layer] += 1
+        r.most_visits[0] = max(r.most_visits[0], r.visits[layer])
+
+
+@jit
+def on_hit(p, key, now):
+    _use(p.rates, key)
+    _touch(p.residents, key)
+
+
+@jit
+def on_miss(p, key, now):
+    _use(p.rates, key)
+
+
+@jit
+def on_admit(p, key, now):
+    _touch(p.residents, key)
+
+
+@jit
+def on_evict(p, key):
+    _touch(p.residents, key)  # victim() took it out of the walk already
+
+
+# the walk's bound (walk.py; family.py routes the walk's questions)
+@jit
+def bound(p, log_p):
+    return p.rates.num_layers * math.exp(-log_p) * SLACK

@@ -15,10 +15,14 @@ match when none overlaps), whose counts then
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from freetoken.placement.call import DECODE, PREFILL, Call
+from freetoken.placement.compiled.core import is_protected
+from freetoken.placement.compiled.form import Compiled, Setup
+from freetoken.placement.compiled.order import stable_order
 from freetoken.placement.policy import PlacementPolicy
 
 
@@ -117,3 +121,106 @@ class MoEInfinity(PlacementPolicy):
                 if counts[e] > 0:
                     wanted.append(int(layer * E + e))
         return wanted
+
+
+# ── compiled: the same decision on arrays (freetoken/placement/compiled) ─────────────────────────────────────────────
+# The sequence boundary and the counts are taken in begin_call, the match in prefetch_for (the reference does both in
+# prefetch_for; nothing reads the current EAM in between). stable_order is the reference's lexsort by (-count, e).
+
+class State(NamedTuple):
+    current: np.ndarray  # int64 [K] (current)
+    past: np.ndarray  # int64 [library, K] (past, a ring)
+    stored: np.ndarray  # int64 [1] (stored)
+    next_row: np.ndarray  # int64 [1] (next_row)
+    predicted: np.ndarray  # int64 [K] (predicted)
+    previous_phase: np.ndarray  # int64 [1] (previous_phase)
+    order: np.ndarray  # int64 [E] a sort's order and its buffer
+    tmp: np.ndarray  # int64 [E]
+    depth: int
+    width: int
+    num_layers: int
+    num_experts: int
+
+
+def setup(capacity: int, num_layers: int, num_experts: int, library: int = 64, depth: int = 1, width: int = 2,
+          past=None) -> Setup:
+    check_options(library, depth, width)
+    K, z = num_layers * num_experts, np.zeros
+    ring, stored, next_row = seed_ring(past, library, K)
+    state = State(z(K, np.int64), ring, np.array([stored]), np.array([next_row]), z(K, np.int64),
+                  np.array([DECODE]), z(num_experts, np.int64), z(num_experts, np.int64), depth, width, num_layers,
+                  num_experts)
+    return Setup(state, prefetches=True)
+
+
+def begin_call(p, st, c, keys, tokens, phase):
+    E = p.num_experts
+    if keys.size > 0 and phase == PREFILL and keys[0] // E == 0 and p.previous_phase[0] == DECODE:  # a new sequence
+        used = False
+        for k in range(p.current.size):
+            if p.current[k] != 0:
+                used = True
+                break
+        if used:
+            row = p.next_row[0]
+            for k in range(p.current.size):
+                p.past[row, k] = p.current[k]
+            p.next_row[0] = (row + 1) % p.past.shape[0]
+            p.stored[0] = min(p.stored[0] + 1, p.past.shape[0])
+        p.current[:] = 0
+    p.previous_phase[0] = phase
+    for i in range(keys.size):
+        p.current[keys[i]] += tokens[i]
+
+
+def victim(p, st, key, now):
+    """The lowest matched count, then the least recent, then the lower key."""
+    best = -1
+    for s in range(st.key_of_slot.size):
+        k = st.key_of_slot[s]
+        if k < 0 or is_protected(st, k):
+            continue
+        if best < 0 or (p.predicted[k], st.last_use[k], k) < (p.predicted[best], st.last_use[best], best):
+            best = k
+    return best
+
+
+def prefetch_for(p, st, c, keys, out):
+    """best_match, then the next `depth` layers' `width` most used experts of the match."""
+    K, E = p.current.size, p.num_experts
+    best, best_sim = -1, 0.0
+    own = 0
+    for k in range(K):
+        own += p.current[k] * p.current[k]
+    norm = math.sqrt(float(own))
+    for r in range(p.stored[0]):
+        dot = sq = 0
+        for k in range(K):
+            dot += p.past[r, k] * p.current[k]
+            sq += p.past[r, k] * p.past[r, k]
+        if dot == 0:
+            continue
+        sim = dot / (norm * math.sqrt(float(sq)))
+        if sim > best_sim:
+            best, best_sim = r, sim
+    if best < 0:
+        p.predicted[:] = 0
+        return 0
+    for k in range(K):
+        p.predicted[k] = p.past[best, k]
+    if keys.size == 0:  # no layer to predict from
+        return 0
+    layer = keys[0] // E
+    n = 0
+    for nxt in range(layer + 1, min(layer + 1 + p.depth, p.num_layers)):
+        stable_order(p.predicted, nxt * E, E, True, p.order, p.tmp)
+        for j in range(min(p.width, E)):
+            e = p.order[j]
+            if p.predicted[nxt * E + e] > 0:
+                out[n] = nxt * E + e
+                n += 1
+    return n
+
+
+MoEInfinity.compiled = Compiled("moe_infinity", State, setup, dict(begin_call=begin_call, victim=victim,
+                                                                    prefetch_for=prefetch_for))

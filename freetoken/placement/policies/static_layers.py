@@ -6,6 +6,7 @@ from __future__ import annotations
 import numbers
 
 from freetoken.placement.config import ConfigError
+from freetoken.placement.compiled.form import pinned
 from freetoken.placement.policy import PlacementPolicy
 
 
@@ -39,3 +40,7 @@ class StaticLayers(PlacementPolicy):
                               "cache has {c}", n=n_cpu_layers, r=num_layers - n_cpu_layers, need=need, c=capacity)
         self.n_cpu_layers = n_cpu_layers
         self._place_pinned(range(n_cpu_layers * num_experts, num_layers * num_experts))
+
+
+# ── compiled: residency fixed at the start, nothing to decide but the split (compiled/form.py) ──────────────────────
+StaticLayers.compiled = pinned(StaticLayers)

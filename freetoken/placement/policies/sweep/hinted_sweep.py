@@ -38,12 +38,17 @@ import math
 import numbers
 from collections.abc import Sequence
 
+from typing import NamedTuple
+
 import numpy as np
 
 from freetoken.placement.call import Call
 from freetoken.placement.carry import CarriedHint
-from freetoken.placement.layer_sweep import _FLOOR, _SLACK, LayerSweep
-from freetoken.placement.lookahead import noisy_keys
+from freetoken.placement.compiled.cache import jit
+from freetoken.placement.policies.sweep import layer_sweep, lookahead
+from freetoken.placement.policies.sweep.layer_sweep import FLOOR, LayerSweep
+from freetoken.placement.policies.sweep.lookahead import FutureOracle, noisy_keys
+from freetoken.placement.policies.sweep.walk import SLACK
 from freetoken.placement.stream import KeyStream
 
 PRIOR_FLOOR = 0.25  # share of the uniform rate n / E a key's prior odds never fall under
@@ -73,29 +78,14 @@ def distance_predictions(future: KeyStream, num_experts: int, acc: Sequence[floa
     return [noisy_keys(future.keys, num_experts, a, rng) for a in acc]
 
 
-class DistanceOracle:
-    """Router hints from a recorded future: the true experts of the next calls of the same sweep, each one at
-    distance j replaced by a uniformly drawn other expert of its layer with probability 1 - acc[j - 1]. Every
-    (call, distance) pair draws its own noise (a later, nearer prediction of the same call is redrawn)."""
+class DistanceOracle(FutureOracle):
+    """The true experts of the next calls of the same sweep, each one at distance j replaced by a uniformly drawn
+    other expert of its layer with probability 1 - acc[j - 1]. Every (call, distance) pair draws its own noise (a
+    later, nearer prediction of the same call is redrawn)."""
 
     def __init__(self, future: KeyStream, num_experts: int, acc: Sequence[float], seed: int = 0):
-        keys, E = future.keys, num_experts
-        self._predicted = distance_predictions(future, num_experts, acc, seed)  # per distance: [N]
-        self._offsets = future.offsets.tolist()
-        self._layer = (keys[future.offsets[:-1]] // E).tolist() if future.num_calls else []  # [C]
-        self._call = 0
-
-    def upcoming(self, call: Call) -> list[int]:
-        c, off, layer = self._call, self._offsets, self._layer
-        if c >= len(layer) or layer[c] != call.layer or len(call.experts) != off[c + 1] - off[c]:
-            raise ValueError(f"hinted_sweep: call {c} (layer {call.layer}) does not match the future it was given")
-        self._call = c + 1
-        out: list[int] = []
-        for j, predicted in enumerate(self._predicted, 1):
-            if c + j >= len(layer) or layer[c + j] != call.layer + j:  # the sweep ends: next token unknown
-                break
-            out.extend(k for k in dict.fromkeys(predicted[off[c + j]:off[c + j + 1]].tolist()) if k not in out)
-        return out
+        super().__init__(future, num_experts, distance_predictions(future, num_experts, acc, seed), len(acc),
+                         "hinted_sweep")
 
 
 class HintedSweep(LayerSweep):
@@ -176,7 +166,7 @@ class HintedSweep(LayerSweep):
         p = self._rate(key)
         hinted = self._hinted.get(layer)
         if hinted is None:
-            return p, max(p, _FLOOR)
+            return p, max(p, FLOOR)
         a, q, n = hinted
         p = min(max(p, PRIOR_FLOOR * n / self.num_experts), 1.0)
         if key in self._predicted:
@@ -207,7 +197,113 @@ class HintedSweep(LayerSweep):
         return self.wait(key) if (self.bypass or prefetch) else -math.inf
 
     def _bound(self, log_p: float) -> float:
-        return (self._reach + self.num_layers * math.exp(-log_p)) / _SLACK if log_p > -700.0 else math.inf
+        return (self._reach + self.num_layers * math.exp(-log_p)) / SLACK if log_p > -700.0 else math.inf
 
     def _resident_wait(self, key: int) -> float:
         return self.wait(key)
+
+
+# ── compiled: the same decision on arrays (freetoken/placement/compiled) ─────────────────────────────────────────────
+# On the family's State (family.py: its hooks call these after layer_sweep's): the oracle's draws by call
+# (DistanceOracle's own, as lookahead.Oracle), and the standing hint as arrays: a key or layer is named while its mark
+# equals hint.stamp[0]; take_hint runs when the call begins (plan: before its own misses pick victims).
+
+class Hint(NamedTuple):
+    predicted: np.ndarray  # int64 [K] == stamp[0]: named by the standing hint (_predicted)
+    stamp: np.ndarray  # int64 [1]
+    hinted: np.ndarray  # int64 [L] == stamp[0]: a hinted layer (_hinted's keys), with its
+    a: np.ndarray  # float64 [L] accuracy a,
+    q: np.ndarray  # float64 [L] chance q
+    n: np.ndarray  # int64 [L] and predictions n (_hinted's values)
+    order: np.ndarray  # int64 [K] the named keys, nearest first (_predicted_order)
+    n_predicted: np.ndarray  # int64 [1]
+    reach: np.ndarray  # int64 [1] (_reach)
+    acc: np.ndarray  # float64 [depth] (acc)
+    min_confidence: float
+
+
+def new_hint(num_layers: int, num_experts: int, acc, min_confidence: float) -> Hint:
+    K, L, z = num_layers * num_experts, num_layers, np.zeros
+    return Hint(np.full(K, -1, np.int64), z(1, np.int64), np.full(L, -1, np.int64), z(L), z(L), z(L, np.int64),
+                z(K, np.int64), z(1, np.int64), z(1, np.int64), np.asarray(acc, np.float64), min_confidence)
+
+
+def draw(future, num_experts: int, acc, seed: int) -> np.ndarray:
+    """[depth, N] DistanceOracle's draws."""
+    if future.keys.size == 0:
+        return np.zeros((len(acc), 0), np.int64)
+    return np.stack(distance_predictions(future, num_experts, acc, seed))
+
+
+@jit
+def take_hint(p, c, layer):
+    """_take_hint: the oracle's keys for the next `depth` layers; per hinted layer its accuracy a and chance q."""
+    h, E = p.hint, p.rates.num_experts
+    n = lookahead.upcoming(p.oracle, c, layer, p.rates.num_layers, h.predicted, h.stamp, h.order)
+    h.n_predicted[0] = n
+    stamp = h.stamp[0]
+    reach = 0  # the furthest hinted layer's distance (the walk's bound)
+    for i in range(n):
+        hl = h.order[i] // E
+        if h.hinted[hl] != stamp:
+            h.hinted[hl] = stamp
+            h.n[hl] = 0
+        h.n[hl] += 1
+        reach = max(reach, hl - layer)
+    h.reach[0] = reach
+    for j in range(1, reach + 1):  # once per hinted layer (the keys come layer by layer)
+        hl = layer + j
+        if h.hinted[hl] == stamp:
+            a = h.acc[j - 1]
+            h.a[hl] = a
+            h.q[hl] = min(1.0, h.n[hl] * (1 - a) / (E - 1))
+
+
+@jit
+def posterior(p, key):
+    """_posterior: (r, p)."""
+    h, r, E = p.hint, p.rates, p.rates.num_experts
+    layer = key // E
+    rate = layer_sweep.rate(r, key)
+    if h.hinted[layer] != h.stamp[0]:
+        return rate, max(rate, FLOOR)
+    a, q, n = h.a[layer], h.q[layer], h.n[layer]
+    rate = min(max(rate, PRIOR_FLOOR * n / E), 1.0)
+    if h.predicted[key] == h.stamp[0]:
+        num, den = rate * a, rate * a + (1 - rate) * q
+    else:
+        num, den = rate * (1 - a), rate * (1 - a) + (1 - rate) * (1 - q)
+    return (num / den if den > 0 else 0.0), rate
+
+
+@jit
+def wait(p, key):
+    """HintedSweep.wait: d + (1 - r) L / p in a hinted layer."""
+    if p.hint.hinted[key // p.rates.num_experts] != p.hint.stamp[0]:
+        return layer_sweep.sweep_wait(p.rates, key)
+    r, rate = posterior(p, key)
+    return layer_sweep.distance(p.rates, key) + (1.0 - r) * p.rates.num_layers / rate
+
+
+@jit
+def prefetch_for(p, st, c, keys, out):
+    """The named keys, nearest first, whose posterior reaches min_confidence (never over 1: num <= den)."""
+    h, n = p.hint, 0
+    if h.min_confidence > 1.0:
+        return 0
+    for i in range(h.n_predicted[0]):
+        if posterior(p, h.order[i])[0] >= h.min_confidence:
+            out[n] = h.order[i]
+            n += 1
+    return n
+
+
+@jit
+def prefetching(p, key):
+    """_to_beat: a predicted key of a hinted layer is weighed against the victim even without bypass."""
+    return p.hint.predicted[key] == p.hint.stamp[0] and p.hint.hinted[key // p.rates.num_experts] == p.hint.stamp[0]
+
+
+@jit
+def bound(p, log_p):
+    return (p.hint.reach[0] + p.rates.num_layers * math.exp(-log_p)) / SLACK

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from freetoken.placement.compiled.form import pinned
 from freetoken.placement.policy import PlacementPolicy
 
 STRATEGIES = ("frequency", "uniform", "front_loading")
@@ -82,3 +83,7 @@ class Frequency(PlacementPolicy):
                                  f"got {profile.shape}")
         self.scope, self.strategy = scope, strategy
         self._place_pinned(strategy_keys(strategy, profile, capacity, num_layers, num_experts, scope))
+
+
+# ── compiled: residency fixed at the start, nothing to decide but the split (compiled/form.py) ──────────────────────
+Frequency.compiled = pinned(Frequency)

@@ -1,0 +1,61 @@
+"""Compile (or load from the cache) the compiled placement before anyone waits on it or times it: `ft warmup`,
+scripts/setup.sh, ft serve before it says ready, ft generate before its clock starts, a sweep's parent process
+before its workers start (each would compile the same code otherwise)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+from freetoken.placement.call import PREFILL
+from freetoken.placement.callstream import call_stream, make_call
+from freetoken.placement.stream import KeyStream
+
+L, E, C = 2, 4, 3  # compiled code is specialised on types, not sizes: a tiny instance compiles what a real one runs
+
+
+def warm_calls() -> None:
+    """The call builder: a trace's CallStream (the simulator) and one call of a prefill chunk (the engine)."""
+    experts = np.array([[[0, 1], [2, 3]], [[1, 0], [3, 2]]], np.int16)  # [T, L, K]
+    call_stream(experts, E, np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int8), 2)
+    make_call(0, np.array([[0, 1], [1, 2]]), PREFILL)
+
+
+def warm_policy(policy) -> None:
+    """The code `policy` runs (nothing for an interpreted one), before its first call is timed or waited on."""
+    if hasattr(policy, "warm"):
+        policy.warm()
+        warm_calls()
+
+
+def warm(names: Iterable[str], log=lambda name, seconds: None) -> dict[str, float]:
+    """The call builder and each named policy (a key of POLICIES with a compiled half); returns CPU seconds each
+    took (a fraction of a second: loaded from the cache)."""
+    from freetoken.placement import POLICIES, is_compiled, make_policy
+
+    spent = {}
+    t0 = time.process_time()
+    warm_calls()
+    spent["the call builder"] = time.process_time() - t0
+    log("the call builder", spent["the call builder"])
+    for name in names:
+        if not is_compiled(name):
+            raise ValueError(f"policy {name!r} has no compiled half to warm (it runs interpreted)")
+        t0 = time.process_time()
+        make_policy(name, C, L, E, **_options(POLICIES[name])).warm()
+        spent[name] = time.process_time() - t0
+        log(name, spent[name])
+    return spent
+
+
+def _options(cls) -> dict:
+    """The sources a policy class needs to be built (a future, a profile), tiny."""
+    options = {}
+    if cls.needs_future:
+        options["future"] = KeyStream(np.array([0, 1, 4, 5], np.int64), np.array([0, 2, 4], np.int64))
+    needs_profile = getattr(cls, "needs_profile", None)
+    if needs_profile is not None and needs_profile({}):
+        options["profile"] = np.ones((L, E), np.int64)
+    return options

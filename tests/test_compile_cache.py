@@ -1,0 +1,53 @@
+"""The compiled code's disk cache is keyed per policy: editing one policy's file recompiles that policy only, a warm
+cache compiles nothing, and a compile is announced before it starts (compiled/cache.py, compiled/notes.py).
+
+Each run is a fresh process with its own cache folder (FT_CACHE_DIR): two copies of the toy policy
+(tests/toy_policy.py) as modules of their own, compiled, then run again after one of them is edited."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from freetoken.paths import REPO_ROOT
+
+RUN = """
+import json, sys
+import toy_a, toy_b
+from freetoken.placement.compiled.policy import CompiledPolicy
+compiled = {}
+for m in (toy_a, toy_b):
+    policy = CompiledPolicy(m.FIFO, 3, 2, 4)
+    policy.warm()
+    compiled[m.__name__] = sum(policy.form.replay.stats.cache_misses.values())
+print(json.dumps(compiled))
+"""
+
+
+def _run(tmp_path: Path) -> tuple[dict, str]:
+    env = {**os.environ, "FT_CACHE_DIR": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
+    out = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+@pytest.mark.slow
+def test_editing_one_policy_recompiles_that_one_only(tmp_path):
+    toy = (REPO_ROOT / "tests" / "toy_policy.py").read_text()
+    for name in ("toy_a", "toy_b"):
+        (tmp_path / f"{name}.py").write_text(toy.replace('Compiled("fifo"', f'Compiled("{name}"'))
+    compiled, stderr = _run(tmp_path)
+    assert compiled == {"toy_a": 1, "toy_b": 1}  # cold: both compile
+    assert "compiling toy_a (first use" in stderr and "compiling toy_b (first use" in stderr
+    compiled, stderr = _run(tmp_path)
+    assert compiled == {"toy_a": 0, "toy_b": 0} and "compiling" not in stderr  # warm: both load
+    path = tmp_path / "toy_a.py"
+    path.write_text(path.read_text() + "\n# an edit\n")
+    compiled, stderr = _run(tmp_path)
+    assert compiled == {"toy_a": 1, "toy_b": 0}  # only the edited one compiles again
+    assert "compiling toy_a (first use" in stderr and "toy_b" not in stderr
