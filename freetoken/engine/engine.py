@@ -265,13 +265,13 @@ class Engine:
     def decode_batch(self, tokens: list[int], kvs: list[KVCache], requests: list[int] | None = None) -> torch.Tensor:
         """One decode step for several sequences, each in its own KV cache: logits [B, V]. Each MoE layer is one
         call over the union of their experts, with per-expert token counts, planned as a call of the first
-        sequence's request (the recorded trace keeps each token's own). Multi-head latent attention models step
-        one sequence at a time."""
+        sequence's request (the recorded trace keeps each token's own). Every cache kind steps as one batch
+        (Decoder.forward_batch)."""
         requests = [0] * len(tokens) if requests is None else requests
         if not tokens or not len(tokens) == len(kvs) == len(requests):
             raise ValueError(f"decode_batch needs one KV cache and request per token, got {len(tokens)} tokens, "
                              f"{len(kvs)} caches, {len(requests)} requests")
-        if len(tokens) == 1 or self.config.mla is not None:
+        if len(tokens) == 1:
             return torch.cat([self.decode(t, kv, r) for t, kv, r in zip(tokens, kvs, requests)])
         t0 = time.perf_counter()
         self._phase, self._request = DECODE, requests[0]

@@ -202,11 +202,7 @@ class EngineBackend:
     def decode_logits(self, gens: list[CachedGeneration]) -> list[torch.Tensor]:
         """One decode step of several started sequences together: each one's logits [V] (sampling is the
         caller's, per sequence). If the step fails, every sequence's KV is cut back to where it was, so each can
-        be stepped again alone. Models whose attention the batched step does not cover (latent, sparse, linear)
-        step their sequences one after another."""
-        cfg = self.ckpt.config
-        if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
-            return [g.seq.forward(g.generated[-1:], decode=True) for g in gens]
+        be stepped again alone (a hybrid model's recurrent states are written back only once the step succeeded)."""
         lengths = [g.seq.length for g in gens]
         try:
             return list(self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
