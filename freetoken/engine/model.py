@@ -52,6 +52,7 @@ class LayerWeights:
     router: torch.Tensor | None = None  # [E, D] on MoE layers
     router_bias: torch.Tensor | None = None  # [E]
     correction_bias: torch.Tensor | None = None  # [E] fp32: added to the router scores for the choice (DeepSeek-V3)
+    hash_table: torch.Tensor | None = None  # [V, K] long: a hash-routed layer's picks per token id (DeepSeek-V4)
     dense_gate_up: torch.Tensor | None = None  # [1, 2F, D] on dense layers (expert_ffn with one slot)
     dense_down: torch.Tensor | None = None  # [1, D, F]
     shared_gate_up: torch.Tensor | None = None  # [1, 2F, D] the always-on shared expert of a MoE layer

@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -121,12 +122,17 @@ def _open(file: Path) -> Shard:
 class _Reader:
     """Opens each shard once; get() checks the tensor exists and has the expected shape."""
 
-    def __init__(self, path: Path, where: dict[str, Path], text_prefix: str = ""):
+    def __init__(self, path: Path, where: dict[str, Path], text_prefix: str = "",
+                 canonical: Callable[[str], str] | None = None):
+        """canonical: a stored name -> ours, where the checkpoint names a tensor otherwise (Family.canonical)."""
         self.path, self.where, self.handles = path, where, {}
-        self.stored: dict[str, str] = {}  # our name -> the stored one, where a multimodal text model nests it
+        self.stored: dict[str, str] = {}  # our name -> the stored one (a multimodal text model nests it, ...)
         if text_prefix:
             nested = "model." + text_prefix
             self.stored = {"model." + n[len(nested):]: n for n in where if n.startswith(nested)}
+        if canonical is not None:
+            self.stored.update({canonical(n): n for n in where if canonical(n) != n})
+        if self.stored:
             self.where = {**where, **{ours: where[n] for ours, n in self.stored.items()}}
 
     def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> torch.Tensor:
@@ -161,7 +167,7 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     expert store (default: on CUDA)."""
     path = resolve_dir(model)
     family, cfg = read_config(path)
-    reader = _Reader(path, shard_map(path), family.text_prefix)
+    reader = _Reader(path, shard_map(path), family.text_prefix, family.canonical)
     pin = torch.cuda.is_available() if pin is None else pin
     try:
         fmt = load_quant_format(path)
@@ -171,7 +177,8 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
         check_layer_count(path, cfg, reader.where)
         return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
     check_layer_count(path, cfg, reader.where)
-    dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
+    dense = {name: reader.get(name, shape, None if family.integer_tensor(name) else dtype)
+             for name, shape in family.dense_tensors(cfg).items()}
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),
                       notes=_skipped(reader, family))

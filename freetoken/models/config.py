@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from freetoken.models.config_v4 import V4Layout
 
 QK_NORMS = ("none", "head", "full")  # no q/k norm | RMSNorm per head (Qwen3) | over the whole projection (OLMoE)
 
@@ -185,6 +188,7 @@ class ModelConfig:
     norm_unit_offset: bool = False  # every RMSNorm weight is stored as w - 1 (the norm multiplies by 1 + w)
     rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim)
     dsa: DSA | None = None  # sparse attention over MLA (GLM-5)
+    v4: V4Layout | None = None  # DeepSeek-V4's compressed attention, hyper-connections and hash routing
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
