@@ -69,8 +69,10 @@ def _hc_pre_kernel(
         cmask = nmask[:, None] & nmask[None, :]
         raw = tl.sum(tl.where(offs_m[None, None, :] == 2 * N + cell[:, :, None], mixes[None, None, :], 0.0), axis=2)
         logits = tl.where(cmask, raw * s2 + tl.load(base_ptr + 2 * N + cell, mask=cmask, other=0.0), -float("inf"))
-        e = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-        comb = tl.where(cmask, e / tl.sum(e, axis=1)[:, None] + hc_eps, 0.0)
+        top = tl.max(logits, axis=1)
+        e = tl.exp(logits - tl.where(nmask, top, 0.0)[:, None])  # padding rows: exp(-inf) = 0, never NaN
+        den = tl.sum(e, axis=1)
+        comb = tl.where(cmask, e / tl.where(nmask, den, 1.0)[:, None] + hc_eps, 0.0)
         comb = comb / (tl.sum(comb, axis=0)[None, :] + hc_eps)
         for _ in range(iters - 1):
             comb = comb / (tl.sum(comb, axis=1)[:, None] + hc_eps)

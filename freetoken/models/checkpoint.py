@@ -191,7 +191,7 @@ def _skipped(reader: _Reader, family: Family) -> tuple[str, ...]:
         n = sum(name.startswith(prefix) for name in reader.where)
         if n:
             notes.append(f"{reader.path}: {n} tensors under {prefix!r} not loaded ({family.architectures[0]} "
-                         "served text-only)")
+                         f"{family.skip_reason})")
     return tuple(notes)
 
 

@@ -234,7 +234,10 @@ class ModelConfig:
         return tuple(l for l in range(self.num_layers) if not self.is_linear(l))
 
     def state_bytes(self, dtype_bytes: int) -> int:
-        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32."""
+        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32;
+        DeepSeek-V4's compressor window rows (engine/v4_kv.py) at dtype_bytes."""
+        if self.v4 is not None:
+            return self.v4.state_values(self.head_dim) * dtype_bytes
         if self.linear_attention is None:
             return 0
         conv, recurrent = self.linear_attention.state_values()

@@ -66,6 +66,12 @@ class V4Layout:
                      else tokens // self.hca_rate * head_dim if k == "hca" else 0 for k in self.kinds)
         return values, tokens
 
+    def kv_values_per_token(self, num_layers: int, head_dim: int) -> float:
+        """Cache values per token: every layer's key = value row, and the compressed entries (indexer keys included)
+        in their per-token share."""
+        values, tokens = self.compressed_values(head_dim)
+        return num_layers * head_dim + values / tokens
+
     def state_values(self, head_dim: int) -> int:
         """Values one sequence's compressors hold between windows (the rows of the window in progress and, on csa
         layers, of the one before it, kv and gate): what a snapshot of the sequence copies."""

@@ -220,4 +220,5 @@ def canonical(stored: str) -> str:
 
 FAMILY = V4Family("deepseek_v4", ("DeepseekV4ForCausalLM",), read_config, moe_prefix=FFN,
                   expert="experts.{e}.{p}.weight", expert_proj=("w1", "w3", "w2"), correction_bias="gate.bias",
-                  shared_expert="shared_experts.", skip_prefixes=("mtp.",), canonical=canonical)
+                  shared_expert="shared_experts.", skip_prefixes=("mtp.",),
+                  skip_reason="runs without its multi-token-prediction layer, as transformers does", canonical=canonical)

@@ -46,6 +46,7 @@ class Family:
     # layer's tensors (config.linear_attention)
     text_prefix: str = ""  # multimodal checkpoints: "model." names are stored under "model.<text_prefix>"
     skip_prefixes: tuple[str, ...] = ()  # tensors of other modalities, not loaded (said at load)
+    skip_reason: str = "served text-only"  # why, in the note
     canonical: Callable[[str], str] | None = None  # a stored tensor name -> ours, where checkpoints name it otherwise
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ KV as stored (an fp8 cache's codes with their scales) on the engine's device, co
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import torch
@@ -77,11 +78,13 @@ def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMe
     from freetoken.kv_dtype import kv_bytes_per_token
 
     cfg = ckpt.config
-    dense = sum(t.nbytes for t in ckpt.dense.values())  # tensors and kept-packed projections alike
+    dense = sum(t.nbytes for t in ckpt.dense.values())  # tensors, kept-packed projections and integer tables alike
     store = ExpertStore.from_checkpoint(ckpt)
     kv_rows = len(cfg.attention_layers) * cfg.num_kv_heads
     kv_per_token = kv_bytes_per_token(kv_rows, cfg.head_dim, kv_dtype, store.dtype.itemsize)
     kv_per_token += cfg.index_key_values() * store.dtype.itemsize  # DSA's indexer keys live beside the KV
+    if cfg.v4 is not None:  # one key = value row per layer, compressed entries (engine/v4_kv.py)
+        kv_per_token = math.ceil(cfg.v4.kv_values_per_token(cfg.num_layers, cfg.head_dim) * store.dtype.itemsize)
     expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
                        max_context, cfg.state_bytes(store.dtype.itemsize))

@@ -1,7 +1,8 @@
 """Batched decode: several sequences, each in its own KV cache, step together (one MoE call per layer over the union
 of their experts) and each gets the logits of its solo run: families with a shared expert, sliding-window attention
 and sinks, and every cache kind besides plain KV: Gated DeltaNet's conv + recurrent states (Qwen3.5-MoE), MLA's
-per-head latent KV (DeepSeek-V3) and DSA's indexer keys (GLM-5, index_topk 4 below the sequences' lengths)."""
+per-head latent KV (DeepSeek-V3), DSA's indexer keys (GLM-5, index_topk 4 below the sequences' lengths) and
+DeepSeek-V4's compressor windows and compressed entries (sequences at different offsets within their windows)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def _hf_checkpoint(name: str, out):
     from .test_qwen3_next_hf_match import CONFIGS as QWEN
     from .tiny_hf import random_hf
 
+    if name == "deepseek_v4":
+        from .test_deepseek_v4_hf_match import build
+
+        build(out)
+        return out
     model_type, kw = {"qwen3_5_moe": QWEN["qwen3_5_moe"], "deepseek_v3": DEEPSEEK["v3"],
                       "glm_moe_dsa": ("glm_moe_dsa", GLM["glm_moe_dsa"])}[name]
     random_hf(model_type, **kw).save_pretrained(out)
@@ -46,7 +52,8 @@ def solo_runs(engine, prompts, steps):
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss", "qwen3_5_moe", "deepseek_v3", "glm_moe_dsa",
+                                    "deepseek_v4"])
 def test_batched_decode_equals_solo_runs(family, tmp_path):
     from freetoken.engine import CacheConfig, Engine
 
@@ -71,28 +78,30 @@ def test_batched_decode_equals_solo_runs(family, tmp_path):
     assert max(distinct) > engine.config.top_k and max(distinct) <= len(PROMPTS) * engine.config.top_k
 
 
-def test_a_failed_hybrid_step_leaves_the_states_as_they_were(tmp_path, monkeypatch):
-    """The stacked DeltaNet states are written back only after the whole step: a step that fails in its last
-    layer leaves every sequence where it was, so stepping each alone afterwards gives its solo logits."""
+@pytest.mark.parametrize("family", ["qwen3_5_moe", "deepseek_v4"])
+def test_a_failed_step_can_be_stepped_again(family, tmp_path, monkeypatch):
+    """A step that fails in its last layer leaves every sequence where it can step again: the stacked DeltaNet
+    states are written back only after the whole step, V4's compressor rows are addressed by position (a rerun
+    writes what the failed step wrote). Stepping each alone afterwards gives its solo logits."""
     from freetoken.engine import Engine
 
-    engine = Engine.from_pretrained(_checkpoint("qwen3_5_moe", tmp_path / "q"), kernels="host", device="cpu")
+    engine = Engine.from_pretrained(_checkpoint(family, tmp_path / family), kernels="host", device="cpu")
     solo = solo_runs(engine, PROMPTS[:2], 2)
     kvs = [engine.new_kv(64) for _ in PROMPTS[:2]]
     last = [int(torch.argmax(engine.prefill(p, kv)[-1])) for p, kv in zip(PROMPTS[:2], kvs)]
-    real, calls = engine.decoder._ffn, []
+    real, calls = engine._moe, []
 
-    def failing(l, lw, x, moe):
-        calls.append(l)
-        if l == engine.config.num_layers - 1:
+    def failing(layer, h, x):  # the last layer's MoE block fails
+        calls.append(layer)
+        if layer == engine.config.num_moe_layers - 1:
             raise RuntimeError("injected")
-        return real(l, lw, x, moe)
+        return real(layer, h, x)
 
-    monkeypatch.setattr(engine.decoder, "_ffn", failing)
+    monkeypatch.setattr(engine, "_moe", failing)
     with pytest.raises(RuntimeError, match="injected"):
         engine.decode_batch(last, kvs)
     monkeypatch.undo()
-    assert calls == list(range(engine.config.num_layers))  # every DeltaNet layer had stepped
+    assert calls == list(range(engine.config.num_moe_layers))  # every other layer had stepped (all are MoE)
     for i, kv in enumerate(kvs):
         torch.testing.assert_close(engine.decode(last[i], kv)[-1], solo[i][1][1], atol=2e-5, rtol=1e-5)
 

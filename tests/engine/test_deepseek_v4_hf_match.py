@@ -1,0 +1,235 @@
+"""DeepSeek-V4 in the live engine: logits equal HF transformers' DeepseekV4ForCausalLM at every capacity, in every
+split, at every prefill chunk; greedy tokens equal HF generate; the recorded routing is HF's routers' picks.
+
+The tiny random model has what sets V4 apart: hyper-connections over 3 residual streams (random fn / base / scale,
+Sinkhorn), a sliding window of 4 keys with sinks, a compressed sparse layer (one entry per 4 tokens over overlapping
+windows, the lightning indexer keeping 2 of them per query) and a heavily compressed one (one entry per 8 tokens)
+of each kind after a sliding-only layer, their YaRN rope on compress_rope_theta, the grouped output projection, a
+hash-routed first layer (a random token -> experts table), sqrt-softplus routing with a random correction bias, and
+swiglu_limit 0.5 so the clamp bites in the experts and the shared expert. The 10-token prompt is longer than every
+window (4, 8, and the 8 tokens an overlapping entry spans); index_topk 2 is below the entries a query sees from
+position 11 on. 8 indexer heads keep exact ties of the relu'd index scores away (with 2 heads relu zeroes both
+often, and torch.topk then picks among equal scores in an unspecified order, in HF as here).
+Tolerance as in test_hf_match.py: 1e-4 x max |logit|.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from freetoken.engine import SamplingParams
+
+from .conftest import PROMPT
+from .test_hf_match import CHUNK, assert_close, run_steps
+from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
+                      assert_triton_matches, hf_answers, make_engine, random_hf)
+
+E, K, D, LAYERS = 8, 2, 64, 4
+KINDS = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+         "compressed_sparse_attention"]
+CONFIG = dict(hidden_size=D, moe_intermediate_size=32, num_hidden_layers=LAYERS, num_attention_heads=4, head_dim=32,
+              q_lora_rank=24, num_experts_per_tok=K, n_routed_experts=E, vocab_size=128, sliding_window=4, o_groups=2,
+              o_lora_rank=16, index_n_heads=8, index_head_dim=16, index_topk=2, hc_mult=3, swiglu_limit=0.5,
+              compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+              layer_types=KINDS, mlp_layer_types=["hash_moe", "moe", "moe", "moe"], partial_rotary_factor=0.25,
+              rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                               "beta_fast": 32.0, "beta_slow": 1.0},
+              max_position_embeddings=64, initializer_range=0.1, eos_token_id=None, bos_token_id=None,
+              pad_token_id=None)
+RANDOMISED = ("sinks", "position_bias", "base", "scale", "norm.weight", "layernorm")
+
+
+def randomise(hf, seed: int = 1) -> None:
+    """HF starts sinks, position biases and hyper-connection bases at 0, scales and norms at 1, the correction bias
+    at 0 and the hash table at expert 0: random values make each of them count."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if any(s in name for s in RANDOMISED):
+                p.add_(torch.randn(p.shape, generator=g) * 0.3)
+        for name, b in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.3)
+            elif name.endswith("tid2eid"):
+                b.copy_(torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(b.shape[0])]))
+
+
+def build(out: Path, **overrides):
+    hf = random_hf("deepseek_v4", **{**CONFIG, **overrides})
+    randomise(hf)
+    hf.save_pretrained(out)
+    return hf
+
+
+def answers(hf, path: Path) -> Model:
+    return hf_answers(hf, path, gates=[layer.mlp.gate for layer in hf.model.layers])
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> Model:
+    path = tmp_path_factory.mktemp("deepseek_v4")
+    return answers(build(path), path)
+
+
+def test_the_checkpoint_is_what_it_claims(model):
+    cfg = model.ckpt.config
+    v = cfg.v4
+    assert cfg.family == "deepseek_v4" and cfg.moe_layers == (0, 1, 2, 3) and cfg.num_kv_heads == 1
+    assert v.kinds == ("sliding", "csa", "hca", "csa") and (v.csa_rate, v.hca_rate) == (4, 8)
+    assert v.hash_layers == (0,) and v.hc_mult == 3 and v.rope_dim == 8 and v.window == 4 < len(PROMPT)
+    assert v.compress_yarn.factor == 4.0 and v.compress_yarn.attention_factor == 1.0 and v.compress_rope_theta == 160000
+    assert cfg.routing.score == "sqrtsoftplus" and cfg.expert_glu == "silu_limit" and cfg.glu_limit == 0.5
+    assert len(model.tokens) - 1 > 2 * v.hca_rate  # decode runs past two heavily compressed windows
+    assert model.ckpt.dense["model.layers.0.ffn.gate.tid2eid"].dtype == torch.int64
+
+
+def test_logits_match_hf_every_capacity_every_split(model):
+    assert_logits_grid(model, E, "deepseek_v4")
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 8, 10])
+def test_logits_do_not_depend_on_the_prefill_chunk(model, chunk):
+    """A compressor's windows straddle prefill chunks (the rows of an open window wait in the cache): every chunk
+    size gives HF's one-shot logits."""
+    assert_close(run_steps(make_engine(model, 16, "hybrid", chunk=chunk), model.tokens[:-1]), model.logits[:-1],
+                 f"chunk {chunk}")
+
+
+def test_triton_kernels(model):
+    """The Triton path (interpreted on CPU): hyper-connections, compression, compressed attention, hash weights,
+    the clamped activation, with hits, fetches and the CPU lane. Two decode steps (the interpreter is slow)."""
+    assert_triton_matches(model, E, len(PROMPT) + 2, "deepseek_v4 triton")
+
+
+def test_greedy_tokens_equal_hf_generate(model):
+    assert_greedy_is_hf(model)
+
+
+def test_recorded_routing_is_hf_router_topk(model):
+    """The hash layer's picks (HF's DeepseekV4HashRouter: tid2eid of the token) and the top-k layers' (its
+    DeepseekV4TopKRouter) are the trace's."""
+    assert_routing_is_hf(model, K)
+    table = model.ckpt.dense["model.layers.0.ffn.gate.tid2eid"]
+    assert (model.picks[:, 0] == table[model.tokens].sort(-1).values.numpy()).all()
+
+
+@pytest.mark.parametrize("feature", ["sinks", "compressed", "indexer", "hash", "clamp", "compress_rope", "sinkhorn",
+                                     "streams"])
+def test_every_v4_feature_is_exercised(model, feature):
+    """Dropping any one of them moves the logits well past the tolerance: each is really in play."""
+    cfg = model.ckpt.config
+    v = cfg.v4
+    changed = {"compressed": dict(v4=replace(v, kinds=("sliding",) * LAYERS)),
+               "indexer": dict(v4=replace(v, index_topk=64)),
+               "clamp": dict(glu_limit=1e9),
+               "compress_rope": dict(v4=replace(v, compress_yarn=None)),
+               "sinkhorn": dict(v4=replace(v, hc_iters=1))}.get(feature, {})
+    ckpt = replace(model.ckpt, config=replace(cfg, **changed))
+    if feature == "compressed":  # the compressors' tensors are still there; the layers no longer read them
+        pass
+    engine = make_engine(model, 0, "offload", ckpt=ckpt)
+    for lw in engine.decoder.layers:
+        if feature == "sinks":
+            lw.attn.sinks.fill_(-1e9)
+        elif feature == "hash":
+            lw.hash_table = None
+            lw.correction_bias = lw.correction_bias if lw.correction_bias is not None else torch.zeros(E)
+        elif feature == "streams":  # one stream's worth: every comb the identity, post 1
+            lw.hc_attn.base[3:6] = 30.0
+            lw.hc_ffn.base[3:6] = 30.0
+    assert_moves_logits(engine, model, feature)
+
+
+def test_sim_replay_makes_the_live_plans(model):
+    """Sim = live on V4's recorded routing (hash and top-k layers), every policy."""
+    from .test_sim_equals_live import assert_sim_replays_live
+
+    assert_sim_replays_live(model.ckpt, (3, 17))
+
+
+def test_card_from_config_sizes_what_the_engine_holds(model):
+    """ft predict's card (config.json alone) = the engine's bytes: experts as the store holds them, dense weights as
+    loaded (the hash table aside), the cache per token (a key = value row per layer, the compressed entries and
+    indexer keys in their per-token share) and the compressors' window rows per sequence."""
+    from freetoken.serve.engine_backend import checkpoint_memory
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
+    from freetoken.sim.planner import model_memory
+
+    card = card_from_checkpoint(model.path)
+    engine = make_engine(model, 3, "offload")
+    tokens = 64  # a multiple of both compression rates: whole entries
+    kv = engine.new_kv(tokens)
+    assert card.expert_bytes() == engine.store.expert_bytes
+    # per token: 4 layers x 32 + csa 2 x (32 + 16) / 4 + hca 32 / 8 = 128 + 24 + 4 = 156 values, fp32
+    assert card.kv_bytes_per_token == 156 * 4
+    assert card.kv_bytes_per_token * tokens + card.state_bytes_per_sequence == kv.cache_bytes()
+    # window rows: two csa layers of 2 windows x 4 rows x (kv + gate) x 2 x (32 + 16), hca 8 rows x (kv + gate) x 32
+    assert card.state_bytes_per_sequence == kv.state_bytes() == (2 * (2 * 4 * 2 * 2 * 48) + 8 * 2 * 32) * 4
+    table = model.ckpt.dense["model.layers.0.ffn.gate.tid2eid"]
+    weights = sum(t.numel() * t.element_size() for t in model.ckpt.dense.values()) - table.numel() * 8
+    assert card.dense_bytes() + card.embedding_bytes() == weights
+    engine_memory, sim_memory = checkpoint_memory(model.ckpt, 64), model_memory(card)
+    for field in ("kv_bytes_per_token", "expert_bytes", "num_experts", "min_slots", "state_bytes"):
+        assert getattr(sim_memory, field) == getattr(engine_memory, field), field
+
+
+def test_published_tensor_names_load_the_same(model, tmp_path):
+    """The published checkpoints' names (no `model.` prefix, embed.weight, hc_head_fn, ...) and an mtp layer (not
+    loaded, said once) give the same model."""
+    path = tmp_path / "published"
+    shutil.copytree(model.path, path)
+    tensors = load_file(path / "model.safetensors")
+    renamed = {"embed.weight" if n == "model.embed_tokens.weight" else
+               n.replace("model.hc_head.hc_", "hc_head_") if n.startswith("model.hc_head.") else
+               n.removeprefix("model."): t for n, t in tensors.items()}
+    renamed["mtp.0.attn.wq_a.weight"] = torch.zeros(2, 2)
+    assert "layers.1.attn.compressor.wkv.weight" in renamed and "norm.weight" in renamed
+    save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+    from freetoken.models.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    assert len(ckpt.notes) == 1 and "'mtp.'" in ckpt.notes[0] and "multi-token-prediction" in ckpt.notes[0]
+    assert_close(run_steps(make_engine(model, 8, "hybrid", ckpt=ckpt), model.tokens[:-1]), model.logits[:-1],
+                 "published names")
+
+
+def test_state_is_reused_only_where_it_exists(model):
+    """A second turn that appends prefills only its new tokens (the compressors' window rows are at the cache's
+    length); one that edits earlier restarts from zero. Both equal a cold run."""
+    engine = make_engine(model, 5, "hybrid")
+    turn1 = model.tokens[:len(PROMPT) + 3]
+    cold = list(engine.generate(model.tokens, SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[]))
+    kv = engine.new_kv(64)
+    list(engine.generate(turn1, SamplingParams(greedy=True), max_tokens=1, stop_token_ids=[], kv=kv))
+    before = engine.stats.prefill_tokens
+    warm = list(engine.generate(model.tokens, SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[], kv=kv))
+    assert engine.stats.prefill_tokens - before == len(model.tokens) - len(turn1) and warm == cold
+    edited = [5] + model.tokens[1:]
+    before = engine.stats.prefill_tokens
+    got = list(engine.generate(edited, SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[], kv=kv))
+    assert engine.stats.prefill_tokens - before == len(edited)
+    assert got == list(make_engine(model, 5, "hybrid").generate(edited, SamplingParams(greedy=True), max_tokens=4,
+                                                                stop_token_ids=[]))
+
+
+def test_transformers_default_config_reads():
+    """transformers' DeepseekV4Config defaults (DeepSeek-V4-Flash-Base's shape): 43 layers, 64 heads of 512, 64
+    rope dims, 256 experts top-6, the first 3 layers hash-routed, hc_mult 4."""
+    from transformers import DeepseekV4Config
+
+    from freetoken.models import read_model_config
+
+    raw = DeepseekV4Config().to_dict() | {"architectures": ["DeepseekV4ForCausalLM"]}
+    family, cfg = read_model_config(raw, "config.json")
+    v = cfg.v4
+    assert family.name == "deepseek_v4" and cfg.num_layers == 43 and cfg.head_dim == 512 and v.rope_dim == 64
+    assert cfg.num_experts == 256 and cfg.top_k == 6 and v.hash_layers == (0, 1, 2) and v.hc_mult == 4
+    assert v.kinds[:3] == ("hca", "hca", "hca") and v.kinds[3] == "csa" and (v.csa_rate, v.hca_rate) == (4, 128)
+    assert v.kv_values_per_token(43, 512) == 43 * 512 + 20 * (512 + 128) / 4 + 23 * 512 / 128
