@@ -164,12 +164,18 @@ class EngineBackend:
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if not tokens:
             self.prefix_cache = None
-        elif self.ckpt.config.linear_attention is not None:  # pieces carry recurrent state at anchors
-            from freetoken.serve.hybrid_sequence import slice_piece, snapshots
+        elif self.ckpt.config.linear_attention is not None or self.ckpt.config.v4 is not None:
+            # pieces carry the state that cannot be cut (recurrent, V4's open compressor windows) at anchors
+            from freetoken.serve import hybrid_sequence, v4_sequence
 
+            pieces = v4_sequence if self.ckpt.config.v4 is not None else hybrid_sequence
             memory = self.model_memory()
-            self.prefix_cache = PrefixCache(tokens, slice_piece,
-                                            snapshots(memory.state_bytes, memory.kv_bytes_per_token))
+            self.prefix_cache = PrefixCache(tokens, pieces.slice_piece,
+                                            pieces.snapshots(memory.state_bytes, memory.kv_bytes_per_token))
+        elif self.ckpt.config.dsa is not None:  # pieces carry the indexer keys beside the KV
+            from freetoken.serve.dsa_sequence import slice_piece
+
+            self.prefix_cache = PrefixCache(tokens, slice_piece)
         else:
             self.prefix_cache = PrefixCache(tokens, _slice_positions)
 
@@ -194,9 +200,13 @@ class EngineBackend:
 
     def generate(self, prompt: Prompt, decoder: Decoder, max_new: int,
                  stop_token_ids: set[int] | None = None) -> CachedGeneration:
+        from freetoken.serve.dsa_sequence import DSASequence
         from freetoken.serve.hybrid_sequence import HybridSequence
+        from freetoken.serve.v4_sequence import V4Sequence
 
-        kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
+        cfg = self.ckpt.config
+        kind = V4Sequence if cfg.v4 is not None else HybridSequence if cfg.linear_attention is not None \
+            else DSASequence if cfg.dsa is not None else EngineSequence
         seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
         stops = self.stop_token_ids if stop_token_ids is None else stop_token_ids
         return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, stops,

@@ -25,6 +25,13 @@ KINDS = {  # model type -> its fields beyond the shared shape
     "deepseek_v3": ("deepseek_v3", dict(LATENT, num_key_value_heads=4)),  # MLA
     "glm_moe_dsa": ("glm_moe_dsa", dict(LATENT, num_key_value_heads=4, index_topk=4, index_head_dim=8,
                                         index_n_heads=2, indexer_types=["full", "shared"])),  # DSA
+    "deepseek_v4": ("deepseek_v4", dict(num_key_value_heads=1, head_dim=16, q_lora_rank=16, n_routed_experts=8,
+                                        sliding_window=4, o_groups=2, o_lora_rank=8, index_n_heads=8, index_head_dim=8,
+                                        index_topk=2, hc_mult=2, partial_rotary_factor=0.25,
+                                        compress_rates={"compressed_sparse_attention": 4,
+                                                        "heavily_compressed_attention": 8},
+                                        layer_types=["compressed_sparse_attention", "heavily_compressed_attention"],
+                                        mlp_layer_types=["hash_moe", "moe"])),
 }
 
 
@@ -53,5 +60,8 @@ def write_tiny_model(path: Path, seed: int = 0, max_context: int = 1024, hybrid:
     cfg = AutoConfig.for_model(model_type, **{**shape, **extra})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg)
+    for name, table in model.named_buffers():  # DeepSeek-V4's hash layers: HF starts every token at expert 0
+        if name.endswith("tid2eid"):
+            table.copy_(torch.stack([torch.randperm(8)[:2] for _ in range(table.shape[0])]))
     model.save_pretrained(path)
     return path
