@@ -167,12 +167,12 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     expert store (default: on CUDA)."""
     path = resolve_dir(model)
     family, cfg = read_config(path)
-    reader = _Reader(path, shard_map(path), family.text_prefix, family.canonical)
-    pin = torch.cuda.is_available() if pin is None else pin
     try:
         fmt = load_quant_format(path)
     except QuantError as e:
         raise CheckpointError(str(e)) from None
+    reader = _Reader(path, shard_map(path), family.text_prefix, _canonical(family, fmt))
+    pin = torch.cuda.is_available() if pin is None else pin
     if fmt is not None:
         check_layer_count(path, cfg, reader.where)
         return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
@@ -182,6 +182,18 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),
                       notes=_skipped(reader, family))
+
+
+_FP8_SCALE = re.compile(r"\.scale$")
+
+
+def _canonical(family: Family, fmt: QuantFormat | None) -> Callable[[str], str] | None:
+    """Stored names -> ours: the family's, and FP8 scales stored as `.scale` (DeepSeek-V4's published checkpoints)
+    read as `.weight_scale_inv`, as transformers' FP8 loader renames them."""
+    if fmt is None or fmt.kind != "fp8_block":
+        return family.canonical
+    base = family.canonical or (lambda name: name)
+    return lambda name: _FP8_SCALE.sub(".weight_scale_inv", base(name))
 
 
 def _skipped(reader: _Reader, family: Family) -> tuple[str, ...]:
@@ -202,12 +214,12 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
     view = TensorView(reader.where, reader.raw)
     try:
         dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_KEPT_PACKED.match)
-        experts = [read_experts(view, family, cfg, layer, fmt, pin) for layer in cfg.moe_layers]
+        experts = [read_experts(view, family, cfg, layer, fmt.expert_format, pin) for layer in cfg.moe_layers]
         biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
         text = str(e)
         raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
-    return Checkpoint(path, family, cfg, dense, experts, fmt, biases)
+    return Checkpoint(path, family, cfg, dense, experts, fmt, biases, notes=_skipped(reader, family))
 
 
 # attention projections and the LM head stay packed when quantized (GPTQ and FP8 checkpoints quantize attention, some

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from .conftest import PROMPT
 from .test_hf_match import CHUNK, assert_close, run_steps
 from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
                       assert_triton_matches, hf_answers, make_engine, random_hf)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))  # the packers' helpers (no package there)
+import packers  # noqa: E402
 
 E, K, D, LAYERS = 8, 2, 64, 4
 KINDS = ["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
@@ -61,9 +65,15 @@ def randomise(hf, seed: int = 1) -> None:
                 b.copy_(torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(b.shape[0])]))
 
 
-def build(out: Path, **overrides):
+def make_hf(**overrides):
+    """The tiny model (seed 0, then randomise's values), unsaved."""
     hf = random_hf("deepseek_v4", **{**CONFIG, **overrides})
     randomise(hf)
+    return hf
+
+
+def build(out: Path, **overrides):
+    hf = make_hf(**overrides)
     hf.save_pretrained(out)
     return hf
 
@@ -72,10 +82,57 @@ def answers(hf, path: Path) -> Model:
     return hf_answers(hf, path, gates=[layer.mlp.gate for layer in hf.model.layers])
 
 
+BLOCK = (16, 16)
+DENSE_FP8 = {"attn.wkv": "self_attn.kv_proj", "attn.wo_a": "self_attn.o_a_proj", "attn.wo_b": "self_attn.o_b_proj",
+             "ffn.shared_experts.w1": "mlp.shared_experts.gate_proj", "ffn.shared_experts.w3": "mlp.shared_experts.up_proj",
+             "ffn.shared_experts.w2": "mlp.shared_experts.down_proj"}  # (wq_a / wq_b: 24 columns, no 16 x 16 blocks)
+
+
+def build_quantized(hf, out: Path) -> Model:
+    """The published layout: the attention and shared-expert matrices FP8 in 16 x 16 blocks with e8m0 scales under
+    `.scale`, every routed expert FP4 (e2m1 + e8m0 per 32), compressors, router and norms as they are; HF runs on the
+    packers' own dequantized weights (transformers' Fp8Dequantize for the FP4 experts)."""
+    hf.save_pretrained(out)
+    tensors = load_file(out / "model.safetensors")
+    with torch.no_grad():
+        for l, layer in enumerate(hf.model.layers):
+            for ours, theirs in DENSE_FP8.items():
+                name, param = f"model.layers.{l}.{ours}", layer.get_submodule(theirs).weight
+                del tensors[name + ".weight"]
+                packed, ref = packers.fp8_block_deepseek_v4(name, param.data.clone(), BLOCK)
+                tensors.update(packed)
+                param.copy_(ref)
+            experts = layer.mlp.experts
+            I = experts.down_proj.shape[-1]
+            for e in range(E):
+                for proj, rows in (("w1", slice(0, I)), ("w3", slice(I, 2 * I))):
+                    name = f"model.layers.{l}.ffn.experts.{e}.{proj}"
+                    del tensors[name + ".weight"]
+                    packed, ref = packers.fp4_deepseek_v4(name, experts.gate_up_proj.data[e, rows].clone())
+                    tensors.update(packed)
+                    experts.gate_up_proj.data[e, rows] = ref
+                name = f"model.layers.{l}.ffn.experts.{e}.w2"
+                del tensors[name + ".weight"]
+                packed, ref = packers.fp4_deepseek_v4(name, experts.down_proj.data[e].clone())
+                tensors.update(packed)
+                experts.down_proj.data[e] = ref
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(config | {"quantization_config": packers.CONFIGS["fp8_deepseek_v4"](BLOCK)}))
+    return answers(hf, out)
+
+
 @pytest.fixture(scope="module")
-def model(tmp_path_factory) -> Model:
+def models(tmp_path_factory) -> dict[str, Model]:
     path = tmp_path_factory.mktemp("deepseek_v4")
-    return answers(build(path), path)
+    out = {"bf": answers(build(path), path)}
+    out["fp4"] = build_quantized(make_hf(), tmp_path_factory.mktemp("deepseek_v4_fp4"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(models) -> Model:
+    return models["bf"]
 
 
 def test_the_checkpoint_is_what_it_claims(model):
@@ -90,8 +147,28 @@ def test_the_checkpoint_is_what_it_claims(model):
     assert model.ckpt.dense["model.layers.0.ffn.gate.tid2eid"].dtype == torch.int64
 
 
-def test_logits_match_hf_every_capacity_every_split(model):
-    assert_logits_grid(model, E, "deepseek_v4")
+@pytest.mark.parametrize("name", ["bf", "fp4"])
+def test_logits_match_hf_every_capacity_every_split(models, name):
+    assert_logits_grid(models[name], E, f"deepseek_v4 {name}")
+
+
+def test_the_quantized_checkpoint_keeps_its_experts_packed(models):
+    """FP4 experts stay packed (e2m1 + e8m0 per 32: 0.53 bytes per weight), the FP8 matrices are dequantized at load,
+    and the packed weights really differ from the unquantized model's."""
+    from freetoken.sim.checkpoint_card import card_from_checkpoint
+
+    fp4 = models["fp4"]
+    gate, up, down = fp4.ckpt.experts[1]
+    assert gate.kind == up.kind == down.kind == "fp4" and gate.num_slots == E and down.shape == (D, 32)
+    assert fp4.ckpt.quant.kind == "fp8_block" and fp4.ckpt.quant.expert_format.kind == "mxfp4"
+    engine = make_engine(fp4, 3, "offload")
+    assert engine.store.format == "mxfp4"
+    assert card_from_checkpoint(fp4.path).expert_bytes() == engine.store.expert_bytes == 3 * 32 * 64 * 17 // 32
+    assert (fp4.logits - models["bf"].logits).abs().max() > 1e-3
+
+
+def test_quantized_greedy_tokens_equal_hf_generate(models):
+    assert_greedy_is_hf(models["fp4"])
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5, 8, 10])
