@@ -88,10 +88,13 @@ DENSE_FP8 = {"attn.wkv": "self_attn.kv_proj", "attn.wo_a": "self_attn.o_a_proj",
              "ffn.shared_experts.w2": "mlp.shared_experts.down_proj"}  # (wq_a / wq_b: 24 columns, no 16 x 16 blocks)
 
 
-def build_quantized(hf, out: Path) -> Model:
+def build_quantized(hf, out: Path, experts: str = "fp4") -> Model:
     """The published layout: the attention and shared-expert matrices FP8 in 16 x 16 blocks with e8m0 scales under
-    `.scale`, every routed expert FP4 (e2m1 + e8m0 per 32), compressors, router and norms as they are; HF runs on the
-    packers' own dequantized weights (transformers' Fp8Dequantize for the FP4 experts)."""
+    `.scale`, every routed expert FP4 (e2m1 + e8m0 per 32; expert_dtype fp4) or FP8 like the rest (fp8),
+    compressors, router and norms as they are; HF runs on the packers' own dequantized weights (transformers'
+    Fp8Dequantize for the FP4 experts)."""
+    pack = packers.fp4_deepseek_v4 if experts == "fp4" else \
+        (lambda name, w: packers.fp8_block_deepseek_v4(name, w, BLOCK))
     hf.save_pretrained(out)
     tensors = load_file(out / "model.safetensors")
     with torch.no_grad():
@@ -102,23 +105,24 @@ def build_quantized(hf, out: Path) -> Model:
                 packed, ref = packers.fp8_block_deepseek_v4(name, param.data.clone(), BLOCK)
                 tensors.update(packed)
                 param.copy_(ref)
-            experts = layer.mlp.experts
-            I = experts.down_proj.shape[-1]
+            routed = layer.mlp.experts
+            I = routed.down_proj.shape[-1]
             for e in range(E):
                 for proj, rows in (("w1", slice(0, I)), ("w3", slice(I, 2 * I))):
                     name = f"model.layers.{l}.ffn.experts.{e}.{proj}"
                     del tensors[name + ".weight"]
-                    packed, ref = packers.fp4_deepseek_v4(name, experts.gate_up_proj.data[e, rows].clone())
+                    packed, ref = pack(name, routed.gate_up_proj.data[e, rows].clone())
                     tensors.update(packed)
-                    experts.gate_up_proj.data[e, rows] = ref
+                    routed.gate_up_proj.data[e, rows] = ref
                 name = f"model.layers.{l}.ffn.experts.{e}.w2"
                 del tensors[name + ".weight"]
-                packed, ref = packers.fp4_deepseek_v4(name, experts.down_proj.data[e].clone())
+                packed, ref = pack(name, routed.down_proj.data[e].clone())
                 tensors.update(packed)
-                experts.down_proj.data[e] = ref
+                routed.down_proj.data[e] = ref
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps(config | {"quantization_config": packers.CONFIGS["fp8_deepseek_v4"](BLOCK)}))
+    qc = packers.CONFIGS["fp8_deepseek_v4"](BLOCK) | {"expert_dtype": experts}
+    (out / "config.json").write_text(json.dumps(config | {"quantization_config": qc}))
     return answers(hf, out)
 
 
@@ -126,7 +130,8 @@ def build_quantized(hf, out: Path) -> Model:
 def models(tmp_path_factory) -> dict[str, Model]:
     path = tmp_path_factory.mktemp("deepseek_v4")
     out = {"bf": answers(build(path), path)}
-    out["fp4"] = build_quantized(make_hf(), tmp_path_factory.mktemp("deepseek_v4_fp4"))
+    for experts in ("fp4", "fp8"):
+        out[experts] = build_quantized(make_hf(), tmp_path_factory.mktemp(f"deepseek_v4_{experts}"), experts)
     return out
 
 
@@ -147,7 +152,7 @@ def test_the_checkpoint_is_what_it_claims(model):
     assert model.ckpt.dense["model.layers.0.ffn.gate.tid2eid"].dtype == torch.int64
 
 
-@pytest.mark.parametrize("name", ["bf", "fp4"])
+@pytest.mark.parametrize("name", ["bf", "fp4", "fp8"])
 def test_logits_match_hf_every_capacity_every_split(models, name):
     assert_logits_grid(models[name], E, f"deepseek_v4 {name}")
 
@@ -165,10 +170,13 @@ def test_the_quantized_checkpoint_keeps_its_experts_packed(models):
     assert engine.store.format == "mxfp4"
     assert card_from_checkpoint(fp4.path).expert_bytes() == engine.store.expert_bytes == 3 * 32 * 64 * 17 // 32
     assert (fp4.logits - models["bf"].logits).abs().max() > 1e-3
+    fp8 = models["fp8"]  # expert_dtype fp8: the experts in the dense weights' FP8 blocks
+    assert fp8.ckpt.experts[0][0].kind == "fp8" and fp8.ckpt.quant.expert_format is fp8.ckpt.quant
 
 
-def test_quantized_greedy_tokens_equal_hf_generate(models):
-    assert_greedy_is_hf(models["fp4"])
+@pytest.mark.parametrize("name", ["fp4", "fp8"])
+def test_quantized_greedy_tokens_equal_hf_generate(models, name):
+    assert_greedy_is_hf(models[name])
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 5, 8, 10])
