@@ -53,6 +53,7 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,
         source=f"{config_file} ({cfg.architecture}, {dtype}"
                + (f", experts {describe(fmt.expert_format)})" if fmt else ")"),
+        max_context=cfg.max_position_embeddings,
         expert_format=fmt.expert_format if fmt else None, expert_bias_params=2 * I + D if cfg.expert_bias else 0, **_linear_fields(cfg))
     if cfg.v4 is not None:  # one key = value row per layer and the compressed entries (engine/v4_kv.py)
         values = cfg.v4.kv_values_per_token(cfg.num_layers, cfg.head_dim)

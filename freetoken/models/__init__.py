@@ -29,7 +29,10 @@ def family_for(raw: dict, path: str) -> Family:
 
 
 def read_model_config(raw: dict, path: str) -> tuple[Family, ModelConfig]:
+    from freetoken.models.validate import validate_config
+
     check_dtype(raw, path)
+    validate_config(raw, path)
     family = family_for(raw, path)
     try:
         return family, family.read_config(ConfigReader(raw, path))

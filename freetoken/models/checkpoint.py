@@ -20,6 +20,7 @@ from freetoken.models import read_model_config
 from freetoken.models.config import CheckpointError, ModelConfig
 from freetoken.models.family import Family
 from freetoken.models.shard import Shard, ShardError
+from freetoken.models.validate import check_dtype, check_values
 from freetoken.quant import QuantError, QuantFormat, load_quant_format
 
 INDEX = "model.safetensors.index.json"
@@ -123,9 +124,13 @@ class _Reader:
     """Opens each shard once; get() checks the tensor exists and has the expected shape."""
 
     def __init__(self, path: Path, where: dict[str, Path], text_prefix: str = "",
-                 canonical: Callable[[str], str] | None = None):
-        """canonical: a stored name -> ours, where the checkpoint names a tensor otherwise (Family.canonical)."""
+                 canonical: Callable[[str], str] | None = None, integer: Callable[[str], bool] = lambda name: False,
+                 quantized: bool = False):
+        """canonical: a stored name -> ours, where the checkpoint names a tensor otherwise (Family.canonical);
+        integer: names of integer tables (Family.integer_tensor); quantized: 1-byte float tensors are the quantized
+        reader's to judge (a scale may belong to them)."""
         self.path, self.where, self.handles = path, where, {}
+        self.integer, self.quantized = integer, quantized
         self.stored: dict[str, str] = {}  # our name -> the stored one (a multimodal text model nests it, ...)
         if text_prefix:
             nested = "model." + text_prefix
@@ -136,6 +141,9 @@ class _Reader:
             self.where = {**where, **{ours: where[n] for ours, n in self.stored.items()}}
 
     def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> torch.Tensor:
+        """A tensor by our name, checked: present, of `shape` (None: any; packed tensors, checked by freetoken.quant)
+        and, given a shape, a finite weight of a weight dtype (validate.check_weight)."""
+        ours = name
         file = self.where.get(name)
         name = self.stored.get(name, name)
         if file is None:
@@ -148,10 +156,16 @@ class _Reader:
         got = handle.shape(name)
         if shape is not None and got != tuple(shape):
             raise CheckpointError(f"{file}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        stored = handle.entries[name][0]
+        checked = shape is not None and not (self.quantized and stored.is_floating_point and stored.itemsize == 1)
+        if checked:  # a packed tensor's or a quantized reader's 1-byte float: freetoken.quant's to judge
+            check_dtype(file, name, stored, self.integer(ours))
         try:
             t = handle.read(name)
         except (ShardError, OSError) as e:
             raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e})") from None
+        if checked and t.is_floating_point():
+            check_values(file, name, t)
         return t if dtype is None else t.to(dtype)
 
     def raw(self, name: str) -> torch.Tensor:
@@ -171,7 +185,8 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
         fmt = load_quant_format(path)
     except QuantError as e:
         raise CheckpointError(str(e)) from None
-    reader = _Reader(path, shard_map(path), family.text_prefix, _canonical(family, fmt))
+    reader = _Reader(path, shard_map(path), family.text_prefix, _canonical(family, fmt), family.integer_tensor,
+                     quantized=fmt is not None)
     pin = torch.cuda.is_available() if pin is None else pin
     if fmt is not None:
         check_layer_count(path, cfg, reader.where)

@@ -196,10 +196,10 @@ class ModelConfig:
             if getattr(self, name) <= 0:
                 raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise CheckpointError(f"config.json: {self.num_heads} attention heads is not a multiple of "
-                                  f"{self.num_kv_heads} key/value heads")
+            raise CheckpointError(f"config.json: num_attention_heads {self.num_heads} is not a multiple of "
+                                  f"num_key_value_heads {self.num_kv_heads}")
         if self.top_k > self.num_experts:
-            raise CheckpointError(f"config.json: top_k {self.top_k} exceeds num_experts {self.num_experts}")
+            raise CheckpointError(f"config.json: num_experts_per_tok {self.top_k} exceeds the {self.num_experts} experts")
         if self.qk_norm not in QK_NORMS:
             raise CheckpointError(f"qk_norm {self.qk_norm!r} is not one of {', '.join(QK_NORMS)}")
         if not self.moe_layers:
@@ -278,8 +278,11 @@ class ConfigReader:
         if kind is not None:
             if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise CheckpointError(f"{self.path}: field {names[0]!r} must be an integer, got {value!r}")
-            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise CheckpointError(f"{self.path}: field {names[0]!r} must be a number, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+                raise CheckpointError(f"{self.path}: field {names[0]!r} must be a finite number, got {value!r}")
+            if kind is bool and not isinstance(value, bool):
+                raise CheckpointError(f"{self.path}: field {names[0]!r} must be true or false, got {value!r}")
             value = kind(value)
         return value
 
@@ -338,7 +341,10 @@ class ConfigReader:
         """The fields every Llama-like decoder shares."""
         hidden = self.get("hidden_size", kind=int)
         heads = self.get("num_attention_heads", kind=int)
-        head_dim = self.get("head_dim", default=None)
+        head_dim = self.get("head_dim", default=None, kind=int)
+        if head_dim is None and (heads <= 0 or hidden % heads):
+            raise CheckpointError(f"{self.path}: without head_dim, hidden_size {hidden} must be a multiple of "
+                                  f"num_attention_heads {heads}")
         archs = self.raw.get("architectures") or [family]
         return dict(
             family=family,

@@ -66,6 +66,9 @@ def _rates(c: ConfigReader) -> tuple[int, int]:
     sub = ConfigReader(rates or {}, f"{c.path} compress_rates")
     csa = sub.get("compressed_sparse_attention", default=c.get("compress_rate_csa", default=4, kind=int), kind=int)
     hca = sub.get("heavily_compressed_attention", default=c.get("compress_rate_hca", default=128, kind=int), kind=int)
+    if csa <= 0 or hca <= 0:
+        raise CheckpointError(f"{c.path}: compress_rates must be positive, got {csa} (compressed_sparse_attention) "
+                              f"and {hca} (heavily_compressed_attention)")
     return csa, hca
 
 

@@ -318,3 +318,30 @@ def test_transformers_default_config_reads():
     assert cfg.num_experts == 256 and cfg.top_k == 6 and v.hash_layers == (0, 1, 2) and v.hc_mult == 4
     assert v.kinds[:3] == ("hca", "hca", "hca") and v.kinds[3] == "csa" and (v.csa_rate, v.hca_rate) == (4, 128)
     assert v.kv_values_per_token(43, 512) == 43 * 512 + 20 * (512 + 128) / 4 + 23 * 512 / 128
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(hc_mult=0), "field 'hc_mult' must be a positive integer, got 0"),
+    (dict(o_groups=3), "num_attention_heads 64 is not a multiple of o_groups 3"),
+    (dict(num_key_value_heads=2), "num_key_value_heads must be 1 (DeepSeek-V4 shares one key = value head), got 2"),
+    (dict(layer_types=["sliding_attention"] * 42 + ["full_attention"]),
+     "layer_types must list one of sliding_attention, compressed_sparse_attention, heavily_compressed_attention per "
+     "layer (43), got " + repr(["sliding_attention"] * 42 + ["full_attention"])),
+    (dict(mlp_layer_types=["moe"] * 3), "mlp_layer_types must list one of hash_moe, moe per layer (43), got "
+                                        "['moe', 'moe', 'moe']"),
+    (dict(compress_rates={"compressed_sparse_attention": 0}),
+     "compress_rates must be positive, got 0 (compressed_sparse_attention) and 128 (heavily_compressed_attention)"),
+    (dict(partial_rotary_factor=0.0), "field 'partial_rotary_factor' must be a number in (0, 1], got 0.0"),
+    (dict(scoring_func="softmax"), "scoring_func 'softmax' is not supported (sqrtsoftplus)"),
+    (dict(hc_eps=float("nan")), "field 'hc_eps' must be finite, got nan"),
+])
+def test_bad_v4_config_values_are_named(fields, message):
+    """DeepSeek-V4's own fields, each refused in one line naming config.json's field."""
+    from transformers import DeepseekV4Config
+
+    from freetoken.models import CheckpointError, read_model_config
+
+    raw = DeepseekV4Config().to_dict() | {"architectures": ["DeepseekV4ForCausalLM"]} | fields
+    with pytest.raises(CheckpointError) as err:
+        read_model_config(raw, "config.json")
+    assert str(err.value) == f"config.json: {message}"
