@@ -98,7 +98,15 @@ def pick(cfg: ModelConfig, rows: IndexRows, layer: int, kv: DSAKVCache, start_po
     scores = torch.relu(torch.einsum("thd,sd->ths", rows.q.float(), keys)) * d.index_head_dim ** -0.5  # [T, Hi, S]
     index = torch.einsum("th,ths->ts", rows.weights, scores)  # [T, S]
     future = torch.arange(S, device=keys.device)[None, :] > positions[:, None]
-    return index.masked_fill(future, float("-inf")).topk(d.index_topk, dim=-1).indices  # [T, topk]
+    return top_indices(index.masked_fill(future, float("-inf")), d.index_topk)  # [T, topk]
+
+
+def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[T, S] -> [T, k] the positions of the k highest scores per row, equal scores in position order. torch.topk
+    leaves the order of equal scores unspecified (it changes with the tensor's shape), and an indexer's relu zeroes
+    every head's score of many keys: with topk the picks among those zeros, so the logits, moved with the prefill
+    chunk. A stable sort picks the earliest keys at any chunk."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
 
 
 def index_picks(ks: KernelSet, cfg: ModelConfig, w: IndexerWeights, layer: int, h: torch.Tensor, q_resid: torch.Tensor,

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from freetoken.engine.dsa import top_indices
 from freetoken.engine.kernelset import KernelSet
 
 
@@ -104,5 +105,5 @@ def index_picks(q: torch.Tensor, weights: torch.Tensor, keys: torch.Tensor, posi
     index = (scores * weights[..., None]).sum(1)  # [T, C]
     limit = closed(positions, m)[:, None]
     index = index.masked_fill(torch.arange(C, device=q.device)[None, :] >= limit, float("-inf"))
-    picks = index.topk(min(topk, C), dim=-1).indices
+    picks = top_indices(index, min(topk, C))  # equal scores (relu zeroes every head) in entry order, at any chunk
     return torch.where(picks >= limit, -1, picks)

@@ -1,7 +1,8 @@
 """Continuous batching for every cache kind: 4 concurrent greedy requests through the server's scheduler on tiny
-Qwen3.5-MoE (Gated DeltaNet states), DeepSeek-V3 (MLA) and GLM-5 (DSA, index_topk 4 below the sequences' lengths)
-each get the tokens of their solo run; each batched decode step is one forward (one MoE call per layer over the
-batch); `ft sim --batch 4`'s replay of the recorded routing makes the live Plans."""
+Qwen3.5-MoE (Gated DeltaNet states), DeepSeek-V3 (MLA), GLM-5 (DSA, index_topk 4 below the sequences' lengths) and
+DeepSeek-V4 (compressed sparse + heavily compressed attention) each get the tokens of their solo run; each batched
+decode step is one forward (one MoE call per layer over the batch); `ft sim --batch 4`'s replay of the recorded
+routing makes the live Plans."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from freetoken.sim.replay import replay
 from test_sim_batch import CHUNK, MAX_NEW, PROMPTS, live_batched
 from tinymodel import write_tiny_model
 
-KINDS = ("qwen3_5_moe", "deepseek_v3", "glm_moe_dsa")
+KINDS = ("qwen3_5_moe", "deepseek_v3", "glm_moe_dsa", "deepseek_v4")
 
 
 @pytest.fixture(scope="module", params=KINDS)
