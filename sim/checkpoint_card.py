@@ -54,7 +54,8 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         source=f"{config_file} ({cfg.architecture}, {dtype}"
                + (f", experts {describe(fmt.expert_format)})" if fmt else ")"),
         max_context=cfg.max_position_embeddings,
-        expert_format=fmt.expert_format if fmt else None, expert_bias_params=2 * I + D if cfg.expert_bias else 0, **_linear_fields(cfg))
+        expert_format=fmt.expert_format if fmt else None, expert_bias_params=2 * I + D if cfg.expert_bias else 0,
+        **_linear_fields(cfg))
     if cfg.v4 is not None:  # one key = value row per layer and the compressed entries (engine/v4_kv.py)
         values = cfg.v4.kv_values_per_token(cfg.num_layers, cfg.head_dim)
         return replace(card, kv_bytes_per_token=math.ceil(values * bits / 8))

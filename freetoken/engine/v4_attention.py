@@ -68,7 +68,8 @@ def load_v4_attention(cfg: ModelConfig, layer: int, get: Callable[[str], torch.T
     rows = [get(a + "wq_a.weight"), get(a + "wkv.weight")[head]]
     compressor = indexer = index_wq = None
     if v.kinds[layer] != "sliding":
-        compressor, both = load_compressor(get, a + "compressor.", v.rate(layer), Dh, 2 if v.kinds[layer] == "csa" else 1, R)
+        pairs = 2 if v.kinds[layer] == "csa" else 1
+        compressor, both = load_compressor(get, a + "compressor.", v.rate(layer), Dh, pairs, R)
         rows.append(both)
     if v.kinds[layer] == "csa":
         indexer, both = load_compressor(get, a + "indexer.compressor.", v.csa_rate, Di, 2, R)

@@ -199,7 +199,8 @@ class ModelConfig:
             raise CheckpointError(f"config.json: num_attention_heads {self.num_heads} is not a multiple of "
                                   f"num_key_value_heads {self.num_kv_heads}")
         if self.top_k > self.num_experts:
-            raise CheckpointError(f"config.json: num_experts_per_tok {self.top_k} exceeds the {self.num_experts} experts")
+            raise CheckpointError(f"config.json: num_experts_per_tok {self.top_k} exceeds the {self.num_experts} "
+                                  "experts")
         if self.qk_norm not in QK_NORMS:
             raise CheckpointError(f"qk_norm {self.qk_norm!r} is not one of {', '.join(QK_NORMS)}")
         if not self.moe_layers:

@@ -185,8 +185,9 @@ class V4Family(Family):
             out.update({p + "attn_norm.weight": (D,), p + "ffn_norm.weight": (D,)})
             for block in ("attn", "ffn"):
                 out.update({f"{p}hc_{block}_fn": (M, N * D), f"{p}hc_{block}_base": (M,), f"{p}hc_{block}_scale": (3,)})
-            out.update({a + "attn_sink": (H,), a + "wq_a.weight": (v.q_lora_rank, D), a + "q_norm.weight": (v.q_lora_rank,),
-                        a + "wq_b.weight": (H * Dh, v.q_lora_rank), a + "wkv.weight": (Dh, D), a + "norm.weight": (Dh,),
+            out.update({a + "attn_sink": (H,), a + "wq_a.weight": (v.q_lora_rank, D),
+                        a + "q_norm.weight": (v.q_lora_rank,), a + "wq_b.weight": (H * Dh, v.q_lora_rank),
+                        a + "wkv.weight": (Dh, D), a + "norm.weight": (Dh,),
                         a + "wo_a.weight": (v.o_groups * v.o_lora_rank, H * Dh // v.o_groups),
                         a + "wo_b.weight": (D, v.o_groups * v.o_lora_rank)})
             kind = v.kinds[l]
@@ -224,4 +225,5 @@ def canonical(stored: str) -> str:
 FAMILY = V4Family("deepseek_v4", ("DeepseekV4ForCausalLM",), read_config, moe_prefix=FFN,
                   expert="experts.{e}.{p}.weight", expert_proj=("w1", "w3", "w2"), correction_bias="gate.bias",
                   shared_expert="shared_experts.", skip_prefixes=("mtp.",),
-                  skip_reason="runs without its multi-token-prediction layer, as transformers does", canonical=canonical)
+                  skip_reason="runs without its multi-token-prediction layer, as transformers does",
+                  canonical=canonical)

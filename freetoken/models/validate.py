@@ -26,8 +26,8 @@ POSITIVE_INT = (
     "linear_conv_kernel_dim", "full_attention_interval", "index_topk", "index_n_heads", "index_head_dim", "o_groups",
     "o_lora_rank", "hc_mult", "hc_sinkhorn_iters", "rotary_dim", "original_max_position_embeddings",
     "compress_rate_csa", "compress_rate_hca")
-NONNEGATIVE_INT = ("sliding_window", "q_lora_rank", "first_k_dense_replace", "n_shared_experts", "num_nextn_predict_layers",
-                   "num_hash_layers", "shared_expert_intermediate_size")
+NONNEGATIVE_INT = ("sliding_window", "q_lora_rank", "first_k_dense_replace", "n_shared_experts",
+                   "num_nextn_predict_layers", "num_hash_layers", "shared_expert_intermediate_size")
 POSITIVE_FLOAT = ("rms_norm_eps", "rope_theta", "compress_rope_theta", "routed_scaling_factor", "hc_eps",
                   "swiglu_limit", "swiglu_alpha", "clip_qkv", "factor", "beta_fast", "beta_slow", "attention_factor")
 FRACTION = ("partial_rotary_factor",)  # in (0, 1]

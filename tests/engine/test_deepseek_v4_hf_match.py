@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from freetoken.engine import SamplingParams
 
 from .conftest import PROMPT
-from .test_hf_match import CHUNK, assert_close, run_steps
+from .test_hf_match import assert_close, run_steps
 from .tiny_hf import (Model, assert_greedy_is_hf, assert_logits_grid, assert_moves_logits, assert_routing_is_hf,
                       assert_triton_matches, hf_answers, make_engine, random_hf)
 
@@ -84,7 +84,8 @@ def answers(hf, path: Path) -> Model:
 
 BLOCK = (16, 16)
 DENSE_FP8 = {"attn.wkv": "self_attn.kv_proj", "attn.wo_a": "self_attn.o_a_proj", "attn.wo_b": "self_attn.o_b_proj",
-             "ffn.shared_experts.w1": "mlp.shared_experts.gate_proj", "ffn.shared_experts.w3": "mlp.shared_experts.up_proj",
+             "ffn.shared_experts.w1": "mlp.shared_experts.gate_proj",
+             "ffn.shared_experts.w3": "mlp.shared_experts.up_proj",
              "ffn.shared_experts.w2": "mlp.shared_experts.down_proj"}  # (wq_a / wq_b: 24 columns, no 16 x 16 blocks)
 
 
@@ -216,9 +217,7 @@ def test_every_v4_feature_is_exercised(model, feature):
                "clamp": dict(glu_limit=1e9),
                "compress_rope": dict(v4=replace(v, compress_yarn=None)),
                "sinkhorn": dict(v4=replace(v, hc_iters=1))}.get(feature, {})
-    ckpt = replace(model.ckpt, config=replace(cfg, **changed))
-    if feature == "compressed":  # the compressors' tensors are still there; the layers no longer read them
-        pass
+    ckpt = replace(model.ckpt, config=replace(cfg, **changed))  # "compressed": the layers leave their compressors
     engine = make_engine(model, 0, "offload", ckpt=ckpt)
     for lw in engine.decoder.layers:
         if feature == "sinks":

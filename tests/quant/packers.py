@@ -180,7 +180,8 @@ def fp8_block_deepseek_v4(prefix: str, w: torch.Tensor, block: tuple[int, int]) 
     """transformers' Fp8Quantize with ue8m0 scales, stored as DeepSeek-V4's published checkpoints store them: the
     e8m0 scale under `.scale`."""
     packed, ref = fp8_block_transformers(prefix, w, block, "ue8m0")
-    return {f"{prefix}.weight": packed[f"{prefix}.weight"], f"{prefix}.scale": packed[f"{prefix}.weight_scale_inv"]}, ref
+    scale = packed[f"{prefix}.weight_scale_inv"]
+    return {f"{prefix}.weight": packed[f"{prefix}.weight"], f"{prefix}.scale": scale}, ref
 
 
 def fp4_deepseek_v4(prefix: str, w: torch.Tensor) -> Packed:
