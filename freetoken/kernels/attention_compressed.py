@@ -18,15 +18,17 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _online_step(q, k, visible, m_i, l_i, acc, qk_scale, DOT_FP32: tl.constexpr):
-    """One block of keys k [BN, BD] (K = V) for queries q [BH, BD]: the online softmax (base 2) update."""
-    s = mma(q, tl.trans(k), tl.zeros([q.shape[0], k.shape[0]], dtype=tl.float32), DOT_FP32) * qk_scale  # [BH, BN]
+def _online_step(q, k, visible, m_i, l_i, acc, qk_scale, DOT_FP32: tl.constexpr, BLOCK_H: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """One block of keys k [BN, BD] (K = V) for queries q [BH, BD]: the online softmax (base 2) update; the
+    probabilities meet the values in the values' dtype, as the other attention kernels do."""
+    s = mma(q, tl.trans(k), tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32), DOT_FP32) * qk_scale  # [BH, BN]
     s = tl.where(visible[None, :], s, -float("inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = mma(p, k, acc * alpha[:, None], DOT_FP32)
+    acc = mma(p.to(k.dtype), k, acc * alpha[:, None], DOT_FP32)
     return m_new, l_i, acc
 
 
@@ -59,14 +61,14 @@ def _attention_compressed_kernel(
         visible = offs_n <= pos
         k = tl.load(k_ptr + offs_n[:, None] * stride_ks + offs_d[None, :], mask=visible[:, None] & dmask[None, :],
                     other=0.0)
-        m_i, l_i, acc = _online_step(q, k, visible, m_i, l_i, acc, qk_scale, DOT_FP32)
+        m_i, l_i, acc = _online_step(q, k, visible, m_i, l_i, acc, qk_scale, DOT_FP32, BLOCK_H, BLOCK_N)
     for j0 in range(0, P, BLOCK_N):  # the compressed entries picked for this query
         offs_j = j0 + tl.arange(0, BLOCK_N)
         ids = tl.load(picks_ptr + t * stride_pt + offs_j, mask=offs_j < P, other=-1)
         visible = ids >= 0
         k = tl.load(e_ptr + ids[:, None].to(tl.int64) * stride_es + offs_d[None, :],
                     mask=visible[:, None] & dmask[None, :], other=0.0)
-        m_i, l_i, acc = _online_step(q, k, visible, m_i, l_i, acc, qk_scale, DOT_FP32)
+        m_i, l_i, acc = _online_step(q, k, visible, m_i, l_i, acc, qk_scale, DOT_FP32, BLOCK_H, BLOCK_N)
     out = acc / l_i[:, None]
     tl.store(out_ptr + t * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=hmask[:, None] & dmask[None, :])
