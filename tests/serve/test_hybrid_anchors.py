@@ -65,7 +65,8 @@ def test_an_edit_resumes_from_the_anchor_before_it(client, hybrid_served, hybrid
     assert r.choices[0].message.content == text
 
 
-def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(tmp_path):
+@pytest.mark.parametrize("kind", ["qwen3_5_moe", "deepseek_v4"])
+def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(tmp_path, kind):
     """transformers' cache of a hybrid model cannot be cut into KV pieces: the HF backend runs it uncached, and its
     greedy answer is the engine's."""
     from freetoken.engine import SamplingParams
@@ -74,7 +75,7 @@ def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(tmp_path):
     from freetoken.serve.hf_backend import HFBackend
     from freetoken.placement.memory import ModelMemory, plan_memory
 
-    hybrid_dir = write_tiny_model(tmp_path / "tiny-hybrid", hybrid=True)
+    hybrid_dir = write_tiny_model(tmp_path / "tiny-hybrid", kind=kind)
     hybrid_engine = reference_engine(hybrid_dir)
     backend = HFBackend(hybrid_dir, "tiny-hybrid")
     backend.use_plan(plan_memory(ModelMemory(0, 1, 1, 1, 0, 64), 10**6, kv_floor=64))
