@@ -8,6 +8,9 @@ KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1
                    "expert_ffn_quant": 3, "attention_decode": 2, "attention_prefill": 1,
                    "causal_conv1d": 1, "causal_conv1d_update": 1, "gated_delta_chunk": 1, "gated_delta_step": 1,
                    "rms_norm_gated": 1,
+                   # DeepSeek-V4 (freetoken/engine/v4_*.py)
+                   "router_weights": 1, "hc_pre": 1, "hc_post": 1, "hc_head": 1, "compress_pool": 1,
+                   "attention_compressed": 1,
                    # device placement (engine/device_moe.py): one decision program per MoE call, one gather per
                    # expert tensor (SlotPool.tensors_per_expert of them)
                    "place_call": 1, "gather_experts": 1}

@@ -30,7 +30,8 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         raise ValueError(f"{config_file}: dtype {dtype!r} is not one of {', '.join(DTYPE_BITS)}")
     bits = DTYPE_BITS[dtype]
     fmt = load_quant_format(path)
-    shapes = family.dense_tensors(cfg)  # name -> shape of every non-expert tensor
+    shapes = {name: shape for name, shape in family.dense_tensors(cfg).items()  # every non-expert weight
+              if not family.integer_tensor(name)}  # (not a hash layer's token -> experts table)
     embedding = math.prod(shapes[EMBEDDING])
     dense = sum(math.prod(s) for s in shapes.values()) - embedding
     if cfg.tie_word_embeddings:  # the table is also the lm_head: read whole every token
@@ -51,8 +52,13 @@ def card_from_checkpoint(path: str | Path) -> ModelCard:
         total_params=dense_b + embedding_b + keys * expert_params / 1e9,
         active_params=dense_b + embedding_b + cfg.num_moe_layers * cfg.top_k * expert_params / 1e9,
         source=f"{config_file} ({cfg.architecture}, {dtype}"
-               + (f", experts {describe(fmt)})" if fmt else ")"),
-        expert_format=fmt, expert_bias_params=2 * I + D if cfg.expert_bias else 0, **_linear_fields(cfg))
+               + (f", experts {describe(fmt.expert_format)})" if fmt else ")"),
+        max_context=cfg.max_position_embeddings,
+        expert_format=fmt.expert_format if fmt else None, expert_bias_params=2 * I + D if cfg.expert_bias else 0,
+        **_linear_fields(cfg))
+    if cfg.v4 is not None:  # one key = value row per layer and the compressed entries (engine/v4_kv.py)
+        values = cfg.v4.kv_values_per_token(cfg.num_layers, cfg.head_dim)
+        return replace(card, kv_bytes_per_token=math.ceil(values * bits / 8))
     if cfg.dsa is None:
         return card
     return replace(card, kv_bytes_per_token=card.kv_bytes_per_token + cfg.index_key_values() * int(bits) // 8)

@@ -77,6 +77,7 @@ class ModelCard:
     linear_heads: int = 0  # value heads, each with a [key_head_dim, value_head_dim] recurrent state
     linear_key_head_dim: int = 128
     linear_value_head_dim: int = 128
+    max_context: int = 0  # tokens the model's positions cover (config.json max_position_embeddings); 0: not stated
 
     def __post_init__(self) -> None:
         if isinstance(self.expert_format, str):  # a YAML card names a format
@@ -89,7 +90,8 @@ class ModelCard:
                                 "attention_width", "expert_bits", "dense_bits", "total_params", "active_params",
                                 "expert_matrices"))
         require_positive(self, ("shared_experts", "embedding_params", "attention_layers", "expert_bias_params",
-                                "state_bytes_per_sequence", "linear_layers", "linear_heads"), allow_zero=True)
+                                "state_bytes_per_sequence", "linear_layers", "linear_heads", "max_context"),
+                         allow_zero=True)
         require_positive(self, ("linear_key_head_dim", "linear_value_head_dim"))
         if self.top_k > self.num_experts:
             raise ValueError(f"field 'top_k' ({self.top_k}) exceeds field 'num_experts' ({self.num_experts})")

@@ -92,6 +92,25 @@ def register(sub) -> None:
     p.set_defaults(run=run)
 
 
+UNSTATED_CONTEXT = 1 << 20  # the longest context of the models shipped here (DeepSeek-V4: 1,048,576 positions)
+
+
+def check_tokens(card, prompt: int, decode: int, warmup: int) -> None:
+    """The synthetic request must fit what the model can hold: its context (config.json max_position_embeddings),
+    else, for a card that states none, the longest context of the shipped models. Checked before any trace is
+    drawn (a trillion-token request was killed for memory)."""
+    if prompt < 0 or decode < 0 or prompt + decode == 0:
+        raise ValueError(f"--prompt-tokens and --decode-tokens must be >= 0 and not both 0, got {prompt}, {decode}")
+    total = prompt + decode + warmup
+    limit = card.max_context or UNSTATED_CONTEXT
+    if total > limit:
+        held = (f"its context of {limit:,} tokens (config.json max_position_embeddings)" if card.max_context
+                else f"{limit:,} tokens (the card states no context; the longest of the shipped models)")
+        raise ValueError(f"--prompt-tokens {prompt:,} + --decode-tokens {decode:,}"
+                         + (f" + --warmup-decode {warmup:,}" if warmup else "")
+                         + f" = {total:,} tokens: more than model {card.name} can hold, {held}")
+
+
 def engine_from_args(args: argparse.Namespace):
     from freetoken.sim.engines import get_engine, with_settings
 
@@ -184,6 +203,8 @@ def run(args: argparse.Namespace) -> int:
         engine = replace(engine, rule=args.rule)
     if args.warmup_decode < 0:
         raise ValueError(f"--warmup-decode must be >= 0, got {args.warmup_decode}")
+    if not args.trace and args.workload == "single":
+        check_tokens(card, args.prompt_tokens, args.decode_tokens, args.warmup_decode)
     if args.trace and args.workload != "single":
         raise ValueError("--workload draws a synthetic trace; it cannot be combined with --trace")
 

@@ -30,11 +30,14 @@ class MoEGraphs:
             raise ValueError("CUDA graphs need a CUDA device; run eager")
         self.entries: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, torch.Tensor, torch.Tensor]] = {}
         self.replays = 0
+        self.blocker: str | None = None  # why the model's blocks cannot be captured at all
 
     def reason(self, cache) -> str | None:
         """None when the engine's decode MoE blocks can be captured, else why they run eagerly."""
         if self.device.type != "cuda":
             return "CUDA graphs need CUDA"
+        if self.blocker is not None:
+            return self.blocker
         if cache.device_moe.cpu_lane:
             return f"split {cache.config.split.mode}: the CPU lane reads each layer's decision back"
         if cache.executor.plans is not None:

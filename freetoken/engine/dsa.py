@@ -58,26 +58,61 @@ def load_indexer(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tensor
                           w_heads=dev(i + "weights_proj.weight"))
 
 
-def index_picks(ks: KernelSet, cfg: ModelConfig, w: IndexerWeights, layer: int, h: torch.Tensor, q_resid: torch.Tensor,
-                kv: DSAKVCache, start_pos: int, positions: torch.Tensor, rope: dict) -> torch.Tensor | None:
-    """Write this call's indexer keys; [T, topk] picked key positions per query (entries past a query's own position
-    are padding), or None when every query sees at most index_topk keys."""
+@dataclass(slots=True)
+class IndexRows:
+    """The indexer's projections of T rows: keys k [T, Di] and queries q [T, Hi, Di] (LayerNormed / roped), head
+    weights [T, Hi] fp32 (weights_proj x Hi^-0.5)."""
+
+    k: torch.Tensor
+    q: torch.Tensor
+    weights: torch.Tensor
+
+    def rows(self, lo: int, hi: int) -> IndexRows:
+        return IndexRows(self.k[lo:hi], self.q[lo:hi], self.weights[lo:hi])
+
+
+def index_rows(ks: KernelSet, cfg: ModelConfig, w: IndexerWeights, h: torch.Tensor, q_resid: torch.Tensor,
+               positions: torch.Tensor, rope: dict) -> IndexRows:
+    """h [T, D] and the q LoRA residual [T, Rq] at positions [T] -> the indexer's keys, queries and head weights
+    (a decode batch computes them once for all its rows)."""
     d, R, T = cfg.dsa, cfg.mla.qk_rope_head_dim, h.shape[0]
     k = ks.linear(h, w.wk)  # [T, Di]
     k = ks.rms_norm((k - k.mean(-1, keepdim=True)).contiguous(), w.k_norm, LAYER_NORM_EPS) + w.k_norm_bias  # LayerNorm
-    k = ks.apply_rope(k.view(T, 1, -1).contiguous(), positions, cfg.rope_theta, R, **rope)
-    kv.index_k[layer][start_pos:start_pos + T] = k.view(T, -1)
+    k = ks.apply_rope(k.view(T, 1, -1).contiguous(), positions, cfg.rope_theta, R, **rope).view(T, -1)
+    q = ks.linear(q_resid, w.wq).view(T, d.index_heads, d.index_head_dim)
+    q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, R, **rope)  # [T, Hi, Di]
+    weights = ks.linear(h, w.w_heads).float() * d.index_heads ** -0.5  # [T, Hi]
+    return IndexRows(k, q, weights)
+
+
+def pick(cfg: ModelConfig, rows: IndexRows, layer: int, kv: DSAKVCache, start_pos: int,
+         positions: torch.Tensor) -> torch.Tensor | None:
+    """Write one sequence's indexer keys at start_pos; [T, topk] picked key positions per query (entries past a
+    query's own position are padding), or None when every query sees at most index_topk keys."""
+    d, T = cfg.dsa, rows.k.shape[0]
+    kv.index_k[layer][start_pos:start_pos + T] = rows.k
     S = start_pos + T
     if S <= d.index_topk:
         return None
-    q = ks.linear(q_resid, w.wq).view(T, d.index_heads, d.index_head_dim)
-    q = ks.apply_rope(q.contiguous(), positions, cfg.rope_theta, R, **rope)  # [T, Hi, Di]
     keys = kv.index_k[layer][:S].float()  # [S, Di]
-    scores = torch.relu(torch.einsum("thd,sd->ths", q.float(), keys)) * d.index_head_dim ** -0.5  # [T, Hi, S]
-    weights = ks.linear(h, w.w_heads).float() * d.index_heads ** -0.5  # [T, Hi]
-    index = torch.einsum("th,ths->ts", weights, scores)  # [T, S]
-    future = torch.arange(S, device=h.device)[None, :] > positions[:, None]
-    return index.masked_fill(future, float("-inf")).topk(d.index_topk, dim=-1).indices  # [T, topk]
+    scores = torch.relu(torch.einsum("thd,sd->ths", rows.q.float(), keys)) * d.index_head_dim ** -0.5  # [T, Hi, S]
+    index = torch.einsum("th,ths->ts", rows.weights, scores)  # [T, S]
+    future = torch.arange(S, device=keys.device)[None, :] > positions[:, None]
+    return top_indices(index.masked_fill(future, float("-inf")), d.index_topk)  # [T, topk]
+
+
+def top_indices(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[T, S] -> [T, k] the positions of the k highest scores per row, equal scores in position order. torch.topk
+    leaves the order of equal scores unspecified (it changes with the tensor's shape), and an indexer's relu zeroes
+    every head's score of many keys: with topk the picks among those zeros, so the logits, moved with the prefill
+    chunk. A stable sort picks the earliest keys at any chunk."""
+    return torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :k]
+
+
+def index_picks(ks: KernelSet, cfg: ModelConfig, w: IndexerWeights, layer: int, h: torch.Tensor, q_resid: torch.Tensor,
+                kv: DSAKVCache, start_pos: int, positions: torch.Tensor, rope: dict) -> torch.Tensor | None:
+    """index_rows, then pick: one sequence's T tokens at start_pos."""
+    return pick(cfg, index_rows(ks, cfg, w, h, q_resid, positions, rope), layer, kv, start_pos, positions)
 
 
 def sparse_attention(ks: KernelSet, q: torch.Tensor, kv: KVCache, layer: int, start_pos: int,

@@ -28,6 +28,7 @@ from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
+from freetoken.engine.v4_decoder import V4Decoder
 from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
@@ -133,7 +134,7 @@ class Engine:
         ks = kernel_set(kernels)  # the host set runs no device kernels: nothing to count per call
         self.kernels = ks if ks.name == "host" else counted(ks, self.host)
         self.host_note = host_kernels_note(ks.name)
-        self.decoder = Decoder(ckpt, self.kernels, self.device, dtype)
+        self.decoder = (V4Decoder if ckpt.config.v4 is not None else Decoder)(ckpt, self.kernels, self.device, dtype)
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
         self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host,
                                  placement=placement)
@@ -154,6 +155,8 @@ class Engine:
         if self.cache.carry is not None and self.cache.device_moe is not None:
             raise ValueError("options: carry='drafts' runs on the host placement path: use placement 'auto' or 'host'")
         self.graphs = MoEGraphs(self._moe_device, self.device, self.host) if self.cache.device_moe is not None else None
+        if self.graphs is not None and cfg.v4 is not None and cfg.v4.hash_layers:
+            self.graphs.blocker = "hash-routed layers read each step's token ids"
         self.decode_line = decode_line(self.cache, self.graphs, eager)
         if eager or (self.graphs is not None and self.graphs.reason(self.cache) is not None):
             self.graphs = None
@@ -176,6 +179,10 @@ class Engine:
         cfg, ks = self.config, self.kernels
         lw = self.decoder.layers[cfg.moe_layers[layer]]
         logits = ks.linear(h.to(lw.router.dtype), lw.router, lw.router_bias)  # [T, E]
+        if lw.hash_table is not None:  # DeepSeek-V4's hash layers: the picks are the token ids' table rows
+            ids = lw.hash_table[self.decoder.token_ids].to(torch.int32)  # [T, K]
+            r = cfg.routing
+            return ks.router_weights(logits, ids, cfg.norm_topk_prob, r.score, r.scale), ids
         return ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias, **cfg.routing.options())
 
     def _moe(self, layer: int, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -265,13 +272,13 @@ class Engine:
     def decode_batch(self, tokens: list[int], kvs: list[KVCache], requests: list[int] | None = None) -> torch.Tensor:
         """One decode step for several sequences, each in its own KV cache: logits [B, V]. Each MoE layer is one
         call over the union of their experts, with per-expert token counts, planned as a call of the first
-        sequence's request (the recorded trace keeps each token's own). Multi-head latent attention models step
-        one sequence at a time."""
+        sequence's request (the recorded trace keeps each token's own). Every cache kind steps as one batch
+        (Decoder.forward_batch)."""
         requests = [0] * len(tokens) if requests is None else requests
         if not tokens or not len(tokens) == len(kvs) == len(requests):
             raise ValueError(f"decode_batch needs one KV cache and request per token, got {len(tokens)} tokens, "
                              f"{len(kvs)} caches, {len(requests)} requests")
-        if len(tokens) == 1 or self.config.mla is not None:
+        if len(tokens) == 1:
             return torch.cat([self.decode(t, kv, r) for t, kv, r in zip(tokens, kvs, requests)])
         t0 = time.perf_counter()
         self._phase, self._request = DECODE, requests[0]

@@ -56,20 +56,23 @@ def load_deltanet(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tenso
 
 
 def deltanet(ks: KernelSet, cfg: ModelConfig, w: DeltaNetWeights, h: torch.Tensor, conv_state: torch.Tensor,
-             state: torch.Tensor) -> torch.Tensor:
-    """h [T, D] -> [T, D]; conv_state [conv_dim, K - 1] and state [Hv, Dk, Dv] fp32 advance by T tokens in place."""
+             state: torch.Tensor, batch: bool = False) -> torch.Tensor:
+    """h [T, D] -> [T, D]; conv_state [conv_dim, K - 1] and state [Hv, Dk, Dv] fp32 advance by T tokens in place.
+    batch: h holds one token of each of B sequences, conv_state [B, conv_dim, K - 1] and state [B, Hv, Dk, Dv]
+    their states stacked (a decode batch: the projections run once over the B rows)."""
     la = cfg.linear_attention
     T, Hk, Hv, Dk, Dv = h.shape[0], la.num_k_heads, la.num_v_heads, la.k_head_dim, la.v_head_dim
     C, Z = la.conv_dim, Hv * Dv
+    step = batch or T == 1
     mixed, z, b, a = ks.linear(h, w.w_in).split([C, Z, Hv, Hv], dim=1)  # [T, conv_dim], [T, Hv Dv], [T, Hv] x2
-    conv = ks.causal_conv1d_update if T == 1 else ks.causal_conv1d
+    conv = ks.causal_conv1d_update if step else ks.causal_conv1d
     mixed = conv(mixed, w.conv, conv_state)
     q = mixed[:, :la.key_dim].view(T, Hk, Dk)
     k = mixed[:, la.key_dim:2 * la.key_dim].view(T, Hk, Dk)
     v = mixed[:, 2 * la.key_dim:].view(T, Hv, Dv)
     beta = torch.sigmoid(b)  # [T, Hv]
     g = w.neg_a * torch.nn.functional.softplus(a.float() + w.dt_bias)  # [T, Hv] fp32, < 0
-    rule = ks.gated_delta_step if T == 1 else ks.gated_delta_chunk
+    rule = ks.gated_delta_step if step else ks.gated_delta_chunk
     o = rule(q, k, v, g, beta.contiguous(), state)  # [T, Hv, Dv]
     o = ks.rms_norm_gated(o.reshape(T * Hv, Dv), z.reshape(T * Hv, Dv), w.norm, cfg.rms_norm_eps)
     return ks.linear(o.view(T, Hv * Dv), w.out)

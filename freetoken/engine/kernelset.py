@@ -30,24 +30,34 @@ class KernelSet:
     gated_delta_chunk: Callable
     gated_delta_step: Callable
     rms_norm_gated: Callable
+    # DeepSeek-V4: hash routing, hyper-connections, KV compression, attention over a window and compressed entries
+    router_weights: Callable
+    hc_pre: Callable
+    hc_post: Callable
+    hc_head: Callable
+    compress_pool: Callable
+    attention_compressed: Callable
 
 
 def _build(name: str) -> KernelSet:
     from freetoken import kernels as k
 
+    refs = (k.router_weights_ref, k.hc_pre_ref, k.hc_post_ref, k.hc_head_ref, k.compress_pool_ref,
+            k.attention_compressed_ref)  # the host set runs these small or per-sequence ops in torch
     if name == "triton":
         return KernelSet(name, k.rms_norm, k.apply_rope, k.attention, k.router_topk, k.linear, k.expert_ffn,
                          k.expert_ffn_quant, k.causal_conv1d, k.causal_conv1d_update, k.gated_delta_chunk,
-                         k.gated_delta_step, k.rms_norm_gated)
+                         k.gated_delta_step, k.rms_norm_gated, k.router_weights, k.hc_pre, k.hc_post, k.hc_head,
+                         k.compress_pool, k.attention_compressed)
     if name == "host":
         from freetoken.host import ops
 
         return KernelSet(name, ops.rms_norm, ops.apply_rope, ops.attention, ops.router_topk, ops.linear,
                          ops.expert_ffn, ops.expert_ffn_quant, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
-                         k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref)
+                         k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref, *refs)
     return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_host, k.router_topk_ref, k.linear_ref,
                      k.expert_ffn_host, k.expert_ffn_quant_host, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
-                     k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref)
+                     k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref, *refs)
 
 
 KERNEL_SETS = ("triton", "host", "reference")

@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from freetoken.engine.dsa import IndexerWeights, index_picks, load_indexer, sparse_attention
+from freetoken.engine.dsa import IndexerWeights, IndexRows, index_rows, load_indexer, pick, sparse_attention
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
 from freetoken.models.config import ModelConfig
@@ -74,9 +74,10 @@ def load_mla(cfg: ModelConfig, layer: int, dev: Callable[[str], torch.Tensor],
     return w
 
 
-def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h: torch.Tensor, kv: KVCache,
-                  start_pos: int, positions: torch.Tensor, sm_scale: float, rope: dict) -> torch.Tensor:
-    """h [T, D] -> the attention output [T, D]; writes this call's per-head k / v into kv at start_pos."""
+def mla_project(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, h: torch.Tensor, positions: torch.Tensor,
+                rope: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """h [T, D] at positions [T] -> q, k, v [T, H, Dc] (roped, zero-padded to the cache head dim) and the q LoRA
+    residual q_in (h itself without q LoRA), which DSA's indexer reads."""
     m, eps = cfg.mla, cfg.rms_norm_eps
     T, H, Dc = h.shape[0], cfg.num_heads, cfg.head_dim
     R, N, V = m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim
@@ -92,11 +93,61 @@ def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h:
     pad = Dc - (R + N)
     q, k = torch.nn.functional.pad(q, (0, pad)), torch.nn.functional.pad(k, (0, pad))
     v = torch.nn.functional.pad(kv_b[..., N:], (0, Dc - V))  # [T, H, Dc]
-    kv.write(layer, start_pos, k, v)
+    return q.contiguous(), k, v, q_in
+
+
+def _attend(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, q: torch.Tensor, kv: KVCache,
+            start_pos: int, positions: torch.Tensor, sm_scale: float, rows: IndexRows | None) -> torch.Tensor:
+    """One sequence's queries q [T, H, Dc] over its cache (k / v already written) -> [T, H, Dc]; with DSA over the
+    picks of this layer's indexer (its rows picked here) or of the last indexer layer."""
     if cfg.dsa is None:
-        o = ks.attention(q.contiguous(), kv.k[layer], kv.v[layer], start_pos, sm_scale, **kv.scales(layer))
-    else:  # sparse: this layer's indexer picks, or the last indexer layer's
-        if w.indexer is not None:
-            kv.picks = index_picks(ks, cfg, w.indexer, layer, h, q_in, kv, start_pos, positions, rope)
-        o = sparse_attention(ks, q.contiguous(), kv, layer, start_pos, kv.picks, sm_scale)
-    return ks.linear(o[..., :V].reshape(T, H * V).contiguous(), w.wo, w.bo)
+        return ks.attention(q, kv.k[layer], kv.v[layer], start_pos, sm_scale, **kv.scales(layer))
+    if rows is not None:
+        kv.picks = pick(cfg, rows, layer, kv, start_pos, positions)
+    return sparse_attention(ks, q, kv, layer, start_pos, kv.picks, sm_scale)
+
+
+def _index_rows(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, h: torch.Tensor, q_in: torch.Tensor,
+                positions: torch.Tensor, rope: dict) -> IndexRows | None:
+    """DSA: the indexer's rows where this layer has its own indexer, else None."""
+    return None if w.indexer is None else index_rows(ks, cfg, w.indexer, h, q_in, positions, rope)
+
+
+def _out(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, o: torch.Tensor) -> torch.Tensor:
+    """o [T, H, Dc] -> o_proj over the v dims [T, D]."""
+    T, V = o.shape[0], cfg.mla.v_head_dim
+    return ks.linear(o[..., :V].reshape(T, cfg.num_heads * V).contiguous(), w.wo, w.bo)
+
+
+def mla_attention(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h: torch.Tensor, kv: KVCache,
+                  start_pos: int, positions: torch.Tensor, sm_scale: float, rope: dict) -> torch.Tensor:
+    """h [T, D] -> the attention output [T, D]; writes this call's per-head k / v into kv at start_pos."""
+    q, k, v, q_in = mla_project(ks, cfg, w, h, positions, rope)
+    kv.write(layer, start_pos, k, v)
+    rows = _index_rows(ks, cfg, w, h, q_in, positions, rope)
+    return _out(ks, cfg, w, _attend(ks, cfg, w, layer, q, kv, start_pos, positions, sm_scale, rows))
+
+
+def mla_attention_batch(ks: KernelSet, cfg: ModelConfig, w: MLAWeights, layer: int, h: torch.Tensor,
+                        kvs: list[KVCache], starts: list[int], positions: torch.Tensor, sm_scale: float,
+                        rope: dict) -> torch.Tensor:
+    """A decode batch: h [B, D], row b the next token of the sequence in kvs[b] at position starts[b] -> [B, D].
+    The projections run once over the B rows; each sequence's k / v go to its own cache and its query attends
+    there (the host kernels: one call for the batch, without DSA)."""
+    q, k, v, q_in = mla_project(ks, cfg, w, h, positions, rope)
+    for b, (kv, start) in enumerate(zip(kvs, starts)):
+        kv.write(layer, start, k[b:b + 1], v[b:b + 1])
+    if ks.name == "host" and cfg.dsa is None:
+        from freetoken.host.ops import attention_decode_batch
+
+        scales = [kv.scales(layer) for kv in kvs]
+        fp8 = {"k_scales": [s["k_scale"] for s in scales], "v_scales": [s["v_scale"] for s in scales]} \
+            if scales[0] else {}
+        o = attention_decode_batch(q, [kv.k[layer] for kv in kvs], [kv.v[layer] for kv in kvs], starts, sm_scale,
+                                   **fp8)
+    else:
+        rows = _index_rows(ks, cfg, w, h, q_in, positions, rope)
+        o = torch.cat([_attend(ks, cfg, w, layer, q[b:b + 1], kv, start, positions[b:b + 1], sm_scale,
+                               None if rows is None else rows.rows(b, b + 1))
+                       for b, (kv, start) in enumerate(zip(kvs, starts))])
+    return _out(ks, cfg, w, o)

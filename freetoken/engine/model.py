@@ -17,7 +17,7 @@ from freetoken.engine.gated_deltanet import DeltaNetWeights, deltanet, load_delt
 from freetoken.engine.hybrid_kv import HybridKV
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
-from freetoken.engine.mla import MLAWeights, load_mla, mla_attention
+from freetoken.engine.mla import MLAWeights, load_mla, mla_attention, mla_attention_batch
 from freetoken.kernels.rope import yarn_inv_freq
 from freetoken.models.checkpoint import Checkpoint
 from freetoken.models.family import ATTN
@@ -52,6 +52,7 @@ class LayerWeights:
     router: torch.Tensor | None = None  # [E, D] on MoE layers
     router_bias: torch.Tensor | None = None  # [E]
     correction_bias: torch.Tensor | None = None  # [E] fp32: added to the router scores for the choice (DeepSeek-V3)
+    hash_table: torch.Tensor | None = None  # [V, K] long: a hash-routed layer's picks per token id (DeepSeek-V4)
     dense_gate_up: torch.Tensor | None = None  # [1, 2F, D] on dense layers (expert_ffn with one slot)
     dense_down: torch.Tensor | None = None  # [1, D, F]
     shared_gate_up: torch.Tensor | None = None  # [1, 2F, D] the always-on shared expert of a MoE layer
@@ -217,14 +218,12 @@ class Decoder:
 
     def forward_batch(self, token_ids: list[int], kvs: list[KVCache], moe: MoEFn) -> torch.Tensor:
         """One decode step of B sequences, token i at position kvs[i].length of its own KV cache: everything on
-        [B, D] (one MoE call per layer over the union of their experts), attention in one host call per layer with
-        the host kernels (per sequence otherwise). Logits [B, V].
+        [B, D] (one MoE call per layer over the union of their experts); attention in one host call per layer with
+        the host kernels (per sequence otherwise); latent attention (MLA, DSA) projects the batch at once and
+        attends per sequence; Gated DeltaNet steps the B sequences' states stacked, written back once the whole
+        step has run (a failed step leaves every sequence as it was). Logits [B, V].
         """
         cfg, ks = self.cfg, self.kernels
-        if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
-            raise ValueError("batched decode covers plain attention only (not latent, sparse or linear attention); "
-                             "decode one by one")
-        B, H, Dh = len(token_ids), cfg.num_heads, cfg.head_dim
         starts = [kv.length for kv in kvs]
         for kv, start in zip(kvs, starts):
             kv.check_room(start, 1)
@@ -233,25 +232,40 @@ class Decoder:
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {ids.min().item()}..{ids.max().item()}")
         x = self.embed[ids.to(self.device)]  # [B, D]
         positions = torch.tensor(starts, dtype=torch.int64, device=self.device)  # [B]
+        stacked = []  # (layer, conv [B, C, K - 1], state [B, Hv, Dk, Dv]) of the DeltaNet layers, stepped
         for l, lw in enumerate(self.layers):
             h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
-            step = self.steps[l]
-            if step is not None and not kvs[0].fp8:  # the host kernels: one call for the batch
-                o = self._attention_step(step, lw, h, kvs, starts, l)
-                x = x + self._out(lw, h, o)
-                x = x + self._ffn(l, lw, x, moe)
-                continue
-            q, k, v = self._project(lw, h, positions)
-            if ks.name == "host":
-                o = self._attend_batch(l, lw, kvs, starts, q, k, v)  # [B, H, Dh]
+            if lw.deltanet is not None:
+                conv = torch.stack([kv.conv[l] for kv in kvs])
+                state = torch.stack([kv.state[l] for kv in kvs])
+                x = x + deltanet(ks, cfg, lw.deltanet, h, conv, state, batch=True)
+                stacked.append((l, conv, state))
+            elif lw.mla is not None:
+                x = x + mla_attention_batch(ks, cfg, lw.mla, l, h, kvs, starts, positions, self.sm_scale, self.rope)
             else:
-                o = torch.cat([self._attend(l, lw, kv, start, q[i:i + 1], k[i:i + 1], v[i:i + 1])
-                               for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
-            x = x + self._out(lw, h, o)
+                x = x + self._attention_batch(l, lw, h, kvs, starts, positions)
             x = x + self._ffn(l, lw, x, moe)
+        for l, conv, state in stacked:
+            for b, kv in enumerate(kvs):
+                kv.conv[l].copy_(conv[b])
+                kv.state[l].copy_(state[b])
         for kv, start, token in zip(kvs, starts, token_ids):
             kv.commit(start, [token])
         return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+
+    def _attention_batch(self, l: int, lw: LayerWeights, h: torch.Tensor, kvs: list[KVCache], starts: list[int],
+                         positions: torch.Tensor) -> torch.Tensor:
+        """Plain attention of a decode batch h [B, D] -> [B, D]."""
+        step = self.steps[l]
+        if step is not None and not kvs[0].fp8:  # the host kernels: one call for the batch
+            return self._out(lw, h, self._attention_step(step, lw, h, kvs, starts, l))
+        q, k, v = self._project(lw, h, positions)
+        if self.kernels.name == "host":
+            o = self._attend_batch(l, lw, kvs, starts, q, k, v)  # [B, H, Dh]
+        else:
+            o = torch.cat([self._attend(l, lw, kv, start, q[i:i + 1], k[i:i + 1], v[i:i + 1])
+                           for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
+        return self._out(lw, h, o)
 
     def _ffn(self, l: int, lw: LayerWeights, x: torch.Tensor, moe: MoEFn) -> torch.Tensor:
         """The layer's MLP half on the residual x [T, D]: routed MoE (+ shared expert) or the dense MLP."""

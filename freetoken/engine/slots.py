@@ -82,7 +82,8 @@ class ExpertStore:
             return cls(experts, **options)
         from freetoken.quant import describe
 
-        return cls(ckpt.experts, dtype or ckpt.dense["model.embed_tokens.weight"].dtype, describe(ckpt.quant),
+        return cls(ckpt.experts, dtype or ckpt.dense["model.embed_tokens.weight"].dtype,
+                   describe(ckpt.quant.expert_format),
                    **options)
 
     def _check_layers(self) -> None:

@@ -12,7 +12,7 @@ from freetoken.quant.packed import PackedWeight
 
 F32, BF16, F16, INT4, FP4, FP8 = range(6)
 SC_NONE, SC_F32, SC_BF16, SC_F16, SC_E8M0, SC_E4M3 = range(6)
-GLU_KINDS = {"silu": 0, "clamped": 1}
+GLU_KINDS = {"silu": 0, "clamped": 1, "silu_limit": 2}
 GLOBAL_OPS = {None: 0, "divide": 1, "multiply": 2}
 DENSE_KINDS = {torch.float32: F32, torch.bfloat16: BF16, torch.float16: F16}
 SCALE_KINDS = {torch.float32: SC_F32, torch.bfloat16: SC_BF16, torch.float16: SC_F16}

@@ -17,6 +17,10 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
 
 from freetoken.kernels.attention import attention, attention_ref  # noqa: E402
+from freetoken.kernels.attention_compressed import attention_compressed, attention_compressed_ref  # noqa: E402
+from freetoken.kernels.compress_pool import compress_pool, compress_pool_ref  # noqa: E402
+from freetoken.kernels.hyper_connection import (hc_head, hc_head_ref, hc_post, hc_post_ref, hc_pre,  # noqa: E402
+                                                hc_pre_ref)
 from freetoken.kernels.causal_conv1d import causal_conv1d, causal_conv1d_ref  # noqa: E402
 from freetoken.kernels.causal_conv1d_update import causal_conv1d_update, causal_conv1d_update_ref  # noqa: E402
 from freetoken.kernels.expert_ffn import expert_ffn, expert_ffn_ref  # noqa: E402
@@ -28,10 +32,12 @@ from freetoken.kernels.linear import linear, linear_ref  # noqa: E402
 from freetoken.kernels.rmsnorm import rms_norm, rms_norm_ref  # noqa: E402
 from freetoken.kernels.rmsnorm_gated import rms_norm_gated, rms_norm_gated_ref  # noqa: E402
 from freetoken.kernels.rope import apply_rope, apply_rope_ref  # noqa: E402
-from freetoken.kernels.router import router_topk, router_topk_ref  # noqa: E402
+from freetoken.kernels.router import router_topk, router_topk_ref, router_weights, router_weights_ref  # noqa: E402
 
 __all__ = [
-    "apply_rope", "apply_rope_ref", "attention", "attention_host", "attention_ref", "causal_conv1d", "causal_conv1d_ref",
+    "apply_rope", "apply_rope_ref", "attention", "attention_compressed", "attention_compressed_ref", "attention_host",
+    "attention_ref", "causal_conv1d", "causal_conv1d_ref", "compress_pool", "compress_pool_ref", "hc_head",
+    "hc_head_ref", "hc_post", "hc_post_ref", "hc_pre", "hc_pre_ref", "router_weights", "router_weights_ref",
     "causal_conv1d_update", "causal_conv1d_update_ref", "expert_ffn", "expert_ffn_host", "expert_ffn_quant",
     "expert_ffn_quant_host", "expert_ffn_quant_ref", "expert_ffn_ref", "gated_delta_chunk", "gated_delta_chunk_ref", "gated_delta_step",
     "gated_delta_step_ref", "rms_norm_gated", "rms_norm_gated_ref",

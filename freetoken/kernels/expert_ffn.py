@@ -26,7 +26,7 @@ from freetoken.kernels.tuning import split_k, tuned
 
 MAX_PAIRS_ONE_PER_BLOCK = 16  # up to this many (token, k) pairs, each pair is its own block (decode)
 # silu: SwiGLU silu(g) * u; clamped (gpt-oss): g = min(g, limit), u = clamp(u, -limit, limit), g sigmoid(alpha g) (u + 1)
-GLUS = ("silu", "clamped")
+GLUS = ("silu", "clamped", "silu_limit")  # silu_limit: DeepSeek-V4 (silu of the clamped gate x the clamped up)
 
 
 @triton.jit
@@ -36,6 +36,10 @@ def glu(gate, up, GLU: tl.constexpr, alpha, limit):
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
         return gate * tl.sigmoid(gate * alpha) * (up + 1.0)
+    elif GLU == "silu_limit":
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        return gate * tl.sigmoid(gate) * up
     else:
         return gate * tl.sigmoid(gate) * up
 
@@ -324,7 +328,9 @@ def glu_ref(gate: torch.Tensor, up: torch.Tensor, glu: str = "silu", alpha: floa
     if glu == "clamped":
         gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
         return gate * torch.sigmoid(gate * alpha) * (up + 1)
-    if glu != "silu":
+    if glu == "silu_limit":
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    elif glu != "silu":
         raise ValueError(f"glu: unknown {glu!r}; valid: {', '.join(GLUS)}")
     return torch.nn.functional.silu(gate) * up
 

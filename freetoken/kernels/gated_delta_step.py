@@ -2,6 +2,9 @@
 
 Per value head h (key head h // (Hv / Hk)), state S [Dk, Dv] fp32, for each token:
     S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q     (q, k l2-normalised, q / sqrt(Dk))
+
+One sequence: T tokens in order over state [Hv, Dk, Dv]. A decode batch: state [B, Hv, Dk, Dv] (a row per sequence,
+stacked by the caller) and T = B tokens, token b the next one of sequence b.
 """
 
 from __future__ import annotations
@@ -21,19 +24,22 @@ def _gated_delta_step_kernel(
     T, DK, DV, GROUP, scale,
     # Strides
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
-    stride_sh, stride_sk, stride_ot, stride_oh,
+    stride_sb, stride_sh, stride_sk, stride_ot, stride_oh,
     # Meta-parameters
     BK: tl.constexpr, BV: tl.constexpr,
 ):
-    """One (value head, BV value columns) per program; S [BK, BV] read once, written once."""
+    """One (sequence, value head, BV value columns) per program; S [BK, BV] read once, written once. Sequence b
+    owns tokens [b T, (b + 1) T)."""
     h = tl.program_id(0)
+    b = tl.program_id(2)
     hk = h // GROUP
     offs_k = tl.arange(0, BK)
     offs_v = tl.program_id(1) * BV + tl.arange(0, BV)
     mk, mv = offs_k < DK, offs_v < DV
-    s_ptrs = state_ptr + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
+    s_ptrs = state_ptr + b * stride_sb + h * stride_sh + offs_k[:, None] * stride_sk + offs_v[None, :]
     S = tl.load(s_ptrs, mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
-    for t in range(0, T):
+    for i in range(0, T):
+        t = b * T + i
         q = tl.load(q_ptr + t * stride_qt + hk * stride_qh + offs_k, mask=mk, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + t * stride_kt + hk * stride_kh + offs_k, mask=mk, other=0.0).to(tl.float32)
         v = tl.load(v_ptr + t * stride_vt + h * stride_vh + offs_v, mask=mv, other=0.0).to(tl.float32)
@@ -49,11 +55,28 @@ def _gated_delta_step_kernel(
     tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mk[:, None] & mv[None, :])
 
 
+def _states(q: torch.Tensor, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """Checks the arguments -> the state as [B, Hv, Dk, Dv] (B = 1 for one sequence's [Hv, Dk, Dv])."""
+    if state.dim() == 4:
+        if state.shape[0] != q.shape[0]:
+            raise ValueError(f"state {tuple(state.shape)}: a batch of {state.shape[0]} sequences needs one token "
+                             f"each, got {q.shape[0]}")
+        if state.shape[0]:  # each sequence's one token against its own state: the shapes of one
+            check_delta_args(q[:1], k[:1], v[:1], g[:1], beta[:1], state[0])
+        if not state.is_contiguous():
+            raise ValueError("state: must be contiguous")
+        return state
+    check_delta_args(q, k, v, g, beta, state)
+    return state[None]
+
+
 def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor) -> torch.Tensor:
-    """As gated_delta_chunk (same shapes, state updated in place), one token after another: decode's T = 1."""
+    """As gated_delta_chunk (same shapes, state updated in place), one token after another: decode's T = 1; or a
+    decode batch, state [B, Hv, Dk, Dv] and token b of q, k, v, g, beta sequence b's."""
     # 1. check
-    check_delta_args(q, k, v, g, beta, state)
+    states = _states(q, k, v, g, beta, state)
+    B = states.shape[0]
     T, Hk, Dk = q.shape
     Hv, Dv = v.shape[1:]
     # 2. allocate
@@ -63,17 +86,20 @@ def gated_delta_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     # 3. launch
     BK = triton.next_power_of_2(Dk)
     BV = min(triton.next_power_of_2(Dv), 64)
-    _gated_delta_step_kernel[(Hv, triton.cdiv(Dv, BV))](
-        q, k, v, g, beta, state, out, T, Dk, Dv, Hv // Hk, Dk ** -0.5,
+    _gated_delta_step_kernel[(Hv, triton.cdiv(Dv, BV), B)](
+        q, k, v, g, beta, states, out, T // B, Dk, Dv, Hv // Hk, Dk ** -0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        state.stride(0), state.stride(1), out.stride(0), out.stride(1), BK=BK, BV=BV)
+        states.stride(0), states.stride(1), states.stride(2), out.stride(0), out.stride(1), BK=BK, BV=BV)
     return out
 
 
 def gated_delta_step_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                          state: torch.Tensor) -> torch.Tensor:
-    """torch, the recurrence as written above (all heads at once)."""
-    check_delta_args(q, k, v, g, beta, state)
+    """torch, the recurrence as written above (all heads at once), one sequence after another."""
+    states = _states(q, k, v, g, beta, state)
+    if state.dim() == 4:
+        return torch.cat([gated_delta_step_ref(q[b:b + 1], k[b:b + 1], v[b:b + 1], g[b:b + 1], beta[b:b + 1],
+                                               states[b]) for b in range(states.shape[0])])
     T, Hk, Dk = q.shape
     Hv = v.shape[1]
     rep = Hv // Hk

@@ -7,7 +7,8 @@ DeepSeek options (defaults keep the plain softmax top-k): `score` "sigmoid" (V3)
 fp32 added to the scores for the choice only (V3's e_score_correction_bias: the weights stay the unbiased scores);
 group-limited top-k, `n_group` equal groups of experts of which the `topk_group` best are eligible, a group scored by
 its best expert ("max", V2's group_limited_greedy) or its best two summed ("top2", V3); `scale` multiplies the
-final weights (routed_scaling_factor).
+final weights (routed_scaling_factor). DeepSeek-V4: `score` "sqrtsoftplus" (sqrt(softplus(logit))), and hash-routed
+layers whose picks are given (a token-id -> experts table): `router_weights` scores those picks only.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton.language as tl
 from freetoken.kernels.checks import check_same_device, check_tensor
 
 MAX_EXPERTS = 4096
-SCORES = ("softmax", "sigmoid")
+SCORES = ("softmax", "sigmoid", "sqrtsoftplus")
 GROUP_SCORES = ("max", "top2")
 
 
@@ -32,7 +33,7 @@ def _router_topk_kernel(
     # Strides
     stride_l, stride_w, stride_i,
     # Meta-parameters
-    RENORMALIZE: tl.constexpr, SIGMOID: tl.constexpr, HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr,
+    RENORMALIZE: tl.constexpr, SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, GROUPED: tl.constexpr,
     GROUP_TOP2: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_G: tl.constexpr,
 ):
     """One token per program: (groups: score each group, keep the best TOPK_GROUP), then K rounds of (max, lowest
@@ -42,11 +43,7 @@ def _router_topk_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     valid = offs_e < E
     logits = tl.load(logits_ptr + t * stride_l + offs_e, mask=valid, other=-float("inf")).to(tl.float32)
-    if SIGMOID:
-        probs = tl.where(valid, tl.sigmoid(logits), 0.0)
-    else:
-        num = tl.exp(logits - tl.max(logits, axis=0))
-        probs = num / tl.sum(num, axis=0)  # [BE]
+    probs = _scores(logits, valid, SCORE)  # [BE]
     choice = probs
     if HAS_BIAS:
         choice = probs + tl.load(bias_ptr + offs_e, mask=valid, other=0.0).to(tl.float32)
@@ -84,6 +81,44 @@ def _router_topk_kernel(
     kmask = offs_k < K
     tl.store(weights_ptr + t * stride_w + offs_k, sel_w * scale, mask=kmask)
     tl.store(ids_ptr + t * stride_i + offs_k, sel_id, mask=kmask)
+
+
+@triton.jit
+def _scores(logits, valid, SCORE: tl.constexpr):
+    """SCORES of one token's logits [BE] in fp32 (0 on padding)."""
+    if SCORE == "sigmoid":
+        return tl.where(valid, tl.sigmoid(logits), 0.0)
+    elif SCORE == "sqrtsoftplus":  # softplus as torch computes it: x past 20, else log(1 + e^x)
+        soft = tl.where(logits > 20.0, logits, tl.log(1.0 + tl.exp(tl.minimum(logits, 20.0))))
+        return tl.where(valid, tl.sqrt(soft), 0.0)
+    else:
+        num = tl.exp(logits - tl.max(logits, axis=0))
+        return num / tl.sum(num, axis=0)
+
+
+@triton.jit
+def _router_weights_kernel(
+    # Pointers
+    logits_ptr, ids_ptr, weights_ptr,
+    # Dimensions
+    E, K, scale,
+    # Strides
+    stride_l, stride_i, stride_w,
+    # Meta-parameters
+    RENORMALIZE: tl.constexpr, SCORE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One token per program: the scores of its given picks, renormalised, times scale."""
+    t = tl.program_id(0)
+    offs_e = tl.arange(0, BLOCK_E)
+    offs_k = tl.arange(0, BLOCK_K)
+    valid, kmask = offs_e < E, offs_k < K
+    logits = tl.load(logits_ptr + t * stride_l + offs_e, mask=valid, other=-float("inf")).to(tl.float32)
+    probs = _scores(logits, valid, SCORE)  # [BE]
+    ids = tl.load(ids_ptr + t * stride_i + offs_k, mask=kmask, other=-1)  # [BK]
+    w = tl.sum(tl.where(ids[:, None] == offs_e[None, :], probs[None, :], 0.0), axis=1)  # [BK]
+    if RENORMALIZE:
+        w = w / tl.sum(tl.where(kmask, w, 0.0), axis=0)
+    tl.store(weights_ptr + t * stride_w + offs_k, w * scale, mask=kmask)
 
 
 def _check_options(E: int, k: int, score: str, n_group: int, topk_group: int, group_score: str) -> None:
@@ -129,7 +164,7 @@ def router_topk(logits: torch.Tensor, k: int, renormalize: bool, score: str = "s
         logits, bias if bias is not None else logits, weights, ids,
         E, k, n_group, topk_group, float(scale),
         logits.stride(0), weights.stride(0), ids.stride(0),
-        RENORMALIZE=bool(renormalize), SIGMOID=score == "sigmoid", HAS_BIAS=bias is not None, GROUPED=n_group > 1,
+        RENORMALIZE=bool(renormalize), SCORE=score, HAS_BIAS=bias is not None, GROUPED=n_group > 1,
         GROUP_TOP2=group_score == "top2", BLOCK_E=BLOCK_E, BLOCK_K=triton.next_power_of_2(k),
         BLOCK_G=triton.next_power_of_2(n_group), num_warps=min(max(BLOCK_E // 256, 1), 8),
     )
@@ -144,7 +179,7 @@ def router_topk_ref(logits: torch.Tensor, k: int, renormalize: bool, score: str 
     sum when renormalising, times scale. Equal scores come in torch.topk's (unspecified) order; the kernel puts the
     lower id first."""
     _check_options(logits.shape[1], k, score, n_group, topk_group, group_score)
-    probs = torch.sigmoid(logits.float()) if score == "sigmoid" else torch.softmax(logits.float(), dim=-1)  # [T, E]
+    probs = _scores_ref(logits, score)  # [T, E]
     choice = probs if bias is None else probs + bias.float()
     if n_group > 1:
         T, E = choice.shape
@@ -158,3 +193,53 @@ def router_topk_ref(logits: torch.Tensor, k: int, renormalize: bool, score: str 
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights * scale, ids.to(torch.int32)
+
+
+def _scores_ref(logits: torch.Tensor, score: str) -> torch.Tensor:
+    """SCORES in fp32, as HF's routers compute them."""
+    x = logits.float()
+    if score == "sigmoid":
+        return torch.sigmoid(x)
+    if score == "sqrtsoftplus":
+        return torch.nn.functional.softplus(x).sqrt()
+    return torch.softmax(x, dim=-1)
+
+
+def _check_picks(logits: torch.Tensor, ids: torch.Tensor, score: str) -> None:
+    check_tensor(logits, "logits", 2)
+    check_tensor(ids, "ids", 2, dtypes=(torch.int32, torch.int64))
+    check_same_device(logits=logits, ids=ids)
+    if score not in SCORES:
+        raise ValueError(f"score: {score!r} is not one of {', '.join(SCORES)}")
+    if ids.shape[0] != logits.shape[0] or logits.shape[1] > MAX_EXPERTS:
+        raise ValueError(f"ids {tuple(ids.shape)}, logits {tuple(logits.shape)}: want one row of picks per token "
+                         f"and at most {MAX_EXPERTS} experts")
+
+
+def router_weights(logits: torch.Tensor, ids: torch.Tensor, renormalize: bool, score: str = "softmax",
+                   scale: float = 1.0) -> torch.Tensor:
+    """Picks given (hash routing: a table lookup of the token ids) -> their weights [T, K] fp32: the picks' scores
+    of logits [T, E], divided by their sum when renormalising, times scale."""
+    # 1. check
+    _check_picks(logits, ids, score)
+    T, E = logits.shape
+    K = ids.shape[1]
+    # 2. allocate
+    weights = torch.empty((T, K), dtype=torch.float32, device=logits.device)
+    if T == 0:
+        return weights
+    # 3. launch
+    _router_weights_kernel[(T,)](logits, ids, weights, E, K, float(scale), logits.stride(0), ids.stride(0),
+                                 weights.stride(0), RENORMALIZE=bool(renormalize), SCORE=score,
+                                 BLOCK_E=triton.next_power_of_2(E), BLOCK_K=triton.next_power_of_2(K))
+    return weights
+
+
+def router_weights_ref(logits: torch.Tensor, ids: torch.Tensor, renormalize: bool, score: str = "softmax",
+                       scale: float = 1.0) -> torch.Tensor:
+    """HF's DeepseekV4HashRouter: the scores gathered at the given picks, over their sum (+ 1e-20), times scale."""
+    _check_picks(logits, ids, score)
+    weights = _scores_ref(logits, score).gather(1, ids.long())
+    if renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * scale

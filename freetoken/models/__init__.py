@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from freetoken.models import (deepseek, glm4_moe, glm_moe_dsa, gpt_oss, minimax_m2, mixtral, olmoe, qwen2_moe,
-                              qwen3_moe, qwen3_next)
+from freetoken.models import (deepseek, deepseek_v4, glm4_moe, glm_moe_dsa, gpt_oss, minimax_m2, mixtral, olmoe,
+                              qwen2_moe, qwen3_moe, qwen3_next)
 from freetoken.models.config import CheckpointError, ConfigReader, ModelConfig
 from freetoken.models.family import Family
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (qwen3_moe.FAMILY, mixtral.FAMILY, olmoe.FAMILY, qwen2_moe.FAMILY,
                                                    gpt_oss.FAMILY, deepseek.FAMILY, qwen3_next.FAMILY,
                                                    qwen3_next.FAMILY_3_5, qwen3_next.FAMILY_3_5_MULTIMODAL,
-                                                   glm4_moe.FAMILY, minimax_m2.FAMILY, glm_moe_dsa.FAMILY)}
+                                                   glm4_moe.FAMILY, minimax_m2.FAMILY, glm_moe_dsa.FAMILY,
+                                                   deepseek_v4.FAMILY)}
 ARCHITECTURES: dict[str, Family] = {arch: f for f in FAMILIES.values() for arch in f.architectures}
 
 
@@ -28,7 +29,10 @@ def family_for(raw: dict, path: str) -> Family:
 
 
 def read_model_config(raw: dict, path: str) -> tuple[Family, ModelConfig]:
+    from freetoken.models.validate import validate_config
+
     check_dtype(raw, path)
+    validate_config(raw, path)
     family = family_for(raw, path)
     try:
         return family, family.read_config(ConfigReader(raw, path))

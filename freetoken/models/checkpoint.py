@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -19,6 +20,7 @@ from freetoken.models import read_model_config
 from freetoken.models.config import CheckpointError, ModelConfig
 from freetoken.models.family import Family
 from freetoken.models.shard import Shard, ShardError
+from freetoken.models.validate import check_dtype, check_values
 from freetoken.quant import QuantError, QuantFormat, load_quant_format
 
 INDEX = "model.safetensors.index.json"
@@ -121,15 +123,27 @@ def _open(file: Path) -> Shard:
 class _Reader:
     """Opens each shard once; get() checks the tensor exists and has the expected shape."""
 
-    def __init__(self, path: Path, where: dict[str, Path], text_prefix: str = ""):
+    def __init__(self, path: Path, where: dict[str, Path], text_prefix: str = "",
+                 canonical: Callable[[str], str] | None = None, integer: Callable[[str], bool] = lambda name: False,
+                 quantized: bool = False):
+        """canonical: a stored name -> ours, where the checkpoint names a tensor otherwise (Family.canonical);
+        integer: names of integer tables (Family.integer_tensor); quantized: 1-byte float tensors are the quantized
+        reader's to judge (a scale may belong to them)."""
         self.path, self.where, self.handles = path, where, {}
-        self.stored: dict[str, str] = {}  # our name -> the stored one, where a multimodal text model nests it
+        self.integer, self.quantized = integer, quantized
+        self.stored: dict[str, str] = {}  # our name -> the stored one (a multimodal text model nests it, ...)
         if text_prefix:
             nested = "model." + text_prefix
             self.stored = {"model." + n[len(nested):]: n for n in where if n.startswith(nested)}
+        if canonical is not None:
+            self.stored.update({canonical(n): n for n in where if canonical(n) != n})
+        if self.stored:
             self.where = {**where, **{ours: where[n] for ours, n in self.stored.items()}}
 
     def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> torch.Tensor:
+        """A tensor by our name, checked: present, of `shape` (None: any; packed tensors, checked by freetoken.quant)
+        and, given a shape, a finite weight of a weight dtype (validate.check_weight)."""
+        ours = name
         file = self.where.get(name)
         name = self.stored.get(name, name)
         if file is None:
@@ -142,10 +156,16 @@ class _Reader:
         got = handle.shape(name)
         if shape is not None and got != tuple(shape):
             raise CheckpointError(f"{file}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
+        stored = handle.entries[name][0]
+        checked = shape is not None and not (self.quantized and stored.is_floating_point and stored.itemsize == 1)
+        if checked:  # a packed tensor's or a quantized reader's 1-byte float: freetoken.quant's to judge
+            check_dtype(file, name, stored, self.integer(ours))
         try:
             t = handle.read(name)
         except (ShardError, OSError) as e:
             raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e})") from None
+        if checked and t.is_floating_point():
+            check_values(file, name, t)
         return t if dtype is None else t.to(dtype)
 
     def raw(self, name: str) -> torch.Tensor:
@@ -161,20 +181,34 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     expert store (default: on CUDA)."""
     path = resolve_dir(model)
     family, cfg = read_config(path)
-    reader = _Reader(path, shard_map(path), family.text_prefix)
-    pin = torch.cuda.is_available() if pin is None else pin
     try:
         fmt = load_quant_format(path)
     except QuantError as e:
         raise CheckpointError(str(e)) from None
+    reader = _Reader(path, shard_map(path), family.text_prefix, _canonical(family, fmt), family.integer_tensor,
+                     quantized=fmt is not None)
+    pin = torch.cuda.is_available() if pin is None else pin
     if fmt is not None:
         check_layer_count(path, cfg, reader.where)
         return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
     check_layer_count(path, cfg, reader.where)
-    dense = {name: reader.get(name, shape, dtype) for name, shape in family.dense_tensors(cfg).items()}
+    dense = {name: reader.get(name, shape, None if family.integer_tensor(name) else dtype)
+             for name, shape in family.dense_tensors(cfg).items()}
     experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),
                       notes=_skipped(reader, family))
+
+
+_FP8_SCALE = re.compile(r"\.scale$")
+
+
+def _canonical(family: Family, fmt: QuantFormat | None) -> Callable[[str], str] | None:
+    """Stored names -> ours: the family's, and FP8 scales stored as `.scale` (DeepSeek-V4's published checkpoints)
+    read as `.weight_scale_inv`, as transformers' FP8 loader renames them."""
+    if fmt is None or fmt.kind != "fp8_block":
+        return family.canonical
+    base = family.canonical or (lambda name: name)
+    return lambda name: _FP8_SCALE.sub(".weight_scale_inv", base(name))
 
 
 def _skipped(reader: _Reader, family: Family) -> tuple[str, ...]:
@@ -184,7 +218,7 @@ def _skipped(reader: _Reader, family: Family) -> tuple[str, ...]:
         n = sum(name.startswith(prefix) for name in reader.where)
         if n:
             notes.append(f"{reader.path}: {n} tensors under {prefix!r} not loaded ({family.architectures[0]} "
-                         "served text-only)")
+                         f"{family.skip_reason})")
     return tuple(notes)
 
 
@@ -195,12 +229,12 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
     view = TensorView(reader.where, reader.raw)
     try:
         dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_KEPT_PACKED.match)
-        experts = [read_experts(view, family, cfg, layer, fmt, pin) for layer in cfg.moe_layers]
+        experts = [read_experts(view, family, cfg, layer, fmt.expert_format, pin) for layer in cfg.moe_layers]
         biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
         text = str(e)
         raise CheckpointError(text if text.startswith(str(path)) else f"{path}: {text}") from None
-    return Checkpoint(path, family, cfg, dense, experts, fmt, biases)
+    return Checkpoint(path, family, cfg, dense, experts, fmt, biases, notes=_skipped(reader, family))
 
 
 # attention projections and the LM head stay packed when quantized (GPTQ and FP8 checkpoints quantize attention, some

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from freetoken.models.config_v4 import V4Layout
 
 QK_NORMS = ("none", "head", "full")  # no q/k norm | RMSNorm per head (Qwen3) | over the whole projection (OLMoE)
 
@@ -185,6 +188,7 @@ class ModelConfig:
     norm_unit_offset: bool = False  # every RMSNorm weight is stored as w - 1 (the norm multiplies by 1 + w)
     rotary_dim: int = 0  # rope on the first rotary_dim dims of each head (0: all of head_dim)
     dsa: DSA | None = None  # sparse attention over MLA (GLM-5)
+    v4: V4Layout | None = None  # DeepSeek-V4's compressed attention, hyper-connections and hash routing
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
@@ -192,10 +196,11 @@ class ModelConfig:
             if getattr(self, name) <= 0:
                 raise CheckpointError(f"config.json: {name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise CheckpointError(f"config.json: {self.num_heads} attention heads is not a multiple of "
-                                  f"{self.num_kv_heads} key/value heads")
+            raise CheckpointError(f"config.json: num_attention_heads {self.num_heads} is not a multiple of "
+                                  f"num_key_value_heads {self.num_kv_heads}")
         if self.top_k > self.num_experts:
-            raise CheckpointError(f"config.json: top_k {self.top_k} exceeds num_experts {self.num_experts}")
+            raise CheckpointError(f"config.json: num_experts_per_tok {self.top_k} exceeds the {self.num_experts} "
+                                  "experts")
         if self.qk_norm not in QK_NORMS:
             raise CheckpointError(f"qk_norm {self.qk_norm!r} is not one of {', '.join(QK_NORMS)}")
         if not self.moe_layers:
@@ -230,7 +235,10 @@ class ModelConfig:
         return tuple(l for l in range(self.num_layers) if not self.is_linear(l))
 
     def state_bytes(self, dtype_bytes: int) -> int:
-        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32."""
+        """One sequence's linear-attention states (engine/hybrid_kv.py): conv at dtype_bytes, recurrent in fp32;
+        DeepSeek-V4's compressor window rows (engine/v4_kv.py) at dtype_bytes."""
+        if self.v4 is not None:
+            return self.v4.state_values(self.head_dim) * dtype_bytes
         if self.linear_attention is None:
             return 0
         conv, recurrent = self.linear_attention.state_values()
@@ -271,8 +279,11 @@ class ConfigReader:
         if kind is not None:
             if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise CheckpointError(f"{self.path}: field {names[0]!r} must be an integer, got {value!r}")
-            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise CheckpointError(f"{self.path}: field {names[0]!r} must be a number, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+                raise CheckpointError(f"{self.path}: field {names[0]!r} must be a finite number, got {value!r}")
+            if kind is bool and not isinstance(value, bool):
+                raise CheckpointError(f"{self.path}: field {names[0]!r} must be true or false, got {value!r}")
             value = kind(value)
         return value
 
@@ -331,7 +342,10 @@ class ConfigReader:
         """The fields every Llama-like decoder shares."""
         hidden = self.get("hidden_size", kind=int)
         heads = self.get("num_attention_heads", kind=int)
-        head_dim = self.get("head_dim", default=None)
+        head_dim = self.get("head_dim", default=None, kind=int)
+        if head_dim is None and (heads <= 0 or hidden % heads):
+            raise CheckpointError(f"{self.path}: without head_dim, hidden_size {hidden} must be a multiple of "
+                                  f"num_attention_heads {heads}")
         archs = self.raw.get("architectures") or [family]
         return dict(
             family=family,

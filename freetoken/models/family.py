@@ -46,6 +46,8 @@ class Family:
     # layer's tensors (config.linear_attention)
     text_prefix: str = ""  # multimodal checkpoints: "model." names are stored under "model.<text_prefix>"
     skip_prefixes: tuple[str, ...] = ()  # tensors of other modalities, not loaded (said at load)
+    skip_reason: str = "served text-only"  # why, in the note
+    canonical: Callable[[str], str] | None = None  # a stored tensor name -> ours, where checkpoints name it otherwise
 
     def __post_init__(self) -> None:
         if self.expert_layout not in EXPERT_LAYOUTS:
@@ -104,6 +106,10 @@ class Family:
             out[self.q_norm.format(l=l)] = (H * Dh,)
             out[self.k_norm.format(l=l)] = (Hkv * Dh,)
         return out
+
+    def integer_tensor(self, name: str) -> bool:
+        """Is a dense tensor an integer table (not weights: never cast to the compute dtype)?"""
+        return False
 
     def mlp_tensors(self, prefix: str) -> tuple[str, str, str]:
         return prefix + "gate_proj.weight", prefix + "up_proj.weight", prefix + "down_proj.weight"

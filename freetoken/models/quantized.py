@@ -61,7 +61,7 @@ def read_dense(view: TensorView, read_plain: Callable, fmt: QuantFormat, shapes:
             t = read_plain(name, shape, None)
             if t.is_floating_point() and t.element_size() == 1:  # fp8 values whose scale is not there
                 raise CheckpointError(f"tensor {name!r} is {t.dtype} but {mark or 'its scale'!r} is missing")
-            out[name] = t if dtype is None else t.to(dtype)
+            out[name] = t if dtype is None or not t.is_floating_point() else t.to(dtype)  # integer tables as stored
         else:
             alt = f" and no {mark!r} ({fmt.kind})" if mark else ""
             raise CheckpointError(f"tensor {name!r} not found{alt} in the checkpoint")
@@ -93,9 +93,10 @@ def _expect(w: PackedWeight, shape: tuple[int, int], slots: int, what: str) -> P
 
 def read_experts(view: TensorView, family: Family, cfg: ModelConfig, layer: int, fmt: QuantFormat,
                  pin: bool) -> tuple[PackedWeight, PackedWeight, PackedWeight]:
-    """(gate [E: I, D], up [E: I, D], down [E: D, I]) of one MoE layer, packed, page-locked if `pin`."""
+    """(gate [E: I, D], up [E: I, D], down [E: D, I]) of one MoE layer, packed, page-locked if `pin`. fmt: the
+    experts' format (QuantFormat.expert_format)."""
     E, I, D = cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size
-    if fmt.kind == "mxfp4":  # gpt-oss: every expert in one tensor, gate and up rows interleaved (gate = even)
+    if fmt.kind == "mxfp4" and fmt.method != "fp8":  # gpt-oss: every expert in one tensor, gate / up interleaved
         gu_name, down_name = family.fused_tensor(layer, 0), family.fused_tensor(layer, 1)
         gate_up = _expect(repack(fmt, view, gu_name), (2 * I, D), E, gu_name + fmt.name("blocks"))
         down = _expect(repack(fmt, view, down_name), (D, I), E, down_name + fmt.name("blocks"))

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from freetoken.models.config import ConfigReader, ModelConfig
+from freetoken.models.config import CheckpointError, ConfigReader, ModelConfig
 from freetoken.models.family import Family
 
 
 def moe_layers(c: ConfigReader) -> tuple[int, ...]:
     """Qwen's rule: a layer is sparse unless listed in mlp_only_layers, every decoder_sparse_step-th layer."""
     layers = c.get("num_hidden_layers", kind=int)
-    dense_only = set(c.get("mlp_only_layers", default=[]))
+    listed = c.get("mlp_only_layers", default=[])
+    if not isinstance(listed, list) or any(isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < layers
+                                           for l in listed):
+        raise CheckpointError(f"{c.path}: mlp_only_layers must list layer indices in [0, {layers}), got {listed!r}")
+    dense_only = set(listed)
     step = c.get("decoder_sparse_step", default=1, kind=int)
     return tuple(l for l in range(layers) if l not in dense_only and step > 0 and (l + 1) % step == 0)
 

@@ -37,6 +37,7 @@ class QuantFormat:
     block: tuple[int, int] | None = None
     global_scale: str | None = None
     names: tuple[tuple[str, str], ...] = ()
+    experts: QuantFormat | None = None  # the routed experts' format where it differs (DeepSeek-V4: FP4 experts)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -49,6 +50,11 @@ class QuantFormat:
 
     def name(self, role: str) -> str:
         return dict(self.names)[role]
+
+    @property
+    def expert_format(self) -> QuantFormat:
+        """The format the routed experts are stored in."""
+        return self.experts or self
 
     def check_dims(self, out_dim: int, in_dim: int, what: str = "weight") -> None:
         """Fail naming the tensor when a group/block/packing size does not divide its dims."""
@@ -109,8 +115,16 @@ def _fp8(cfg: dict[str, Any]) -> QuantFormat:
     block = _field(cfg, "weight_block_size")
     if not (isinstance(block, (list, tuple)) and len(block) == 2 and all(int(b) > 0 for b in block)):
         raise QuantError(f"quantization_config.weight_block_size = {block!r}: expected [rows, cols]")
-    return QuantFormat("fp8_block", "fp8", 8, 0, block=(int(block[0]), int(block[1])),
-                       names=(("weight", "weight"), ("scale", "weight_scale_inv")))
+    scale_fmt = cfg.get("scale_fmt") or "float"
+    if scale_fmt not in ("float", "ue8m0"):
+        raise QuantError(f"quantization_config.scale_fmt = {scale_fmt!r}: valid are 'float', 'ue8m0'")
+    expert_dtype = cfg.get("expert_dtype") or "fp8"
+    if expert_dtype not in ("fp8", "fp4"):
+        raise QuantError(f"quantization_config.expert_dtype = {expert_dtype!r}: valid are 'fp8', 'fp4'")
+    names = (("weight", "weight"), ("scale", "weight_scale_inv"))
+    # DeepSeek-V4's FP4 experts: two e2m1 values per byte ([out, in / 2] int8), one e8m0 scale per 32 inputs
+    experts = QuantFormat("mxfp4", "fp8", 4, 32, names=names) if expert_dtype == "fp4" else None
+    return QuantFormat("fp8_block", "fp8", 8, 0, block=(int(block[0]), int(block[1])), names=names, experts=experts)
 
 
 def _fbgemm_fp8(cfg: dict[str, Any]) -> QuantFormat:

@@ -142,7 +142,10 @@ def repack_fp8_channel(tensors: Tensors, prefix: str, fmt: QuantFormat) -> Packe
 
 
 def repack_mxfp4(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight:
-    """gpt-oss `{prefix}_blocks` [E, N, K/32, 16], `{prefix}_scales` [E, N, K/32] -> fp4 e8m0, S = E."""
+    """gpt-oss `{prefix}_blocks` [E, N, K/32, 16], `{prefix}_scales` [E, N, K/32] -> fp4 e8m0, S = E; DeepSeek-V4's
+    experts (method fp8): `.weight` [N, K/2] (int8, low nibble first) and its e8m0 scale [N, K/32], S = 1."""
+    if fmt.method == "fp8":
+        return _repack_fp4_rows(tensors, prefix, fmt)
     b_name, s_name = prefix + fmt.name("blocks"), prefix + fmt.name("scales")
     blocks = as_bytes(b_name, require(tensors, b_name))
     scales = as_bytes(s_name, require(tensors, s_name))
@@ -151,6 +154,19 @@ def repack_mxfp4(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeigh
     check_shape(s_name, scales, tuple(blocks.shape[:3]))
     E, N, G, _ = blocks.shape
     return PackedWeight("fp4", (N, G * fmt.group_size), blocks.reshape(E, N, -1).contiguous(), scales.contiguous(),
+                        group=fmt.group_size, scale_code="e8m0")
+
+
+def _repack_fp4_rows(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight:
+    w_name, s_name = f"{prefix}.{fmt.name('weight')}", f"{prefix}.{fmt.name('scale')}"
+    packed = as_bytes(w_name, require(tensors, w_name))
+    if packed.dim() != 2:
+        raise QuantError(f"tensor {w_name!r}: shape {tuple(packed.shape)}, expected [out, in/2]")
+    out_dim, in_dim = packed.shape[0], packed.shape[1] * 2
+    fmt.check_dims(out_dim, in_dim, w_name)
+    scale = as_bytes(s_name, require(tensors, s_name))
+    check_shape(s_name, scale, (out_dim, in_dim // fmt.group_size))
+    return PackedWeight("fp4", (out_dim, in_dim), packed[None].contiguous(), scale[None].contiguous(),
                         group=fmt.group_size, scale_code="e8m0")
 
 

@@ -7,6 +7,7 @@ KV as stored (an fp8 cache's codes with their scales) on the engine's device, co
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import torch
@@ -80,13 +81,15 @@ def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMe
 
     cfg = ckpt.config
     compute = ckpt.dense["model.embed_tokens.weight"].element_size()
-    # a projection kept packed for the host counts as the device kernels hold it: dequantized (the card's view too)
+    # an integer table at its bytes; a projection kept packed for the host counts as the device kernels hold it: dequantized (the card's view too)
     dense = sum(t.shape[0] * t.shape[1] * compute if isinstance(t, PackedWeight) else t.nbytes
                 for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
     kv_rows = len(cfg.attention_layers) * cfg.num_kv_heads
     kv_per_token = kv_bytes_per_token(kv_rows, cfg.head_dim, kv_dtype, store.dtype.itemsize)
     kv_per_token += cfg.index_key_values() * store.dtype.itemsize  # DSA's indexer keys live beside the KV
+    if cfg.v4 is not None:  # one key = value row per layer, compressed entries (engine/v4_kv.py)
+        kv_per_token = math.ceil(cfg.v4.kv_values_per_token(cfg.num_layers, cfg.head_dim) * store.dtype.itemsize)
     expert = store.expert_bytes  # packed values and scales for a quantized checkpoint
     return ModelMemory(dense, kv_per_token, expert, cfg.num_moe_layers * cfg.num_experts, cfg.num_experts,
                        max_context, cfg.state_bytes(store.dtype.itemsize))
@@ -166,12 +169,18 @@ class EngineBackend:
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if not tokens:
             self.prefix_cache = None
-        elif self.ckpt.config.linear_attention is not None:  # pieces carry recurrent state at anchors
-            from freetoken.serve.hybrid_sequence import slice_piece, snapshots
+        elif self.ckpt.config.linear_attention is not None or self.ckpt.config.v4 is not None:
+            # pieces carry the state that cannot be cut (recurrent, V4's open compressor windows) at anchors
+            from freetoken.serve import hybrid_sequence, v4_sequence
 
+            pieces = v4_sequence if self.ckpt.config.v4 is not None else hybrid_sequence
             memory = self.model_memory()
-            self.prefix_cache = PrefixCache(tokens, slice_piece,
-                                            snapshots(memory.state_bytes, memory.kv_bytes_per_token))
+            self.prefix_cache = PrefixCache(tokens, pieces.slice_piece,
+                                            pieces.snapshots(memory.state_bytes, memory.kv_bytes_per_token))
+        elif self.ckpt.config.dsa is not None:  # pieces carry the indexer keys beside the KV
+            from freetoken.serve.dsa_sequence import slice_piece
+
+            self.prefix_cache = PrefixCache(tokens, slice_piece)
         else:
             self.prefix_cache = PrefixCache(tokens, _slice_positions)
 
@@ -196,9 +205,13 @@ class EngineBackend:
 
     def generate(self, prompt: Prompt, decoder: Decoder, max_new: int,
                  stop_token_ids: set[int] | None = None) -> CachedGeneration:
+        from freetoken.serve.dsa_sequence import DSASequence
         from freetoken.serve.hybrid_sequence import HybridSequence
+        from freetoken.serve.v4_sequence import V4Sequence
 
-        kind = HybridSequence if self.ckpt.config.linear_attention is not None else EngineSequence
+        cfg = self.ckpt.config
+        kind = V4Sequence if cfg.v4 is not None else HybridSequence if cfg.linear_attention is not None \
+            else DSASequence if cfg.dsa is not None else EngineSequence
         seq = kind(self.engine, next(self._requests), len(prompt.tokens) + max_new)
         stops = self.stop_token_ids if stop_token_ids is None else stop_token_ids
         return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, stops,
@@ -207,11 +220,7 @@ class EngineBackend:
     def decode_logits(self, gens: list[CachedGeneration]) -> list[torch.Tensor]:
         """One decode step of several started sequences together: each one's logits [V] (sampling is the
         caller's, per sequence). If the step fails, every sequence's KV is cut back to where it was, so each can
-        be stepped again alone. Models whose attention the batched step does not cover (latent, sparse, linear)
-        step their sequences one after another."""
-        cfg = self.ckpt.config
-        if cfg.mla is not None or cfg.linear_attention is not None or cfg.dsa is not None:
-            return [g.seq.forward(g.generated[-1:], decode=True) for g in gens]
+        be stepped again alone (a hybrid model's recurrent states are written back only once the step succeeded)."""
         lengths = [g.seq.length for g in gens]
         try:
             return list(self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],

@@ -54,8 +54,9 @@ class HFSequence:
 
 
 def _recurrent(config) -> bool:
-    """Does the model have linear-attention (recurrent state) layers?"""
-    return "linear_attention" in (getattr(config, "layer_types", None) or [])
+    """Does the model keep state beside its KV that cannot be sliced into pieces (linear-attention layers' recurrent
+    state, DeepSeek-V4's compressors), in a cache built from its config?"""
+    return "linear_attention" in (getattr(config, "layer_types", None) or []) or config.model_type == "deepseek_v4"
 
 
 class HFBackend:

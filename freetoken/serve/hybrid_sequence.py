@@ -21,7 +21,7 @@ from freetoken.serve.prefix_cache import Snapshots
 @dataclass(frozen=True, slots=True)
 class HybridPiece:
     kv: torch.Tensor  # [attention layers, 2, T, Hkv, Dh] as stored (fp8: uint8, Dh + 4 with the scales)
-    states: tuple[dict, dict] | None  # (conv, recurrent) per DeltaNet layer after the piece's last token, if kept
+    states: dict | None  # the sequence's states after the piece's last token (StatefulKV.states_at), if kept
 
     @property
     def tokens(self) -> int:
@@ -55,7 +55,7 @@ class HybridSequence(EngineSequence):
         for i, layer in enumerate(self.layers):
             self.kv.load(layer, 0, kv[i])
         self.kv.commit(0, tokens)
-        self.kv.load_states(*pieces[-1].states)
+        self.kv.load_states(pieces[-1].states)
 
     def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
         """Prefill stops at each anchor inside the new tokens to snapshot the states there."""

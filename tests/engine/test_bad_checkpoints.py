@@ -89,7 +89,8 @@ def test_unknown_architecture(ckpt_dir):
     cfg["architectures"] = ["LlamaForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture LlamaForCausalLM; supported: "
-                                              r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Glm4MoeForCausalLM, "
+                                              r"DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, DeepseekV4ForCausalLM, "
+                                              r"Glm4MoeForCausalLM, "
                                               r"GlmMoeDsaForCausalLM, GptOssForCausalLM, MiniMaxM2ForCausalLM, "
                                               r"MixtralForCausalLM, OlmoeForCausalLM, "
                                               r"Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, Qwen3NextForCausalLM, "
@@ -107,8 +108,8 @@ def test_config_missing_a_field(ckpt_dir, field):
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("num_experts", 0, "num_experts must be positive, got 0"),
-    ("num_experts_per_tok", 100, "top_k 100 exceeds num_experts 8"),
+    ("num_experts", 0, "field 'num_experts' must be a positive integer, got 0"),
+    ("num_experts_per_tok", 100, "num_experts_per_tok 100 exceeds the 8 experts"),
 ])
 def test_config_value_out_of_range_names_the_checkpoints_file(ckpt_dir, field, value, message):
     """Was a bare "config.json: ...": which checkpoint's (a server or a sweep loads several) went unsaid."""

@@ -254,14 +254,14 @@ def test_dsa_picks_are_hf_indexer_picks(models, monkeypatch):
             lambda mod, args, out, l=l: hf_picks.__setitem__(l, out[0]))
     with torch.no_grad():
         hf(torch.tensor([tokens]))
-    ours, real = [], mla.index_picks
+    ours, real = [], mla.pick
 
-    def spy(ks, cfg, w, layer, h, q_resid, kv, start_pos, *rest):
-        picks = real(ks, cfg, w, layer, h, q_resid, kv, start_pos, *rest)
+    def spy(cfg, rows, layer, kv, start_pos, positions):
+        picks = real(cfg, rows, layer, kv, start_pos, positions)
         ours.append((layer, start_pos, picks))
         return picks
 
-    monkeypatch.setattr(mla, "index_picks", spy)
+    monkeypatch.setattr(mla, "pick", spy)
     run_steps(make_engine(model, 0, "offload"), tokens)
     checked = 0
     for layer, start, picks in ours:

@@ -58,7 +58,8 @@ def test_packed_experts_equal_torch_on_the_dequantized_weights(fmt, dtype, gener
     _check(moe(m, x, ids, w, take, generic=generic), ref, dtype)
 
 
-def test_biases_and_the_clamped_activation():
+@pytest.mark.parametrize("glu", ["clamped", "silu_limit"])
+def test_biases_and_the_clamped_activation(glu):
     native_or_skip()
     gen = torch.Generator().manual_seed(2)
     gu, dn = torch.randn(E, 2 * I, D, generator=gen) / 4, torch.randn(E, D, I, generator=gen) / 4
@@ -66,7 +67,7 @@ def test_biases_and_the_clamped_activation():
     x = torch.randn(T, D, generator=gen)
     ids, w = _routing(gen)
     take = torch.ones(E, dtype=torch.uint8)
-    opts = dict(glu="clamped", alpha=1.702, limit=7.0)
+    opts = dict(glu=glu, alpha=1.702, limit=1.5 if glu == "silu_limit" else 7.0)
     ref = moe_ref(x, ids, w, take, gu[:, :I], gu[:, I:], dn, bgu, bd, **opts)
     for generic in (False, True):
         m = MoEMatrices.dense(gu, dn, b_gate_up=bgu, b_down=bd, **opts)

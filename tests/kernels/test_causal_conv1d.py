@@ -73,3 +73,23 @@ def test_channels_over_several_blocks():
     assert_close(causal_conv1d(x[:19], w, ours), causal_conv1d_ref(x[:19], w, ref))
     assert_close(causal_conv1d_update(x[19:].contiguous(), w, ours), causal_conv1d_update_ref(x[19:], w, ref))
     torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+
+
+def test_a_decode_batch_shifts_each_sequence_state():
+    """x [B, C] against state [B, C, K - 1]: each row = that sequence's own one-token update (HF's), each state
+    shifted alone; x may be a column slice of a wider projection (row stride > C)."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_update as hf_update
+
+    B = 3
+    wide, w = _inputs(B, 21)
+    wide = torch.cat([wide, torch.randn(B, 5)], dim=1)  # the conv channels are the first C columns
+    x = wide[:, :C]
+    starts = torch.randn(B, C, KW - 1, generator=torch.Generator().manual_seed(3))
+    for fn in (causal_conv1d_update, causal_conv1d_update_ref):
+        states = starts.clone()
+        out = fn(x, w, states)
+        for b in range(B):
+            hf_state = torch.cat([torch.zeros(C, 1), starts[b]], dim=1)[None].contiguous()  # [1, C, K]
+            want = hf_update(x[b:b + 1].t()[None].contiguous(), hf_state, w, None, "silu")[0].t()
+            assert_close(out[b:b + 1], want)
+            torch.testing.assert_close(states[b], hf_state[0, :, 1:], rtol=0, atol=0)

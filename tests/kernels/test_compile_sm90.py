@@ -39,12 +39,16 @@ def _variants():
         ("rope partial", _rope_kernel, dict(x_ptr=P, pos_ptr="*i64", inv_freq_ptr=F, out_ptr=P, cs_scale="fp32"),
          dict(BLOCK_H=32, BLOCK_HALF=32, BLOCK_PASS=64), 4, 1),
         ("router_topk", _router_topk_kernel, dict(logits_ptr=P, bias_ptr=P, weights_ptr=F, ids_ptr="*i32", scale="fp32"),
-         dict(RENORMALIZE=True, SIGMOID=False, HAS_BIAS=False, GROUPED=False, GROUP_TOP2=False, BLOCK_E=128,
+         dict(RENORMALIZE=True, SCORE="softmax", HAS_BIAS=False, GROUPED=False, GROUP_TOP2=False, BLOCK_E=128,
               BLOCK_K=8, BLOCK_G=1), 1, 1),
         ("router_topk deepseek-v3", _router_topk_kernel,
          dict(logits_ptr=P, bias_ptr=F, weights_ptr=F, ids_ptr="*i32", scale="fp32"),
-         dict(RENORMALIZE=True, SIGMOID=True, HAS_BIAS=True, GROUPED=True, GROUP_TOP2=True, BLOCK_E=256, BLOCK_K=8,
+         dict(RENORMALIZE=True, SCORE="sigmoid", HAS_BIAS=True, GROUPED=True, GROUP_TOP2=True, BLOCK_E=256, BLOCK_K=8,
               BLOCK_G=8), 1, 1),
+        ("router_topk deepseek-v4", _router_topk_kernel,
+         dict(logits_ptr=P, bias_ptr=F, weights_ptr=F, ids_ptr="*i32", scale="fp32"),
+         dict(RENORMALIZE=True, SCORE="sqrtsoftplus", HAS_BIAS=True, GROUPED=False, GROUP_TOP2=False, BLOCK_E=256,
+              BLOCK_K=8, BLOCK_G=1), 1, 1),
         ("linear fp32 decode", _linear_kernel, dict(x_ptr=F, w_ptr=F, bias_ptr=F, out_ptr=F),
          dict(HAS_BIAS=True, DOT_FP32=True, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=8), 4, 4),
     ]
@@ -83,9 +87,9 @@ def _variants():
         ("expert sum", _sum_pairs_kernel, dict(y_ptr=F, slot_ptr="*i32", out_ptr=P), dict(BLOCK_D=1024), 4, 1),
     ]
     for one_pair, bm in ((True, 16), (False, 64)):
-        for bias, glu in ((False, "silu"), (True, "clamped")):  # plain; gpt-oss (biases, clamped activation)
+        for bias, glu in ((False, "silu"), (True, "clamped"), (False, "silu_limit")):  # plain; gpt-oss; DeepSeek-V4
             meta = dict(ONE_PAIR=one_pair, DOT_FP32=False, HAS_BIAS=bias, BLOCK_M=bm, BLOCK_N=64, BLOCK_K=64)
-            tag = f"one_pair={one_pair}" + (" bias clamped" if bias else "")
+            tag = f"one_pair={one_pair}" + (" bias" if bias else "") + f" {glu}"
             out.append((f"expert gate_up {tag}", _gate_up_kernel,
                         dict(x_ptr=P, w_ptr=P, h_ptr=P, b_ptr=P, alpha="fp32", limit="fp32", **slots),
                         dict(meta, GLU=glu, BLOCK_N=32 if one_pair else 64), 4, 3))
@@ -104,7 +108,43 @@ def _variants():
         out.append((f"expert gather {raw}", _gather_kernel,
                     dict(src_ptr=raw, dst_ptr=raw, copy_expert_ptr="*i32", copy_slot_ptr="*i32", counts_ptr="*i64"),
                     dict(BLOCK=4096), 4, 1))
-    return out
+    return out + _newer_variants()
+
+
+def _newer_variants():
+    """The hybrid decode batch's kernels and DeepSeek-V4's."""
+    from freetoken.kernels.attention_compressed import _attention_compressed_kernel
+    from freetoken.kernels.causal_conv1d_update import _conv1d_update_kernel
+    from freetoken.kernels.compress_pool import _compress_pool_kernel
+    from freetoken.kernels.gated_delta_step import _gated_delta_step_kernel
+    from freetoken.kernels.hyper_connection import _hc_post_kernel, _hc_pre_kernel
+    from freetoken.kernels.router import _router_weights_kernel
+
+    P, F = "*bf16", "*fp32"
+    hc = dict(x_ptr=P, fn_ptr=F, base_ptr=F, scale_ptr=F, post_ptr=F, comb_ptr=F, out_ptr=P, eps="fp32",
+              hc_eps="fp32")
+    return [
+        ("conv1d update (a decode batch)", _conv1d_update_kernel, dict(x_ptr=P, w_ptr=P, state_ptr=P, out_ptr=P),
+         dict(KW=4, SILU=True, BLOCK_C=256), 4, 1),
+        ("gated delta step (a decode batch)", _gated_delta_step_kernel,
+         dict(q_ptr=P, k_ptr=P, v_ptr=P, g_ptr=F, beta_ptr=P, state_ptr=F, out_ptr=P, scale="fp32"),
+         dict(BK=128, BV=64), 4, 1),
+        ("router weights (hash)", _router_weights_kernel, dict(logits_ptr=P, ids_ptr="*i32", weights_ptr=F,
+                                                               scale="fp32"),
+         dict(RENORMALIZE=True, SCORE="sqrtsoftplus", BLOCK_E=256, BLOCK_K=8), 1, 1),
+        ("hyper-connection pre", _hc_pre_kernel, hc, dict(N=4, NP=4, MP=32, HEAD=False, BLOCK=1024, BLOCK_D=256),
+         4, 1),
+        ("hyper-connection head", _hc_pre_kernel, hc, dict(N=4, NP=4, MP=4, HEAD=True, BLOCK=1024, BLOCK_D=256), 4, 1),
+        ("hyper-connection post", _hc_post_kernel, dict(x_ptr=P, y_ptr=P, post_ptr=F, comb_ptr=F, out_ptr=P),
+         dict(N=4, NP=4, BLOCK_D=128), 4, 1),
+        ("compress pool csa", _compress_pool_kernel, dict(kv_ptr=P, score_ptr=F, out_ptr=P),
+         dict(BLOCK_S=8, BLOCK_C=512), 4, 1),
+        ("compress pool hca", _compress_pool_kernel, dict(kv_ptr=P, score_ptr=F, out_ptr=P),
+         dict(BLOCK_S=128, BLOCK_C=32), 4, 1),
+        ("attention compressed", _attention_compressed_kernel,
+         dict(q_ptr=P, k_ptr=P, e_ptr=P, picks_ptr="*i32", sinks_ptr=F, out_ptr=P, qk_scale="fp32"),
+         dict(DOT_FP32=False, BLOCK_H=16, BLOCK_N=16, BLOCK_D=512), 4, 1),
+    ]
 
 
 def compile_all() -> int:

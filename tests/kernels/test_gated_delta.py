@@ -110,3 +110,23 @@ def test_value_columns_over_several_blocks_and_odd_key_dim():
         args = (q[sl], k[sl], v[sl], gate[sl], beta[sl])
         _close(kernel(*args, ours), ref(*args, theirs))
         _close(ours, theirs)
+
+
+def test_a_decode_batch_steps_each_sequence_against_its_own_state():
+    """state [B, Hv, Dk, Dv] and one token per sequence: kernel and reference each equal HF's recurrent rule run on
+    that sequence alone, from its own state."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
+
+    B = 3
+    q, k, v, gate, beta = _inputs(B, 12)
+    starts = torch.randn(B, HV, DK, DV, generator=torch.Generator().manual_seed(2)) * 0.3
+    want = [_hf(torch_recurrent_gated_delta_rule, q[b:b + 1], k[b:b + 1], v[b:b + 1], gate[b:b + 1],
+                beta[b:b + 1], starts[b].clone()) for b in range(B)]
+    for fn in (gated_delta_step, gated_delta_step_ref):
+        states = starts.clone()
+        out = fn(q, k, v, gate, beta, states)
+        for b in range(B):
+            _close(out[b:b + 1], want[b][0])
+            _close(states[b], want[b][1])
+    with pytest.raises(ValueError, match="one token each"):
+        gated_delta_step(q[:2], k[:2], v[:2], gate[:2], beta[:2], starts.clone())

@@ -174,3 +174,30 @@ CONFIGS = {
     "nvfp4_ct": lambda: NVFP4_CT,
     "nvfp4_modelopt": lambda: NVFP4_MODELOPT,
 }
+
+
+def fp8_block_deepseek_v4(prefix: str, w: torch.Tensor, block: tuple[int, int]) -> Packed:
+    """transformers' Fp8Quantize with ue8m0 scales, stored as DeepSeek-V4's published checkpoints store them: the
+    e8m0 scale under `.scale`."""
+    packed, ref = fp8_block_transformers(prefix, w, block, "ue8m0")
+    scale = packed[f"{prefix}.weight_scale_inv"]
+    return {f"{prefix}.weight": packed[f"{prefix}.weight"], f"{prefix}.scale": scale}, ref
+
+
+def fp4_deepseek_v4(prefix: str, w: torch.Tensor) -> Packed:
+    """DeepSeek-V4's FP4 experts: compressed-tensors' MXFP4 codes (e2m1, low nibble first, an e8m0 scale per 32
+    inputs) as `.weight` [out, in / 2] int8 and `.scale` [out, in / 32] e8m0; the reference is transformers' own
+    Fp8Dequantize of those two tensors (its FP4 path), as its loader dequantizes them."""
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    packed, _ = _ct_fp4("MXFP4", MXFP4PackedCompressor, w, 32, with_global=False)
+    weight = packed["weight_packed"].view(torch.int8)
+    scale = packed["weight_scale"].view(torch.uint8).view(torch.float8_e8m0fnu)
+    ref = Fp8Dequantize(None)._dequantize_one(weight, scale, output_dtype=torch.float32)
+    return {f"{prefix}.weight": weight, f"{prefix}.scale": scale}, ref
+
+
+CONFIGS["fp8_deepseek_v4"] = lambda block: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                            "weight_block_size": list(block), "scale_fmt": "ue8m0",
+                                            "expert_dtype": "fp4"}

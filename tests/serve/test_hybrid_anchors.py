@@ -1,7 +1,8 @@
-"""Cache anchors for a hybrid model through the server: a tiny character-level Qwen3.5-MoE (a Gated DeltaNet layer
-and a gated-attention layer). Its recurrent state cannot be cut back, so the prefix cache keeps state snapshots at
-message boundaries and at each sequence's end; the next turn resumes from the deepest one its prompt shares.
-Reference: the engine alone on the whole prompt with an empty cache (cold)."""
+"""Cache anchors through the server for the models whose state cannot be cut back: a tiny character-level
+Qwen3.5-MoE (a Gated DeltaNet layer and a gated-attention layer: recurrent state) and DeepSeek-V4 (a compressed sparse
+and a heavily compressed layer: the compressors' open windows; its pieces carry the compressed entries closing inside
+them). The prefix cache keeps state snapshots at message boundaries and at each sequence's end; the next turn resumes
+from the deepest one its prompt shares. Reference: the engine alone on the whole prompt with an empty cache (cold)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from test_prefix_reuse import CONVO, EDITED, ask, cold, naive_lcp, prefix_stats,
 from tinymodel import write_tiny_model
 
 
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("hybrid") / "tiny-hybrid", hybrid=True)
+@pytest.fixture(scope="module", params=["qwen3_5_moe", "deepseek_v4"])
+def hybrid_dir(request, tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp(request.param) / f"tiny-{request.param}", kind=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,12 @@ def client(hybrid_served):
     return openai_client(hybrid_served.url)
 
 
-def test_the_model_is_hybrid(hybrid_served):
+def test_the_model_is_what_it_claims(hybrid_served):
     cfg = hybrid_served[1].backend.engine.config
-    assert cfg.linear_attention.layers == (0,) and cfg.attention_layers == (1,)
+    if cfg.v4 is not None:
+        assert cfg.v4.kinds == ("csa", "hca")
+    else:
+        assert cfg.linear_attention.layers == (0,) and cfg.attention_layers == (1,)
 
 
 def test_second_turn_prefills_only_the_new_tokens(client, hybrid_served, hybrid_engine):
@@ -61,7 +65,8 @@ def test_an_edit_resumes_from_the_anchor_before_it(client, hybrid_served, hybrid
     assert r.choices[0].message.content == text
 
 
-def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hybrid_engine):
+@pytest.mark.parametrize("kind", ["qwen3_5_moe", "deepseek_v4"])
+def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(tmp_path, kind):
     """transformers' cache of a hybrid model cannot be cut into KV pieces: the HF backend runs it uncached, and its
     greedy answer is the engine's."""
     from freetoken.engine import SamplingParams
@@ -70,6 +75,8 @@ def test_hf_backend_serves_a_hybrid_model_without_a_prefix_cache(hybrid_dir, hyb
     from freetoken.serve.hf_backend import HFBackend
     from freetoken.placement.memory import ModelMemory, plan_memory
 
+    hybrid_dir = write_tiny_model(tmp_path / "tiny-hybrid", kind=kind)
+    hybrid_engine = reference_engine(hybrid_dir)
     backend = HFBackend(hybrid_dir, "tiny-hybrid")
     backend.use_plan(plan_memory(ModelMemory(0, 1, 1, 1, 0, 64), 10**6, kv_floor=64))
     assert backend.prefix_cache is None

@@ -16,8 +16,9 @@ MAX_NEW = [6, 3, 8, 5]
 CHUNK = 3
 
 
-def live_batched(model_dir, policy: str, capacity: int):
-    """4 requests through the production scheduler over an engine that records routing and keeps its Plans."""
+def live_batched(model_dir, policy: str, capacity: int, outputs: bool = False):
+    """4 requests through the production scheduler over an engine that records routing and keeps its Plans ->
+    (engine, decode batch sizes) and, with outputs, each request's generated ids."""
     from freetoken.engine import CacheConfig, Engine, SamplingParams
     from freetoken.serve.chat import Params, Prompt
     from freetoken.serve.decoding import Decoder
@@ -40,7 +41,14 @@ def live_batched(model_dir, policy: str, capacity: int):
         assert done.acquire(timeout=60)
     scheduler.shutdown()
     assert all(o[-1] is END and len(o) == n + 1 for o, n in zip(out, MAX_NEW))
+    if outputs:
+        return backend.engine, batch_sizes, [_ids(o[:-1]) for o in out]
     return backend.engine, batch_sizes
+
+
+def _ids(items: list) -> list[int]:
+    """The token ids of a job's emitted (token, logprob) items."""
+    return [token for token, _ in items]
 
 
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "static_layers"])

@@ -8,7 +8,7 @@
 enum { FT_F32 = 0, FT_BF16 = 1, FT_F16 = 2, FT_INT4 = 3, FT_FP4 = 4, FT_FP8 = 5 };
 /* scale encodings */
 enum { FT_SC_NONE = 0, FT_SC_F32 = 1, FT_SC_BF16 = 2, FT_SC_F16 = 3, FT_SC_E8M0 = 4, FT_SC_E4M3 = 5 };
-enum { FT_GLU_SILU = 0, FT_GLU_CLAMPED = 1 };
+enum { FT_GLU_SILU = 0, FT_GLU_CLAMPED = 1, FT_GLU_SILU_LIMIT = 2 };
 enum { FT_GLOBAL_NONE = 0, FT_GLOBAL_DIVIDE = 1, FT_GLOBAL_MULTIPLY = 2 };
 /* errors */
 enum { FT_OK = 0, FT_EFORMAT = -1, FT_ESHAPE = -2, FT_ENOMEM = -3 };

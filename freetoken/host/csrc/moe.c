@@ -21,6 +21,10 @@ static inline float glu(float g, float u, int kind, float alpha, float limit) {
         u = fminf(fmaxf(u, -limit), limit);
         return g / (1.0f + ft_expf(-g * alpha)) * (u + 1.0f);
     }
+    if (kind == FT_GLU_SILU_LIMIT) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+    }
     return g / (1.0f + ft_expf(-g)) * u;
 }
 
