@@ -81,7 +81,8 @@ def checkpoint_memory(ckpt, max_context: int, kv_dtype: str = "auto") -> ModelMe
 
     cfg = ckpt.config
     compute = ckpt.dense["model.embed_tokens.weight"].element_size()
-    # an integer table at its bytes; a projection kept packed for the host counts as the device kernels hold it: dequantized (the card's view too)
+    # an integer table at its bytes; a projection kept packed for the host counts as the device kernels hold it:
+    # dequantized (the card's view too)
     dense = sum(t.shape[0] * t.shape[1] * compute if isinstance(t, PackedWeight) else t.nbytes
                 for t in ckpt.dense.values())
     store = ExpertStore.from_checkpoint(ckpt)
