@@ -125,7 +125,7 @@ class DeviceMoE:
             ex._wait([fetched])
             y = run(slots)
         if cpu_part is not None:
-            y = y + cpu_part.result().to(self.device, y.dtype)
+            y = y + ex._cpu_lane_result(cpu_part, y.dtype)
             host.syncs += 1  # the activations reach the host
             host.copies += 2  # ... and the lane's result goes back
         row = torch.stack([torch.ones_like(counts[0]), (kind == 0).sum(), counts[0], (kind == 2).sum(), counts[1],
