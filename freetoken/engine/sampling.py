@@ -121,10 +121,9 @@ def _radix_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         mass = torch.zeros(buckets + 1, dtype=torch.float32, device=probs.device).scatter_add_(0, key.long(), probs)
         mass = mass[:buckets]  # [B]
         from_top = torch.flip(torch.cumsum(torch.flip(mass, (0,)), 0), (0,))  # [B] mass of buckets >= j
-        j = ((above + from_top) >= top_p).sum().to(torch.int32) - 1  # the bucket holding t
-        j = j.clamp_min(0)
-        above = above + from_top[j] - mass[j]
-        prefix = prefix * (1 << (shift_prev - shift)) + j
+        j = (((above + from_top) >= top_p).sum() - 1).clamp_min(0).view(1)  # [1] the bucket holding t
+        above = above + (from_top.gather(0, j) - mass.gather(0, j))[0]  # gather: no host read of j
+        prefix = prefix * (1 << (shift_prev - shift)) + j[0].to(torch.int32)
         shift_prev = shift
     return prefix.view(1).view(torch.float32)[0]
 

@@ -81,3 +81,10 @@ def test_seeded_sampling_repeats_and_greedy_is_argmax():
 def test_pick_stays_on_the_logits_device():
     token = Sampler(SamplingParams(top_p=0.8, seed=0)).pick(torch.randn(64))
     assert token.shape == () and token.dtype == torch.int64 and token.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("case", [dict(top_p=0.9), dict(top_k=20, top_p=0.9), dict(temperature=0.5, top_k=3)],
+                         ids=str)
+def test_the_distribution_is_built_without_a_host_read(case):
+    """The meta device holds no data: any read back (.item(), a data-dependent shape) would raise."""
+    assert allowed_probs(torch.empty(1000, device="meta"), SamplingParams(**case)).shape == (1000,)

@@ -10,7 +10,7 @@ import torch
 
 from freetoken.engine.sampling import SamplingParams
 from freetoken.serve.chat import Params
-from freetoken.serve.decoding import Decoder
+from freetoken.serve.decoding import Decoder, Tables
 from freetoken.serve.grammar import unpack_bitmask
 
 
@@ -59,6 +59,18 @@ def test_shaping_equals_the_host_reference_step_by_step():
         token = decoder(logits)
         assert token % 2 == 0 or token == 17
         assert step >= 3 or token not in stops
+
+
+def test_shaping_reads_nothing_back():
+    """On the meta device (no data: any read back would raise): tables, shaping, accepting a token."""
+    params = Params(presence_penalty=0.7, frequency_penalty=0.3, logit_bias={5: 4.0}, repetition_penalty=1.3,
+                    min_p=0.02, min_tokens=3, allowed_token_ids=[1, 2, 3])
+    decoder = Decoder(params, SamplingParams(temperature=0.9, seed=1), stop_ids=frozenset([0]), prompt=[3, 8],
+                      bad_words=[[12]])
+    logits = torch.empty(200, device="meta")
+    decoder.tables = Tables.make(params, decoder.stop_ids, decoder.prompt_ids, 200, logits.device)
+    assert decoder.shape(logits).shape == (200,)
+    decoder.tables.accept(5)
 
 
 def test_torch_bitmask_unpacking_equals_xgrammar():
