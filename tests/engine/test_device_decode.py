@@ -133,6 +133,9 @@ def test_call_union_equals_the_match_matrix_reference():
         got, want = call_union(ids, E), _call_union_ref(ids, E)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (T, K, E)
         assert got[0].dtype == got[1].dtype == torch.int32
+    # fixed shapes and no host read: it runs on the meta device (no data), at a 2048-token prefill chunk's M
+    experts, tokens = call_union(torch.empty(2048, 8, dtype=torch.int32, device="meta"), 128)
+    assert experts.shape == tokens.shape == (128,)
 
 
 def test_call_union_is_make_calls_call():
