@@ -92,7 +92,7 @@ class Decoder:
         shaped = self.shape(logits)
         flags = [torch.isnan(logits).any(), ~torch.isfinite(shaped).any()]
         if self.forced:
-            token, (nan, dead) = self.forced.pop(0), torch.stack(flags).tolist()
+            token, (nan, dead) = self.forced[0], torch.stack(flags).tolist()
         else:
             token, nan, dead = torch.stack([self.sample.pick(shaped)] + [f.long() for f in flags]).tolist()
         if nan:
@@ -100,6 +100,8 @@ class Decoder:
                            "model_error")
         if dead:
             raise APIError(400, self._dead_end(), None, "no_token_allowed")
+        if self.forced:
+            self.forced.pop(0)
         if self.params.logprobs is not None or self.params.track_logprob:
             record = top_logprobs(logits, token, self.params.logprobs or 0)
             self.cumulative += record.logprob
