@@ -4,6 +4,7 @@ the expert cache at 37% of all experts, for lru+offload, lru+hybrid, static_laye
     python benchmarks/gpu_check.py             # one CUDA GPU, < 8 minutes on an H200
     python benchmarks/gpu_check.py --dry-run   # anywhere: the same code on a tiny shape on CPU
 
+First the fully resident baseline's decode tok/s (every expert in a slot: the ceiling the configurations approach).
 Per configuration: decode tok/s, hit rate, and the achieved fraction of the roofline: measured per-token time vs
 fetched bytes / PCIe BW + bytes the GPU reads (resident and fetched experts, dense weights) / HBM BW
 (+ CPU-lane expert bytes / host BW, shown apart), each bandwidth measured in this run.
@@ -14,7 +15,8 @@ kernel failure or a configuration outside them exits 1, and the summary goes to 
 Paths: every configuration decides on the device (`placement="device"`: one Triton program per MoE call, experts
 gathered from pinned host memory, the MoE blocks replayed as CUDA graphs where the split has no CPU lane); lru+offload
 runs once more on the host path, eager, and its logits must match the device path's (PATH_TOLERANCE), its syncs per
-decode step are reported beside the device path's; a graph-capable configuration whose graphs never replayed fails.
+decode step are reported beside the device path's, and once more on the device path eagerly (--eager): tok/s with and
+without the CUDA graphs, same placement, same logits; a graph-capable configuration whose graphs never replayed fails.
 Weights are built directly in memory (no HF, no disk); by default every MoE layer shares one random host expert
 tensor (so the host needs one layer's experts, not 48): copies and CPU-lane reads still move real bytes.
 """
@@ -210,11 +212,12 @@ def quant_memory_check(device: str, dry_run: bool) -> list:
 
 def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
               check_kernel_suite: bool = True, distinct_layers: bool = False, failures: list | None = None,
-              paths: dict | None = None) -> list[dict]:
+              paths: dict | None = None, report: dict | None = None) -> list[dict]:
     """Rows per configuration; what failed is appended to `failures` (one line each); `paths` gets the host-path
-    run beside its device-path twin."""
+    run beside its device-path twin; `report` the resident baseline's figures and graphs vs eager."""
     failures = [] if failures is None else failures
     paths = {} if paths is None else paths
+    report = {} if report is None else report
     from freetoken.trace.stats import expert_counts
 
     device = "cpu" if dry_run else "cuda"
@@ -238,6 +241,9 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
     print(f"model built in {time.perf_counter() - t0:.1f} s; bandwidths GB/s: "
           + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
     base = decode_run(ckpt, "lru", "offload", bw, {}, args, device, fraction=1.0)  # every expert resident
+    report["baseline"] = {k: base[k] for k in ("tok_s", "capacity", "syncs_per_step", "graph_replays", "decode_mode")}
+    print(f"resident baseline (every expert in a slot): {base['tok_s']:.2f} tok/s, {base['syncs_per_step']:.1f} "
+          f"syncs/step ({base['decode_mode']})", flush=True)
     prompt_ids = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(2))
     forced = (prompt_ids.tolist(), base["continuation"])
     base_logits = teacher_forced_logits_of(ckpt, bw, args, device, forced)
@@ -256,6 +262,7 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
             failures.append(f"{policy}+{split}: CUDA graphs captured but never replayed")
         if (policy, split) == HOST_PATH:
             paths.update(host_path_check(ckpt, bw, args, device, forced, logits, row, failures))
+            report["graph_vs_eager"] = graph_eager_check(ckpt, bw, args, device, forced, logits, row, failures)
         if row["max_abs_delta"] > rel_tol * row["scale"] or row["argmax_agreement"] < min_agree:
             failures.append(f"{policy}+{split}: logits vs resident max |delta| {row['max_abs_delta']:.3g} "
                             f"(limit {rel_tol * row['scale']:.3g}), argmax agreement {row['argmax_agreement']:.3f} "
@@ -282,6 +289,26 @@ def host_path_check(ckpt, bw: dict, args, device: str, forced, device_logits: to
     print(f"host path {'+'.join(HOST_PATH)}: {row['tok_s']:.2f} tok/s, {row['syncs_per_step']:.1f} syncs/step vs "
           f"device {device_row['tok_s']:.2f} tok/s, {device_row['syncs_per_step']:.1f} syncs/step "
           f"({device_row['decode_mode']}); logits |d| {cmp['max_abs_delta']:.2g}", flush=True)
+    return out
+
+
+def graph_eager_check(ckpt, bw: dict, args, device: str, forced, graph_logits: torch.Tensor, graph_row: dict,
+                      failures: list) -> dict:
+    """The same configuration on the same (device) placement, eager: what the CUDA graphs alone change in tok/s,
+    and that they change no logit beyond summation order (PATH_TOLERANCE)."""
+    row = decode_run(ckpt, *HOST_PATH, bw, {}, args, device, forced, eager=True)
+    cmp = compare_logits(row.pop("logits"), graph_logits)
+    rel_tol, min_agree = PATH_TOLERANCE["float32" if device == "cpu" else "bfloat16"]  # run_check's dtypes
+    if cmp["max_abs_delta"] > rel_tol * cmp["scale"] or cmp["argmax_agreement"] < min_agree:
+        failures.append(f"{'+'.join(HOST_PATH)}: graphs vs eager max |delta| {cmp['max_abs_delta']:.3g}, "
+                        f"argmax agreement {cmp['argmax_agreement']:.3f}")
+    speedup = graph_row["tok_s"] / row["tok_s"] if row["tok_s"] else 0.0
+    out = {"config": list(HOST_PATH), **cmp, "graph_tok_s": graph_row["tok_s"], "eager_tok_s": row["tok_s"],
+           "speedup": speedup, "graph_replays": graph_row["graph_replays"], "eager_replays": row["graph_replays"],
+           "graph_decode_mode": graph_row["decode_mode"], "eager_decode_mode": row["decode_mode"]}
+    print(f"graphs vs eager {'+'.join(HOST_PATH)}, device placement: {graph_row['tok_s']:.2f} vs {row['tok_s']:.2f} "
+          f"tok/s (x{speedup:.2f}; {graph_row['graph_replays']} replays; {graph_row['decode_mode']}); "
+          f"logits |d| {cmp['max_abs_delta']:.2g}", flush=True)
     return out
 
 
@@ -322,9 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     failures: list[str] = []
     paths: dict = {}
+    report: dict = {}
     try:
         rows = run_check(a.dry_run, a.kernels, a.tokens, a.prompt, not a.skip_kernel_check, a.distinct_layers,
-                         failures, paths)
+                         failures, paths, report)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -335,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         from freetoken.io import write_atomic
 
         write_atomic(path, json.dumps({"verdict": "FAIL" if failures else "PASS", "failures": failures,
-                                       "configs": rows, "host_path": paths, "versions": versions(),
+                                       "configs": rows, "host_path": paths, **report, "versions": versions(),
                                        "dry_run": a.dry_run}, indent=1))
     print(("FAIL:\n  " + "\n  ".join(failures)) if failures else "PASS", flush=True)
     return 1 if failures else 0

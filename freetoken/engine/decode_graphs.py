@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from freetoken.engine.graph_capture import capture
 from freetoken.engine.host_counters import HostCounters
 
 BATCH_SIZES = (1, 2, 4, 8)
@@ -30,6 +31,7 @@ class MoEGraphs:
             raise ValueError("CUDA graphs need a CUDA device; run eager")
         self.entries: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, torch.Tensor, torch.Tensor]] = {}
         self.replays = 0
+        self.stream: torch.cuda.Stream | None = None  # the capture stream, made at the first capture
         self.blocker: str | None = None  # why the model's blocks cannot be captured at all
 
     def reason(self, cache) -> str | None:
@@ -75,9 +77,10 @@ class MoEGraphs:
     def _capture(self, layer: int, h_in: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """Record the block (nothing runs); the host counters it touched while recording are put back."""
         saved = self.host.to_dict()
-        torch.cuda.current_stream(self.device).synchronize()
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)  # one capture stream: one set of reserved buffers
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with capture(graph, self.stream):  # no per-capture sync / empty_cache / gc (graph_capture.py)
             out = self.block(layer, h_in)
         for name, value in saved.items():
             setattr(self.host, name, value)

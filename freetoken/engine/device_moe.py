@@ -35,18 +35,19 @@ def device_reason(policy: PlacementPolicy, staging: int, num_experts: int) -> st
 
 def call_union(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ids [T, K] int -> (experts [n] int32, tokens [n] int32): the distinct experts in first-use order (as
-    placement.callstream.fill_call) with their token counts, -1 / 0 after the last; n = min(T K, E). No sync."""
-    flat = ids.reshape(-1).to(torch.int32)  # [M]
-    M = flat.numel()
-    n = min(M, num_experts)
-    same = flat[:, None] == flat[None, :]  # [M, M]
-    first = ~torch.tril(same, -1).any(1)  # [M] first use of its expert
-    where = torch.where(first, torch.cumsum(first.to(torch.int64), 0) - 1, n)  # [M] position, n = dropped
-    experts = torch.full((n + 1,), -1, dtype=torch.int32, device=ids.device)
-    tokens = torch.zeros(n + 1, dtype=torch.int32, device=ids.device)
-    experts.scatter_(0, where, flat)
-    tokens.scatter_(0, where, same.sum(1, dtype=torch.int32))  # a token routes to an expert once
-    return experts[:n], tokens[:n]
+    placement.callstream.fill_call) with their token counts, -1 / 0 after the last; n = min(T K, E). Per-expert
+    tables (first use by a scatter-min, counts by a scatter-add) and an argsort over E: O(M + E) memory, fixed
+    shapes, no sync (a capturable prefill chunk of M = 16384 pairs no longer builds two M x M matrices)."""
+    flat = ids.reshape(-1).long()  # [M]
+    M, E, dev = flat.numel(), num_experts, ids.device
+    n = min(M, E)
+    first = torch.full((E,), M, dtype=torch.long, device=dev)  # [E] first position, M: unused
+    first.scatter_reduce_(0, flat, torch.arange(M, device=dev), "amin")
+    count = torch.zeros(E, dtype=torch.int32, device=dev)  # [E] a token routes to an expert once
+    count.scatter_add_(0, flat, torch.ones(M, dtype=torch.int32, device=dev))
+    order = torch.argsort(first, stable=True)[:n]  # [n] experts by first use, the unused last
+    used = first[order] < M  # [n]
+    return torch.where(used, order, -1).to(torch.int32), torch.where(used, count[order], 0).to(torch.int32)
 
 
 class DeviceMoE:
@@ -124,7 +125,7 @@ class DeviceMoE:
             ex._wait([fetched])
             y = run(slots)
         if cpu_part is not None:
-            y = y + cpu_part.result().to(self.device, y.dtype)
+            y = y + ex._cpu_lane_result(cpu_part, y.dtype)
             host.syncs += 1  # the activations reach the host
             host.copies += 2  # ... and the lane's result goes back
         row = torch.stack([torch.ones_like(counts[0]), (kind == 0).sum(), counts[0], (kind == 2).sum(), counts[1],

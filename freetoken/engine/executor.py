@@ -32,6 +32,7 @@ import torch
 
 from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.kernelset import KernelSet
+from freetoken.engine.lane_staging import LaneStaging
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
 from freetoken.placement import DECODE, PREFILL, Plan
@@ -48,6 +49,7 @@ class LiveExecutor:
         self.reset_counts()
         self.plans: list[Plan] | None = [] if keep_plans else None
         self.cuda = self.device.type == "cuda"
+        self.staging = LaneStaging(pin=self.cuda)  # the CPU lane's activations, pinned on CUDA
         self.copy_stream = torch.cuda.Stream(self.device) if self.cuda else None
         # compute hits, then fetched groups as their copies land (default on CUDA; on CPU the same arithmetic,
         # in the same groups, with copies done up front: what tests check the grouping with)
@@ -126,7 +128,7 @@ class LiveExecutor:
         if double and stream_next:
             self._streamed = (layer + 1, self._stream(layer + 1, stream_next), set(stream_next))
         if cpu_part is not None:
-            y = y + cpu_part.result().to(self.device, y.dtype)
+            y = y + self._cpu_lane_result(cpu_part, y.dtype)
             self.host.syncs += 1  # the activations reach the host
             self.host.copies += 2  # ... and the lane's result goes back
         self._tally(plan, ids, phase)
@@ -213,18 +215,26 @@ class LiveExecutor:
                         ids: np.ndarray) -> Future:
         """Issue the CPU lane: x and the routing weights to the host now (they wait only for the router, as no FFN
         is queued yet), the experts on the worker thread (or inline); .result() is the [T, D] fp32 sum."""
-        xh = x.to("cpu", self.store.dtype)  # [T, D]
-        wh = weights.to("cpu", torch.float32)  # [T, K]
+        xh = self.staging.to_host("x", x, self.store.dtype)  # [T, D]
+        wh = self.staging.to_host("weights", weights, torch.float32)  # [T, K]
+        ready = self.staging.ready(self.device)
         if self._cpu_worker is not None:
-            return self._cpu_worker.submit(self._cpu_lane, layer, experts, xh, wh, ids)
+            return self._cpu_worker.submit(self._cpu_lane, layer, experts, xh, wh, ids, ready)
         done: Future = Future()
-        done.set_result(self._cpu_lane(layer, experts, xh, wh, ids))
+        done.set_result(self._cpu_lane(layer, experts, xh, wh, ids, ready))
         return done
 
+    def _cpu_lane_result(self, part: Future, dtype: torch.dtype) -> torch.Tensor:
+        """The lane's [T, D] sum on the device, in dtype (uploaded from pinned memory on CUDA)."""
+        return self.staging.to_device("y", part.result(), self.device, dtype)
+
     def _cpu_lane(self, layer: int, experts: list[int], xh: torch.Tensor, wh: torch.Tensor,
-                  ids: np.ndarray) -> torch.Tensor:
+                  ids: np.ndarray, ready=None) -> torch.Tensor:
         """sum over this call's cpu experts of w[t, k] * down(glu(gate x, up x)) on the host: one call into the host
-        kernels over the layer's cpu experts for all tokens, packed weights read as stored -> fp32 [T, D]."""
+        kernels over the layer's cpu experts for all tokens, packed weights read as stored -> fp32 [T, D].
+        ready: the event after xh / wh's asynchronous copies (None: they are on the host already)."""
+        if ready is not None:
+            ready.synchronize()
         take = np.zeros(self.store.num_experts, np.uint8)
         take[experts] = 1
         return self.store.host_moe(layer, xh, ids, wh, take)

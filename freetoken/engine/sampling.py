@@ -1,4 +1,5 @@
-"""Next-token choice from logits: greedy, or temperature with optional top-k / top-p, from a seeded generator."""
+"""Next-token choice from logits: greedy, or temperature with optional top-k / top-p, from a seeded generator, on
+the logits' device."""
 
 from __future__ import annotations
 
@@ -41,32 +42,90 @@ class SamplingParams:
 
 
 class Sampler:
+    """Chooses on the logits' own device: the sampled id is the only value read back (`__call__`), or none at all
+    (`pick`). No full-vocabulary sort: top-k is a selection, top-p works on the top-k candidates' sorted
+    probabilities or, without top-k, finds its probability threshold by a radix select; the draw is an exponential
+    race (argmax of p / Exp(1), which picks token i with probability p_i). One seeded generator per device, so a seed
+    gives the same tokens on the same device."""
+
     def __init__(self, params: SamplingParams):
         self.params = params
-        self.gen = torch.Generator()
-        if params.seed is not None:
-            self.gen.manual_seed(params.seed)
-        else:
-            self.gen.seed()
+        self._gens: dict[torch.device, torch.Generator] = {}
+        self._seed = params.seed if params.seed is not None else int(torch.Generator().seed())
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        gen = self._gens.get(device)
+        if gen is None:
+            gen = self._gens[device] = torch.Generator(device=device)
+            gen.manual_seed(self._seed)
+        return gen
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) -> a token id."""
-        p = self.params
-        logits = logits.detach().float().cpu()
-        if p.is_greedy:
-            return int(torch.argmax(logits))
-        logits = logits / p.temperature
-        if p.top_k and p.top_k < logits.numel():
-            kth = torch.topk(logits, p.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        if p.top_p < 1:
-            sorted_p, order = torch.sort(probs, descending=True)
-            cum = torch.cumsum(sorted_p, dim=0)
-            drop = cum - sorted_p >= p.top_p  # keep the smallest prefix whose mass reaches top_p
-            sorted_p[drop] = 0
-            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
-        return int(torch.multinomial(probs, 1, generator=self.gen))
+        return int(self.pick(logits))
+
+    def pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] (any device) -> the token id as a 0-d int64 tensor on that device (nothing read back)."""
+        logits = logits.detach().float()  # [V]
+        if self.params.is_greedy:
+            return torch.argmax(logits)
+        probs = allowed_probs(logits, self.params)  # [V], 0 where cut
+        u = torch.rand(probs.shape, generator=self.generator(logits.device), device=probs.device)  # [V]
+        race = -torch.log1p(-u)  # [V] Exp(1); u < 1
+        return torch.argmax(probs / race.clamp_min_(torch.finfo(torch.float32).tiny))
+
+
+def allowed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """logits [V] fp32 -> the sampling distribution [V]: temperature, then top-k (ties with the k-th logit kept),
+    then top-p (the smallest set of most likely tokens whose mass reaches top_p; ties with its last one kept),
+    renormalised."""
+    logits = logits / p.temperature
+    V = logits.numel()
+    top = None
+    if p.top_k and p.top_k < V:
+        values, top = torch.topk(logits, p.top_k)  # [k] descending: a selection, not a sort
+        logits = logits.masked_fill(logits < values[-1], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # [V]
+    if p.top_p < 1:
+        if top is not None:
+            threshold = _sorted_threshold(probs[top], p.top_p)
+        else:
+            threshold = _radix_threshold(probs, p.top_p)
+        probs = torch.where(probs >= threshold, probs, 0.0)
+        probs = probs / probs.sum()
+    return probs
+
+
+def _sorted_threshold(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """sorted_probs [k] descending (the top-k candidates' probabilities) -> the smallest kept probability: a token
+    is kept while the mass strictly before it is below top_p."""
+    before = torch.cumsum(sorted_probs, 0) - sorted_probs  # [k]
+    return torch.where(before < top_p, sorted_probs, float("inf")).min()
+
+
+RADIX = ((20, 2048), (9, 2048), (0, 512))  # (shift, buckets): the 31 bits of a non-negative float, high first
+
+
+def _radix_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """probs [V] -> the probability t with mass(p > t) < top_p <= mass(p >= t): the smallest kept one. A radix
+    select over the float bit patterns (ordered as non-negative floats are): three rounds of a bucketed mass sum
+    over V, each narrowing the prefix of t's bits. No sort, no host read."""
+    bits = probs.view(torch.int32)  # [V] (// below: an int32 tensor shifted by a Python int is slow on the CPU)
+    prefix = torch.zeros((), dtype=torch.int32, device=probs.device)  # t's bits found so far
+    above = torch.zeros((), dtype=torch.float32, device=probs.device)  # mass of tokens above the prefix
+    shift_prev = 31
+    for shift, buckets in RADIX:
+        key = bits // (1 << shift) & (buckets - 1)  # [V] the next bits
+        if shift_prev < 31:  # tokens outside the prefix go to the spare bucket
+            key = torch.where(bits // (1 << shift_prev) == prefix, key, buckets)
+        mass = torch.zeros(buckets + 1, dtype=torch.float32, device=probs.device).scatter_add_(0, key.long(), probs)
+        mass = mass[:buckets]  # [B]
+        from_top = torch.flip(torch.cumsum(torch.flip(mass, (0,)), 0), (0,))  # [B] mass of buckets >= j
+        j = (((above + from_top) >= top_p).sum() - 1).clamp_min(0).view(1)  # [1] the bucket holding t
+        above = above + (from_top.gather(0, j) - mass.gather(0, j))[0]  # gather: no host read of j
+        prefix = prefix * (1 << (shift_prev - shift)) + j[0].to(torch.int32)
+        shift_prev = shift
+    return prefix.view(1).view(torch.float32)[0]
 
 
 def sampling_params(defaults, temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,

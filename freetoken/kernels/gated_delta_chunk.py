@@ -20,6 +20,11 @@ from freetoken.kernels.checks import check_same_device, check_tensor
 from freetoken.kernels.dot import mma
 
 CHUNK = 16  # tokens per chunk: the forward substitution costs BT row steps per chunk
+# TILES: value columns per program and warps, from ptxas -v on the sm_90a / sm_120a cubins at Dk = Dv = 128 (Qwen3-Next)
+# (bytes of spill stores per thread). The state tile S [BK, BV] lives in registers, and fp32 `ieee` products run on
+# FMA units: the former BV 64 / 4 warps / ieee spilled 16960 / 13506 B. bf16 / fp16 inputs now take tf32 products
+# (tensor cores; their outputs round to 8 mantissa bits anyway) at BV 32 / 8 warps: 0 / 120 B; fp32 inputs keep
+# ieee products at BV 16 / 8 warps: 432 / 416 B. A narrower BV means more programs, each repeating the BT x BT work.
 
 
 @triton.jit
@@ -32,7 +37,7 @@ def _gated_delta_chunk_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_gt, stride_bt,
     stride_sh, stride_sk, stride_ot, stride_oh,
     # Meta-parameters
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_FP32: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     """One (value head, BV value columns) per program; S [BK, BV] stays in registers across the chunks."""
     h = tl.program_id(0)
@@ -62,22 +67,22 @@ def _gated_delta_chunk_kernel(
         c = tl.cumsum(g, 0)  # [BT] log of the decay since the chunk start
         decay = tl.exp(tl.where(lower, c[:, None] - c[None, :], float("-inf")))  # [BT, BT], 0 above the diagonal
         kb = k * beta[:, None]
-        A = tl.where(strict, mma(kb, tl.trans(k), tl.zeros((BT, BT), tl.float32), True) * decay, 0.0)
+        A = tl.where(strict, mma(kb, tl.trans(k), tl.zeros((BT, BT), tl.float32), DOT_FP32) * decay, 0.0)
         W = eye  # (I + A)^-1: row i = e_i - sum_{j < i} A[i, j] W[j]
         for i in range(1, BT):
             a_i = tl.sum(tl.where(rows[:, None] == i, A, 0.0), 0)  # [BT] row i of A
             W = W - tl.where(rows[:, None] == i, tl.sum(a_i[:, None] * W, 0)[None, :], 0.0)
-        u = mma(W, v * beta[:, None], tl.zeros((BT, BV), tl.float32), True)
-        w = mma(W, kb * tl.exp(c)[:, None], tl.zeros((BT, BK), tl.float32), True)
-        v_new = u - mma(w, S, tl.zeros((BT, BV), tl.float32), True)  # [BT, BV]
-        attn = mma(q, tl.trans(k), tl.zeros((BT, BT), tl.float32), True) * decay
-        o = mma(q * tl.exp(c)[:, None], S, tl.zeros((BT, BV), tl.float32), True)
-        o = mma(attn, v_new, o, True)
+        u = mma(W, v * beta[:, None], tl.zeros((BT, BV), tl.float32), DOT_FP32)
+        w = mma(W, kb * tl.exp(c)[:, None], tl.zeros((BT, BK), tl.float32), DOT_FP32)
+        v_new = u - mma(w, S, tl.zeros((BT, BV), tl.float32), DOT_FP32)  # [BT, BV]
+        attn = mma(q, tl.trans(k), tl.zeros((BT, BT), tl.float32), DOT_FP32) * decay
+        o = mma(q * tl.exp(c)[:, None], S, tl.zeros((BT, BV), tl.float32), DOT_FP32)
+        o = mma(attn, v_new, o, DOT_FP32)
         tl.store(out_ptr + t[:, None] * stride_ot + h * stride_oh + offs_v[None, :], o.to(out_ptr.dtype.element_ty),
                  mask=mt[:, None] & mv[None, :])
         c_last = tl.sum(tl.where(rows == BT - 1, c, 0.0), 0)  # the tail's zero gates keep the last real value
         S = S * tl.exp(c_last) + mma(tl.trans(k * tl.exp(c_last - c)[:, None]), v_new,
-                                     tl.zeros((BK, BV), tl.float32), True)
+                                     tl.zeros((BK, BV), tl.float32), DOT_FP32)
     tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=mk[:, None] & mv[None, :])
 
 
@@ -101,7 +106,8 @@ def check_delta_args(q, k, v, g, beta, state) -> None:
 def gated_delta_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
                       state: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
     """q, k [T, Hk, Dk], v [T, Hv, Dv], g (log decay, <= 0) and beta [T, Hv], state [Hv, Dk, Dv] fp32 (updated in
-    place) -> out [T, Hv, Dv] in v's dtype."""
+    place) -> out [T, Hv, Dv] in v's dtype. The in-kernel operands are fp32 either way (the interpreter's bf16 dot
+    issue does not arise); only the product precision follows the inputs' dtype."""
     # 1. check
     check_delta_args(q, k, v, g, beta, state)
     T, Hk, Dk = q.shape
@@ -113,13 +119,15 @@ def gated_delta_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torc
     if T == 0:
         return out
     # 3. launch
+    dot_fp32 = torch.float32 in (q.dtype, k.dtype, v.dtype)  # fp32 inputs: fp32 products; else tf32 (tensor cores)
     BK = max(triton.next_power_of_2(Dk), 16)
-    BV = min(max(triton.next_power_of_2(Dv), 16), 64)
+    BV = min(max(triton.next_power_of_2(Dv), 16), 16 if dot_fp32 else 32)  # see TILES
     grid = (Hv, triton.cdiv(Dv, BV))
     _gated_delta_chunk_kernel[grid](
         q, k, v, g, beta, state, out, T, Dk, Dv, Hv // Hk, Dk ** -0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        state.stride(0), state.stride(1), out.stride(0), out.stride(1), BT=chunk, BK=BK, BV=BV)
+        state.stride(0), state.stride(1), out.stride(0), out.stride(1), DOT_FP32=dot_fp32, BT=chunk, BK=BK, BV=BV,
+        num_warps=8)
     return out
 
 

@@ -77,14 +77,21 @@ def shape_class(N: int) -> str:
     return "narrow" if N < NARROW else "wide"
 
 
-def _tile_counters(device: torch.device) -> torch.Tensor:
+def _tile_counters(device: torch.device, stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
     """Zeroed int32 counters, one buffer per device and stream (kernels on two streams never share a counter);
-    each launch leaves them zero again."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device, stream)
+    each launch leaves them zero again. A graph's capture stream gets its buffer from reserve_tile_counters before
+    the capture begins (an allocation and fill inside a capture would come from the graph's private pool)."""
+    if device.type == "cuda":
+        stream = stream if stream is not None else torch.cuda.current_stream(device)
+    key = (device, stream.cuda_stream if stream is not None else 0)
     if key not in _counters:
         _counters[key] = torch.zeros(MAX_SPLIT_TILES, dtype=torch.int32, device=device)
     return _counters[key]
+
+
+def reserve_tile_counters(device: torch.device, stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
+    """The counters a launch on `stream` will use, allocated now (call it before capturing on that stream)."""
+    return _tile_counters(torch.device(device), stream)
 
 
 def linear_decode(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

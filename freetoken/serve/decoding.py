@@ -34,6 +34,41 @@ def top_logprobs(logits: torch.Tensor, token: int, n: int) -> TokenLogprob:
                         1 + int((logprobs > own).sum()))
 
 
+@dataclass(slots=True)
+class Tables:
+    """A sequence's shaping state as dense [V] tensors on the logits' device, made at its first step: each step
+    shapes with elementwise ops and reads nothing back."""
+    stop_ids: torch.Tensor  # [S] long: banned before min_tokens
+    allowed: torch.Tensor | None  # [V] 0 / -inf: allowed_token_ids
+    bias: torch.Tensor | None  # [V] logit_bias
+    seen: torch.Tensor | None  # [V] bool: the prompt's and the output's tokens, for repetition_penalty
+    counts: torch.Tensor | None  # [V] fp32: output occurrences, for presence / frequency penalties
+
+    @classmethod
+    def make(cls, params: Params, stop_ids: torch.Tensor, prompt: torch.Tensor, V: int, device: torch.device
+             ) -> "Tables":
+        allowed = bias = seen = counts = None
+        if params.allowed_token_ids is not None:
+            allowed = torch.full((V,), float("-inf"), device=device)
+            allowed[torch.tensor(params.allowed_token_ids, dtype=torch.long, device=device)] = 0.0
+        if params.logit_bias:
+            bias = torch.zeros(V, device=device)
+            bias[torch.tensor(list(params.logit_bias), device=device)] = torch.tensor(
+                list(params.logit_bias.values()), device=device)
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(V, dtype=torch.bool, device=device)
+            seen[prompt.to(device)] = True
+        if params.presence_penalty or params.frequency_penalty:
+            counts = torch.zeros(V, device=device)
+        return cls(stop_ids.to(device), allowed, bias, seen, counts)
+
+    def accept(self, token: int) -> None:
+        if self.seen is not None:
+            self.seen[token] = True
+        if self.counts is not None:
+            self.counts[token] += 1
+
+
 class Decoder:
     def __init__(self, params: Params, sampling: SamplingParams, grammar: GrammarMask | None = None,
                  stop_ids: frozenset[int] = frozenset(), prompt: list[int] = (), bad_words: list[list[int]] = ()):
@@ -43,21 +78,30 @@ class Decoder:
         self.prompt_ids = torch.tensor(sorted(set(prompt)), dtype=torch.long)  # repetition_penalty reads them
         self.bad_words = [w for w in bad_words if w]
         self.out: list[int] = []
-        self.counts: dict[int, int] = {}  # output token -> occurrences, for the penalties
+        self.tables: Tables | None = None  # on the logits' device, from the first step
         self.logprob: TokenLogprob | None = None  # of the last choice, when params.logprobs is set
         self.cumulative = 0.0  # sum of the chosen tokens' logprobs (best_of ranks by it)
         self.forced: list[int] = []  # tokens to emit next instead of sampling (closing a reasoning budget)
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """logits [V] (any device) -> the next token id."""
-        logits = logits.detach().float().cpu()  # [V]
-        if torch.isnan(logits).any():
+        """logits [V] (any device) -> the next token id. Shaping and sampling run on the logits' device; the
+        token and the two failure flags come back in one read."""
+        logits = logits.detach().float()  # [V]
+        if self.tables is None:
+            self.tables = Tables.make(self.params, self.stop_ids, self.prompt_ids, logits.numel(), logits.device)
+        shaped = self.shape(logits)
+        flags = [torch.isnan(logits).any(), ~torch.isfinite(shaped).any()]
+        if self.forced:
+            token, (nan, dead) = self.forced[0], torch.stack(flags).tolist()
+        else:
+            token, nan, dead = torch.stack([self.sample.pick(shaped)] + [f.long() for f in flags]).tolist()
+        if nan:
             raise APIError(500, "the model's logits hold NaN at this step; the sequence cannot continue", None,
                            "model_error")
-        shaped = self.shape(logits)
-        if not torch.isfinite(shaped).any():
+        if dead:
             raise APIError(400, self._dead_end(), None, "no_token_allowed")
-        token = self.forced.pop(0) if self.forced else self.sample(shaped)
+        if self.forced:
+            self.forced.pop(0)
         if self.params.logprobs is not None or self.params.track_logprob:
             record = top_logprobs(logits, token, self.params.logprobs or 0)
             self.cumulative += record.logprob
@@ -65,34 +109,29 @@ class Decoder:
         if self.grammar:
             self.grammar.accept(token)
         self.out.append(token)
-        self.counts[token] = self.counts.get(token, 0) + 1
+        self.tables.accept(token)
         return token
 
     def shape(self, logits: torch.Tensor) -> torch.Tensor:
-        p, ninf = self.params, float("-inf")
+        """logits [V] -> a shaped copy, on their device (elementwise ops and index writes; nothing read back)."""
+        p, t, ninf = self.params, self.tables, float("-inf")
         shaped = logits.clone()
-        if len(self.out) < p.min_tokens and len(self.stop_ids):
-            shaped[self.stop_ids] = ninf
-        if p.allowed_token_ids is not None:
-            keep = torch.full_like(shaped, ninf)
-            keep[torch.tensor(p.allowed_token_ids, dtype=torch.long)] = 0.0
-            shaped += keep
+        if len(self.out) < p.min_tokens and len(t.stop_ids):
+            shaped[t.stop_ids] = ninf
+        if t.allowed is not None:
+            shaped += t.allowed
         for word in self.bad_words:  # its last token is banned where the output ends with the rest of it
             if len(word) == 1 or self.out[-(len(word) - 1):] == word[:-1]:
                 shaped[word[-1]] = ninf
-        if p.logit_bias:
-            shaped[torch.tensor(list(p.logit_bias))] += torch.tensor(list(p.logit_bias.values()))
-        if p.repetition_penalty != 1.0:  # HF / vLLM: over the prompt's and the output's tokens
-            seen = torch.cat([self.prompt_ids, torch.tensor(list(self.counts), dtype=torch.long)]).unique()
-            values = shaped[seen]
-            shaped[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-        if self.counts and (p.presence_penalty or p.frequency_penalty):
-            ids = torch.tensor(list(self.counts))
-            n = torch.tensor(list(self.counts.values()), dtype=torch.float32)
-            shaped[ids] -= p.presence_penalty + p.frequency_penalty * n
+        if t.bias is not None:
+            shaped += t.bias
+        if t.seen is not None:  # HF / vLLM: over the prompt's and the output's tokens
+            rp = p.repetition_penalty
+            shaped = torch.where(t.seen, torch.where(shaped > 0, shaped / rp, shaped * rp), shaped)
+        if t.counts is not None:
+            shaped -= (t.counts > 0) * p.presence_penalty + t.counts * p.frequency_penalty
         if p.min_p > 0 and not self.sampling.is_greedy:  # p_i >= min_p * p_max after temperature, in logits
-            top = shaped.max()
-            shaped[shaped < top + self.sampling.temperature * math.log(p.min_p)] = ninf
+            shaped = shaped.masked_fill(shaped < shaped.max() + self.sampling.temperature * math.log(p.min_p), ninf)
         if self.grammar:
             self.grammar.mask(shaped)
         return shaped

@@ -105,6 +105,12 @@ class Grammars:
                            GuardState(self.guard, c.kind == "json", self.stop_token_ids))
 
 
+def unpack_bitmask(words: torch.Tensor, V: int) -> torch.Tensor:
+    """words [ceil(V / 32)] int32 (xgrammar's layout: token i is bit i % 32 of word i // 32) -> allowed [V] bool."""
+    bit = torch.arange(32, dtype=torch.int32, device=words.device)
+    return ((words[:, None] >> bit) & 1).bool().reshape(-1)[:V]
+
+
 class GrammarMask:
     """One request's grammar state: mask(logits) before sampling, accept(token) after."""
 
@@ -117,9 +123,13 @@ class GrammarMask:
         self.guard = guard
 
     def mask(self, logits: torch.Tensor) -> None:
-        """logits [V] float on the CPU, in place: disallowed tokens -> -inf."""
+        """logits [V] float (any device), in place: disallowed tokens -> -inf. The matcher fills its bitmask on
+        the host; on another device the bitmask travels (no read back) and is unpacked there."""
         self.matcher.fill_next_token_bitmask(self.bitmask)
-        self._apply(logits[None], self.bitmask)
+        if logits.device.type == "cpu":
+            self._apply(logits[None], self.bitmask)
+        else:
+            logits.masked_fill_(~unpack_bitmask(self.bitmask[0].to(logits.device), logits.numel()), float("-inf"))
         self.guard.mask(logits)
 
     def accept(self, token: int) -> None:

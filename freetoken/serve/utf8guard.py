@@ -70,13 +70,13 @@ class GuardState:
         self.exempt = torch.tensor(exempt, dtype=torch.long)  # stop tokens: the grammar alone decides them
 
     def mask(self, logits: torch.Tensor) -> None:
-        """logits [V] on the CPU, in place: tokens that would break the text -> -inf."""
+        """logits [V] (any device), in place: tokens that would break the text -> -inf."""
         banned = ~self.guard.allowed[self.state]
         if self.no_control:
             banned = banned | self.guard.control
         if len(self.exempt):
             banned[self.exempt] = False
-        logits.masked_fill_(banned, float("-inf"))
+        logits.masked_fill_(banned.to(logits.device), float("-inf"))
 
     def accept(self, token: int) -> None:
         nxt = int(self.guard.next_state[self.state, token])

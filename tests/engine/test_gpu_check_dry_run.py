@@ -49,6 +49,10 @@ def test_gpu_check_verdict_exit_code_and_json(tmp_path, capsys, monkeypatch):
     assert ok["verdict"] == "PASS" and ok["failures"] == [] and len(ok["configs"]) == len(gpu_check.CONFIGS)
     assert all(r["argmax_agreement"] == 1.0 and r["max_abs_delta"] <= 1e-4 * r["scale"] for r in ok["configs"])
     assert ok["versions"]["torch"] == torch.__version__
+    assert ok["baseline"]["tok_s"] > 0 and ok["baseline"]["capacity"] == gpu_check.TINY.layers * gpu_check.TINY.experts
+    twin = ok["graph_vs_eager"]  # on CPU both runs are eager: the same arithmetic
+    assert twin["eager_tok_s"] > 0 and twin["graph_tok_s"] > 0 and twin["argmax_agreement"] == 1.0
+    assert twin["max_abs_delta"] <= 1e-4 * twin["scale"] and twin["eager_decode_mode"].startswith("decode: eager")
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     monkeypatch.setitem(gpu_check.TOLERANCE, "float32", (-1.0, 1.0))  # a negative bound: every config fails
     assert gpu_check.main(argv) == 1

@@ -1,6 +1,6 @@
-"""The quantized expert FFN kernels through Triton's real compiler (TTIR -> PTX -> ptxas) for sm_90, no GPU needed:
-every kind and scale variant, on both row-block paths. A subprocess, because this session's kernels were defined as
-interpreted functions (Triton fixes interpret-or-compile when each @triton.jit decorator runs)."""
+"""The quantized expert FFN kernels through Triton's real compiler (TTIR -> PTX -> ptxas) for sm_90 and sm_120, no
+GPU needed: every kind and scale variant, on both row-block paths. A subprocess, because this session's kernels were
+defined as interpreted functions (Triton fixes interpret-or-compile when each @triton.jit decorator runs)."""
 
 from __future__ import annotations
 
@@ -31,7 +31,10 @@ VARIANTS = (
 NUM_COMPILES = sum(2 if down else 1 for *_, down in VARIANTS)
 
 
-def compile_variants() -> int:
+ARCHS = (90, 120)  # as test_compile_targets.py
+
+
+def compile_variants(arch: int) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -58,7 +61,7 @@ def compile_variants() -> int:
             sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
             name = f"{fn.__name__} {kind} {layout} one_pair={one_pair}"
             try:
-                triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
                                options={"num_warps": 4, "num_stages": 3})
                 print(f"OK {name}")
             except Exception as e:  # noqa: BLE001  any compiler error: report every variant, then fail
@@ -68,10 +71,11 @@ def compile_variants() -> int:
 
 
 @pytest.mark.slow
-def test_expert_ffn_quant_compiles_for_sm90():
+@pytest.mark.parametrize("arch", ARCHS)
+def test_expert_ffn_quant_compiles(arch):
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    res = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
-                         check=False)
+    res = subprocess.run([sys.executable, __file__, str(arch)], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=600, check=False)
     lines = res.stdout.splitlines()
     assert res.returncode == 0 and sum(line.startswith("OK ") for line in lines) == NUM_COMPILES, \
         res.stdout + res.stderr[-3000:]
@@ -79,4 +83,4 @@ def test_expert_ffn_quant_compiles_for_sm90():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    sys.exit(1 if compile_variants() else 0)
+    sys.exit(1 if compile_variants(int(sys.argv[1]) if len(sys.argv) > 1 else 90) else 0)

@@ -95,8 +95,8 @@ def test_bad_state_is_named():
 
 
 def test_value_columns_over_several_blocks_and_odd_key_dim():
-    """Dv = 80: two value-column programs per head (64 + 16); Dk = 20 pads to 32 (masked). Chunk and step kernels
-    against the references from one non-zero state."""
+    """Dv = 80: several value-column programs per head (5 of 16 for fp32 inputs); Dk = 20 pads to 32 (masked). Chunk
+    and step kernels against the references from one non-zero state."""
     g = torch.Generator().manual_seed(7)
     T, Dk, Dv = 18, 20, 80
     q, k = torch.randn(T, 1, Dk, generator=g), torch.randn(T, 1, Dk, generator=g)

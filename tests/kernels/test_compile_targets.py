@@ -1,5 +1,6 @@
-"""Every kernel variant the wrappers launch goes through Triton's real compiler (TTIR -> PTX -> ptxas) for sm_90,
-without a GPU: catches what the interpreter lets through (dot shapes, dtypes, shared memory, control flow).
+"""Every kernel variant the wrappers launch goes through Triton's real compiler (TTIR -> PTX -> ptxas) for sm_90
+(H100 / H200) and sm_120 (RTX 50xx / RTX PRO 6000 Blackwell), without a GPU: catches what the interpreter lets
+through (dot shapes, dtypes, shared memory, control flow).
 
 Run as a script in a subprocess because Triton fixes interpret-or-compile when each @triton.jit decorator runs, and
 the test session has already imported the kernels as interpreted functions.
@@ -112,9 +113,12 @@ def _variants():
 
 
 def _newer_variants():
-    """The hybrid decode batch's kernels and DeepSeek-V4's."""
+    """The hybrid (Qwen3-Next / Qwen3.5) model's kernels and DeepSeek-V4's."""
     from freetoken.kernels.attention_compressed import _attention_compressed_kernel
+    from freetoken.kernels.causal_conv1d import _causal_conv1d_kernel
     from freetoken.kernels.causal_conv1d_update import _conv1d_update_kernel
+    from freetoken.kernels.gated_delta_chunk import CHUNK, _gated_delta_chunk_kernel
+    from freetoken.kernels.rmsnorm_gated import _rms_norm_gated_kernel
     from freetoken.kernels.compress_pool import _compress_pool_kernel
     from freetoken.kernels.gated_delta_step import _gated_delta_step_kernel
     from freetoken.kernels.hyper_connection import _hc_post_kernel, _hc_pre_kernel
@@ -123,12 +127,20 @@ def _newer_variants():
     P, F = "*bf16", "*fp32"
     hc = dict(x_ptr=P, fn_ptr=F, base_ptr=F, scale_ptr=F, post_ptr=F, comb_ptr=F, out_ptr=P, eps="fp32",
               hc_eps="fp32")
+    delta = dict(q_ptr=P, k_ptr=P, v_ptr=P, g_ptr=F, beta_ptr=P, state_ptr=F, out_ptr=P, scale="fp32")
     return [
+        ("rms_norm_gated", _rms_norm_gated_kernel, dict(x_ptr=P, z_ptr=P, w_ptr=P, out_ptr=P, eps="fp32"),
+         dict(BLOCK_D=128), 1, 3),
+        ("causal_conv1d (prefill)", _causal_conv1d_kernel, dict(x_ptr=P, w_ptr=P, state_ptr=P, out_ptr=P),
+         dict(KW=4, SILU=True, BLOCK_T=16, BLOCK_C=128), 4, 3),
+        ("gated delta chunk (prefill, bf16: tf32 products)", _gated_delta_chunk_kernel, delta,
+         dict(DOT_FP32=False, BT=CHUNK, BK=128, BV=32), 8, 3),
+        ("gated delta chunk (prefill, fp32)", _gated_delta_chunk_kernel, dict(delta, q_ptr=F, k_ptr=F, v_ptr=F,
+                                                                               beta_ptr=F, out_ptr=F),
+         dict(DOT_FP32=True, BT=CHUNK, BK=128, BV=16), 8, 3),
         ("conv1d update (a decode batch)", _conv1d_update_kernel, dict(x_ptr=P, w_ptr=P, state_ptr=P, out_ptr=P),
          dict(KW=4, SILU=True, BLOCK_C=256), 4, 1),
-        ("gated delta step (a decode batch)", _gated_delta_step_kernel,
-         dict(q_ptr=P, k_ptr=P, v_ptr=P, g_ptr=F, beta_ptr=P, state_ptr=F, out_ptr=P, scale="fp32"),
-         dict(BK=128, BV=64), 4, 1),
+        ("gated delta step (a decode batch)", _gated_delta_step_kernel, delta, dict(BK=128, BV=64), 4, 1),
         ("router weights (hash)", _router_weights_kernel, dict(logits_ptr=P, ids_ptr="*i32", weights_ptr=F,
                                                                scale="fp32"),
          dict(RENORMALIZE=True, SCORE="sqrtsoftplus", BLOCK_E=256, BLOCK_K=8), 1, 1),
@@ -147,12 +159,15 @@ def _newer_variants():
     ]
 
 
-def compile_all() -> int:
+ARCHS = (90, 120)  # Hopper; consumer / workstation Blackwell
+
+
+def compile_all(arch: int) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    target = GPUTarget("cuda", 90, 32)
+    target = GPUTarget("cuda", arch, 32)
     failures = 0
     for name, fn, types, consts, warps, stages in _variants():
         signature = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
@@ -167,9 +182,11 @@ def compile_all() -> int:
 
 
 @pytest.mark.slow
-def test_every_kernel_compiles_for_sm90():
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_kernel_compiles(arch):
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    res = subprocess.run([sys.executable, __file__], env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    res = subprocess.run([sys.executable, __file__, str(arch)], env=env, cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
     lines = res.stdout.splitlines()
     assert res.returncode == 0 and not any(line.startswith("FAIL") for line in lines), res.stdout + res.stderr[-3000:]
     assert sum(line.startswith("OK ") for line in lines) == len(_variants())
@@ -177,4 +194,4 @@ def test_every_kernel_compiles_for_sm90():
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
-    sys.exit(1 if compile_all() else 0)
+    sys.exit(1 if compile_all(int(sys.argv[1]) if len(sys.argv) > 1 else 90) else 0)

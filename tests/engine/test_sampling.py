@@ -1,0 +1,90 @@
+"""Sampling on the logits' device against the straightforward torch reference it replaced (a host-side full sort):
+the same allowed tokens and probabilities, draws that follow them, seeds that repeat, greedy = argmax."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.engine.sampling import Sampler, SamplingParams, _radix_threshold, _sorted_threshold, allowed_probs
+
+
+def _ref_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """The former host sampler's distribution: top-k by masking below the k-th logit, top-p by a full sort."""
+    logits = logits.float() / p.temperature
+    if p.top_k and p.top_k < logits.numel():
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1:
+        sorted_p, order = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sorted_p, dim=0)
+        sorted_p[cum - sorted_p >= p.top_p] = 0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        probs = probs / probs.sum()
+    return probs
+
+
+CASES = [dict(temperature=t, top_k=k, top_p=q)
+         for t in (0.6, 1.3) for k in (0, 1, 7, 50) for q in (1.0, 0.95, 0.5, 0.1)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "t{temperature}-k{top_k}-p{top_p}".format(**c))
+def test_allowed_tokens_and_probabilities_equal_the_reference(case):
+    p = SamplingParams(**case)
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.5, 3.0, 12.0):  # flat to peaked
+        logits = torch.randn(3000, generator=gen) * scale
+        want, got = _ref_probs(logits, p), allowed_probs(logits, p)
+        assert torch.equal(got > 0, want > 0), (scale, int((got > 0).sum()), int((want > 0).sum()))
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_ties_at_the_top_k_boundary_are_kept_as_the_reference_keeps_them():
+    logits = torch.tensor([3.0, 2.0, 1.0, 1.0, 1.0, 0.0])
+    p = SamplingParams(top_k=3)
+    assert torch.equal(allowed_probs(logits, p) > 0, _ref_probs(logits, p) > 0)  # {0, 1, 2, 3, 4}
+
+
+def test_radix_threshold_equals_the_sorted_one():
+    gen = torch.Generator().manual_seed(1)
+    for trial in range(40):
+        probs = torch.softmax(torch.randn(5000, generator=gen) * (0.2 + trial), -1)
+        top_p = float(torch.rand((), generator=gen)) * 0.98 + 0.01
+        sorted_probs = torch.sort(probs, descending=True).values
+        assert _radix_threshold(probs, top_p) == _sorted_threshold(sorted_probs, top_p), (trial, top_p)
+
+
+def test_draws_follow_the_allowed_distribution():
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0, -3.0])
+    p = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=3)
+    want = _ref_probs(logits, p).numpy()
+    sampler = Sampler(p)
+    draws = np.bincount([sampler(logits) for _ in range(6000)], minlength=len(want)) / 6000
+    assert set(np.flatnonzero(draws)) == set(np.flatnonzero(want))
+    assert np.abs(draws - want).max() < 0.025  # 6000 draws: std <= 0.0065
+
+
+def test_seeded_sampling_repeats_and_greedy_is_argmax():
+    gen = torch.Generator().manual_seed(2)
+    rows = [torch.randn(500, generator=gen) for _ in range(30)]
+    p = SamplingParams(temperature=1.0, top_p=0.9, seed=11)
+    a, b = Sampler(p), Sampler(p)
+    first = [a(r) for r in rows]
+    assert first == [b(r) for r in rows]
+    assert first != [Sampler(SamplingParams(temperature=1.0, top_p=0.9, seed=12))(r) for r in rows]
+    for params in (SamplingParams(greedy=True, seed=4), SamplingParams(temperature=0.0, top_p=0.5, top_k=3)):
+        assert [Sampler(params)(r) for r in rows] == [int(torch.argmax(r)) for r in rows]
+
+
+def test_pick_stays_on_the_logits_device():
+    token = Sampler(SamplingParams(top_p=0.8, seed=0)).pick(torch.randn(64))
+    assert token.shape == () and token.dtype == torch.int64 and token.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize("case", [dict(top_p=0.9), dict(top_k=20, top_p=0.9), dict(temperature=0.5, top_k=3)],
+                         ids=str)
+def test_the_distribution_is_built_without_a_host_read(case):
+    """The meta device holds no data: any read back (.item(), a data-dependent shape) would raise."""
+    assert allowed_probs(torch.empty(1000, device="meta"), SamplingParams(**case)).shape == (1000,)
