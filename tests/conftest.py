@@ -46,13 +46,15 @@ def shared_traces() -> Path:
     return d
 
 
-def pytest_collection_modifyitems(config, items):
-    if _HAS_CUDA:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+@pytest.fixture(scope="module")
+def threads_restored():
+    """A module whose runs set torch's and the host kernels' thread counts for the process puts them back after."""
+    from freetoken.host import kernels as host_kernels
+
+    before = torch.get_num_threads(), host_kernels.threads()
+    yield
+    torch.set_num_threads(before[0])
+    host_kernels.set_threads(before[1])
 
 
 # experiments: the real Hydra config composed once, shrunk per test (tiny trace, temp results dir)

@@ -14,15 +14,7 @@ from freetoken.calibrate.profile import load_profile, profile_path, save_profile
 from freetoken.cli import main
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _threads_restored():
-    """--threads sets torch's and the host kernels' thread counts for the process: put them back afterwards."""
-    from freetoken.host import kernels as host_kernels
-
-    before = torch.get_num_threads(), host_kernels.threads()
-    yield
-    torch.set_num_threads(before[0])
-    host_kernels.set_threads(before[1])
+pytestmark = pytest.mark.usefixtures("threads_restored")  # --threads sets them for the process
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,7 @@ TINY = ("hidden=64,layers=2,experts=8,top_k=2,moe_intermediate=32,heads=4,kv_hea
         "linear_head_dim=16,linear_key_heads=2,linear_value_heads=4,shared_intermediate=32,full_attention_interval=2")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _threads_restored():
-    """Every side sets torch's and the host kernels' thread counts before it runs: put them back afterwards."""
-    import torch
-
-    from freetoken.host import kernels as host_kernels
-
-    before = torch.get_num_threads(), host_kernels.threads()
-    yield
-    torch.set_num_threads(before[0])
-    host_kernels.set_threads(before[1])
+pytestmark = pytest.mark.usefixtures("threads_restored")  # --threads sets them for the process
 
 
 @pytest.fixture(scope="module")
