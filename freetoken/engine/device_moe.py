@@ -18,6 +18,7 @@ import torch
 
 from freetoken.engine.device_placement import DevicePolicy, _fetch_counts, device_form
 from freetoken.engine.executor import LiveExecutor
+from freetoken.engine.launch_count import mark_host
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.kernels.expert_gather import gather_experts
 from freetoken.placement import PlacementPolicy, Split
@@ -124,7 +125,7 @@ class DeviceMoE:
             ex._wait([fetched])
             y = run(slots)
         if cpu_part is not None:
-            y = y + cpu_part.result().to(self.device, y.dtype)
+            y = y + mark_host(cpu_part.result()).to(self.device, y.dtype)
             host.syncs += 1  # the activations reach the host
             host.copies += 2  # ... and the lane's result goes back
         row = torch.stack([torch.ones_like(counts[0]), (kind == 0).sum(), counts[0], (kind == 2).sum(), counts[1],

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from freetoken.engine.kernelset import kernel_set
 from freetoken.defaults import context_length
 from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
+from freetoken.engine.launch_count import LaunchCounter, StepCount, synchronize
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
 from freetoken.engine.v4_decoder import V4Decoder
@@ -35,6 +37,9 @@ from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
 from freetoken.placement.router_hint import predicted_keys
+
+
+COUNTED_STEP = 1  # generate()'s counted decode step: the second (the first captures the CUDA graphs)
 
 
 @dataclass(slots=True)
@@ -158,6 +163,8 @@ class Engine:
         if self.graphs is not None and cfg.v4 is not None and cfg.v4.hash_layers:
             self.graphs.blocker = "hash-routed layers read each step's token ids"
         self.decode_line = decode_line(self.cache, self.graphs, eager)
+        self.count_launches = False  # generate() counts one decode token's kernels and syncs into step_count
+        self.step_count: StepCount | None = None
         if eager or (self.graphs is not None and self.graphs.reason(self.cache) is not None):
             self.graphs = None
 
@@ -301,8 +308,7 @@ class Engine:
         return logits
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)  # counted by launch_count as the sync it is on CUDA
 
     # generation
     def generate(self, token_ids: list[int], sampling: SamplingParams | None = None, max_tokens: int = 64,
@@ -341,12 +347,18 @@ class Engine:
 
     def _generate(self, prompt, start, kv, sampler, max_tokens, stops, request, turn) -> Iterator[int]:
         logits = self.prefill(prompt, kv, start, request, turn)
+        counter = LaunchCounter(self.device, self.decoder) if self.count_launches else None
         for i in range(max_tokens):
-            token = sampler(logits[-1])
+            # the second decode step (the first captures graphs) and the sampling of its logits are counted
+            with counter.section("sample") if counter and i == COUNTED_STEP + 1 else nullcontext():
+                token = sampler(logits[-1])
+            if counter and i == COUNTED_STEP + 1:
+                self.step_count = counter.result()
             yield token
             if token in stops or i == max_tokens - 1:
                 return
-            logits = self.decode(token, kv, request, turn)
+            with counter.section("step") if counter and i == COUNTED_STEP else nullcontext():
+                logits = self.decode(token, kv, request, turn)
 
     def _generate_drafted(self, prompt, start, kv, sampler, max_tokens, stops, request, turn,
                           draft: DraftConfig) -> Iterator[int]:

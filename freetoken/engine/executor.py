@@ -30,6 +30,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from freetoken.engine.launch_count import host_side
+
 from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
@@ -213,12 +215,13 @@ class LiveExecutor:
                         ids: np.ndarray) -> Future:
         """Issue the CPU lane: x and the routing weights to the host now (they wait only for the router, as no FFN
         is queued yet), the experts on the worker thread (or inline); .result() is the [T, D] fp32 sum."""
-        xh = x.to("cpu", self.store.dtype)  # [T, D]
-        wh = weights.to("cpu", torch.float32)  # [T, K]
+        xh = x.cpu().to(self.store.dtype)  # [T, D] (two host reads: launch_count sees them on CPU too)
+        wh = weights.cpu().float()  # [T, K]
         if self._cpu_worker is not None:
             return self._cpu_worker.submit(self._cpu_lane, layer, experts, xh, wh, ids)
         done: Future = Future()
-        done.set_result(self._cpu_lane(layer, experts, xh, wh, ids))
+        with host_side():
+            done.set_result(self._cpu_lane(layer, experts, xh, wh, ids))
         return done
 
     def _cpu_lane(self, layer: int, experts: list[int], xh: torch.Tensor, wh: torch.Tensor,

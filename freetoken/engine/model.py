@@ -64,6 +64,7 @@ class Decoder:
     def __init__(self, ckpt: Checkpoint, kernels: KernelSet, device: torch.device, dtype: torch.dtype | None = None):
         cfg, fam = ckpt.config, ckpt.family
         self.cfg, self.kernels, self.device = cfg, kernels, torch.device(device)
+        self.on_layer: Callable[[int], None] | None = None  # told each layer's index, then L (launch_count)
 
         packed_ok = kernels.name == "host" and _host_kernels_built()
 
@@ -204,6 +205,8 @@ class Decoder:
         x = self.embed[ids.to(self.device)]  # [T, D]
         positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
         for l, lw in enumerate(self.layers):
+            if self.on_layer is not None:
+                self.on_layer(l)
             h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
             if lw.deltanet is not None:
                 x = x + deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
@@ -212,6 +215,8 @@ class Decoder:
             else:
                 x = x + self._attention(l, lw, h, kv, start_pos, positions)
             x = x + self._ffn(l, lw, x, moe)
+        if self.on_layer is not None:
+            self.on_layer(len(self.layers))
         kv.commit(start_pos, token_ids)
         x = x if all_logits else x[-1:]
         return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
@@ -234,6 +239,8 @@ class Decoder:
         positions = torch.tensor(starts, dtype=torch.int64, device=self.device)  # [B]
         stacked = []  # (layer, conv [B, C, K - 1], state [B, Hv, Dk, Dv]) of the DeltaNet layers, stepped
         for l, lw in enumerate(self.layers):
+            if self.on_layer is not None:
+                self.on_layer(l)
             h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
             if lw.deltanet is not None:
                 conv = torch.stack([kv.conv[l] for kv in kvs])
@@ -245,6 +252,8 @@ class Decoder:
             else:
                 x = x + self._attention_batch(l, lw, h, kvs, starts, positions)
             x = x + self._ffn(l, lw, x, moe)
+        if self.on_layer is not None:
+            self.on_layer(len(self.layers))
         for l, conv, state in stacked:
             for b, kv in enumerate(kvs):
                 kv.conv[l].copy_(conv[b])

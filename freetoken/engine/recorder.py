@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from freetoken.engine.launch_count import host_buffer, synchronize
 from freetoken.trace import RoutingTrace
 
 
@@ -61,7 +62,7 @@ class TraceRecorder:
         bufs = self._device.get(T)
         if bufs is None or bufs[0].device != torch.device(device):
             dev = torch.zeros((2, T, self.L, self.K), dtype=torch.float32, device=device)
-            host = torch.empty(dev.shape, dtype=torch.float32, pin_memory=dev.is_cuda)
+            host = host_buffer(torch.empty(dev.shape, dtype=torch.float32, pin_memory=dev.is_cuda))
             bufs = self._device[T] = (dev, host)
         return bufs[0]
 
@@ -71,8 +72,7 @@ class TraceRecorder:
         if read:
             dev, host = self._device[self._on_device.shape[1]]
             host.copy_(dev, non_blocking=True)
-            if dev.is_cuda:
-                torch.cuda.current_stream(dev.device).synchronize()
+            synchronize(dev.device)  # (a sync on CUDA, counted as one on any device)
             ex, g, _ = self._cur
             ex[:] = host[0].numpy().astype(np.int16)
             g[:] = host[1].numpy().astype(np.float16)
