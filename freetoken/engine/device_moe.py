@@ -21,6 +21,7 @@ from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.launch_count import mark_host
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.kernels.expert_gather import gather_experts
+from freetoken.kernels.moe_slots import moe_slots
 from freetoken.placement import PlacementPolicy, Split
 from freetoken.placement.call import Plan
 
@@ -100,27 +101,17 @@ class DeviceMoE:
         kind, slot, copy_expert, copy_slot, evict, counts = self.placement.decide(layer, experts, tokens, self.split,
                                                                                   phase)
         host.launches += KERNEL_LAUNCHES["place_call"]
-        n = experts.numel()
-        live = torch.arange(n, device=self.device) < counts[0]  # [n] copy-list entries
-        unkept = live & (copy_slot < 0)  # fetched through a staging row
-        copy_slot = torch.where(unkept, pool.capacity + torch.cumsum(unkept.to(torch.int32), 0) - 1, copy_slot)
-        copy_slot = copy_slot.to(torch.int32)
-        slot_map = torch.full((E + 1,), -1, dtype=torch.int32, device=self.device)  # expert -> slot, E: dropped
-        kind_map = torch.full((E + 1,), 2, dtype=torch.int32, device=self.device)  # expert -> kind
-        valid = kind >= 0
-        slot_map.scatter_(0, torch.where(kind == 0, experts, E).long(), slot)
-        slot_map.scatter_(0, torch.where(live, copy_expert, E).long(), copy_slot)
-        kind_map.scatter_(0, torch.where(valid, experts, E).long(), kind)
-        idx = ids.long()
-        slots, kinds = slot_map[idx], kind_map[idx]  # [T, K]
+        slots, hit_slots, fetch_slots = moe_slots(ids, experts, kind, slot, copy_expert, copy_slot, counts,
+                                                  self.totals, pool.capacity, phase)  # [T, K] each
+        host.launches += KERNEL_LAUNCHES["moe_slots"]
         cpu_part = self._cpu_lane(layer, x, weights, experts, kind, ids) if self.cpu_lane else None
         fetched = self._gather(layer, copy_expert, copy_slot, counts)
         ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
         run = lambda s: ffn(x, s.contiguous(), weights, *pool.weights, max_experts=E, **pool.ffn_options)  # noqa: E731
         if ex.pipeline:  # the hits while the gather runs, then the fetched experts
-            y = run(torch.where(kinds == 0, slots, -1))
+            y = run(hit_slots)
             ex._wait([fetched])
-            y = y + run(torch.where(kinds == 1, slots, -1))
+            y = y + run(fetch_slots)
         else:
             ex._wait([fetched])
             y = run(slots)
@@ -128,9 +119,6 @@ class DeviceMoE:
             y = y + mark_host(cpu_part.result()).to(self.device, y.dtype)
             host.syncs += 1  # the activations reach the host
             host.copies += 2  # ... and the lane's result goes back
-        row = torch.stack([torch.ones_like(counts[0]), (kind == 0).sum(), counts[0], (kind == 2).sum(), counts[1],
-                           torch.zeros_like(counts[0]), (slots < 0).sum()])
-        self.totals[phase].add_(row)
         if ex.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
             ex.plans.append(Plan.from_kinds(layer, experts.tolist(), kind.tolist(), slot.tolist(),
                                             evict[:int(counts[1])].tolist(), num_experts=E))
