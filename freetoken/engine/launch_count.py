@@ -59,6 +59,11 @@ class StepCount:
         moe = [self.per_layer[l] for l in self.moe_layers]
         return sum(moe) / len(moe) if moe else 0.0
 
+    @staticmethod
+    def keys() -> tuple[str, ...]:
+        return ("decode_kernels_per_token", "decode_triton_launches", "decode_kernels_per_layer",
+                "decode_kernels_outside_layers", "host_syncs_per_step", "host_syncs_per_token", "host_sync_sites")
+
     def to_dict(self) -> dict:
         return {"decode_kernels_per_token": self.kernels, "decode_triton_launches": self.triton,
                 "decode_kernels_per_layer": round(self.kernels_per_moe_layer, 2),
@@ -125,7 +130,8 @@ class LaunchCounter:
         return to is not None and torch.device(to).type == "cpu" and args[0].device.type == "cuda"
 
     def result(self) -> StepCount:
-        L = len(self.decoder.layers) if self.decoder is not None else 0
+        layers = self.decoder.layers if self.decoder is not None else []
+        L = len(layers)
         per_layer = [0] * L
         outside, ops = 0, Counter()
         for key, n in self.kernels.items():
@@ -135,7 +141,7 @@ class LaunchCounter:
                 per_layer[int(layer)] += n
             else:
                 outside += n
-        moe = tuple(l for l, lw in enumerate(self.decoder.layers) if getattr(lw, "router", None) is not None)
+        moe = tuple(l for l, lw in enumerate(layers) if getattr(lw, "router", None) is not None)
         step = sum(n for k, n in self.syncs.items() if k.startswith("step:"))
         return StepCount(sum(ops.values()), self.triton, tuple(per_layer), outside, moe, step,
                          sum(self.syncs.values()), dict(self.syncs), dict(ops))
