@@ -13,7 +13,8 @@ KERNEL_LAUNCHES = {"rms_norm": 1, "apply_rope": 1, "router_topk": 1, "linear": 1
                    "attention_compressed": 1,
                    # device placement (engine/device_moe.py): one decision program per MoE call, one gather per
                    # expert tensor (SlotPool.tensors_per_expert of them)
-                   "place_call": 1, "gather_experts": 1, "moe_slots": 1}
+                   "place_call": 1, "gather_experts": 1, "moe_slots": 1,
+                   "moe_union": 1}
 # Linears of a plain attention layer (freetoken/engine/model.py): q, k and v fused into one projection, then o.
 ATTENTION_LINEARS = 2
 # Linears of a Gated DeltaNet layer (freetoken/engine/gated_deltanet.py): the fused qkv / z / b / a input projection, out.

@@ -149,7 +149,8 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
     post = calls * ffn + shared + step
     if device_placement:  # the decision program, the slot ids, one gather per expert tensor
-        post = post + k["place_call"] + k["moe_slots"] + k["gather_experts"] * shape.tensors_per_expert
+        # (+ the union, as a kernel for calls of up to moe_union.MAX_PICKS picks: every call at the chunks modelled)
+        post = post + k["moe_union"] + k["place_call"] + k["moe_slots"] + k["gather_experts"] * shape.tensors_per_expert
     cpu = (log.cpu > 0).astype(np.int64)
     launches = pre + post
     glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
@@ -167,7 +168,7 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     if moe_graphs:
         if not device_placement or cpu_split or cuda_graphs:
             raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")
-        held = (k["linear"] + k["router_topk"] + calls * ffn + k["place_call"] + k["moe_slots"]
+        held = (k["linear"] + k["router_topk"] + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
                 + k["gather_experts"] * shape.tensors_per_expert)  # what one MoE block graph holds
         launches = np.where(decode, launches - held + 1, launches)
         pre = np.where(decode, attn + GLUE_PRE, pre)  # attention and its glue stay eager

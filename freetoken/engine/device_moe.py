@@ -22,6 +22,7 @@ from freetoken.engine.launch_count import mark_host
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.kernels.expert_gather import gather_experts
 from freetoken.kernels.moe_slots import moe_slots
+from freetoken.kernels.moe_union import MAX_PICKS, moe_union
 from freetoken.placement import PlacementPolicy, Split
 from freetoken.placement.call import Plan
 
@@ -93,11 +94,18 @@ class DeviceMoE:
             st.b_gate_up, st.b_down = pin(st.b_gate_up), pin(st.b_down)
 
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                 phase: int) -> torch.Tensor:
-        """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]."""
+                 phase: int, record: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]. record [2, T, K]
+        fp32 (the trace recorder's slot of this layer) gets the ids and weights."""
         ex, pool, E = self.executor, self.pool, self.store.num_experts
         host = ex.host
-        experts, tokens = call_union(ids, E)  # [n]
+        if ids.numel() <= MAX_PICKS:  # decode-sized: the union and the recorder's write in one launch
+            experts, tokens = moe_union(ids, E, weights, record)  # [n]
+            host.launches += KERNEL_LAUNCHES["moe_union"]
+        else:
+            experts, tokens = call_union(ids, E)  # [n]
+            if record is not None:
+                record[0], record[1] = ids, weights
         kind, slot, copy_expert, copy_slot, evict, counts = self.placement.decide(layer, experts, tokens, self.split,
                                                                                   phase)
         host.launches += KERNEL_LAUNCHES["place_call"]

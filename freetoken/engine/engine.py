@@ -241,9 +241,8 @@ class Engine:
     def _moe_device(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """The MoE half with the decision on the device: routing stays there (the recorder's buffer included)."""
         weights, ids = self.route(layer, h)
-        if self.recorder is not None:
-            self.recorder.layer_device(layer, ids, weights)
-        return self.cache.device_moe(layer, h, weights, ids, self._phase)
+        record = None if self.recorder is None else self.recorder.layer_view(layer, h.shape[0], h.device)
+        return self.cache.device_moe(layer, h, weights, ids, self._phase, record)
 
     def _record_end(self) -> None:
         if self.recorder.end():  # read back from the device buffer: one copy, one sync per forward
