@@ -66,6 +66,7 @@ class LayerShape:
     #                              gate, up, down; + 2 with biases), freetoken/engine/slots.py SlotPool.load
     linear_layers: tuple[int, ...] = ()  # MoE layers whose token mixer is Gated DeltaNet (Qwen3-Next / Qwen3.5)
     out_gate: bool = False  # attention output *= sigmoid(h @ out_gate): one more linear (Qwen3-Next / Qwen3.5)
+    fused_prologue: bool = False  # q / k norms, ropes and KV writes as one qk_norm_rope (engine/model.py)
 
 
 @dataclass(slots=True)
@@ -95,8 +96,9 @@ def attention_launches(shape: LayerShape, decode: np.ndarray, linear: np.ndarray
     qkv / z / b / a input projection, the causal conv, the gated delta rule, the gated rms_norm, the out linear,
     post-attention rms_norm."""
     k = KERNEL_LAUNCHES
-    base = 2 * k["rms_norm"] + (ATTENTION_LINEARS + shape.out_gate) * k["linear"] + 2 * k["apply_rope"] + (
+    prologue = k["qk_norm_rope"] if shape.fused_prologue else 2 * k["apply_rope"] + (
         2 * k["rms_norm"] if shape.qk_norm else 0)
+    base = 2 * k["rms_norm"] + (ATTENTION_LINEARS + shape.out_gate) * k["linear"] + prologue
     attn = base + np.where(decode, k["attention_decode"], k["attention_prefill"])
     if linear is None or not linear.any():
         return attn

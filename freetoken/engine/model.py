@@ -304,7 +304,23 @@ class Decoder:
         step = self.steps[l]
         if step is not None and h.shape[0] == 1 and not kv.fp8:  # a decode token on the host: one call
             return self._out(lw, h, self._attention_step(step, lw, h, [kv], [start_pos], l))
+        if self.fused_prologue(lw, kv):  # q / k norms, rope and the KV writes in one kernel
+            cfg = self.cfg
+            norms = (lw.q_norm, lw.k_norm) if cfg.qk_norm == "head" else (None, None)
+            qkv = self.kernels.linear(h, lw.wqkv, lw.bqkv)  # [T, (H + 2 Hkv) Dh]
+            q = self.kernels.qk_norm_rope(qkv, cfg.num_heads, cfg.num_kv_heads, *norms, cfg.rms_norm_eps, positions,
+                                          cfg.rope_theta, kv.k[l], kv.v[l], start_pos, self.rotary_dim, **self.rope,
+                                          **self.norm_kw)
+            o = self.kernels.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)
+            return self._out(lw, h, o)
         return self._out(lw, h, self._attend(l, lw, kv, start_pos, *self._project(lw, h, positions)))
+
+    def fused_prologue(self, lw: LayerWeights, kv: KVCache) -> bool:
+        """Whether attention's prologue runs as one qk_norm_rope call: per-head or no q / k norm, no clipping, no
+        output gate, a plain (not fp8) cache, and a kernel set that has it."""
+        cfg = self.cfg
+        return (self.kernels.qk_norm_rope is not None and cfg.qk_norm in ("head", "none") and cfg.clip_qkv is None
+                and lw.out_gate is None and not kv.fp8)
 
     def _attention_step(self, step, lw: LayerWeights, h: torch.Tensor, kvs: list[KVCache], starts: list[int],
                         l: int) -> torch.Tensor:

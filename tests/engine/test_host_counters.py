@@ -27,7 +27,8 @@ def shape_of(engine: Engine) -> LayerShape:
     return LayerShape(qk_norm=cfg.qk_norm != "none", shared_expert=cfg.shared_expert_intermediate > 0,
                       shared_gate=cfg.shared_expert_gate, packed=engine.cache.pool.packed,
                       tensors_per_expert=engine.cache.pool.tensors_per_expert, linear_layers=linear,
-                      out_gate=cfg.attention_output_gate)
+                      out_gate=cfg.attention_output_gate,
+                      fused_prologue=engine.decoder.fused_prologue(engine.decoder.layers[-1], engine.new_kv(1)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
