@@ -204,22 +204,25 @@ class Decoder:
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {ids.min().item()}..{ids.max().item()}")
         x = self.embed[ids.to(self.device)]  # [T, D]
         positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
+        y = None  # the last sublayer's output: the next norm adds it into the residual x
         for l, lw in enumerate(self.layers):
             if self.on_layer is not None:
                 self.on_layer(l)
-            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
+            x, h = self._add_norm(x, y, lw.input_norm)
             if lw.deltanet is not None:
-                x = x + deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
+                y = deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
             elif lw.mla is not None:
-                x = x + mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
+                y = mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
             else:
-                x = x + self._attention(l, lw, h, kv, start_pos, positions)
-            x = x + self._ffn(l, lw, x, moe)
+                y = self._attention(l, lw, h, kv, start_pos, positions)
+            x, h = self._add_norm(x, y, lw.post_norm)
+            y = self._ffn(l, lw, x, h, moe)
         if self.on_layer is not None:
             self.on_layer(len(self.layers))
         kv.commit(start_pos, token_ids)
-        x = x if all_logits else x[-1:]
-        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+        if not all_logits:
+            x, y = x[-1:], None if y is None else y[-1:]
+        return ks.linear(self._add_norm(x, y, self.norm)[1], self.lm_head)
 
     def forward_batch(self, token_ids: list[int], kvs: list[KVCache], moe: MoEFn) -> torch.Tensor:
         """One decode step of B sequences, token i at position kvs[i].length of its own KV cache: everything on
@@ -238,20 +241,22 @@ class Decoder:
         x = self.embed[ids.to(self.device)]  # [B, D]
         positions = torch.tensor(starts, dtype=torch.int64, device=self.device)  # [B]
         stacked = []  # (layer, conv [B, C, K - 1], state [B, Hv, Dk, Dv]) of the DeltaNet layers, stepped
+        y = None  # the last sublayer's output: the next norm adds it into the residual x
         for l, lw in enumerate(self.layers):
             if self.on_layer is not None:
                 self.on_layer(l)
-            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
+            x, h = self._add_norm(x, y, lw.input_norm)
             if lw.deltanet is not None:
                 conv = torch.stack([kv.conv[l] for kv in kvs])
                 state = torch.stack([kv.state[l] for kv in kvs])
-                x = x + deltanet(ks, cfg, lw.deltanet, h, conv, state, batch=True)
+                y = deltanet(ks, cfg, lw.deltanet, h, conv, state, batch=True)
                 stacked.append((l, conv, state))
             elif lw.mla is not None:
-                x = x + mla_attention_batch(ks, cfg, lw.mla, l, h, kvs, starts, positions, self.sm_scale, self.rope)
+                y = mla_attention_batch(ks, cfg, lw.mla, l, h, kvs, starts, positions, self.sm_scale, self.rope)
             else:
-                x = x + self._attention_batch(l, lw, h, kvs, starts, positions)
-            x = x + self._ffn(l, lw, x, moe)
+                y = self._attention_batch(l, lw, h, kvs, starts, positions)
+            x, h = self._add_norm(x, y, lw.post_norm)
+            y = self._ffn(l, lw, x, h, moe)
         if self.on_layer is not None:
             self.on_layer(len(self.layers))
         for l, conv, state in stacked:
@@ -260,7 +265,7 @@ class Decoder:
                 kv.state[l].copy_(state[b])
         for kv, start, token in zip(kvs, starts, token_ids):
             kv.commit(start, [token])
-        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+        return ks.linear(self._add_norm(x, y, self.norm)[1], self.lm_head)
 
     def _attention_batch(self, l: int, lw: LayerWeights, h: torch.Tensor, kvs: list[KVCache], starts: list[int],
                          positions: torch.Tensor) -> torch.Tensor:
@@ -276,9 +281,18 @@ class Decoder:
                            for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
         return self._out(lw, h, o)
 
-    def _ffn(self, l: int, lw: LayerWeights, x: torch.Tensor, moe: MoEFn) -> torch.Tensor:
-        """The layer's MLP half on the residual x [T, D]: routed MoE (+ shared expert) or the dense MLP."""
-        h = self.kernels.rms_norm(x, lw.post_norm, self.cfg.rms_norm_eps, **self.norm_kw)
+    def _add_norm(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor):
+        """(x + y, RMSNorm(x + y)) [T, D] each (y None: x as is): one add_rms_norm launch where the kernel set has
+        it, the residual add and rms_norm otherwise."""
+        ks, eps = self.kernels, self.cfg.rms_norm_eps
+        if y is not None and ks.add_rms_norm is not None and y.dtype == x.dtype:
+            return ks.add_rms_norm(x, y, weight, eps, **self.norm_kw)
+        x = x if y is None else x + y
+        return x, ks.rms_norm(x, weight, eps, **self.norm_kw)
+
+    def _ffn(self, l: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor, moe: MoEFn) -> torch.Tensor:
+        """The layer's MLP half on the residual x [T, D] and its post-attention norm h: routed MoE (+ shared
+        expert) or the dense MLP."""
         if lw.router is None:
             return self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
         out = moe(self.cfg.moe_index(l), h, x)
