@@ -12,7 +12,7 @@ KERNEL_LAUNCHES = {"rms_norm": 1, "add_rms_norm": 1, "apply_rope": 1, "qk_norm_r
                    "router_weights": 1, "hc_pre": 1, "hc_post": 1, "hc_head": 1, "compress_pool": 1,
                    "attention_compressed": 1,
                    # device placement (engine/device_moe.py): one decision program per MoE call, one gather per
-                   # expert tensor (SlotPool.tensors_per_expert of them)
+                   # two expert tensors (SlotPool.tensors_per_expert of them)
                    "place_call": 1, "gather_experts": 1, "moe_slots": 1,
                    "moe_union": 1}
 # Linears of a plain attention layer (freetoken/engine/model.py): q, k and v fused into one projection, then o.

@@ -20,7 +20,7 @@ from freetoken.engine.device_placement import DevicePolicy, _fetch_counts, devic
 from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.launch_count import mark_host
 from freetoken.kernel_launches import KERNEL_LAUNCHES
-from freetoken.kernels.expert_gather import gather_experts
+from freetoken.kernels.expert_gather import gather_pairs
 from freetoken.kernels.moe_slots import moe_slots
 from freetoken.kernels.moe_union import MAX_PICKS, moe_union
 from freetoken.placement import PlacementPolicy, Split
@@ -149,18 +149,16 @@ class DeviceMoE:
         every earlier FFN on the compute stream, so a replaced slot is no longer read); returns its event."""
         ex = self.executor
         pairs = self.pool.tensor_pairs(self.store, layer)
-        ex.host.launches += KERNEL_LAUNCHES["gather_experts"] * len(pairs)
+        ex.host.launches += KERNEL_LAUNCHES["gather_experts"] * (-(-len(pairs) // 2))  # two tensors per launch
         if not ex.cuda:
-            for src, dst in pairs:
-                gather_experts(src, dst, copy_expert, copy_slot, counts)
+            gather_pairs(pairs, copy_expert, copy_slot, counts)
             return None
         placed = torch.cuda.Event()
         placed.record(torch.cuda.current_stream(self.device))
         stream = ex.copy_stream
         stream.wait_event(placed)
         with torch.cuda.stream(stream):
-            for src, dst in pairs:
-                gather_experts(src, dst, copy_expert, copy_slot, counts)
+            gather_pairs(pairs, copy_expert, copy_slot, counts)
             done = torch.cuda.Event()
             done.record(stream)
         if not torch.cuda.is_current_stream_capturing():  # (captured: the join below orders every later reuse)
