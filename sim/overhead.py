@@ -67,6 +67,7 @@ class LayerShape:
     linear_layers: tuple[int, ...] = ()  # MoE layers whose token mixer is Gated DeltaNet (Qwen3-Next / Qwen3.5)
     out_gate: bool = False  # attention output *= sigmoid(h @ out_gate): one more linear (Qwen3-Next / Qwen3.5)
     fused_prologue: bool = False  # q / k norms, ropes and KV writes as one qk_norm_rope (engine/model.py)
+    fused_router: bool = False  # the router's projection + top-k as one router_linear_topk (Engine.route)
 
 
 @dataclass(slots=True)
@@ -153,7 +154,8 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     dense_layers = num_layers - moe_layers
     dense_attn = attention_launches(shape, decode)  # dense layers counted as full-attention ones
     step = first * (dense_layers * (dense_attn + k["expert_ffn"]) + k["rms_norm"] + k["linear"])  # norm, lm_head
-    pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
+    router = k["router_linear_topk"] if shape.fused_router else k["linear"] + k["router_topk"]
+    pre = attn + router  # + the router's linear and top-k
     post = calls * ffn + shared + step
     if device_placement:  # the decision program, the slot ids, one gather per two expert tensors
         # (+ the union, as a kernel for calls of up to moe_union.MAX_PICKS picks: every call at the chunks modelled)
@@ -175,7 +177,7 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     if moe_graphs:
         if not device_placement or cpu_split or cuda_graphs:
             raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")
-        held = (k["linear"] + k["router_topk"] + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
+        held = (router + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
                 + k["gather_experts"] * gather_launches(shape))  # what one MoE block graph holds
         launches = np.where(decode, launches - held + 1, launches)
         pre = np.where(decode, attn + GLUE_PRE, pre)  # attention and its glue stay eager

@@ -185,12 +185,21 @@ class Engine:
         to the router weight's dtype (fp32 where HF keeps the gate in fp32: Routing.fp32)."""
         cfg, ks = self.config, self.kernels
         lw = self.decoder.layers[cfg.moe_layers[layer]]
+        if self.fused_router(lw):  # the projection and the top-k in one launch
+            return ks.router_linear_topk(h, lw.router, cfg.top_k, cfg.norm_topk_prob)
         logits = ks.linear(h.to(lw.router.dtype), lw.router, lw.router_bias)  # [T, E]
         if lw.hash_table is not None:  # DeepSeek-V4's hash layers: the picks are the token ids' table rows
             ids = lw.hash_table[self.decoder.token_ids].to(torch.int32)  # [T, K]
             r = cfg.routing
             return ks.router_weights(logits, ids, cfg.norm_topk_prob, r.score, r.scale), ids
         return ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias, **cfg.routing.options())
+
+    def fused_router(self, lw) -> bool:
+        """Whether a layer's router is one router_linear_topk launch: the plain softmax top-k (no router or correction
+        bias, no groups, no hash table, scale 1) and a kernel set that has it."""
+        r = self.config.routing
+        return (self.kernels.router_linear_topk is not None and lw.router_bias is None and lw.hash_table is None
+                and lw.correction_bias is None and r.score == "softmax" and r.n_group == 1 and r.scale == 1.0)
 
     def _moe(self, layer: int, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.cache.device_moe is not None:

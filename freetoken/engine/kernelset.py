@@ -37,10 +37,11 @@ class KernelSet:
     hc_head: Callable
     compress_pool: Callable
     attention_compressed: Callable
-    # fused: attention's prologue (per-head q / k norm, rope, KV writes), the residual add + RMSNorm; None: the
-    # unfused calls run
+    # fused: attention's prologue (per-head q / k norm, rope, KV writes), the residual add + RMSNorm, the plain
+    # router's projection + top-k; None: the unfused calls run
     qk_norm_rope: Callable | None = None
     add_rms_norm: Callable | None = None
+    router_linear_topk: Callable | None = None
 
 
 def _build(name: str) -> KernelSet:
@@ -53,7 +54,7 @@ def _build(name: str) -> KernelSet:
                          k.expert_ffn_quant, k.causal_conv1d, k.causal_conv1d_update, k.gated_delta_chunk,
                          k.gated_delta_step, k.rms_norm_gated, k.router_weights, k.hc_pre, k.hc_post, k.hc_head,
                          k.compress_pool, k.attention_compressed, qk_norm_rope=k.qk_norm_rope,
-                         add_rms_norm=k.add_rms_norm)
+                         add_rms_norm=k.add_rms_norm, router_linear_topk=k.router_linear_topk)
     if name == "host":
         from freetoken.host import ops
 
@@ -63,7 +64,8 @@ def _build(name: str) -> KernelSet:
     return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_host, k.router_topk_ref, k.linear_ref,
                      k.expert_ffn_host, k.expert_ffn_quant_host, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
                      k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref, *refs,
-                     qk_norm_rope=k.qk_norm_rope_ref, add_rms_norm=k.add_rms_norm_ref)
+                     qk_norm_rope=k.qk_norm_rope_ref, add_rms_norm=k.add_rms_norm_ref,
+                     router_linear_topk=k.router_linear_topk_ref)
 
 
 KERNEL_SETS = ("triton", "host", "reference")

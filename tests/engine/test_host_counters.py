@@ -28,7 +28,8 @@ def shape_of(engine: Engine) -> LayerShape:
                       shared_gate=cfg.shared_expert_gate, packed=engine.cache.pool.packed,
                       tensors_per_expert=engine.cache.pool.tensors_per_expert, linear_layers=linear,
                       out_gate=cfg.attention_output_gate,
-                      fused_prologue=engine.decoder.fused_prologue(engine.decoder.layers[-1], engine.new_kv(1)))
+                      fused_prologue=engine.decoder.fused_prologue(engine.decoder.layers[-1], engine.new_kv(1)),
+                      fused_router=engine.fused_router(engine.decoder.layers[cfg.moe_layers[0]]))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -124,11 +125,12 @@ def test_hybrid_deltanet_layers_count_as_the_engine_does(split, tmp_path):
     work = freetoken_work(log, ckpt.config.num_layers, shape, pipeline=True, cuda_graphs=False, record=True)
     assert work.totals() == engine.host.to_dict()
     # by hand, one decode call: DeltaNet layer 2 norms + 2 linears (the fused qkv / z / b / a input projection, out)
-    # + conv + rule + gated norm = 7 + router 2 = 9; the attention layer 2 norms + 3 linears (fused qkv, the gate, o)
-    # + 2 q/k norms + 2 ropes + 2 decode attention = 11 + 2 = 13
+    # + conv + rule + gated norm = 7 + router 1 (projection + top-k) = 8; the attention layer 2 norms + 3 linears
+    # (fused qkv, the gate, o) + 2 q/k norms + 2 ropes (no fused prologue with an output gate) + 2 decode attention
+    # = 11 + 1 = 12
     decode = log.phase == 1
-    assert set(work.pre_launches[decode & (log.layer < 3)]) == {9 + 6}  # + glue: 5 gate ops, the residual add
-    assert set(work.pre_launches[decode & (log.layer == 3)]) == {13 + 3 + 2}  # + glue: residual, KV x2, gate x2
+    assert set(work.pre_launches[decode & (log.layer < 3)]) == {8 + 6}  # + glue: 5 gate ops, the residual add
+    assert set(work.pre_launches[decode & (log.layer == 3)]) == {12 + 3 + 2}  # + glue: residual, KV x2, gate x2
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss"])
