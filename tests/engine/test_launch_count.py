@@ -19,9 +19,8 @@ SPLITS = {"offload": Split("offload"), "hybrid": Split("hybrid", bp=2.0, bh=1.0)
 # Triton launches of one decode MoE layer, by hand (kernels/, engine/model.py, engine/device_moe.py): 2 norms
 # (input, post; each adds the residual before it but layer 0's input), linear x2 (qkv, o), qk_norm_rope (q / k
 # norms, ropes, KV writes), attention x2 (split, merge), router_linear_topk (projection + top-k), moe_union,
-# place_call, moe_slots,
-# one gather (gate_up and down), expert_ffn x3 (gate_up, down, sum_pairs). No torch glue is left at batch 1 offload;
-# hybrid adds 2 (the decision read's concatenation, the CPU lane's result added)
+# place_call, moe_slots, one gather (gate_up and down), expert_ffn x3 (gate_up, down, sum_pairs). No torch glue is
+# left at batch 1 offload; hybrid adds 2 (the decision read's concatenation, the CPU lane's result added)
 TRITON_PER_LAYER = 2 + 2 + 1 + 2 + 1 + 1 + 1 + 1 + 1 + 3
 TRITON_OUTSIDE = 2  # the final norm (adding the last residual), the LM head
 
