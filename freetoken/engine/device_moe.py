@@ -109,10 +109,12 @@ class DeviceMoE:
         kind, slot, copy_expert, copy_slot, evict, counts = self.placement.decide(layer, experts, tokens, self.split,
                                                                                   phase)
         host.launches += KERNEL_LAUNCHES["place_call"]
+        n = experts.numel()
+        readback = torch.empty(2 * n + ids.numel(), dtype=torch.int32, device=self.device) if self.cpu_lane else None
         slots, hit_slots, fetch_slots = moe_slots(ids, experts, kind, slot, copy_expert, copy_slot, counts,
-                                                  self.totals, pool.capacity, phase)  # [T, K] each
+                                                  self.totals, pool.capacity, phase, readback)  # [T, K] each
         host.launches += KERNEL_LAUNCHES["moe_slots"]
-        cpu_part = self._cpu_lane(layer, x, weights, experts, kind, ids) if self.cpu_lane else None
+        cpu_part = self._cpu_lane(layer, x, weights, n, readback, ids.shape) if self.cpu_lane else None
         fetched = self._gather(layer, copy_expert, copy_slot, counts)
         ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
         run = lambda s: ffn(x, s.contiguous(), weights, *pool.weights, max_experts=E, **pool.ffn_options)  # noqa: E731
@@ -132,17 +134,17 @@ class DeviceMoE:
                                             evict[:int(counts[1])].tolist(), num_experts=E))
         return y
 
-    def _cpu_lane(self, layer, x, weights, experts, kind, ids):
-        """Read the decision back (one sync, one copy) and issue the CPU lane first; None when no expert is on it."""
+    def _cpu_lane(self, layer, x, weights, n, readback, shape):
+        """Read the decision back (readback: experts, kind, ids; one sync, one copy) and issue the CPU lane first;
+        None when no expert is on it."""
         ex = self.executor
-        n = experts.numel()
-        back = torch.cat([experts, kind, ids.reshape(-1).to(torch.int32)]).cpu().numpy()
+        back = readback.cpu().numpy()
         ex.host.syncs += 1
         ex.host.copies += 1
         cpu = back[:n][back[n:2 * n] == 2].tolist()
         if not cpu:
             return None
-        return ex._cpu_lane_start(layer, cpu, x, weights, back[2 * n:].reshape(ids.shape).astype(np.int64))
+        return ex._cpu_lane_start(layer, cpu, x, weights, back[2 * n:].reshape(shape).astype(np.int64))
 
     def _gather(self, layer, copy_expert, copy_slot, counts):
         """Copy the fetched experts into their slots: on CUDA on the copy stream after the decision (which follows

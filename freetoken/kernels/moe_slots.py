@@ -23,14 +23,15 @@ from freetoken.kernels.checks import interpreting
 def _moe_slots_kernel(
     # Pointers
     ids_ptr, experts_ptr, kind_ptr, slot_ptr, copy_expert_ptr, copy_slot_ptr, counts_ptr, totals_ptr,
-    slots_ptr, hit_slots_ptr, fetch_slots_ptr,
+    slots_ptr, hit_slots_ptr, fetch_slots_ptr, readback_ptr,
     # Dimensions
     M, n, capacity, phase,
     # Meta-parameters
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    READBACK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """ids [M] int32 (the picks), experts / kind / slot / copy_expert / copy_slot [n] int32, counts [3] int64
-    (copies, evictions, -), totals [2, 7] int64; slots / hit_slots / fetch_slots [M] int32. Grid (1,)."""
+    (copies, evictions, -), totals [2, 7] int64; slots / hit_slots / fetch_slots [M] int32; readback [2 n + M]
+    int32 (READBACK: experts, kind, ids side by side, for the CPU lane's one read). Grid (1,)."""
     j = tl.arange(0, BLOCK_N)  # [N]
     in_n = j < n
     experts = tl.load(experts_ptr + j, mask=in_n, other=-1)
@@ -61,6 +62,10 @@ def _moe_slots_kernel(
     tl.store(slots_ptr + m, slots, mask=in_m)
     tl.store(hit_slots_ptr + m, tl.where(pick_kind == 0, slots, -1), mask=in_m)
     tl.store(fetch_slots_ptr + m, tl.where(pick_kind == 1, slots, -1), mask=in_m)
+    if READBACK:
+        tl.store(readback_ptr + j, experts, mask=in_n)
+        tl.store(readback_ptr + n + j, kind, mask=in_n)
+        tl.store(readback_ptr + 2 * n + m, ids, mask=in_m)
     # the call's counters
     row = totals_ptr + phase * 7
     hits = tl.sum((in_n & (kind == 0)).to(tl.int64), axis=0)
@@ -76,9 +81,11 @@ def _moe_slots_kernel(
 
 def moe_slots(ids: torch.Tensor, experts: torch.Tensor, kind: torch.Tensor, slot: torch.Tensor,
               copy_expert: torch.Tensor, copy_slot: torch.Tensor, counts: torch.Tensor, totals: torch.Tensor,
-              capacity: int, phase: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              capacity: int, phase: int, readback: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """ids [T, K] int32 and place_call's outputs -> (slots, hit_slots, fetch_slots) [T, K] int32; copy_slot
-    rewritten (staging rows) and totals[phase] added to, in place. No sync."""
+    rewritten (staging rows) and totals[phase] added to, in place; readback [2 n + T K] int32 (optional) gets
+    experts, kind and ids side by side. No sync."""
     # 1. check
     n = experts.numel()
     for name, t in (("experts", experts), ("kind", kind), ("slot", slot), ("copy_expert", copy_expert),
@@ -91,21 +98,27 @@ def moe_slots(ids: torch.Tensor, experts: torch.Tensor, kind: torch.Tensor, slot
         raise ValueError("moe_slots: counts and totals [2, 7] must be int64")
     if ids.device.type != "cuda" and not interpreting():
         raise ValueError(f"moe_slots: ids on {ids.device} (CPU runs only interpreted)")
+    if readback is not None and (readback.dtype != torch.int32 or readback.shape != (2 * n + ids.numel(),)):
+        raise ValueError(f"moe_slots: readback must be int32 [{2 * n + ids.numel()}]")
     # 2. allocate
     ids = ids.contiguous()
     out = torch.empty((3,) + tuple(ids.shape), dtype=torch.int32, device=ids.device)  # [3, T, K]
     # 3. launch
     M = ids.numel()
     _moe_slots_kernel[(1,)](ids, experts, kind, slot, copy_expert, copy_slot, counts, totals, out[0], out[1], out[2],
-                            M, n, capacity, phase, BLOCK_M=max(16, triton.next_power_of_2(M)),
+                            out if readback is None else readback, M, n, capacity, phase,
+                            READBACK=readback is not None, BLOCK_M=max(16, triton.next_power_of_2(M)),
                             BLOCK_N=max(16, triton.next_power_of_2(max(n, 1))))
     return out[0], out[1], out[2]
 
 
 def moe_slots_ref(ids: torch.Tensor, experts: torch.Tensor, kind: torch.Tensor, slot: torch.Tensor,
                   copy_expert: torch.Tensor, copy_slot: torch.Tensor, counts: torch.Tensor, totals: torch.Tensor,
-                  capacity: int, phase: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  capacity: int, phase: int, readback: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The torch reference: scatter maps over the E experts, then index them by the picks."""
+    if readback is not None:
+        readback.copy_(torch.cat([experts, kind, ids.reshape(-1)]))
     E = int(max(int(ids.max()), int(experts.max())) + 1)
     n, dev = experts.numel(), ids.device
     live = torch.arange(n, device=dev) < counts[0]  # [n] copy-list entries

@@ -31,8 +31,10 @@ def test_moe_slots_equals_reference(split):
         kind, slot, copy_expert, copy_slot, _evict, counts = dev.decide(step % L, experts, tokens, SPLITS[split],
                                                                         phase)
         copy_ref = copy_slot.clone()
-        got = moe_slots(ids, experts, kind, slot, copy_expert, copy_slot, counts, totals, 5, phase)
-        want = moe_slots_ref(ids, experts, kind, slot, copy_expert, copy_ref, counts, totals_ref, 5, phase)
+        back, back_ref = (torch.full((2 * experts.numel() + ids.numel(),), -7, dtype=torch.int32) for _ in range(2))
+        got = moe_slots(ids, experts, kind, slot, copy_expert, copy_slot, counts, totals, 5, phase, back)
+        want = moe_slots_ref(ids, experts, kind, slot, copy_expert, copy_ref, counts, totals_ref, 5, phase, back_ref)
+        assert back.tolist() == back_ref.tolist()
         for a, b in zip(got, want):
             assert a.tolist() == b.tolist()
         assert copy_slot.tolist() == copy_ref.tolist() and totals.tolist() == totals_ref.tolist()
