@@ -5,7 +5,7 @@ union was ~14 small torch ops); the recorder's write of the call's routing rides
     record [2, T, K] fp32 (optional, any strides): ids and routing weights, as the trace recorder keeps them
 
 One program compares every pick with every other ([M, M] with M = T K), so it is for decode-sized calls
-(M <= MAX_PICKS); engine/device_moe.call_union is the torch form for any size and this kernel's reference.
+(M <= MAX_PICKS); engine/device_moe.call_union is the torch form the engine runs for larger calls.
 """
 
 from __future__ import annotations
@@ -88,10 +88,18 @@ def moe_union(ids: torch.Tensor, num_experts: int, weights: torch.Tensor | None 
 
 def moe_union_ref(ids: torch.Tensor, num_experts: int, weights: torch.Tensor | None = None,
                   record: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch reference: call_union, then the recorder's two writes."""
-    from freetoken.engine.device_moe import call_union
-
+    """The torch reference (engine/device_moe.call_union's algorithm), then the recorder's two writes."""
     if record is not None:
         record[0] = ids
         record[1] = weights
-    return call_union(ids, num_experts)
+    flat = ids.reshape(-1).to(torch.int32)  # [M]
+    M = flat.numel()
+    n = min(M, num_experts)
+    same = flat[:, None] == flat[None, :]  # [M, M]
+    first = ~torch.tril(same, -1).any(1)  # [M] first use of its expert
+    where = torch.where(first, torch.cumsum(first.to(torch.int64), 0) - 1, n)  # [M] position, n = dropped
+    experts = torch.full((n + 1,), -1, dtype=torch.int32, device=ids.device)
+    tokens = torch.zeros(n + 1, dtype=torch.int32, device=ids.device)
+    experts.scatter_(0, where, flat)
+    tokens.scatter_(0, where, same.sum(1, dtype=torch.int32))
+    return experts[:n], tokens[:n]

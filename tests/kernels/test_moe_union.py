@@ -1,5 +1,5 @@
 """moe_union (one launch: a call's distinct experts in first-use order with token counts, and the recorder's write)
-against its torch reference (engine/device_moe.call_union + the two writes), interpreted."""
+against its torch reference and the engine's torch form (engine/device_moe.call_union), interpreted."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from freetoken.engine.device_moe import call_union
 from freetoken.kernels.moe_union import MAX_PICKS, moe_union, moe_union_ref
 
 
@@ -21,6 +22,7 @@ def test_moe_union_equals_reference(T, K, E):
     assert got[0].tolist() == want[0].tolist() and got[1].tolist() == want[1].tolist()
     assert torch.equal(buf, buf_ref) and buf[0, :, 1].tolist() == ids.float().tolist()
     assert torch.equal(moe_union(ids, E)[0], want[0])  # without recording
+    torch.testing.assert_close(call_union(ids, E), want, rtol=0, atol=0)  # the engine's form for larger calls
 
 
 def test_moe_union_rejects_a_call_too_large():
