@@ -171,7 +171,7 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
     before = engine.cache.decode_counters.to_dict()
     syncs0, replays0 = engine.host.syncs, engine.graphs.replays if engine.graphs is not None else 0
     engine.stats = type(engine.stats)()
-    engine.count_launches = True  # one decode token's GPU kernels and host syncs (engine/launch_count.py)
+    engine.count_launches = engine.kernels.name == "triton"  # one decode token's kernels (engine/launch_count.py)
     out_tokens = list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
                                       request=1))
     n = len(out_tokens)

@@ -202,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.placement.warmup import warm_policy
 
     warm_policy(engine.cache.policy)  # compiled before the clock starts, not inside the first prefill's time
-    engine.count_launches = args.json and engine.kernels.name != "host"  # the host set launches no device kernels
+    engine.count_launches = args.json and engine.kernels.name == "triton"  # the device kernels' count
     out: list[int] = []
     shown = ""
     live = sys.stderr.isatty()
@@ -270,7 +270,7 @@ def _signals(engine, draft) -> dict:
 
 def _launch_counts(engine) -> dict:
     """One decode token's GPU kernels and host syncs (engine/launch_count.py); None without a counted step (fewer
-    than 3 tokens, or the host kernel set, which launches none)."""
+    than 3 tokens, or a kernel set other than Triton's: the host set launches none, the references are torch)."""
     from freetoken.engine.launch_count import StepCount
 
     if engine.step_count is not None:
