@@ -85,3 +85,18 @@ def test_decode_kernel_budget(split, ckpt):
     assert c.sync_sites.get("step:cpu", 0) == (0 if split == "offload" else 3 * L)
     assert c.step_syncs == 2 + (0 if split == "offload" else 3 * L)
     assert c.token_syncs == c.step_syncs + 1 == sum(c.sync_sites.values())
+
+
+def test_ft_generate_json_reports_the_count(capsys):
+    import json
+
+    from freetoken.cli import main
+
+    argv = ["generate", "--kernels", "triton", "--device", "cpu", "--placement", "device", "--token-ids", "5,6,7",
+            "--max-tokens", "4", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decode_kernels_per_layer"] == TRITON_PER_LAYER  # the demo model, offload: no glue left
+    assert out["host_syncs_per_step"] == 2 and out["host_syncs_per_token"] == 3
+    assert main(argv[:-2] + ["2", "--json"]) == 0  # too few tokens for a counted step: null, not a guess
+    assert json.loads(capsys.readouterr().out)["decode_kernels_per_layer"] is None
