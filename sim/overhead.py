@@ -68,6 +68,7 @@ class LayerShape:
     out_gate: bool = False  # attention output *= sigmoid(h @ out_gate): one more linear (Qwen3-Next / Qwen3.5)
     fused_prologue: bool = False  # q / k norms, ropes and KV writes as one qk_norm_rope (engine/model.py)
     fused_router: bool = False  # the router's projection + top-k as one router_linear_topk (Engine.route)
+    fused_qkv: bool = False  # a decode token's add + input norm + qkv projection as one add_norm_linear (Decoder)
 
 
 @dataclass(slots=True)
@@ -105,7 +106,8 @@ def attention_launches(shape: LayerShape, decode: np.ndarray, linear: np.ndarray
     prologue = k["qk_norm_rope"] if shape.fused_prologue else 2 * k["apply_rope"] + (
         2 * k["rms_norm"] if shape.qk_norm else 0)
     base = 2 * k["rms_norm"] + (ATTENTION_LINEARS + shape.out_gate) * k["linear"] + prologue
-    attn = base + np.where(decode, k["attention_decode"], k["attention_prefill"])
+    fused = k["rms_norm"] + k["linear"] - k["add_norm_linear"] if shape.fused_qkv else 0  # decode only
+    attn = base + np.where(decode, k["attention_decode"] - fused, k["attention_prefill"])
     if linear is None or not linear.any():
         return attn
     delta = 2 * k["rms_norm"] + DELTANET_LINEARS * k["linear"] + k["rms_norm_gated"] + np.where(

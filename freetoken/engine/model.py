@@ -208,13 +208,17 @@ class Decoder:
         for l, lw in enumerate(self.layers):
             if self.on_layer is not None:
                 self.on_layer(l)
-            x, h = self._add_norm(x, y, lw.input_norm)
-            if lw.deltanet is not None:
-                y = deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
-            elif lw.mla is not None:
-                y = mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
+            if T == 1 and self.fused_qkv(l, kv, x, y):  # the input norm and the qkv projection in one kernel
+                x, qkv = ks.add_norm_linear(x, y, lw.input_norm, cfg.rms_norm_eps, lw.wqkv, lw.bqkv, **self.norm_kw)
+                y = self._attend_qkv(l, lw, qkv, kv, start_pos, positions)
             else:
-                y = self._attention(l, lw, h, kv, start_pos, positions)
+                x, h = self._add_norm(x, y, lw.input_norm)
+                if lw.deltanet is not None:
+                    y = deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
+                elif lw.mla is not None:
+                    y = mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
+                else:
+                    y = self._attention(l, lw, h, kv, start_pos, positions)
             x, h = self._add_norm(x, y, lw.post_norm)
             y = self._ffn(l, lw, x, h, moe)
         if self.on_layer is not None:
@@ -319,15 +323,26 @@ class Decoder:
         if step is not None and h.shape[0] == 1 and not kv.fp8:  # a decode token on the host: one call
             return self._out(lw, h, self._attention_step(step, lw, h, [kv], [start_pos], l))
         if self.fused_prologue(lw, kv):  # q / k norms, rope and the KV writes in one kernel
-            cfg = self.cfg
-            norms = (lw.q_norm, lw.k_norm) if cfg.qk_norm == "head" else (None, None)
-            qkv = self.kernels.linear(h, lw.wqkv, lw.bqkv)  # [T, (H + 2 Hkv) Dh]
-            q = self.kernels.qk_norm_rope(qkv, cfg.num_heads, cfg.num_kv_heads, *norms, cfg.rms_norm_eps, positions,
-                                          cfg.rope_theta, kv.k[l], kv.v[l], start_pos, self.rotary_dim, **self.rope,
-                                          **self.norm_kw)
-            o = self.kernels.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)
-            return self._out(lw, h, o)
+            return self._attend_qkv(l, lw, self.kernels.linear(h, lw.wqkv, lw.bqkv), kv, start_pos, positions)
         return self._out(lw, h, self._attend(l, lw, kv, start_pos, *self._project(lw, h, positions)))
+
+    def _attend_qkv(self, l: int, lw: LayerWeights, qkv: torch.Tensor, kv: KVCache, start_pos: int,
+                    positions: torch.Tensor) -> torch.Tensor:
+        """Attention from the qkv projection [T, (H + 2 Hkv) Dh] through qk_norm_rope (fused_prologue) -> [T, D]."""
+        cfg = self.cfg
+        norms = (lw.q_norm, lw.k_norm) if cfg.qk_norm == "head" else (None, None)
+        q = self.kernels.qk_norm_rope(qkv, cfg.num_heads, cfg.num_kv_heads, *norms, cfg.rms_norm_eps, positions,
+                                      cfg.rope_theta, kv.k[l], kv.v[l], start_pos, self.rotary_dim, **self.rope,
+                                      **self.norm_kw)
+        o = self.kernels.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)
+        return self._out(lw, None, o)  # (no output gate under fused_prologue)
+
+    def fused_qkv(self, l: int, kv: KVCache, x: torch.Tensor, y: torch.Tensor | None) -> bool:
+        """Whether a decode token's input norm and qkv projection run as one add_norm_linear: a plain attention
+        layer with the fused prologue, not the host kernels' one-call step, and a kernel set that has it."""
+        lw = self.layers[l]
+        return (self.kernels.add_norm_linear is not None and lw.deltanet is None and lw.mla is None
+                and self.steps[l] is None and self.fused_prologue(lw, kv) and (y is None or y.dtype == x.dtype))
 
     def fused_prologue(self, lw: LayerWeights, kv: KVCache) -> bool:
         """Whether attention's prologue runs as one qk_norm_rope call: per-head or no q / k norm, no clipping, no

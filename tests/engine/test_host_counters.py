@@ -22,6 +22,7 @@ SPLITS = {"offload": Split("offload", admit_prefill=False), "hybrid": Split("hyb
 
 def shape_of(engine: Engine) -> LayerShape:
     cfg = engine.config
+    x = torch.zeros(1, cfg.hidden_size, dtype=engine.decoder.embed.dtype)
     linear = () if cfg.linear_attention is None else tuple(
         cfg.moe_index(l) for l in cfg.linear_attention.layers if cfg.moe_index(l) >= 0)
     return LayerShape(qk_norm=cfg.qk_norm != "none", shared_expert=cfg.shared_expert_intermediate > 0,
@@ -29,7 +30,8 @@ def shape_of(engine: Engine) -> LayerShape:
                       tensors_per_expert=engine.cache.pool.tensors_per_expert, linear_layers=linear,
                       out_gate=cfg.attention_output_gate,
                       fused_prologue=engine.decoder.fused_prologue(engine.decoder.layers[-1], engine.new_kv(1)),
-                      fused_router=engine.fused_router(engine.decoder.layers[cfg.moe_layers[0]]))
+                      fused_router=engine.fused_router(engine.decoder.layers[cfg.moe_layers[0]]),
+                      fused_qkv=engine.decoder.fused_qkv(len(engine.decoder.layers) - 1, engine.new_kv(1), x, x))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
