@@ -188,8 +188,8 @@ class _Mode(TorchDispatchMode):
         ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         name = func.overloadpacket.__name__
         host = name == "lift_fresh" or (all(c.is_host(t) for t in ins) and bool(ins))  # lift_fresh: Python data
-        if host:
-            _mark(out)
+        if host:  # (a copy of host data to a CUDA device makes device data: not marked)
+            _mark(out, None if c.device.type == "cpu" else "cpu")
             return out
         if name == "_local_scalar_dense":
             c.sync("item")
@@ -225,9 +225,10 @@ def mark_host(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _mark(out) -> None:
+def _mark(out, only: str | None = None) -> None:
+    """Mark out's tensors as host data (only: those on that device type)."""
     for t in tree_leaves(out):
-        if isinstance(t, torch.Tensor):
+        if isinstance(t, torch.Tensor) and (only is None or t.device.type == only):
             try:
                 setattr(t, _HOST_MARK, True)
             except (AttributeError, RuntimeError):
