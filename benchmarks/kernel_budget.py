@@ -34,7 +34,8 @@ def count(ckpt, split_mode: str, device: str, kernels: str = "triton", pipeline:
     engine.count_launches = True
     list(engine.generate([1, 2, 3, 4], SamplingParams(greedy=True), max_tokens=3, stop_token_ids=[]))
     c = engine.step_count
-    return {"split": split_mode, "pipeline": engine.cache.executor.pipeline, **c.to_dict(), "per_layer_min": min(c.per_layer), "per_layer_max": max(c.per_layer),
+    return {"split": split_mode, "pipeline": engine.cache.executor.pipeline, **c.to_dict(),
+            "per_layer_min": min(c.per_layer), "per_layer_max": max(c.per_layer),
             "ops_per_token": dict(sorted(c.ops.items(), key=lambda kv: -kv[1]))}
 
 

@@ -4,7 +4,8 @@ cost model (sim/overhead.py) charges it. A root module without imports, so both 
 # Triton kernels each kernel-set entry launches (freetoken/kernels): expert_ffn = gate_up, down, sum_pairs;
 # attention = decode split + merge (1 token) or one flash-attention kernel (prefill); linear = one kernel, split-K
 # decode included (its last split reduces in the same launch).
-KERNEL_LAUNCHES = {"rms_norm": 1, "add_rms_norm": 1, "add_norm_linear": 1, "apply_rope": 1, "qk_norm_rope": 1, "router_topk": 1, "router_linear_topk": 1, "linear": 1, "expert_ffn": 3,
+KERNEL_LAUNCHES = {"rms_norm": 1, "add_rms_norm": 1, "add_norm_linear": 1, "apply_rope": 1, "qk_norm_rope": 1,
+                   "router_topk": 1, "router_linear_topk": 1, "linear": 1, "expert_ffn": 3,
                    "expert_ffn_quant": 3, "attention_decode": 2, "attention_prefill": 1,
                    "causal_conv1d": 1, "causal_conv1d_update": 1, "gated_delta_chunk": 1, "gated_delta_step": 1,
                    "rms_norm_gated": 1,

@@ -3,7 +3,8 @@ router hint's predictions, the trace's `hint` field, when the engine made any).
 
 Host path: each MoE layer hands its ids and gates over on the host (`layer`). Device path (`layer_view`): the device
 MoE call's union kernel writes them into a device buffer [2, T, L, K] (ids as fp32, exact below 2^24, and gates) that
-`end` reads back in one copy per forward, into pinned memory on CUDA (non-blocking, then one wait): one sync per step, not two per layer.
+`end` reads back in one copy per forward, into pinned memory on CUDA (non-blocking, then one wait): one sync per
+step, not two per layer.
 """
 
 from __future__ import annotations

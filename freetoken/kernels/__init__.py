@@ -38,7 +38,8 @@ from freetoken.kernels.router_linear import router_linear_topk, router_linear_to
 from freetoken.kernels.router import router_topk, router_topk_ref, router_weights, router_weights_ref  # noqa: E402
 
 __all__ = [
-    "apply_rope", "apply_rope_ref", "qk_norm_rope", "qk_norm_rope_ref", "add_norm_linear", "add_norm_linear_ref", "add_rms_norm", "router_linear_topk",
+    "apply_rope", "apply_rope_ref", "qk_norm_rope", "qk_norm_rope_ref", "add_norm_linear", "add_norm_linear_ref",
+    "add_rms_norm", "router_linear_topk",
     "router_linear_topk_ref",
     "add_rms_norm_ref", "attention", "attention_compressed", "attention_compressed_ref", "attention_host",
     "attention_ref", "causal_conv1d", "causal_conv1d_ref", "compress_pool", "compress_pool_ref", "hc_head",

@@ -28,7 +28,8 @@ def test_qk_norm_rope_equals_composition(T, H, Hkv, Dh, rotary, norm, round_norm
                        round_normed)
     want = qk_norm_rope_ref(qkv, H, Hkv, qn, kn, 1e-6, positions, 1e4, caches[2], caches[3], start, rotary,
                             inv_freq, scale, round_normed)
-    tol = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=3e-2)  # two bf16 roundings in a row
+    # bf16: two roundings in a row
+    tol = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=3e-2)
     torch.testing.assert_close(got, want, **tol)
     torch.testing.assert_close(caches[0], caches[2], **tol)
     assert torch.equal(caches[1], caches[3])  # v: copied as is
