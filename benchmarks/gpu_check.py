@@ -173,6 +173,7 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
     before = engine.cache.decode_counters.to_dict()
     syncs0, replays0 = engine.host.syncs, engine.graphs.replays if engine.graphs is not None else 0
     engine.stats = type(engine.stats)()
+    engine.count_launches = engine.kernels.name == "triton"  # one decode token's kernels (engine/launch_count.py)
     out_tokens = list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
                                       request=1))
     n = len(out_tokens)
@@ -194,6 +195,8 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
             "placement": engine.cache.placement_line, "decode_mode": engine.decode_line,
             "graph_capable": engine.graphs is not None, "graph_replays": replays,
             "syncs_per_step": syncs / max(n, 1),  # prefill's and the decode steps' over the measured request
+            "kernels_per_layer": c.kernels_per_moe_layer if (c := engine.step_count) else None,
+            "kernels_per_token": c.kernels if c else None, "host_syncs_per_token": c.token_syncs if c else None,
             "trace": engine.trace(), "continuation": out_tokens,
             "logits": None if forced is None else teacher_forced_logits(engine, *forced)}
 
@@ -270,7 +273,8 @@ def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, 
         rows.append(row)
         print(f"{policy:14s} {split:8s} {row['capacity']:6d} {row['tok_s']:8.2f} {row['hit_rate']:9.1%} "
               f"{row['roofline_gpu']:9.1%} {row['roofline_all']:6.1%}  logits |d| {row['max_abs_delta']:.2g} "
-              f"argmax {row['argmax_agreement']:.0%}", flush=True)
+              f"argmax {row['argmax_agreement']:.0%}  kernels/layer {row['kernels_per_layer']} "
+              f"syncs/token {row['host_syncs_per_token']}", flush=True)
     return rows
 
 

@@ -8,7 +8,7 @@ Counts are physical inputs read off each engine's code path (docs/cost_model.md,
                  (one sync + one device-to-host copy); each expert_ffn call uploads its slot ids (one copy).
                  tests/engine/test_host_counters.py checks these counts against the live engine's own counters.
                  With the device placement (engine/device_moe.py) a call instead launches the decision program
-                 and one expert gather per expert tensor, and no id read, slot upload or per-expert copy; a split
+                 and one expert gather per two expert tensors, and no id read, slot upload or per-expert copy; a split
                  with a CPU lane reads each call's decision back once; the recorder reads once per forward.
     llama.cpp    ggml ops per layer of its qwen3moe graph that run on the GPU backend (LLAMACPP_GPU_OPS); with
                  -cmoe each MoE layer is two graph splits (GPU -> CPU experts -> GPU), whose round trip is the CPU
@@ -66,6 +66,9 @@ class LayerShape:
     #                              gate, up, down; + 2 with biases), freetoken/engine/slots.py SlotPool.load
     linear_layers: tuple[int, ...] = ()  # MoE layers whose token mixer is Gated DeltaNet (Qwen3-Next / Qwen3.5)
     out_gate: bool = False  # attention output *= sigmoid(h @ out_gate): one more linear (Qwen3-Next / Qwen3.5)
+    fused_prologue: bool = False  # q / k norms, ropes and KV writes as one qk_norm_rope (engine/model.py)
+    fused_router: bool = False  # the router's projection + top-k as one router_linear_topk (Engine.route)
+    fused_qkv: bool = False  # a decode token's add + input norm + qkv projection as one add_norm_linear (Decoder)
 
 
 @dataclass(slots=True)
@@ -89,15 +92,22 @@ class HostWork:
                 "copies": int(self.copies.sum())}
 
 
+def gather_launches(shape: LayerShape) -> int:
+    """The device MoE's expert gathers per call: two expert tensors per launch (kernels/expert_gather.py)."""
+    return -(-shape.tensors_per_expert // 2)
+
+
 def attention_launches(shape: LayerShape, decode: np.ndarray, linear: np.ndarray | None = None) -> np.ndarray:
     """input rms_norm, the fused q/k/v projection, q/k norms, two ropes, attention, (output gate,) o projection,
     post-attention rms_norm; where `linear` [N]: a Gated DeltaNet layer instead: input rms_norm, the fused
     qkv / z / b / a input projection, the causal conv, the gated delta rule, the gated rms_norm, the out linear,
     post-attention rms_norm."""
     k = KERNEL_LAUNCHES
-    base = 2 * k["rms_norm"] + (ATTENTION_LINEARS + shape.out_gate) * k["linear"] + 2 * k["apply_rope"] + (
+    prologue = k["qk_norm_rope"] if shape.fused_prologue else 2 * k["apply_rope"] + (
         2 * k["rms_norm"] if shape.qk_norm else 0)
-    attn = base + np.where(decode, k["attention_decode"], k["attention_prefill"])
+    base = 2 * k["rms_norm"] + (ATTENTION_LINEARS + shape.out_gate) * k["linear"] + prologue
+    fused = k["rms_norm"] + k["linear"] - k["add_norm_linear"] if shape.fused_qkv else 0  # decode only
+    attn = base + np.where(decode, k["attention_decode"] - fused, k["attention_prefill"])
     if linear is None or not linear.any():
         return attn
     delta = 2 * k["rms_norm"] + DELTANET_LINEARS * k["linear"] + k["rms_norm_gated"] + np.where(
@@ -146,10 +156,12 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     dense_layers = num_layers - moe_layers
     dense_attn = attention_launches(shape, decode)  # dense layers counted as full-attention ones
     step = first * (dense_layers * (dense_attn + k["expert_ffn"]) + k["rms_norm"] + k["linear"])  # norm, lm_head
-    pre = attn + k["linear"] + k["router_topk"]  # + the router's linear and top-k
+    router = k["router_linear_topk"] if shape.fused_router else k["linear"] + k["router_topk"]
+    pre = attn + router  # + the router's linear and top-k
     post = calls * ffn + shared + step
-    if device_placement:  # the decision program, one gather per expert tensor
-        post = post + k["place_call"] + k["gather_experts"] * shape.tensors_per_expert
+    if device_placement:  # the decision program, the slot ids, one gather per two expert tensors
+        # (+ the union, as a kernel for calls of up to moe_union.MAX_PICKS picks: every call at the chunks modelled)
+        post = post + k["moe_union"] + k["place_call"] + k["moe_slots"] + k["gather_experts"] * gather_launches(shape)
     cpu = (log.cpu > 0).astype(np.int64)
     launches = pre + post
     glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
@@ -167,8 +179,8 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     if moe_graphs:
         if not device_placement or cpu_split or cuda_graphs:
             raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")
-        held = (k["linear"] + k["router_topk"] + calls * ffn + k["place_call"]
-                + k["gather_experts"] * shape.tensors_per_expert)  # what one MoE block graph holds
+        held = (router + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
+                + k["gather_experts"] * gather_launches(shape))  # what one MoE block graph holds
         launches = np.where(decode, launches - held + 1, launches)
         pre = np.where(decode, attn + GLUE_PRE, pre)  # attention and its glue stay eager
         post = np.where(decode, 1 + shared + step + glue_post - (calls - 1), post)  # group adds are in the graph

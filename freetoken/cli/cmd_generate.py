@@ -202,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     from freetoken.placement.warmup import warm_policy
 
     warm_policy(engine.cache.policy)  # compiled before the clock starts, not inside the first prefill's time
+    engine.count_launches = args.json and engine.kernels.name == "triton"  # the device kernels' count
     out: list[int] = []
     shown = ""
     live = sys.stderr.isatty()
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
                     "kv_dtype": args.kv_dtype, "device": str(engine.device), "experts": store.format,
                     "host_kernels": host, "threads": engine.threads,
-                    "trace": args.record_trace, **signals})
+                    "trace": args.record_trace, **signals, **_launch_counts(engine)})
     else:
         sys.stdout.write("\n" if tok is not None else " ".join(map(str, out)) + "\n")
     sys.stderr.write(("\r" if live else "") + _progress(engine, len(out)) + "\n")
@@ -265,6 +266,16 @@ def _signals(engine, draft) -> dict:
     if engine.hinting and engine.recorder is not None:
         out["hint_accuracy"] = [None if a != a else float(a) for a in hint_accuracy(engine.trace())]
     return out
+
+
+def _launch_counts(engine) -> dict:
+    """One decode token's GPU kernels and host syncs (engine/launch_count.py); None without a counted step (fewer
+    than 3 tokens, or a kernel set other than Triton's: the host set launches none, the references are torch)."""
+    from freetoken.engine.launch_count import StepCount
+
+    if engine.step_count is not None:
+        return engine.step_count.to_dict()
+    return dict.fromkeys(StepCount.keys())
 
 
 def _progress(engine, n: int) -> str:

@@ -19,7 +19,9 @@ import torch
 from freetoken.engine.device_placement import DevicePolicy, _fetch_counts, device_form
 from freetoken.engine.executor import LiveExecutor
 from freetoken.kernel_launches import KERNEL_LAUNCHES
-from freetoken.kernels.expert_gather import gather_experts
+from freetoken.kernels.expert_gather import gather_pairs
+from freetoken.kernels.moe_slots import moe_slots
+from freetoken.kernels.moe_union import MAX_PICKS, moe_union
 from freetoken.placement import PlacementPolicy, Split
 from freetoken.placement.call import Plan
 
@@ -92,35 +94,34 @@ class DeviceMoE:
             st.b_gate_up, st.b_down = pin(st.b_gate_up), pin(st.b_down)
 
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
-                 phase: int) -> torch.Tensor:
-        """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]."""
+                 phase: int, record: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]. record [2, T, K]
+        fp32 (the trace recorder's slot of this layer) gets the ids and weights."""
         ex, pool, E = self.executor, self.pool, self.store.num_experts
         host = ex.host
-        experts, tokens = call_union(ids, E)  # [n]
+        if ids.numel() <= MAX_PICKS:  # decode-sized: the union and the recorder's write in one launch
+            experts, tokens = moe_union(ids, E, weights, record)  # [n]
+            host.launches += KERNEL_LAUNCHES["moe_union"]
+        else:
+            experts, tokens = call_union(ids, E)  # [n]
+            if record is not None:
+                record[0], record[1] = ids, weights
         kind, slot, copy_expert, copy_slot, evict, counts = self.placement.decide(layer, experts, tokens, self.split,
                                                                                   phase)
         host.launches += KERNEL_LAUNCHES["place_call"]
         n = experts.numel()
-        live = torch.arange(n, device=self.device) < counts[0]  # [n] copy-list entries
-        unkept = live & (copy_slot < 0)  # fetched through a staging row
-        copy_slot = torch.where(unkept, pool.capacity + torch.cumsum(unkept.to(torch.int32), 0) - 1, copy_slot)
-        copy_slot = copy_slot.to(torch.int32)
-        slot_map = torch.full((E + 1,), -1, dtype=torch.int32, device=self.device)  # expert -> slot, E: dropped
-        kind_map = torch.full((E + 1,), 2, dtype=torch.int32, device=self.device)  # expert -> kind
-        valid = kind >= 0
-        slot_map.scatter_(0, torch.where(kind == 0, experts, E).long(), slot)
-        slot_map.scatter_(0, torch.where(live, copy_expert, E).long(), copy_slot)
-        kind_map.scatter_(0, torch.where(valid, experts, E).long(), kind)
-        idx = ids.long()
-        slots, kinds = slot_map[idx], kind_map[idx]  # [T, K]
-        cpu_part = self._cpu_lane(layer, x, weights, experts, kind, ids) if self.cpu_lane else None
+        readback = torch.empty(2 * n + ids.numel(), dtype=torch.int32, device=self.device) if self.cpu_lane else None
+        slots, hit_slots, fetch_slots = moe_slots(ids, experts, kind, slot, copy_expert, copy_slot, counts,
+                                                  self.totals, pool.capacity, phase, readback)  # [T, K] each
+        host.launches += KERNEL_LAUNCHES["moe_slots"]
+        cpu_part = self._cpu_lane(layer, x, weights, n, readback, ids.shape) if self.cpu_lane else None
         fetched = self._gather(layer, copy_expert, copy_slot, counts)
         ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
         run = lambda s: ffn(x, s.contiguous(), weights, *pool.weights, max_experts=E, **pool.ffn_options)  # noqa: E731
         if ex.pipeline:  # the hits while the gather runs, then the fetched experts
-            y = run(torch.where(kinds == 0, slots, -1))
+            y = run(hit_slots)
             ex._wait([fetched])
-            y = y + run(torch.where(kinds == 1, slots, -1))
+            y = y + run(fetch_slots)
         else:
             ex._wait([fetched])
             y = run(slots)
@@ -128,43 +129,38 @@ class DeviceMoE:
             y = y + ex._cpu_lane_result(cpu_part, y.dtype)
             host.syncs += 1  # the activations reach the host
             host.copies += 2  # ... and the lane's result goes back
-        row = torch.stack([torch.ones_like(counts[0]), (kind == 0).sum(), counts[0], (kind == 2).sum(), counts[1],
-                           torch.zeros_like(counts[0]), (slots < 0).sum()])
-        self.totals[phase].add_(row)
         if ex.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
             ex.plans.append(Plan.from_kinds(layer, experts.tolist(), kind.tolist(), slot.tolist(),
                                             evict[:int(counts[1])].tolist(), num_experts=E))
         return y
 
-    def _cpu_lane(self, layer, x, weights, experts, kind, ids):
-        """Read the decision back (one sync, one copy) and issue the CPU lane first; None when no expert is on it."""
+    def _cpu_lane(self, layer, x, weights, n, readback, shape):
+        """Read the decision back (readback: experts, kind, ids; one sync, one copy) and issue the CPU lane first;
+        None when no expert is on it."""
         ex = self.executor
-        n = experts.numel()
-        back = torch.cat([experts, kind, ids.reshape(-1).to(torch.int32)]).cpu().numpy()
+        back = readback.cpu().numpy()
         ex.host.syncs += 1
         ex.host.copies += 1
         cpu = back[:n][back[n:2 * n] == 2].tolist()
         if not cpu:
             return None
-        return ex._cpu_lane_start(layer, cpu, x, weights, back[2 * n:].reshape(ids.shape).astype(np.int64))
+        return ex._cpu_lane_start(layer, cpu, x, weights, back[2 * n:].reshape(shape).astype(np.int64))
 
     def _gather(self, layer, copy_expert, copy_slot, counts):
         """Copy the fetched experts into their slots: on CUDA on the copy stream after the decision (which follows
         every earlier FFN on the compute stream, so a replaced slot is no longer read); returns its event."""
         ex = self.executor
         pairs = self.pool.tensor_pairs(self.store, layer)
-        ex.host.launches += KERNEL_LAUNCHES["gather_experts"] * len(pairs)
+        ex.host.launches += KERNEL_LAUNCHES["gather_experts"] * (-(-len(pairs) // 2))  # two tensors per launch
         if not ex.cuda:
-            for src, dst in pairs:
-                gather_experts(src, dst, copy_expert, copy_slot, counts)
+            gather_pairs(pairs, copy_expert, copy_slot, counts)
             return None
         placed = torch.cuda.Event()
         placed.record(torch.cuda.current_stream(self.device))
         stream = ex.copy_stream
         stream.wait_event(placed)
         with torch.cuda.stream(stream):
-            for src, dst in pairs:
-                gather_experts(src, dst, copy_expert, copy_slot, counts)
+            gather_pairs(pairs, copy_expert, copy_slot, counts)
             done = torch.cuda.Event()
             done.record(stream)
         if not torch.cuda.is_current_stream_capturing():  # (captured: the join below orders every later reuse)

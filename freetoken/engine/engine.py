@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from freetoken.engine.kernelset import kernel_set
 from freetoken.defaults import context_length
 from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
+from freetoken.engine.launch_count import LaunchCounter, StepCount, synchronize
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
 from freetoken.engine.v4_decoder import V4Decoder
@@ -35,6 +37,9 @@ from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
 from freetoken.placement.router_hint import predicted_keys
+
+
+COUNTED_STEP = 1  # generate()'s counted decode step: the second (the first captures the CUDA graphs)
 
 
 @dataclass(slots=True)
@@ -158,6 +163,8 @@ class Engine:
         if self.graphs is not None and cfg.v4 is not None and cfg.v4.hash_layers:
             self.graphs.blocker = "hash-routed layers read each step's token ids"
         self.decode_line = decode_line(self.cache, self.graphs, eager)
+        self.count_launches = False  # generate() counts one decode token's kernels and syncs into step_count
+        self.step_count: StepCount | None = None
         if eager or (self.graphs is not None and self.graphs.reason(self.cache) is not None):
             self.graphs = None
 
@@ -178,12 +185,21 @@ class Engine:
         to the router weight's dtype (fp32 where HF keeps the gate in fp32: Routing.fp32)."""
         cfg, ks = self.config, self.kernels
         lw = self.decoder.layers[cfg.moe_layers[layer]]
+        if self.fused_router(lw):  # the projection and the top-k in one launch
+            return ks.router_linear_topk(h, lw.router, cfg.top_k, cfg.norm_topk_prob)
         logits = ks.linear(h.to(lw.router.dtype), lw.router, lw.router_bias)  # [T, E]
         if lw.hash_table is not None:  # DeepSeek-V4's hash layers: the picks are the token ids' table rows
             ids = lw.hash_table[self.decoder.token_ids].to(torch.int32)  # [T, K]
             r = cfg.routing
             return ks.router_weights(logits, ids, cfg.norm_topk_prob, r.score, r.scale), ids
         return ks.router_topk(logits, cfg.top_k, cfg.norm_topk_prob, bias=lw.correction_bias, **cfg.routing.options())
+
+    def fused_router(self, lw) -> bool:
+        """Whether a layer's router is one router_linear_topk launch: the plain softmax top-k (no router or correction
+        bias, no groups, no hash table, scale 1) and a kernel set that has it."""
+        r = self.config.routing
+        return (self.kernels.router_linear_topk is not None and lw.router_bias is None and lw.hash_table is None
+                and lw.correction_bias is None and r.score == "softmax" and r.n_group == 1 and r.scale == 1.0)
 
     def _moe(self, layer: int, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.cache.device_moe is not None:
@@ -234,9 +250,8 @@ class Engine:
     def _moe_device(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         """The MoE half with the decision on the device: routing stays there (the recorder's buffer included)."""
         weights, ids = self.route(layer, h)
-        if self.recorder is not None:
-            self.recorder.layer_device(layer, ids, weights)
-        return self.cache.device_moe(layer, h, weights, ids, self._phase)
+        record = None if self.recorder is None else self.recorder.layer_view(layer, h.shape[0], h.device)
+        return self.cache.device_moe(layer, h, weights, ids, self._phase, record)
 
     def _record_end(self) -> None:
         if self.recorder.end():  # read back from the device buffer: one copy, one sync per forward
@@ -301,8 +316,7 @@ class Engine:
         return logits
 
     def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        synchronize(self.device)  # counted by launch_count as the sync it is on CUDA
 
     # generation
     def generate(self, token_ids: list[int], sampling: SamplingParams | None = None, max_tokens: int = 64,
@@ -341,12 +355,18 @@ class Engine:
 
     def _generate(self, prompt, start, kv, sampler, max_tokens, stops, request, turn) -> Iterator[int]:
         logits = self.prefill(prompt, kv, start, request, turn)
+        counter = LaunchCounter(self.device, self.decoder) if self.count_launches else None
         for i in range(max_tokens):
-            token = sampler(logits[-1])
+            # the second decode step (the first captures graphs) and the sampling of its logits are counted
+            with counter.section("sample") if counter and i == COUNTED_STEP + 1 else nullcontext():
+                token = sampler(logits[-1])
+            if counter and i == COUNTED_STEP + 1:
+                self.step_count = counter.result()
             yield token
             if token in stops or i == max_tokens - 1:
                 return
-            logits = self.decode(token, kv, request, turn)
+            with counter.section("step") if counter and i == COUNTED_STEP else nullcontext():
+                logits = self.decode(token, kv, request, turn)
 
     def _generate_drafted(self, prompt, start, kv, sampler, max_tokens, stops, request, turn,
                           draft: DraftConfig) -> Iterator[int]:

@@ -24,14 +24,15 @@ and wait for that stream. It moves every non-resident expert of the layer (what 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.kernelset import KernelSet
+from freetoken.engine.launch_count import host_side, mark_host
 from freetoken.engine.lane_staging import LaneStaging
 from freetoken.engine.slots import ExpertStore, SlotPool
 from freetoken.kernels.expert_ffn import glu_ref
@@ -221,12 +222,13 @@ class LiveExecutor:
         if self._cpu_worker is not None:
             return self._cpu_worker.submit(self._cpu_lane, layer, experts, xh, wh, ids, ready)
         done: Future = Future()
-        done.set_result(self._cpu_lane(layer, experts, xh, wh, ids, ready))
+        with host_side():
+            done.set_result(self._cpu_lane(layer, experts, xh, wh, ids, ready))
         return done
 
     def _cpu_lane_result(self, part: Future, dtype: torch.dtype) -> torch.Tensor:
         """The lane's [T, D] sum on the device, in dtype (uploaded from pinned memory on CUDA)."""
-        return self.staging.to_device("y", part.result(), self.device, dtype)
+        return self.staging.to_device("y", mark_host(part.result()), self.device, dtype)
 
     def _cpu_lane(self, layer: int, experts: list[int], xh: torch.Tensor, wh: torch.Tensor,
                   ids: np.ndarray, ready=None) -> torch.Tensor:

@@ -40,5 +40,5 @@ def counted(kernels: KernelSet, counters: HostCounters) -> KernelSet:
 
         return call
 
-    names = [f.name for f in fields(kernels) if f.name != "name"]
+    names = [f.name for f in fields(kernels) if f.name != "name" and getattr(kernels, f.name) is not None]
     return replace(kernels, **{n: wrap(n, getattr(kernels, n)) for n in names})

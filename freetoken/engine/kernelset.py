@@ -37,6 +37,12 @@ class KernelSet:
     hc_head: Callable
     compress_pool: Callable
     attention_compressed: Callable
+    # fused: attention's prologue (per-head q / k norm, rope, KV writes), the residual add + RMSNorm, the plain
+    # router's projection + top-k, a decode token's add + input norm + qkv projection; None: the unfused calls run
+    qk_norm_rope: Callable | None = None
+    add_rms_norm: Callable | None = None
+    router_linear_topk: Callable | None = None
+    add_norm_linear: Callable | None = None
 
 
 def _build(name: str) -> KernelSet:
@@ -48,7 +54,9 @@ def _build(name: str) -> KernelSet:
         return KernelSet(name, k.rms_norm, k.apply_rope, k.attention, k.router_topk, k.linear, k.expert_ffn,
                          k.expert_ffn_quant, k.causal_conv1d, k.causal_conv1d_update, k.gated_delta_chunk,
                          k.gated_delta_step, k.rms_norm_gated, k.router_weights, k.hc_pre, k.hc_post, k.hc_head,
-                         k.compress_pool, k.attention_compressed)
+                         k.compress_pool, k.attention_compressed, qk_norm_rope=k.qk_norm_rope,
+                         add_rms_norm=k.add_rms_norm, router_linear_topk=k.router_linear_topk,
+                         add_norm_linear=k.add_norm_linear)
     if name == "host":
         from freetoken.host import ops
 
@@ -57,7 +65,9 @@ def _build(name: str) -> KernelSet:
                          k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref, *refs)
     return KernelSet(name, k.rms_norm_ref, k.apply_rope_ref, k.attention_host, k.router_topk_ref, k.linear_ref,
                      k.expert_ffn_host, k.expert_ffn_quant_host, k.causal_conv1d_ref, k.causal_conv1d_update_ref,
-                     k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref, *refs)
+                     k.gated_delta_chunk_ref, k.gated_delta_step_ref, k.rms_norm_gated_ref, *refs,
+                     qk_norm_rope=k.qk_norm_rope_ref, add_rms_norm=k.add_rms_norm_ref,
+                     router_linear_topk=k.router_linear_topk_ref, add_norm_linear=k.add_norm_linear_ref)
 
 
 KERNEL_SETS = ("triton", "host", "reference")

@@ -64,6 +64,7 @@ class Decoder:
     def __init__(self, ckpt: Checkpoint, kernels: KernelSet, device: torch.device, dtype: torch.dtype | None = None):
         cfg, fam = ckpt.config, ckpt.family
         self.cfg, self.kernels, self.device = cfg, kernels, torch.device(device)
+        self.on_layer: Callable[[int], None] | None = None  # told each layer's index, then L (launch_count)
 
         packed_ok = kernels.name == "host" and _host_kernels_built()
 
@@ -203,18 +204,29 @@ class Decoder:
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size}), got {ids.min().item()}..{ids.max().item()}")
         x = self.embed[ids.to(self.device)]  # [T, D]
         positions = torch.arange(start_pos, start_pos + T, dtype=torch.int64, device=self.device)
+        y = None  # the last sublayer's output: the next norm adds it into the residual x
         for l, lw in enumerate(self.layers):
-            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
-            if lw.deltanet is not None:
-                x = x + deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
-            elif lw.mla is not None:
-                x = x + mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
+            if self.on_layer is not None:
+                self.on_layer(l)
+            if T == 1 and self.fused_qkv(l, kv, x, y):  # the input norm and the qkv projection in one kernel
+                x, qkv = ks.add_norm_linear(x, y, lw.input_norm, cfg.rms_norm_eps, lw.wqkv, lw.bqkv, **self.norm_kw)
+                y = self._attend_qkv(l, lw, qkv, kv, start_pos, positions)
             else:
-                x = x + self._attention(l, lw, h, kv, start_pos, positions)
-            x = x + self._ffn(l, lw, x, moe)
+                x, h = self._add_norm(x, y, lw.input_norm)
+                if lw.deltanet is not None:
+                    y = deltanet(ks, cfg, lw.deltanet, h, kv.conv[l], kv.state[l])
+                elif lw.mla is not None:
+                    y = mla_attention(ks, cfg, lw.mla, l, h, kv, start_pos, positions, self.sm_scale, self.rope)
+                else:
+                    y = self._attention(l, lw, h, kv, start_pos, positions)
+            x, h = self._add_norm(x, y, lw.post_norm)
+            y = self._ffn(l, lw, x, h, moe)
+        if self.on_layer is not None:
+            self.on_layer(len(self.layers))
         kv.commit(start_pos, token_ids)
-        x = x if all_logits else x[-1:]
-        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+        if not all_logits:
+            x, y = x[-1:], None if y is None else y[-1:]
+        return ks.linear(self._add_norm(x, y, self.norm)[1], self.lm_head)
 
     def forward_batch(self, token_ids: list[int], kvs: list[KVCache], moe: MoEFn) -> torch.Tensor:
         """One decode step of B sequences, token i at position kvs[i].length of its own KV cache: everything on
@@ -233,25 +245,31 @@ class Decoder:
         x = self.embed[ids.to(self.device)]  # [B, D]
         positions = torch.tensor(starts, dtype=torch.int64, device=self.device)  # [B]
         stacked = []  # (layer, conv [B, C, K - 1], state [B, Hv, Dk, Dv]) of the DeltaNet layers, stepped
+        y = None  # the last sublayer's output: the next norm adds it into the residual x
         for l, lw in enumerate(self.layers):
-            h = ks.rms_norm(x, lw.input_norm, cfg.rms_norm_eps, **self.norm_kw)
+            if self.on_layer is not None:
+                self.on_layer(l)
+            x, h = self._add_norm(x, y, lw.input_norm)
             if lw.deltanet is not None:
                 conv = torch.stack([kv.conv[l] for kv in kvs])
                 state = torch.stack([kv.state[l] for kv in kvs])
-                x = x + deltanet(ks, cfg, lw.deltanet, h, conv, state, batch=True)
+                y = deltanet(ks, cfg, lw.deltanet, h, conv, state, batch=True)
                 stacked.append((l, conv, state))
             elif lw.mla is not None:
-                x = x + mla_attention_batch(ks, cfg, lw.mla, l, h, kvs, starts, positions, self.sm_scale, self.rope)
+                y = mla_attention_batch(ks, cfg, lw.mla, l, h, kvs, starts, positions, self.sm_scale, self.rope)
             else:
-                x = x + self._attention_batch(l, lw, h, kvs, starts, positions)
-            x = x + self._ffn(l, lw, x, moe)
+                y = self._attention_batch(l, lw, h, kvs, starts, positions)
+            x, h = self._add_norm(x, y, lw.post_norm)
+            y = self._ffn(l, lw, x, h, moe)
+        if self.on_layer is not None:
+            self.on_layer(len(self.layers))
         for l, conv, state in stacked:
             for b, kv in enumerate(kvs):
                 kv.conv[l].copy_(conv[b])
                 kv.state[l].copy_(state[b])
         for kv, start, token in zip(kvs, starts, token_ids):
             kv.commit(start, [token])
-        return ks.linear(ks.rms_norm(x, self.norm, cfg.rms_norm_eps, **self.norm_kw), self.lm_head)
+        return ks.linear(self._add_norm(x, y, self.norm)[1], self.lm_head)
 
     def _attention_batch(self, l: int, lw: LayerWeights, h: torch.Tensor, kvs: list[KVCache], starts: list[int],
                          positions: torch.Tensor) -> torch.Tensor:
@@ -267,9 +285,18 @@ class Decoder:
                            for i, (kv, start) in enumerate(zip(kvs, starts))])  # [B, H, Dh]
         return self._out(lw, h, o)
 
-    def _ffn(self, l: int, lw: LayerWeights, x: torch.Tensor, moe: MoEFn) -> torch.Tensor:
-        """The layer's MLP half on the residual x [T, D]: routed MoE (+ shared expert) or the dense MLP."""
-        h = self.kernels.rms_norm(x, lw.post_norm, self.cfg.rms_norm_eps, **self.norm_kw)
+    def _add_norm(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor):
+        """(x + y, RMSNorm(x + y)) [T, D] each (y None: x as is): one add_rms_norm launch where the kernel set has
+        it, the residual add and rms_norm otherwise."""
+        ks, eps = self.kernels, self.cfg.rms_norm_eps
+        if y is not None and ks.add_rms_norm is not None and y.dtype == x.dtype:
+            return ks.add_rms_norm(x, y, weight, eps, **self.norm_kw)
+        x = x if y is None else x + y
+        return x, ks.rms_norm(x, weight, eps, **self.norm_kw)
+
+    def _ffn(self, l: int, lw: LayerWeights, x: torch.Tensor, h: torch.Tensor, moe: MoEFn) -> torch.Tensor:
+        """The layer's MLP half on the residual x [T, D] and its post-attention norm h: routed MoE (+ shared
+        expert) or the dense MLP."""
         if lw.router is None:
             return self._one_mlp(h, lw.dense_gate_up, lw.dense_down, None)
         out = moe(self.cfg.moe_index(l), h, x)
@@ -295,7 +322,34 @@ class Decoder:
         step = self.steps[l]
         if step is not None and h.shape[0] == 1 and not kv.fp8:  # a decode token on the host: one call
             return self._out(lw, h, self._attention_step(step, lw, h, [kv], [start_pos], l))
+        if self.fused_prologue(lw, kv):  # q / k norms, rope and the KV writes in one kernel
+            return self._attend_qkv(l, lw, self.kernels.linear(h, lw.wqkv, lw.bqkv), kv, start_pos, positions)
         return self._out(lw, h, self._attend(l, lw, kv, start_pos, *self._project(lw, h, positions)))
+
+    def _attend_qkv(self, l: int, lw: LayerWeights, qkv: torch.Tensor, kv: KVCache, start_pos: int,
+                    positions: torch.Tensor) -> torch.Tensor:
+        """Attention from the qkv projection [T, (H + 2 Hkv) Dh] through qk_norm_rope (fused_prologue) -> [T, D]."""
+        cfg = self.cfg
+        norms = (lw.q_norm, lw.k_norm) if cfg.qk_norm == "head" else (None, None)
+        q = self.kernels.qk_norm_rope(qkv, cfg.num_heads, cfg.num_kv_heads, *norms, cfg.rms_norm_eps, positions,
+                                      cfg.rope_theta, kv.k[l], kv.v[l], start_pos, self.rotary_dim, **self.rope,
+                                      **self.norm_kw)
+        o = self.kernels.attention(q, kv.k[l], kv.v[l], start_pos, self.sm_scale, sinks=lw.sinks, window=lw.window)
+        return self._out(lw, None, o)  # (no output gate under fused_prologue)
+
+    def fused_qkv(self, l: int, kv: KVCache, x: torch.Tensor, y: torch.Tensor | None) -> bool:
+        """Whether a decode token's input norm and qkv projection run as one add_norm_linear: a plain attention
+        layer with the fused prologue, not the host kernels' one-call step, and a kernel set that has it."""
+        lw = self.layers[l]
+        return (self.kernels.add_norm_linear is not None and lw.deltanet is None and lw.mla is None
+                and self.steps[l] is None and self.fused_prologue(lw, kv) and (y is None or y.dtype == x.dtype))
+
+    def fused_prologue(self, lw: LayerWeights, kv: KVCache) -> bool:
+        """Whether attention's prologue runs as one qk_norm_rope call: per-head or no q / k norm, no clipping, no
+        output gate, a plain (not fp8) cache, and a kernel set that has it."""
+        cfg = self.cfg
+        return (self.kernels.qk_norm_rope is not None and cfg.qk_norm in ("head", "none") and cfg.clip_qkv is None
+                and lw.out_gate is None and not kv.fp8)
 
     def _attention_step(self, step, lw: LayerWeights, h: torch.Tensor, kvs: list[KVCache], starts: list[int],
                         l: int) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """Records the routing of a live run in the spine's trace format: one row per token the model processed (with the
 router hint's predictions, the trace's `hint` field, when the engine made any).
 
-Host path: each MoE layer hands its ids and gates over on the host (`layer`). Device path (`layer_device`): they are
-written into a device buffer [2, T, L, K] (ids as fp32, exact below 2^24, and gates) that `end` reads back in one
-copy per forward, into pinned memory on CUDA (non-blocking, then one wait): one sync per step, not two per layer.
+Host path: each MoE layer hands its ids and gates over on the host (`layer`). Device path (`layer_view`): the device
+MoE call's union kernel writes them into a device buffer [2, T, L, K] (ids as fp32, exact below 2^24, and gates) that
+`end` reads back in one copy per forward, into pinned memory on CUDA (non-blocking, then one wait): one sync per
+step, not two per layer.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from freetoken.engine.launch_count import host_buffer, synchronize
 from freetoken.trace import RoutingTrace
 
 
@@ -44,13 +46,12 @@ class TraceRecorder:
         """ids [T, K]: the router hint's prediction of MoE layer `layer` for the current forward."""
         self._cur[2][:, layer] = ids
 
-    def layer_device(self, layer: int, ids: torch.Tensor, gates: torch.Tensor) -> None:
-        """ids [T, K] int, gates [T, K] of one MoE layer, on the device: written into this forward's device buffer
-        (no sync; a captured graph may hold this write: the buffer for T keeps its address)."""
-        buf = self.device_buffer(ids.shape[0], ids.device)
-        buf[0, :, layer] = ids
-        buf[1, :, layer] = gates
+    def layer_view(self, layer: int, T: int, device: torch.device) -> torch.Tensor:
+        """[2, T, K] fp32: where a kernel writes MoE layer `layer`'s ids and gates of this forward (device_moe's
+        union kernel); the forward then reads the buffer back at its end, as after layer_device."""
+        buf = self.device_buffer(T, device)
         self._on_device = buf
+        return buf[:, :, layer]
 
     def written(self, T: int, device: torch.device) -> None:
         """A replayed graph wrote this forward's layer into the device buffer of T (its host side did not run)."""
@@ -61,7 +62,7 @@ class TraceRecorder:
         bufs = self._device.get(T)
         if bufs is None or bufs[0].device != torch.device(device):
             dev = torch.zeros((2, T, self.L, self.K), dtype=torch.float32, device=device)
-            host = torch.empty(dev.shape, dtype=torch.float32, pin_memory=dev.is_cuda)
+            host = host_buffer(torch.empty(dev.shape, dtype=torch.float32, pin_memory=dev.is_cuda))
             bufs = self._device[T] = (dev, host)
         return bufs[0]
 
@@ -71,8 +72,7 @@ class TraceRecorder:
         if read:
             dev, host = self._device[self._on_device.shape[1]]
             host.copy_(dev, non_blocking=True)
-            if dev.is_cuda:
-                torch.cuda.current_stream(dev.device).synchronize()
+            synchronize(dev.device)  # (a sync on CUDA, counted as one on any device)
             ex, g, _ = self._cur
             ex[:] = host[0].numpy().astype(np.int16)
             g[:] = host[1].numpy().astype(np.float16)

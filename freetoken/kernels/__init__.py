@@ -29,13 +29,19 @@ from freetoken.kernels.gated_delta_chunk import gated_delta_chunk, gated_delta_c
 from freetoken.kernels.gated_delta_step import gated_delta_step, gated_delta_step_ref  # noqa: E402
 from freetoken.kernels.host import attention_host, expert_ffn_host, expert_ffn_quant_host  # noqa: E402
 from freetoken.kernels.linear import linear, linear_ref  # noqa: E402
-from freetoken.kernels.rmsnorm import rms_norm, rms_norm_ref  # noqa: E402
+from freetoken.kernels.norm_linear import add_norm_linear, add_norm_linear_ref  # noqa: E402
+from freetoken.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_ref  # noqa: E402
+from freetoken.kernels.rmsnorm import add_rms_norm, add_rms_norm_ref, rms_norm, rms_norm_ref  # noqa: E402
 from freetoken.kernels.rmsnorm_gated import rms_norm_gated, rms_norm_gated_ref  # noqa: E402
 from freetoken.kernels.rope import apply_rope, apply_rope_ref  # noqa: E402
+from freetoken.kernels.router_linear import router_linear_topk, router_linear_topk_ref  # noqa: E402
 from freetoken.kernels.router import router_topk, router_topk_ref, router_weights, router_weights_ref  # noqa: E402
 
 __all__ = [
-    "apply_rope", "apply_rope_ref", "attention", "attention_compressed", "attention_compressed_ref", "attention_host",
+    "apply_rope", "apply_rope_ref", "qk_norm_rope", "qk_norm_rope_ref", "add_norm_linear", "add_norm_linear_ref",
+    "add_rms_norm", "router_linear_topk",
+    "router_linear_topk_ref",
+    "add_rms_norm_ref", "attention", "attention_compressed", "attention_compressed_ref", "attention_host",
     "attention_ref", "causal_conv1d", "causal_conv1d_ref", "compress_pool", "compress_pool_ref", "hc_head",
     "hc_head_ref", "hc_post", "hc_post_ref", "hc_pre", "hc_pre_ref", "router_weights", "router_weights_ref",
     "causal_conv1d_update", "causal_conv1d_update_ref", "expert_ffn", "expert_ffn_host", "expert_ffn_quant",

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from freetoken.cpu_checks import cpu_only
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
 from freetoken.kernels.moe_align import align_by_slot
@@ -219,8 +220,11 @@ def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, 
                 max_experts: int | None = None, kernel: str = "expert_ffn") -> PairBlocks:
     """Check slot ids (CPU only), lay out the row blocks, pick the tiles (decode: `kernel`_decode's tuned config,
     the down GEMM split over I until the call fills the GPU), allocate h / y."""
-    if x.device.type == "cpu" and slot_ids.numel() and not -1 <= int(slot_ids.min()) <= int(slot_ids.max()) < S:
-        raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
+    if x.device.type == "cpu" and slot_ids.numel():
+        with cpu_only():
+            lo, hi = int(slot_ids.min()), int(slot_ids.max())
+        if not -1 <= lo <= hi < S:
+            raise ValueError(f"slot_ids: values must lie in [-1, {S}) (checked on CPU only: on a GPU it would sync)")
     T, K = slot_ids.shape
     D = x.shape[1]
     one_pair = T * K <= MAX_PAIRS_ONE_PER_BLOCK

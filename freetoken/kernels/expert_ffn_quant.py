@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from freetoken.cpu_checks import cpu_only
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
 from freetoken.kernels.expert_ffn import (
@@ -162,7 +163,9 @@ def _kernel_args(w: PackedWeight, name: str) -> tuple[list, list, dict]:
             raise ValueError(f"{name}.{field}: must be contiguous (as PackedWeight.empty_slots allocates it)")
     if w.g_idx is not None and w.g_idx.device.type == "cpu" and w.g_idx.numel():
         G = w.scales.shape[2]
-        if not 0 <= int(w.g_idx.min()) <= int(w.g_idx.max()) < G:
+        with cpu_only():
+            lo, hi = int(w.g_idx.min()), int(w.g_idx.max())
+        if not 0 <= lo <= hi < G:
             raise ValueError(f"{name}.g_idx: values must lie in [0, {G}) (checked on CPU only)")
     tensors = [w.data, w.scales, w.zeros, w.g_idx, w.global_scale]
     pointers = [w.data if t is None else t for t in tensors]

@@ -39,6 +39,32 @@ def _gather_kernel(
         tl.store(dst_ptr + s * row + offs, v, mask=mask)
 
 
+@triton.jit
+def _gather2_kernel(
+    # Pointers
+    src0_ptr, dst0_ptr, src1_ptr, dst1_ptr, copy_expert_ptr, copy_slot_ptr, counts_ptr,
+    # Dimensions
+    row0, row1,
+    # Meta-parameters
+    BLOCK: tl.constexpr,
+):
+    """_gather_kernel over two expert tensors at once (gate_up and down): grid (n, cdiv(max row, BLOCK), 2), the
+    last axis picks the tensor."""
+    j = tl.program_id(0)
+    c = tl.program_id(1)
+    live = tl.load(counts_ptr).to(tl.int32)
+    if j < live:
+        e = tl.load(copy_expert_ptr + j).to(tl.int64)
+        s = tl.load(copy_slot_ptr + j).to(tl.int64)
+        offs = c * BLOCK + tl.arange(0, BLOCK)
+        if tl.program_id(2) == 0:
+            mask = offs < row0
+            tl.store(dst0_ptr + s * row0 + offs, tl.load(src0_ptr + e * row0 + offs, mask=mask), mask=mask)
+        else:
+            mask = offs < row1
+            tl.store(dst1_ptr + s * row1 + offs, tl.load(src1_ptr + e * row1 + offs, mask=mask), mask=mask)
+
+
 def raw_rows(t: torch.Tensor) -> torch.Tensor:
     """[N, ...] -> [N, row] of a same-size integer dtype (a view; t must be contiguous)."""
     if not t.is_contiguous():
@@ -62,6 +88,33 @@ def gather_experts(src: torch.Tensor, dst: torch.Tensor, copy_expert: torch.Tens
         return
     block = min(block, triton.next_power_of_2(row))
     _gather_kernel[(n, triton.cdiv(row, block))](s, d, copy_expert, copy_slot, counts, row, BLOCK=block)
+
+
+def gather_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], copy_expert: torch.Tensor,
+                 copy_slot: torch.Tensor, counts: torch.Tensor, block: int = 4096) -> int:
+    """gather_experts for each (src, dst) of pairs, two tensors per launch -> the launches issued."""
+    launches = 0
+    for i in range(0, len(pairs), 2):
+        if i + 1 == len(pairs):
+            gather_experts(*pairs[i], copy_expert, copy_slot, counts, block)
+            launches += 1
+            continue
+        for src, dst in pairs[i:i + 2]:
+            if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:
+                raise ValueError(f"expert gather: source {src.dtype} {tuple(src.shape)} and pool {dst.dtype} "
+                                 f"{tuple(dst.shape)} rows differ")
+        if copy_expert.dtype != torch.int32 or copy_slot.dtype != torch.int32 or copy_expert.shape != copy_slot.shape:
+            raise ValueError("expert gather: copy list must be two int32 [n] tensors")
+        (s0, d0), (s1, d1) = ((raw_rows(src), raw_rows(dst)) for src, dst in pairs[i:i + 2])
+        row = max(d0.shape[1], d1.shape[1])
+        n = copy_expert.numel()
+        if n == 0 or row == 0:
+            continue
+        b = min(block, triton.next_power_of_2(row))
+        _gather2_kernel[(n, triton.cdiv(row, b), 2)](s0, d0, s1, d1, copy_expert, copy_slot, counts,
+                                                     d0.shape[1], d1.shape[1], BLOCK=b)
+        launches += 1
+    return launches
 
 
 def gather_experts_ref(src: torch.Tensor, dst: torch.Tensor, copy_expert: torch.Tensor, copy_slot: torch.Tensor,

@@ -31,6 +31,7 @@ def test_gpu_check_dry_run(capsys):
     assert all(r["decode_accesses"] == 3 * tiny.layers * tiny.top_k for r in rows)
     assert by[("frequency", "cpu")]["decode_hits"] > 0  # pins the experts the first run used most
     assert "lru" in out and "tok/s" in out
+    assert all(r["kernels_per_layer"] is None for r in rows)  # counted for the Triton kernels only
 
 
 @pytest.mark.slow

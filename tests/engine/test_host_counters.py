@@ -22,12 +22,16 @@ SPLITS = {"offload": Split("offload", admit_prefill=False), "hybrid": Split("hyb
 
 def shape_of(engine: Engine) -> LayerShape:
     cfg = engine.config
+    x = torch.zeros(1, cfg.hidden_size, dtype=engine.decoder.embed.dtype)
     linear = () if cfg.linear_attention is None else tuple(
         cfg.moe_index(l) for l in cfg.linear_attention.layers if cfg.moe_index(l) >= 0)
     return LayerShape(qk_norm=cfg.qk_norm != "none", shared_expert=cfg.shared_expert_intermediate > 0,
                       shared_gate=cfg.shared_expert_gate, packed=engine.cache.pool.packed,
                       tensors_per_expert=engine.cache.pool.tensors_per_expert, linear_layers=linear,
-                      out_gate=cfg.attention_output_gate)
+                      out_gate=cfg.attention_output_gate,
+                      fused_prologue=engine.decoder.fused_prologue(engine.decoder.layers[-1], engine.new_kv(1)),
+                      fused_router=engine.fused_router(engine.decoder.layers[cfg.moe_layers[0]]),
+                      fused_qkv=engine.decoder.fused_qkv(len(engine.decoder.layers) - 1, engine.new_kv(1), x, x))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -123,11 +127,12 @@ def test_hybrid_deltanet_layers_count_as_the_engine_does(split, tmp_path):
     work = freetoken_work(log, ckpt.config.num_layers, shape, pipeline=True, cuda_graphs=False, record=True)
     assert work.totals() == engine.host.to_dict()
     # by hand, one decode call: DeltaNet layer 2 norms + 2 linears (the fused qkv / z / b / a input projection, out)
-    # + conv + rule + gated norm = 7 + router 2 = 9; the attention layer 2 norms + 3 linears (fused qkv, the gate, o)
-    # + 2 q/k norms + 2 ropes + 2 decode attention = 11 + 2 = 13
+    # + conv + rule + gated norm = 7 + router 1 (projection + top-k) = 8; the attention layer 2 norms + 3 linears
+    # (fused qkv, the gate, o) + 2 q/k norms + 2 ropes (no fused prologue with an output gate) + 2 decode attention
+    # = 11 + 1 = 12
     decode = log.phase == 1
-    assert set(work.pre_launches[decode & (log.layer < 3)]) == {9 + 6}  # + glue: 5 gate ops, the residual add
-    assert set(work.pre_launches[decode & (log.layer == 3)]) == {13 + 3 + 2}  # + glue: residual, KV x2, gate x2
+    assert set(work.pre_launches[decode & (log.layer < 3)]) == {8 + 6}  # + glue: 5 gate ops, the residual add
+    assert set(work.pre_launches[decode & (log.layer == 3)]) == {12 + 3 + 2}  # + glue: residual, KV x2, gate x2
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe", "gpt_oss"])
@@ -217,15 +222,16 @@ def test_declared_launches_are_the_triton_kernels_launched(monkeypatch):
 
 def test_moe_block_graphs_launch_once_per_layer():
     # hand-derived: 2 MoE layers, 3 decode steps, bf16 experts (2 tensors), pipeline: eager, per layer, attention 10
-    # (2 norms, 2 linears: fused q/k/v and o, 2 q/k norms, 2 ropes, decode attention 2), router 2, decision 1,
-    # gathers 2, two expert_ffn calls 6 = 21; layer 0 also the final norm + lm_head (2). Graphs: 10 + 1 per layer, + 2
+    # (2 norms, 2 linears: fused q/k/v and o, 2 q/k norms, 2 ropes, decode attention 2), router 2, union 1,
+    # decision 1, slot ids 1, one gather (both tensors), two expert_ffn calls 6 = 22; layer 0 also the final norm +
+    # lm_head (2). Graphs: 10 + 1 per layer, + 2
     from tests.test_cost_lanes import log_of
 
     calls = [dict(layer=l, phase=1, hits=1, fetched=1) for _ in range(3) for l in (0, 1)]
     kw = dict(pipeline=True, cuda_graphs=False, record=True, device_placement=True)
     eager = freetoken_work(log_of(*calls), 2, LayerShape(), **kw)
     graph = freetoken_work(log_of(*calls), 2, LayerShape(), moe_graphs=True, **kw)
-    assert int(eager.launches.sum()) == 3 * (2 * 21 + 2)
+    assert int(eager.launches.sum()) == 3 * (2 * 22 + 2)
     assert int(graph.launches.sum()) == 3 * (2 * 11 + 2)
     assert graph.syncs.tolist() == eager.syncs.tolist() == [1, 0] * 3  # the recorder's one read per step
     assert int(graph.copies.sum()) == 3
