@@ -37,7 +37,7 @@ FT_MODES = {"cpu-moe": FtMode("cpu-moe", ("--cpu-moe",), "--cpu-moe"),
 
 
 def set_threads(threads: int) -> None:
-    from freetoken.engine.engine import set_host_threads
+    from freetoken.engine.runtime import set_host_threads
 
     set_host_threads(threads)
 

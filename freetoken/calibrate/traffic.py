@@ -97,7 +97,7 @@ class ReadProbe:
 
     def __call__(self, threads: int) -> float:
         from freetoken.calibrate.measure import sustain
-        from freetoken.engine.engine import set_host_threads
+        from freetoken.engine.runtime import set_host_threads
 
         set_host_threads(threads)
         return sustain(lambda: self.buf.sum(), self.buf.numel() * 4, self.seconds).gb_s

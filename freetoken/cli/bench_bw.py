@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
                         ("--misses-per-call", args.misses_per_call)):
         if value is not None and value <= 0:
             raise ValueError(f"{flag} must be positive, got {value:g}")
-    from freetoken.engine.engine import set_host_threads
+    from freetoken.engine.runtime import set_host_threads
 
     set_host_threads(args.threads)  # None: torch's (the physical cores by default), as the engine
     cfg = BenchConfig.quick(geo) if args.quick else BenchConfig(geo)

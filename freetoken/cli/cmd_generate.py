@@ -70,7 +70,7 @@ def build_engine(args: argparse.Namespace, tokenizer=None):
     from dataclasses import replace
 
     from freetoken.engine import Engine
-    from freetoken.engine.engine import resolve_device
+    from freetoken.engine.runtime import resolve_device
     from freetoken.engine.kernelset import resolve_kernels
     from freetoken.placement.config import policy_options
     from freetoken.sim.run import future_stream

@@ -82,7 +82,7 @@ def test_no_cpu_experts_no_cpu_lane():
 def test_host_threads_are_physical_cores_and_shared_with_torch():
     import psutil
 
-    from freetoken.engine.engine import set_host_threads
+    from freetoken.engine.runtime import set_host_threads
     from freetoken.host import kernels as hk
     from freetoken.host.kernels import physical_cores
 
