@@ -43,7 +43,7 @@ def _router_topk_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     valid = offs_e < E
     logits = tl.load(logits_ptr + t * stride_l + offs_e, mask=valid, other=-float("inf")).to(tl.float32)
-    probs = _scores(logits, valid, SCORE)  # [BE]
+    probs = router_scores(logits, valid, SCORE)  # [BE]
     choice = probs
     if HAS_BIAS:
         choice = probs + tl.load(bias_ptr + offs_e, mask=valid, other=0.0).to(tl.float32)
@@ -67,6 +67,17 @@ def _router_topk_kernel(
             keep = keep | (group == best_g)
             group_score = tl.where(offs_g == best_g, -float("inf"), group_score)
         live = tl.where(keep, live, -float("inf"))
+    sel_w, sel_id = pick_topk(live, probs, offs_e, offs_k, K, RENORMALIZE, BLOCK_E, BLOCK_K)
+    kmask = offs_k < K
+    tl.store(weights_ptr + t * stride_w + offs_k, sel_w * scale, mask=kmask)
+    tl.store(ids_ptr + t * stride_i + offs_k, sel_id, mask=kmask)
+
+
+@triton.jit
+def pick_topk(live, probs, offs_e, offs_k, K, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """K rounds of (max of live, lowest id holding it, knock it out) -> (the picks' probs [BK], optionally
+    renormalised, and their ids [BK]); live [BE] is -inf on padding and on experts that cannot be picked."""
     sel_w = tl.zeros([BLOCK_K], dtype=tl.float32)
     sel_id = tl.zeros([BLOCK_K], dtype=tl.int32)
     for i in range(K):
@@ -78,13 +89,11 @@ def _router_topk_kernel(
         live = tl.where(offs_e == best_id, -float("inf"), live)
     if RENORMALIZE:
         sel_w = sel_w / tl.sum(tl.where(offs_k < K, sel_w, 0.0), axis=0)
-    kmask = offs_k < K
-    tl.store(weights_ptr + t * stride_w + offs_k, sel_w * scale, mask=kmask)
-    tl.store(ids_ptr + t * stride_i + offs_k, sel_id, mask=kmask)
+    return sel_w, sel_id
 
 
 @triton.jit
-def _scores(logits, valid, SCORE: tl.constexpr):
+def router_scores(logits, valid, SCORE: tl.constexpr):
     """SCORES of one token's logits [BE] in fp32 (0 on padding)."""
     if SCORE == "sigmoid":
         return tl.where(valid, tl.sigmoid(logits), 0.0)
@@ -113,7 +122,7 @@ def _router_weights_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     valid, kmask = offs_e < E, offs_k < K
     logits = tl.load(logits_ptr + t * stride_l + offs_e, mask=valid, other=-float("inf")).to(tl.float32)
-    probs = _scores(logits, valid, SCORE)  # [BE]
+    probs = router_scores(logits, valid, SCORE)  # [BE]
     ids = tl.load(ids_ptr + t * stride_i + offs_k, mask=kmask, other=-1)  # [BK]
     w = tl.sum(tl.where(ids[:, None] == offs_e[None, :], probs[None, :], 0.0), axis=1)  # [BK]
     if RENORMALIZE:

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
 from freetoken.kernels.linear import linear_ref
-from freetoken.kernels.router import router_topk_ref
+from freetoken.kernels.router import pick_topk, router_scores, router_topk_ref
 
 MAX_TILE = 8192  # elements of the [BLOCK_E, BLOCK_D] weight tile one step of a program reads
 
@@ -44,19 +44,9 @@ def _router_linear_topk_kernel(
         acc += tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
     logits = acc.to(w_ptr.dtype.element_ty).to(tl.float32)
     logits = tl.where(valid, logits, -float("inf"))
-    num = tl.exp(logits - tl.max(logits, axis=0))
-    probs = num / tl.sum(num, axis=0)  # [BE]
-    live = tl.where(valid, probs, -float("inf"))
-    sel_w = tl.zeros([BLOCK_K], dtype=tl.float32)
-    sel_id = tl.zeros([BLOCK_K], dtype=tl.int32)
-    for i in range(K):
-        best = tl.max(live, axis=0)
-        best_id = tl.min(tl.where(live == best, offs_e, BLOCK_E), axis=0)
-        sel_w = tl.where(offs_k == i, best, sel_w)
-        sel_id = tl.where(offs_k == i, best_id, sel_id)
-        live = tl.where(offs_e == best_id, -float("inf"), live)
-    if RENORMALIZE:
-        sel_w = sel_w / tl.sum(tl.where(offs_k < K, sel_w, 0.0), axis=0)
+    probs = router_scores(logits, valid, "softmax")  # [BE]
+    sel_w, sel_id = pick_topk(tl.where(valid, probs, -float("inf")), probs, offs_e, offs_k, K, RENORMALIZE, BLOCK_E,
+                               BLOCK_K)
     kmask = offs_k < K
     tl.store(weights_ptr + t * stride_ow + offs_k, sel_w, mask=kmask)
     tl.store(ids_ptr + t * stride_oi + offs_k, sel_id, mask=kmask)
