@@ -88,7 +88,8 @@ def moe_union(ids: torch.Tensor, num_experts: int, weights: torch.Tensor | None 
 
 def moe_union_ref(ids: torch.Tensor, num_experts: int, weights: torch.Tensor | None = None,
                   record: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The torch reference (engine/device_moe.call_union's algorithm), then the recorder's two writes."""
+    """The torch reference: the kernel's algorithm, two M x M match matrices (O(M^2) memory, as the union was before
+    device_moe.call_union's scatter form; a check, not for large calls), then the recorder's two writes."""
     if record is not None:
         record[0] = ids
         record[1] = weights

@@ -11,6 +11,7 @@ import torch
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.engine.decode_graphs import MoEGraphs
 from freetoken.engine.device_moe import call_union
+from freetoken.kernels.moe_union import moe_union_ref
 from freetoken.placement import Split
 from freetoken.models.checkpoint import load_checkpoint
 from freetoken.placement.callstream import make_call
@@ -111,26 +112,11 @@ def test_graph_path_skips_cleanly_without_cuda(ckpt):
     assert all(g is None and h.shape == (1, ckpt.config.hidden_size) for g, h, _ in graphs.entries.values())
 
 
-def _call_union_ref(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The former union: two M x M match matrices (M = T K)."""
-    flat = ids.reshape(-1).to(torch.int32)  # [M]
-    M = flat.numel()
-    n = min(M, num_experts)
-    same = flat[:, None] == flat[None, :]  # [M, M]
-    first = ~torch.tril(same, -1).any(1)  # [M] first use of its expert
-    where = torch.where(first, torch.cumsum(first.to(torch.int64), 0) - 1, n)  # [M] position, n = dropped
-    experts = torch.full((n + 1,), -1, dtype=torch.int32)
-    tokens = torch.zeros(n + 1, dtype=torch.int32)
-    experts.scatter_(0, where, flat)
-    tokens.scatter_(0, where, same.sum(1, dtype=torch.int32))
-    return experts[:n], tokens[:n]
-
-
 def test_call_union_equals_the_match_matrix_reference():
     g = torch.Generator().manual_seed(0)
     for T, K, E in [(1, 1, 1), (1, 8, 128), (7, 2, 4), (64, 8, 128), (300, 4, 16), (513, 6, 256), (40, 8, 512)]:
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int32)  # [T, K]
-        got, want = call_union(ids, E), _call_union_ref(ids, E)
+        got, want = call_union(ids, E), moe_union_ref(ids, E)  # the M x M match matrices
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (T, K, E)
         assert got[0].dtype == got[1].dtype == torch.int32
     # fixed shapes and no host read: it runs on the meta device (no data), at a 2048-token prefill chunk's M
