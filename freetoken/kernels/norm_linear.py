@@ -22,6 +22,16 @@ MAX_ROWS = 8
 
 
 @triton.jit
+def _row_sum(x_row, y_row, offs_k, kmask, HAS_Y: tl.constexpr):
+    """Columns offs_k of x's row (+ y's, rounded to x's dtype): both passes of the kernel read the sum this way."""
+    s = tl.load(x_row + offs_k, mask=kmask, other=0.0)
+    if HAS_Y:
+        y = tl.load(y_row + offs_k, mask=kmask, other=0.0)
+        s = (s.to(tl.float32) + y.to(tl.float32)).to(x_row.dtype.element_ty)
+    return s
+
+
+@triton.jit
 def _norm_linear_kernel(
     # Pointers
     x_ptr, y_ptr, norm_w_ptr, w_ptr, bias_ptr, sum_ptr, out_ptr,
@@ -43,12 +53,9 @@ def _norm_linear_kernel(
     for k0 in range(0, D, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         kmask = offs_k < D
-        s = tl.load(x_ptr + t * stride_x + offs_k, mask=kmask, other=0.0)
-        if HAS_Y:
-            y = tl.load(y_ptr + t * stride_y + offs_k, mask=kmask, other=0.0)
-            s = (s.to(tl.float32) + y.to(tl.float32)).to(x_ptr.dtype.element_ty)
-            if nb == 0:
-                tl.store(sum_ptr + t * stride_sum + offs_k, s, mask=kmask)
+        s = _row_sum(x_ptr + t * stride_x, y_ptr + t * stride_y, offs_k, kmask, HAS_Y)
+        if HAS_Y and nb == 0:
+            tl.store(sum_ptr + t * stride_sum + offs_k, s, mask=kmask)
         sf = s.to(tl.float32)
         ss += sf * sf
     rstd = tl.rsqrt(tl.sum(ss, axis=0) / D + eps)
@@ -56,10 +63,7 @@ def _norm_linear_kernel(
     for k0 in range(0, D, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         kmask = offs_k < D
-        s = tl.load(x_ptr + t * stride_x + offs_k, mask=kmask, other=0.0)
-        if HAS_Y:
-            y = tl.load(y_ptr + t * stride_y + offs_k, mask=kmask, other=0.0)
-            s = (s.to(tl.float32) + y.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        s = _row_sum(x_ptr + t * stride_x, y_ptr + t * stride_y, offs_k, kmask, HAS_Y)
         normed = s.to(tl.float32) * rstd
         if ROUND_NORMED:
             normed = normed.to(x_ptr.dtype.element_ty).to(tl.float32)
