@@ -162,17 +162,35 @@ static inline __m512i lane_groups(int G) {
     return _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), shift);
 }
 
+/* 64 bytes of nibbles -> four registers of 32 bf16 weights each: int4 as 128 + q (the magic 0x4300 | q, the offset
+ * taken off later through the zero sums), fp4 through its e2m1 table */
+static inline __attribute__((always_inline)) void nibble_unpack(__m512i src, const int FP4, __m512i w[4]) {
+    const __m512i M = _mm512_set1_epi32(0x000F000F), C = _mm512_set1_epi32(0x43004300);
+    const __m512i LUT = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                         (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0,
+                                         (short)0xbf80, (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000,
+                                         0x3fc0, 0x3f80, 0x3f00, 0x0000);
+    for (int p = 0; p < 4; p++) {
+        __m512i ms = _mm512_multishift_epi64_epi8(CTL[p], src);
+        w[p] = FP4 ? _mm512_permutexvar_epi16(_mm512_and_si512(ms, M), LUT)
+                   : _mm512_ternarylogic_epi32(ms, M, C, 0xEA); /* (ms & M) | C */
+    }
+}
+
+/* the unscaled dot product of one 128-column chunk's weights w with activations xc (two chains, then their sum) */
+static inline __attribute__((always_inline)) __m512 chunk_dot(const __m512i w[4], const uint16_t *xc) {
+    __m512 a = DP(_mm512_setzero_ps(), w[0], xc), b = DP(_mm512_setzero_ps(), w[1], xc + 32);
+    a = DP(a, w[2], xc + 64);
+    b = DP(b, w[3], xc + 96);
+    return _mm512_add_ps(a, b);
+}
+
 /* int4 (FP4 = 0) or fp4 (FP4 = 1) nibbles against NT permuted activation rows -> y[NT]; partial sums are scaled per
  * 128-column chunk and (int4) the 128 + zero offsets, zs[g] * xsum[t][g], come off before the one horizontal sum */
 static inline __attribute__((always_inline)) void nibble_block(const uint8_t *q, int cols, int G, const float *sc,
                                                                const float *zs, int ng, const uint16_t **x,
                                                                const float **xs, float *y, const int NT,
                                                                const int FP4) {
-    const __m512i M = _mm512_set1_epi32(0x000F000F), C = _mm512_set1_epi32(0x43004300);
-    const __m512i LUT = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0,
-                                         (short)0xbf80, (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000,
-                                         0x3fc0, 0x3f80, 0x3f00, 0x0000);
     const __m512i lanes = lane_groups(G);
     const int bytes = cols / 2, wide = G % 128 == 0, per_scale = wide ? G / 128 : 1, step = wide ? 1 : 128 / G;
     __m512 tot[4];
@@ -184,18 +202,8 @@ static inline __attribute__((always_inline)) void nibble_block(const uint8_t *q,
         __m512 sv = wide ? _mm512_set1_ps(sc[si]) : _mm512_permutexvar_ps(lanes, _mm512_loadu_ps(sc + si));
         if (--left_in_scale == 0) si += step, left_in_scale = per_scale;
         __m512i w[4];
-        for (int p = 0; p < 4; p++) {
-            __m512i ms = _mm512_multishift_epi64_epi8(CTL[p], src);
-            w[p] = FP4 ? _mm512_permutexvar_epi16(_mm512_and_si512(ms, M), LUT)
-                       : _mm512_ternarylogic_epi32(ms, M, C, 0xEA); /* (ms & M) | C */
-        }
-        for (int t = 0; t < NT; t++) {
-            const uint16_t *xc = x[t] + 128 * c;
-            __m512 a = DP(_mm512_setzero_ps(), w[0], xc), b = DP(_mm512_setzero_ps(), w[1], xc + 32);
-            a = DP(a, w[2], xc + 64);
-            b = DP(b, w[3], xc + 96);
-            tot[t] = _mm512_fmadd_ps(sv, _mm512_add_ps(a, b), tot[t]);
-        }
+        nibble_unpack(src, FP4, w);
+        for (int t = 0; t < NT; t++) tot[t] = _mm512_fmadd_ps(sv, chunk_dot(w, x[t] + 128 * c), tot[t]);
     }
     if (!FP4)
         for (int g = 0; g < ng; g += 16) {
@@ -212,11 +220,6 @@ static inline __attribute__((always_inline)) void nibble_rows_1(const uint8_t *q
                                                                 int G, const float *sc, const float *zs, int ng,
                                                                 const uint16_t *x, const float *xs, float *y,
                                                                 int ldy, const int R, const int FP4) {
-    const __m512i M = _mm512_set1_epi32(0x000F000F), C = _mm512_set1_epi32(0x43004300);
-    const __m512i LUT = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
-                                         (short)0xc0c0, (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0,
-                                         (short)0xbf80, (short)0xbf00, (short)0x8000, 0x40c0, 0x4080, 0x4040, 0x4000,
-                                         0x3fc0, 0x3f80, 0x3f00, 0x0000);
     const __m512i lanes = lane_groups(G);
     const int bytes = cols / 2, wide = G % 128 == 0, per_scale = wide ? G / 128 : 1, step = wide ? 1 : 128 / G;
     __m512 tot[4];
@@ -232,15 +235,8 @@ static inline __attribute__((always_inline)) void nibble_rows_1(const uint8_t *q
             const float *scr = sc + (int64_t)r * ng;
             __m512 sv = wide ? _mm512_set1_ps(scr[si]) : _mm512_permutexvar_ps(lanes, _mm512_loadu_ps(scr + si));
             __m512i w[4];
-            for (int p = 0; p < 4; p++) {
-                __m512i ms = _mm512_multishift_epi64_epi8(CTL[p], src);
-                w[p] = FP4 ? _mm512_permutexvar_epi16(_mm512_and_si512(ms, M), LUT)
-                           : _mm512_ternarylogic_epi32(ms, M, C, 0xEA);
-            }
-            __m512 a = DP(_mm512_setzero_ps(), w[0], xc), b = DP(_mm512_setzero_ps(), w[1], xc + 32);
-            a = DP(a, w[2], xc + 64);
-            b = DP(b, w[3], xc + 96);
-            tot[r] = _mm512_fmadd_ps(sv, _mm512_add_ps(a, b), tot[r]);
+            nibble_unpack(src, FP4, w);
+            tot[r] = _mm512_fmadd_ps(sv, chunk_dot(w, xc), tot[r]);
         }
         if (--left_in_scale == 0) si += step, left_in_scale = per_scale;
     }
