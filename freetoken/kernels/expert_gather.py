@@ -17,6 +17,13 @@ _RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # eleme
 
 
 @triton.jit
+def _move(src_ptr, dst_ptr, e, s, row, offs):
+    """Elements offs (< row) of row e of src into row s of dst."""
+    mask = offs < row
+    tl.store(dst_ptr + s * row + offs, tl.load(src_ptr + e * row + offs, mask=mask), mask=mask)
+
+
+@triton.jit
 def _gather_kernel(
     # Pointers
     src_ptr, dst_ptr, copy_expert_ptr, copy_slot_ptr, counts_ptr,
@@ -33,10 +40,7 @@ def _gather_kernel(
     if j < live:
         e = tl.load(copy_expert_ptr + j).to(tl.int64)
         s = tl.load(copy_slot_ptr + j).to(tl.int64)
-        offs = c * BLOCK + tl.arange(0, BLOCK)
-        mask = offs < row
-        v = tl.load(src_ptr + e * row + offs, mask=mask)
-        tl.store(dst_ptr + s * row + offs, v, mask=mask)
+        _move(src_ptr, dst_ptr, e, s, row, c * BLOCK + tl.arange(0, BLOCK))
 
 
 @triton.jit
@@ -58,11 +62,9 @@ def _gather2_kernel(
         s = tl.load(copy_slot_ptr + j).to(tl.int64)
         offs = c * BLOCK + tl.arange(0, BLOCK)
         if tl.program_id(2) == 0:
-            mask = offs < row0
-            tl.store(dst0_ptr + s * row0 + offs, tl.load(src0_ptr + e * row0 + offs, mask=mask), mask=mask)
+            _move(src0_ptr, dst0_ptr, e, s, row0, offs)
         else:
-            mask = offs < row1
-            tl.store(dst1_ptr + s * row1 + offs, tl.load(src1_ptr + e * row1 + offs, mask=mask), mask=mask)
+            _move(src1_ptr, dst1_ptr, e, s, row1, offs)
 
 
 def raw_rows(t: torch.Tensor) -> torch.Tensor:
