@@ -157,13 +157,19 @@ def repack_mxfp4(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeigh
                         group=fmt.group_size, scale_code="e8m0")
 
 
+def _nibble_rows(tensors: Tensors, name: str, fmt: QuantFormat) -> tuple[torch.Tensor, int, int]:
+    """A tensor of two 4-bit values per byte, [out, in/2] -> (its bytes, out, in), the dims checked against fmt."""
+    packed = as_bytes(name, require(tensors, name))
+    if packed.dim() != 2:
+        raise QuantError(f"tensor {name!r}: shape {tuple(packed.shape)}, expected [out, in/2]")
+    out_dim, in_dim = packed.shape[0], packed.shape[1] * 2
+    fmt.check_dims(out_dim, in_dim, name)
+    return packed, out_dim, in_dim
+
+
 def _repack_fp4_rows(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight:
     w_name, s_name = f"{prefix}.{fmt.name('weight')}", f"{prefix}.{fmt.name('scale')}"
-    packed = as_bytes(w_name, require(tensors, w_name))
-    if packed.dim() != 2:
-        raise QuantError(f"tensor {w_name!r}: shape {tuple(packed.shape)}, expected [out, in/2]")
-    out_dim, in_dim = packed.shape[0], packed.shape[1] * 2
-    fmt.check_dims(out_dim, in_dim, w_name)
+    packed, out_dim, in_dim = _nibble_rows(tensors, w_name, fmt)
     scale = as_bytes(s_name, require(tensors, s_name))
     check_shape(s_name, scale, (out_dim, in_dim // fmt.group_size))
     return PackedWeight("fp4", (out_dim, in_dim), packed[None].contiguous(), scale[None].contiguous(),
@@ -177,11 +183,7 @@ def repack_nvfp4(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeigh
     compressed-tensors `weight_global_scale` = 448 * 6 / amax was multiplied into the block scales, so divide;
     NVIDIA ModelOpt `weight_scale_2` = amax / (448 * 6): multiply. The wrong direction is off by (448*6/amax)**2."""
     p_name, s_name, g_name = (f"{prefix}.{fmt.name(r)}" for r in ("packed", "scale", "global"))
-    packed = as_bytes(p_name, require(tensors, p_name))
-    if packed.dim() != 2:
-        raise QuantError(f"tensor {p_name!r}: shape {tuple(packed.shape)}, expected [out, in/2]")
-    out_dim, in_dim = packed.shape[0], packed.shape[1] * 2
-    fmt.check_dims(out_dim, in_dim, p_name)
+    packed, out_dim, in_dim = _nibble_rows(tensors, p_name, fmt)
     scale = as_bytes(s_name, require(tensors, s_name))
     check_shape(s_name, scale, (out_dim, in_dim // 16))
     glob = require(tensors, g_name).to(torch.float32)
