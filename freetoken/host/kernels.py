@@ -24,6 +24,7 @@ from freetoken.host.native import (AttnArgs, LinearArgs, Matrix, MoEArgs, StepAr
 from freetoken.quant.packed import PackedWeight
 
 _THREADS = [0]
+_INT8_ACTS: list[bool | None] = [None]  # None: FT_HOST_INT8_ACTS (default on), read at first use
 
 
 def physical_cores(cpuinfo: str | None = None) -> int:
@@ -67,8 +68,54 @@ def library(generic: bool = False) -> ctypes.CDLL | None:
         lib = build.load("generic" if generic else "native")
         if lib is not None:
             declare(lib)
+            lib.ft_set_int8_acts(int(int8_acts()))
         _LIBS[generic] = lib
     return lib
+
+
+def int8_acts() -> bool:
+    """Whether int4 weights meet int8 activations (set_int8_acts, else $FT_HOST_INT8_ACTS: 1 / on (default), 0 / off)."""
+    if _INT8_ACTS[0] is None:
+        import os
+
+        value = os.environ.get("FT_HOST_INT8_ACTS", "1").strip().lower()
+        if value not in ("1", "on", "true", "0", "off", "false"):
+            raise ValueError(f"FT_HOST_INT8_ACTS={value!r}: use 1 / on (int8 activations for int4 weights, the "
+                             "default) or 0 / off (bf16 activations)")
+        _INT8_ACTS[0] = value in ("1", "on", "true")
+    return bool(_INT8_ACTS[0])
+
+
+def set_int8_acts(on: bool) -> None:
+    """int4 weights against int8 activations (AVX512-VNNI, per unit of min(group, 128) columns: int8_acts_ref; the
+    default where the CPU has it) or bf16 ones (path A: exact products, instruction-bound on int4)."""
+    _INT8_ACTS[0] = bool(on)
+    for lib in _LIBS.values():
+        if lib is not None:
+            lib.ft_set_int8_acts(int(on))
+
+
+def int8_acts_ref(x: torch.Tensor, unit: int) -> torch.Tensor:
+    """x [T, K] as path Q reads it, in fp32: per unit of `unit` columns d = max|x| / 127, a = round(x / d) (ties to
+    even), x ~ a * d. The int4 x int8 kernels equal the dequantized weights times this, up to summation order."""
+    xf = x.float().reshape(x.shape[0], -1, unit)  # [T, units, unit]
+    d = xf.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return ((xf * inv).round().clamp(-127, 127) * d).reshape(x.shape)
+
+
+def int8_acts_unit(w) -> int | None:
+    """The activation unit path Q uses for this weight on this machine (None: it reads bf16 activations)."""
+    lib = library()
+    if lib is None or not int8_acts() or not isinstance(w, PackedWeight) or w.kind != "int4":
+        return None
+    ok = lib.ft_path_q_supports(ctypes.byref(packed_matrix(w)))
+    return min(w.group, 128) if ok else None
+
+
+def int8_acts_units(gate, down) -> tuple[int | None, int | None]:
+    """moe_ref's units for an MoE layer of these matrices (None: that matrix reads bf16 activations)."""
+    return int8_acts_unit(gate), int8_acts_unit(down)
 
 
 def available() -> bool:
@@ -138,15 +185,16 @@ def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
 def moe_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: torch.Tensor, gate: torch.Tensor,
             up: torch.Tensor, down: torch.Tensor, b_gate_up: torch.Tensor | None = None,
             b_down: torch.Tensor | None = None, glu: str = "silu", alpha: float = 1.702,
-            limit: float = 7.0) -> torch.Tensor:
+            limit: float = 7.0, units: tuple[int | None, int | None] = (None, None)) -> torch.Tensor:
     """moe's contract in torch: gate / up [E, I, D], down [E, D, I] in fp32 (dequantized), everything in fp32, the
-    gated activation rounded to x's dtype before the down projection."""
+    gated activation rounded to x's dtype before the down projection; units: (gate / up, down) activation units of
+    int4 x int8 matrices (int8_acts_unit), whose inputs are read as int8_acts_ref."""
     from freetoken.kernels.expert_ffn import glu_ref
 
     T, K = ids.shape
     I = gate.shape[1]
     out = torch.zeros(T, down.shape[1], dtype=torch.float32)
-    xf = x.float()
+    xf = x.float() if units[0] is None else int8_acts_ref(x, units[0])
     for t in range(T):
         for k in range(K):
             e = int(ids[t, k])
@@ -156,6 +204,8 @@ def moe_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: tor
             if b_gate_up is not None:
                 g, u = g + b_gate_up[e, :I].float(), u + b_gate_up[e, I:].float()
             h = glu_ref(g, u, glu, alpha, limit).to(x.dtype).float()
+            if units[1] is not None:
+                h = int8_acts_ref(h[None], units[1])[0]
             y = down[e] @ h
             if b_down is not None:
                 y = y + b_down[e].float()

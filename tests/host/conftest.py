@@ -5,10 +5,12 @@ from freetoken.host import kernels as hk
 
 @pytest.fixture(autouse=True)
 def _host_defaults():
-    """Each test starts from the default thread count, whatever the one before set."""
+    """Each test starts from the default thread count and activation rule, whatever the one before set."""
     hk.set_threads(None)
+    on = hk.int8_acts()
     yield
     hk.set_threads(None)
+    hk.set_int8_acts(on)
 
 
 def native_or_skip():

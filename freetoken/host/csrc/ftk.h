@@ -36,14 +36,16 @@ typedef struct {
 /* Activations prepared once per call for the matrices that read them:
  * path A (AVX512-BF16): xb [n, kpad] bf16, natural order (dense / fp8) or permuted per 128-col chunk (int4 / fp4),
  *                       xsum [n, ngroups] (int4: sum of x over each group, for the zero point);
- * path B (portable):    xf [n, cols] fp32. */
+ * path B (portable):    xf [n, cols] fp32;
+ * path Q (int4 x int8): xb holds int8 [n, cols] (even columns, then odd, per 128-col chunk), xd [n, ngroups] the
+ *                       scale d of each unit, xsum [n, ngroups] d * sum of the unit's int8 values. */
 typedef struct {
     int32_t path, kpad, ngroups, cols;
     const uint16_t *xb;
-    const float *xsum, *xf;
+    const float *xsum, *xf, *xd;
 } ft_acts;
 
-enum { FT_PATH_A_NATURAL = 0, FT_PATH_A_PERMUTED = 1, FT_PATH_B = 2 };
+enum { FT_PATH_A_NATURAL = 0, FT_PATH_A_PERMUTED = 1, FT_PATH_B = 2, FT_PATH_Q8 = 3 };
 
 typedef struct {
     const ft_matrix *gate, *up, *down;

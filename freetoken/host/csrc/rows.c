@@ -7,6 +7,7 @@
 #include <string.h>
 #include "ftk.h"
 #include "rows_avx512.h"
+#include "rows_int8.h"
 
 static float e4m3_value(uint8_t b) {
     int e = (b >> 3) & 0xf, m = b & 7;
@@ -32,7 +33,9 @@ float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i) {
 }
 
 int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic) {
-    if (generic || !ft_path_a_built() || x_kind != FT_BF16) return FT_PATH_B;
+    if (generic || x_kind != FT_BF16) return FT_PATH_B;
+    if (ft_path_q_supports(m)) return FT_PATH_Q8;
+    if (!ft_path_a_built()) return FT_PATH_B;
     return ft_path_a_supports(m);
 }
 
@@ -40,6 +43,7 @@ static int64_t kpad_of(const ft_matrix *m) { return ((int64_t)m->cols + 127) / 1
 
 int64_t ft_acts_bytes(const ft_matrix *m, int path, int n) {
     if (path == FT_PATH_B) return (int64_t)n * m->cols * 4;
+    if (path == FT_PATH_Q8) return ft_acts_q_bytes(m, n);
     int64_t groups = m->group > 0 ? m->cols / m->group : 1;
     return (int64_t)n * kpad_of(m) * 2 + (int64_t)n * (groups + 16) * 4;
 }
@@ -58,11 +62,17 @@ void ft_prepare(const ft_matrix *m, int path, const void *x, int32_t x_kind, int
         a->xf = xf;
         return;
     }
+    if (path == FT_PATH_Q8) {
+        ft_prepare_q(m, x, x_kind, x_stride, rows, n, first, count, buf, a);
+        return;
+    }
     ft_prepare_a(m, path, x, x_stride, rows, n, first, count, buf, a);
 }
 
 int64_t ft_rows_scratch_floats(const ft_matrix *m) {
-    return (int64_t)m->cols + 64 + (int64_t)FT_ROW_BLOCK * (2 * (int64_t)m->scale_cols + 32);
+    const int64_t a = (int64_t)m->cols + 64 + (int64_t)FT_ROW_BLOCK * (2 * (int64_t)m->scale_cols + 32);
+    const int64_t q = m->kind == FT_INT4 ? ft_rows_scratch_q_floats(m) : 0;
+    return a > q ? a : q;
 }
 
 void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
@@ -135,6 +145,10 @@ static float dot_f32(const float *w, const float *x, int K) {
 
 void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n, float *y,
                  int ldy, float *scratch) {
+    if (a->path == FT_PATH_Q8) {
+        ft_rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch);
+        return;
+    }
     if (a->path != FT_PATH_B) {
         ft_rows_dot_a(m, e, r0, r1, a, idx, n, y, ldy, scratch);
         return;

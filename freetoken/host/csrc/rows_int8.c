@@ -1,0 +1,229 @@
+/* Path Q: int4 weights against activations quantized to int8 per unit of U = min(group, 128) columns
+ * (d = max|x| / 127 over the unit, a = round(x / d)), with AVX512-VNNI: vpdpbusd multiplies the unsigned nibbles by
+ * the signed int8 activations, four products per int32 lane, so a 128-column chunk costs three logic ops and two dot
+ * instructions where path A's bf16 route needs eight unpack ops and four dots (path A is instruction-bound on int4,
+ * this one reaches memory speed). The rule is llama.cpp's Q4_0 x Q8_0 dot with a unit of up to 128 columns; the
+ * result equals the dequantized weights times the dequantized activations (freetoken.host.kernels.int8_acts_ref)
+ * up to fp32 summation order:
+ *   y = sum_u s_u d_u (sum_{k in u} a_k q_k) - s_u z_u d_u (sum_{k in u} a_k)
+ * Activations are laid out per 128-column chunk as its 64 even columns, then its 64 odd ones: byte b of a weight row
+ * holds columns 2b (low nibble) and 2b + 1 (high), so the low-nibble register meets the even columns lane for lane.
+ * Every activation row gets the same instruction sequence whatever the batch, so a token's result does not depend
+ * on its batch-mates. */
+#include <math.h>
+#include <string.h>
+#include "rows_int8.h"
+
+static int ft_int8_acts = 1;
+
+void ft_set_int8_acts(int32_t on) { ft_int8_acts = on != 0; }
+
+static inline int unit_of(const ft_matrix *m) { return m->group < 128 ? m->group : 128; }
+
+int ft_path_q_supports(const ft_matrix *m) {
+    if (!ft_path_q_built() || !ft_int8_acts || m->kind != FT_INT4 || m->g_idx || m->cols % 128) return 0;
+    return m->group == 16 || m->group == 32 || m->group == 64 || m->group % 128 == 0;
+}
+
+int64_t ft_acts_q_bytes(const ft_matrix *m, int n) {
+    const int64_t units = m->cols / unit_of(m);
+    return (int64_t)n * m->cols + 2 * ((int64_t)n * units + 32) * 4 + 128;
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__AVX512BW__) && !defined(FT_NO_AVX512)
+#include <immintrin.h>
+
+int ft_path_q_built(void) { return 1; }
+
+/* one 128-column chunk of bf16 activations -> int8 (even columns, then odd) with the per-unit d and d * sum(a) */
+static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, float *xza) {
+    const __m512 ABS = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 v[8];
+    for (int j = 0; j < 8; j++)
+        v[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + 16 * j))), 16));
+    const int regs = U / 16; /* registers per unit */
+    __m128i q[8];
+    for (int u = 0; u < 8 / regs; u++) {
+        __m512 m = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (int j = u * regs; j < (u + 1) * regs; j++) {
+            m = _mm512_max_ps(m, _mm512_and_ps(v[j], ABS));
+            nan |= _mm512_cmp_ps_mask(v[j], v[j], _CMP_UNORD_Q);
+        }
+        const float amax = _mm512_reduce_max_ps(m), d = nan ? NAN : amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m512i sum = _mm512_setzero_si512();
+        for (int j = u * regs; j < (u + 1) * regs; j++) {
+            __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(v[j], _mm512_set1_ps(id))); /* nearest, ties to even */
+            a = _mm512_max_epi32(_mm512_min_epi32(a, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            sum = _mm512_add_epi32(sum, a);
+            q[j] = _mm512_cvtepi32_epi8(a);
+        }
+        xd[u] = d;
+        xza[u] = d * (float)_mm512_reduce_add_epi32(sum);
+    }
+    const __m512i t0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])), _mm256_set_m128i(q[3], q[2]), 1);
+    const __m512i t1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[5], q[4])), _mm256_set_m128i(q[7], q[6]), 1);
+    int8_t idx[64];
+    for (int i = 0; i < 64; i++) idx[i] = (int8_t)(2 * i);
+    const __m512i even = _mm512_loadu_si512(idx), odd = _mm512_add_epi8(even, _mm512_set1_epi8(1));
+    _mm512_storeu_si512(dst, _mm512_permutex2var_epi8(t0, even, t1));
+    _mm512_storeu_si512(dst + 64, _mm512_permutex2var_epi8(t0, odd, t1));
+}
+
+void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
+                  int first, int count, void *buf, ft_acts *a) {
+    (void)x_kind; /* bf16: ft_path_for takes path Q for bf16 activations only */
+    const int K = m->cols, U = unit_of(m), nu = K / U, per_chunk = 128 / U;
+    int8_t *xq = (int8_t *)buf;
+    float *xd = (float *)(((uintptr_t)(xq + (int64_t)n * K) + 63) & ~(uintptr_t)63);
+    float *xza = xd + (int64_t)n * nu + 16;
+    a->kpad = K;
+    a->ngroups = nu;
+    a->xb = (const uint16_t *)xq;
+    a->xd = xd;
+    a->xsum = xza;
+    for (int i = first; i < first + count; i++) {
+        const uint16_t *src = (const uint16_t *)x + (int64_t)(rows ? rows[i] : i) * x_stride;
+        for (int c = 0; c < K / 128; c++)
+            quantize_chunk(src + 128 * c, U, xq + (int64_t)i * K + 128 * c, xd + (int64_t)i * nu + c * per_chunk,
+                           xza + (int64_t)i * nu + c * per_chunk);
+    }
+}
+
+#ifndef FT_PREFETCH_BYTES
+#define FT_PREFETCH_BYTES 8192
+#endif
+
+/* lane j of a chunk's int32 sums covers columns 8j .. 8j + 7: unit j >> 1, 2, 3 for U = 16, 32, 64 */
+static inline __m512i unit_lanes(int U) {
+    const int shift = U == 16 ? 1 : U == 32 ? 2 : 3;
+    return _mm512_srli_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), shift);
+}
+
+/* per-lane fp32 factors of chunk c from per-unit values v: one value for U = 128, lane-spread ones below */
+static inline __m512 chunk_factors(const float *v, int c, int per_chunk, __m512i lanes) {
+    return per_chunk == 1 ? _mm512_set1_ps(v[c]) : _mm512_permutexvar_ps(lanes, _mm512_loadu_ps(v + c * per_chunk));
+}
+
+/* R weight rows against NT activation rows; su[r]: row r's per-unit scales, already times the activation's d when
+ * PRE (decode: NT = 1); zs[r]: its per-unit zero offsets s * z, taken off against xza (d * sum a) at the end */
+static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int64_t row_bytes, int K, int U,
+                                                          const float **su, const float **zs, const int8_t **x,
+                                                          const float **xd, const float **xza, float *y, int ldy,
+                                                          int ldt, const int R, const int NT, const int PRE) {
+    const __m512i lanes = unit_lanes(U), LO = _mm512_set1_epi8(0x0F);
+    const int nu = K / U, per_chunk = 128 / U;
+    __m512 tot[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) tot[r][t] = _mm512_setzero_ps();
+    for (int c = 0; c < K / 128; c++) {
+        __m512i xe[4], xo[4];
+        __m512 dv[4];
+        for (int t = 0; t < NT; t++) {
+            xe[t] = _mm512_loadu_si512(x[t] + 128 * c);
+            xo[t] = _mm512_loadu_si512(x[t] + 128 * c + 64);
+            if (!PRE) dv[t] = chunk_factors(xd[t], c, per_chunk, lanes);
+        }
+        for (int r = 0; r < R; r++) {
+            const uint8_t *qr = q + r * row_bytes + 64 * c;
+            _mm_prefetch((const char *)(qr + FT_PREFETCH_BYTES), _MM_HINT_T1);
+            const __m512i src = _mm512_loadu_si512(qr);
+            const __m512i lo = _mm512_and_si512(src, LO), hi = _mm512_and_si512(_mm512_srli_epi16(src, 4), LO);
+            const __m512 sv = chunk_factors(su[r], c, per_chunk, lanes);
+            for (int t = 0; t < NT; t++) {
+                __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xe[t]);
+                acc = _mm512_dpbusd_epi32(acc, hi, xo[t]);
+                tot[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), PRE ? sv : _mm512_mul_ps(sv, dv[t]), tot[r][t]);
+            }
+        }
+    }
+    for (int u = 0; u < nu; u += 16) {
+        const __mmask16 k = nu - u >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nu - u)) - 1);
+        for (int t = 0; t < NT; t++) {
+            const __m512 za = _mm512_maskz_loadu_ps(k, xza[t] + u);
+            for (int r = 0; r < R; r++)
+                tot[r][t] = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(k, zs[r] + u), za, tot[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = _mm512_reduce_add_ps(tot[r][t]);
+}
+
+void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
+                   float *y, int ldy, float *scratch) {
+    const int K = m->cols, U = unit_of(m), nu = K / U, ng = m->scale_cols, per_group = m->group / U;
+    const uint8_t *base = m->data + (int64_t)e * m->data_stride;
+    const int8_t *xq = (const int8_t *)a->xb;
+    float *sc = scratch, *su = sc + (int64_t)FT_ROW_BLOCK * ng + 16, *zs = su + (int64_t)FT_ROW_BLOCK * nu + 32;
+    float *sd = zs + (int64_t)FT_ROW_BLOCK * nu + 32;
+    for (int b0 = r0; b0 < r1; b0 += FT_ROW_BLOCK) {
+        const int b1 = b0 + FT_ROW_BLOCK < r1 ? b0 + FT_ROW_BLOCK : r1;
+        ft_scales_block(m, e, b0, b1, sc);
+        const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * ng;
+        const int64_t cells = (int64_t)(b1 - b0) * nu;
+        if (per_group == 1) { /* units are the groups: the scales as they are */
+            su = sc;
+            for (int64_t i = 0; i < cells; i++) zs[i] = sc[i] * (float)z[i];
+        } else {
+            su = sc + (int64_t)FT_ROW_BLOCK * ng + 16;
+            for (int64_t j = 0, i = 0; j < b1 - b0; j++)
+                for (int g = 0; g < ng; g++)
+                    for (int p = 0; p < per_group; p++, i++) su[i] = sc[j * ng + g], zs[i] = sc[j * ng + g] * (float)z[j * ng + g];
+        }
+        memset(su + cells, 0, 16 * 4); /* chunk_factors reads up to 16 units past a row's last */
+        int r = b0;
+        if (n == 1) { /* decode: the activation's d folded into the scales, four rows at a time */
+            const int64_t t0 = idx ? idx[0] : 0;
+            const int8_t *x[1] = {xq + t0 * K};
+            const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
+            for (int64_t j = 0; j < b1 - b0; j++)
+                for (int u = 0; u < nu; u++) sd[j * nu + u] = su[j * nu + u] * xd0[u];
+            memset(sd + cells, 0, 16 * 4);
+            for (; r + 4 <= b1; r += 4) {
+                const float *s4[4], *z4[4];
+                for (int j = 0; j < 4; j++) s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
+                q8_tile(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, s4, z4, x, NULL, xza,
+                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1);
+            }
+        }
+        for (; r < b1; r++) {
+            const float *s1[1] = {su + (int64_t)(r - b0) * nu}, *z1[1] = {zs + (int64_t)(r - b0) * nu};
+            for (int i = 0; i < n; i += 4) {
+                const int nt = n - i < 4 ? n - i : 4;
+                const int8_t *x[4];
+                const float *xd[4], *xza[4];
+                for (int t = 0; t < nt; t++) {
+                    const int64_t row = idx ? idx[i + t] : i + t;
+                    x[t] = xq + row * K, xd[t] = a->xd + row * nu, xza[t] = a->xsum + row * nu;
+                }
+                float *yr = y + (int64_t)(r - r0) * ldy + i;
+                const uint8_t *q = base + (int64_t)r * m->row_bytes;
+                switch (nt) {
+                case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0); break;
+                case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0); break;
+                case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0); break;
+                default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0);
+                }
+            }
+        }
+    }
+}
+
+#else /* no AVX512-VNNI at build time */
+
+int ft_path_q_built(void) { return 0; }
+void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
+                  int first, int count, void *buf, ft_acts *a) {
+    (void)m; (void)x; (void)x_kind; (void)x_stride; (void)rows; (void)n; (void)first; (void)count; (void)buf; (void)a;
+}
+void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
+                   float *y, int ldy, float *scratch) {
+    (void)m; (void)e; (void)r0; (void)r1; (void)a; (void)idx; (void)n; (void)y; (void)ldy; (void)scratch;
+}
+#endif
+
+int64_t ft_rows_scratch_q_floats(const ft_matrix *m) {
+    const int64_t nu = m->cols / unit_of(m);
+    return (int64_t)FT_ROW_BLOCK * (m->scale_cols + 3 * nu) + 128;
+}

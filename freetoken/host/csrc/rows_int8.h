@@ -1,0 +1,14 @@
+/* Path Q: int4 weights against int8-quantized activations (AVX512-VNNI), where the compiler targets a CPU that has
+ * it and int8 activations are on (ft_set_int8_acts; the default). */
+#pragma once
+#include "ftk.h"
+
+int ft_path_q_built(void);
+int ft_path_q_supports(const ft_matrix *m);
+void ft_set_int8_acts(int32_t on);
+int64_t ft_acts_q_bytes(const ft_matrix *m, int n);
+void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
+                  int first, int count, void *buf, ft_acts *a);
+void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
+                   float *y, int ldy, float *scratch);
+int64_t ft_rows_scratch_q_floats(const ft_matrix *m);
