@@ -98,6 +98,17 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
     }
 }
 
+void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1) {
+    if (b0 >= b1) return;
+    const int es = m->scale_kind == FT_SC_F32 ? 4 : m->scale_kind == FT_SC_BF16 || m->scale_kind == FT_SC_F16 ? 2 : 1;
+    const uint8_t *s = m->scales + (int64_t)e * m->scales_stride + (int64_t)b0 * m->scale_cols * es;
+    for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols * es; o += 64) __builtin_prefetch(s + o, 0, 3);
+    if (m->zeros) {
+        const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * m->scale_cols;
+        for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols; o += 64) __builtin_prefetch(z + o, 0, 3);
+    }
+}
+
 /* Path B: row `row` of expert e decoded to fp32 [cols] */
 static void decode_row(const ft_matrix *m, int e, int row, float *w) {
     const uint8_t *d = m->data + (int64_t)e * m->data_stride + (int64_t)row * m->row_bytes;

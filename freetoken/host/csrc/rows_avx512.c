@@ -273,19 +273,6 @@ static inline __attribute__((always_inline)) void fp8_block(const uint8_t *q, in
     for (int t = 0; t < NT; t++) y[t] = _mm512_reduce_add_ps(tot[t]);
 }
 
-/* the next block's scales and zero points on their way while this block computes (separate arrays: each block
- * start would otherwise wait on their first misses) */
-static inline void prefetch_block_scales(const ft_matrix *m, int e, int b0, int b1) {
-    if (b0 >= b1) return;
-    const int es = m->scale_kind == FT_SC_F32 ? 4 : m->scale_kind == FT_SC_BF16 || m->scale_kind == FT_SC_F16 ? 2 : 1;
-    const uint8_t *s = m->scales + (int64_t)e * m->scales_stride + (int64_t)b0 * m->scale_cols * es;
-    for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols * es; o += 64) _mm_prefetch((const char *)(s + o), _MM_HINT_T0);
-    if (m->zeros) {
-        const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * m->scale_cols;
-        for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols; o += 64) _mm_prefetch((const char *)(z + o), _MM_HINT_T0);
-    }
-}
-
 static inline const uint16_t *act(const ft_acts *a, const int32_t *idx, int i) {
     return a->xb + (int64_t)(idx ? idx[i] : i) * a->kpad;
 }
@@ -382,7 +369,7 @@ void ft_rows_dot_a(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
     float *sc = scratch, *zs = sc + (int64_t)FT_ROW_BLOCK * ng + 32, *pad = zs + (int64_t)FT_ROW_BLOCK * ng;
     for (int b0 = r0; b0 < r1; b0 += FT_ROW_BLOCK) {
         const int b1 = b0 + FT_ROW_BLOCK < r1 ? b0 + FT_ROW_BLOCK : r1;
-        prefetch_block_scales(m, e, b1, b1 + FT_ROW_BLOCK < r1 ? b1 + FT_ROW_BLOCK : r1);
+        ft_prefetch_scales(m, e, b1, b1 + FT_ROW_BLOCK < r1 ? b1 + FT_ROW_BLOCK : r1);
         ft_scales_block(m, e, b0, b1, sc);
         memset(sc + (int64_t)(b1 - b0) * ng, 0, 32 * 4);
         if (m->kind == FT_INT4) {
