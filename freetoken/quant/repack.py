@@ -13,6 +13,7 @@ nibble first; GPTQ packs the input axis, AWQ the output axis in an interleaved n
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -42,6 +43,24 @@ def unpack_cols(packed: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) 
     return nib[:, :, inverse].reshape(packed.shape[0], -1)
 
 
+def gptq_nibbles(qweight: torch.Tensor) -> torch.Tensor:
+    """GPTQ's qweight [K/8, N] int32 -> packed.py's [N, K/2] uint8. Byte j of qweight[r, n] (little-endian) holds
+    inputs 8r + 2j (low nibble) and 8r + 2j + 1 (high) of output n: byte 4r + j of the packed row, so the repack is one
+    transpose of 32-bit words (the nibble-by-nibble route, kept for big-endian hosts, took ~60x longer)."""
+    if sys.byteorder != "little":
+        return pack_nibbles(unpack_rows(qweight).t())
+    return qweight.t().contiguous().view(torch.uint8).reshape(qweight.shape[1], -1)
+
+
+def gptq_zeros(qzeros: torch.Tensor) -> torch.Tensor:
+    """GPTQ's qzeros [G, N/8] int32 -> [G, N] uint8 zero codes (nibble i of qzeros[g, c] is column 8c + i), read
+    byte-wise as gptq_nibbles reads qweight."""
+    if sys.byteorder != "little":
+        return unpack_cols(qzeros).to(torch.uint8)
+    b = qzeros.contiguous().view(torch.uint8)  # [G, N/2]
+    return torch.stack((b & 0xF, b >> 4), dim=-1).reshape(qzeros.shape[0], -1)
+
+
 def fp8_scale(tensors: Tensors, name: str) -> torch.Tensor:
     """An FP8 weight's dequant scale as fp32 (DeepSeek's `weight_scale_inv` is already the dequant scale); ue8m0
     `scale_fmt` checkpoints store power-of-two exponents, decoded exactly."""
@@ -62,14 +81,15 @@ def _groups(fmt: QuantFormat, in_dim: int, what: str) -> int:
     return 1 if fmt.group_size == -1 else in_dim // fmt.group_size
 
 
-def _int4(codes: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
+def _int4(data: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor | None,
           groups: int) -> PackedWeight:
-    """codes [K, N], zeros [G, N] (the zero point itself), scales [G, N], g_idx [K] or None -> int4, S = 1."""
-    K, N = codes.shape
+    """data [N, K/2] uint8 (packed.py's nibbles), zeros [G, N] (the zero point itself), scales [G, N], g_idx [K] or
+    None -> int4, S = 1."""
+    N, K = data.shape[0], 2 * data.shape[1]
     if g_idx is not None and torch.equal(g_idx.to(torch.int64), torch.arange(K, device=g_idx.device) * groups // K):
         g_idx = None  # the plain k // group mapping many exporters store anyway: no need to carry it
     return PackedWeight(
-        "int4", (N, K), pack_nibbles(codes.t())[None].contiguous(),  # [1, N, K/2]
+        "int4", (N, K), data[None].contiguous(),  # [1, N, K/2]
         scales.t()[None].contiguous(),  # [1, N, G]
         zeros=zeros.t().to(torch.uint8)[None].contiguous(),  # [1, N, G]
         g_idx=None if g_idx is None else g_idx.to(torch.int32)[None].contiguous(),  # [1, K]
@@ -96,8 +116,8 @@ def repack_gptq(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight
             raise QuantError(f"tensor {gi_name!r}: group ids outside [0, {groups})")
     elif fmt.desc_act:
         raise QuantError(f"missing tensor {gi_name!r} (desc_act=true needs the act-order group index)")
-    zeros = unpack_cols(qzeros) + fmt.zero_offset  # [G, N]; v1's wrapped -1 reads back as 16, as in AutoGPTQ
-    return _int4(unpack_rows(qweight), zeros, scales, g_idx, groups)
+    zeros = gptq_zeros(qzeros) + fmt.zero_offset  # [G, N]; v1's wrapped -1 reads back as 16, as in AutoGPTQ
+    return _int4(gptq_nibbles(qweight), zeros, scales, g_idx, groups)
 
 
 def repack_awq(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight:
@@ -110,7 +130,8 @@ def repack_awq(tensors: Tensors, prefix: str, fmt: QuantFormat) -> PackedWeight:
     scales = require(tensors, sc_name, SCALE_DTYPES)
     check_shape(qz_name, qzeros, (groups, out_dim // 8))
     check_shape(sc_name, scales, (groups, out_dim))
-    return _int4(unpack_cols(qweight, AWQ_ORDER), unpack_cols(qzeros, AWQ_ORDER), scales, None, groups)
+    return _int4(pack_nibbles(unpack_cols(qweight, AWQ_ORDER).t()), unpack_cols(qzeros, AWQ_ORDER), scales, None,
+                 groups)
 
 
 def _fp8_weight(tensors: Tensors, prefix: str, fmt: QuantFormat) -> tuple[torch.Tensor, str]:
