@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from freetoken.host import grouped
 from freetoken.host import kernels as host_kernels
 from freetoken.host.native import packed_matrix
 from freetoken.kernels.expert_ffn import glu_ref
@@ -140,15 +141,24 @@ class ExpertStore:
         kernels; dense experts of a long prefill chunk (GEMM_TOKENS_PER_EXPERT tokens each on average) go to
         torch's GEMM expert by expert instead (oneDNN's blocked kernels are faster there; like HF transformers,
         it rounds gate / up to the dtype before the activation), as they do where the host kernels are not built."""
-        if host_kernels.available() and (self.packed or not _gemm_sized(ids, take, self.num_experts)):
+        if host_kernels.available() and (self.packed or not grouped.gemm_sized(ids, take, self.num_experts)):
             take_t = None if take is None else torch.from_numpy(np.ascontiguousarray(take, np.uint8))
             return host_kernels.moe(self.host_matrices(layer), x, torch.from_numpy(np.ascontiguousarray(ids, np.int32)),
                                     weights, take_t, cast=cast)
         if take is None:
             take = np.zeros(self.num_experts, np.uint8)
             take[ids[ids >= 0]] = 1
-        out = self._host_moe_torch(layer, x, ids, weights, take)
+        if not self.packed and grouped.available():
+            out = grouped.grouped_experts(x, ids, weights, self.gate_up[layer], self.down[layer], take,
+                                          *self._layer_biases(layer), self.glu)
+        else:
+            out = self._host_moe_torch(layer, x, ids, weights, take)
         return out.to(x.dtype) if cast else out
+
+    def _layer_biases(self, layer: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self.b_gate_up is None:
+            return None, None
+        return self.b_gate_up[layer], self.b_down[layer]
 
     def _host_moe_torch(self, layer: int, x: torch.Tensor, ids: np.ndarray, weights: torch.Tensor,
                         take: np.ndarray) -> torch.Tensor:
@@ -178,22 +188,6 @@ class ExpertStore:
         if self.b_gate_up is None:
             return None, None
         return self.b_gate_up[layer][expert], self.b_down[layer][expert]
-
-
-# measured (1 thread, bf16, Qwen3-30B-A3B's expert shape): the C kernel 99 / torch 109 GFLOP/s at 32 tokens per
-# expert, 119 / 161 at 128; below 32 the C kernel wins (docs/host.md)
-GEMM_TOKENS_PER_EXPERT = 64
-
-
-def _gemm_sized(ids: np.ndarray, take: np.ndarray | None, num_experts: int) -> bool:
-    """A long prefill chunk: its experts average enough tokens each that torch's blocked GEMM per expert wins."""
-    if ids.size < GEMM_TOKENS_PER_EXPERT:
-        return False
-    routed = ids[(ids >= 0) & (ids < num_experts)]
-    if take is not None:
-        routed = routed[np.asarray(take, bool)[routed]]
-    active = np.count_nonzero(np.bincount(routed, minlength=num_experts))
-    return active > 0 and routed.size >= GEMM_TOKENS_PER_EXPERT * active
 
 
 def _layout(w: PackedWeight) -> tuple:

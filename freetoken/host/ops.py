@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from freetoken.host import grouped
 from freetoken.host import kernels as hk
 from freetoken.host.native import packed_matrix
 from freetoken.kernels.expert_ffn_quant import check_packed_experts
@@ -99,6 +100,10 @@ def expert_ffn(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w
     """expert_ffn's contract over slots [S, 2I, D] / [S, D, I] (slot -1: skipped) -> [T, D] in x's dtype."""
     if not (hk.available() and w_gate_up.dtype in _DENSE and w_gate_up.is_contiguous() and w_down.is_contiguous()):
         return expert_ffn_host(x, slot_ids, weights, w_gate_up, w_down, b_gate_up, b_down, glu, alpha, limit)
+    ids = slot_ids.numpy()
+    if grouped.available() and grouped.gemm_sized(ids, None, w_gate_up.shape[0]):  # a prefill-sized call: GEMMs
+        return grouped.grouped_experts(x, ids, weights, w_gate_up, w_down, None, b_gate_up, b_down,
+                                       dict(glu=glu, alpha=alpha, limit=limit)).to(x.dtype)
     key = ("dense", w_gate_up.data_ptr(), w_down.data_ptr(), tuple(w_gate_up.shape), w_gate_up.dtype,
            None if b_gate_up is None else b_gate_up.data_ptr(), glu, alpha, limit)
     m = _cached(key, lambda: hk.MoEMatrices.dense(w_gate_up, w_down, glu=glu, alpha=alpha, limit=limit,

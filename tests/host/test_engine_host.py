@@ -58,8 +58,8 @@ def test_a_long_prefill_chunk_takes_torchs_gemm_with_the_same_result():
     """Dense experts averaging GEMM_TOKENS_PER_EXPERT tokens go to torch's GEMM (gate / up rounded to the dtype
     before the activation, as HF does); the C kernel keeps them in fp32: both within bf16 rounding of the fp32
     reference."""
-    from freetoken.engine import slots
     from freetoken.engine.slots import ExpertStore
+    from freetoken.host import grouped
     from freetoken.host.kernels import moe_ref
 
     gen = torch.Generator().manual_seed(0)
@@ -69,7 +69,7 @@ def test_a_long_prefill_chunk_takes_torchs_gemm_with_the_same_result():
     x = torch.randn(T, D, generator=gen).bfloat16()
     ids = np.stack([torch.randperm(E, generator=gen)[:K].numpy() for _ in range(T)]).astype(np.int32)
     w = torch.rand(T, K, generator=gen)
-    assert slots._gemm_sized(ids, None, E) and not slots._gemm_sized(ids[:20], None, E)
+    assert grouped.gemm_sized(ids, None, E) and not grouped.gemm_sized(ids[:20], None, E)
     ref = moe_ref(x, torch.from_numpy(ids), w, torch.ones(E, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(),
                   dn.float())
     gemm = store.host_moe(0, x, ids, w, None)

@@ -1,0 +1,58 @@
+"""Dense experts of a prefill-sized call through torch's grouped GEMM (torch._grouped_mm, the call HF transformers runs
+its experts with): one call per projection over the (token, pick) pairs sorted by expert, in the weights' dtype
+(gate / up rounded to it before the activation, as HF does), the routing weights and the sum in fp32. Below about
+GEMM_TOKENS_PER_EXPERT tokens per expert the C kernels win (they read each weight row once for all its tokens)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from freetoken.kernels.expert_ffn import glu_ref
+
+# measured (1 thread, bf16, Qwen3-30B-A3B's expert shape): the C kernel 99 / torch 109 GFLOP/s at 32 tokens per
+# expert, 119 / 161 at 128; below 32 the C kernel wins (docs/host.md)
+GEMM_TOKENS_PER_EXPERT = 64
+
+
+def available() -> bool:
+    return hasattr(torch, "_grouped_mm")
+
+
+def gemm_sized(ids: np.ndarray, take: np.ndarray | None, num_experts: int) -> bool:
+    """A long prefill chunk: its experts average enough tokens each that the blocked GEMM wins."""
+    if ids.size < GEMM_TOKENS_PER_EXPERT:
+        return False
+    routed = ids[(ids >= 0) & (ids < num_experts)]
+    if take is not None:
+        routed = routed[np.asarray(take, bool)[routed]]
+    active = np.count_nonzero(np.bincount(routed, minlength=num_experts))
+    return active > 0 and routed.size >= GEMM_TOKENS_PER_EXPERT * active
+
+
+def grouped_experts(x: torch.Tensor, ids: np.ndarray, weights: torch.Tensor, gate_up: torch.Tensor,
+                    down: torch.Tensor, take: np.ndarray | None = None, b_gate_up: torch.Tensor | None = None,
+                    b_down: torch.Tensor | None = None, glu: dict | None = None) -> torch.Tensor:
+    """x [T, D], ids [T, K] (ids outside [0, E) or not in `take` skipped), weights [T, K], gate_up [E, 2I, D] (gate
+    rows, then up rows), down [E, D, I], biases [E, 2I] / [E, D] -> fp32 [T, D]."""
+    T, K = ids.shape
+    E, I, dt = gate_up.shape[0], down.shape[2], gate_up.dtype
+    flat = ids.reshape(-1)
+    valid = (flat >= 0) & (flat < E)
+    if take is not None:
+        valid[valid] = np.asarray(take, bool)[flat[valid]]
+    pairs = np.flatnonzero(valid)
+    order = pairs[np.argsort(flat[pairs], kind="stable")]  # [S] by expert, token order inside
+    experts = torch.from_numpy(flat[order].astype(np.int64))
+    offs = torch.cumsum(torch.bincount(experts, minlength=E), 0).to(torch.int32)  # [E] end of each expert's rows
+    tok = torch.from_numpy(order // K)
+    h = torch._grouped_mm(x[tok].to(dt), gate_up.transpose(-2, -1), offs=offs)  # [S, 2I]
+    if b_gate_up is not None:
+        h = h + b_gate_up[experts].to(dt)
+    h = glu_ref(h[:, :I].float(), h[:, I:].float(), **(glu or {})).to(dt)
+    y = torch._grouped_mm(h, down.transpose(-2, -1), offs=offs)  # [S, D]
+    if b_down is not None:
+        y = y + b_down[experts].to(dt)
+    route = weights.reshape(-1)[torch.from_numpy(order)].float()  # [S]
+    out = torch.zeros((T, down.shape[1]), dtype=torch.float32)
+    return out.index_add_(0, tok, y.float() * route[:, None])
