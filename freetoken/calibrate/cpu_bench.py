@@ -77,7 +77,8 @@ def rates(t: Tally, prompt_tokens: int, decode_tokens: int) -> dict:
 
 def machine() -> dict:
     """What the numbers ran on, and how busy it was (other processes share a machine's cores)."""
-    from freetoken.host.kernels import physical_cores
+    from freetoken.host import kernels as hk
 
-    return {"cpus": os.cpu_count(), "physical_cores": physical_cores(),
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    return {"cpus": os.cpu_count(), "physical_cores": hk.physical_cores(),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "int4_activations": "int8 (VNNI)" if hk.path_q() else "bf16"}

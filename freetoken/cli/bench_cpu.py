@@ -147,7 +147,9 @@ def print_result(result: dict) -> None:
         print(f"CPU engine vs HF transformers in one process, {result['dtype']} on both sides; {head}")
         print(format_table(HF_COLUMNS, result["rows"]))
         return
-    print(f"ft vs llama.cpp on the same weights ({result['model']}); {head}")
+    int4 = result["machine_before"].get("int4_activations")
+    print(f"ft vs llama.cpp on the same weights ({result['model']}); {head}"
+          + (f"; ft's int4 matrices read {int4} activations (FT_HOST_INT8_ACTS)" if int4 else ""))
     for P, bw in result["read_bytes_s"].items():
         print(f"  read bandwidth measured in the run ({P}-token race): "
               + ", ".join(f"{k.removeprefix('t')} thread(s) {v / 1e9:.1f} GB/s" for k, v in bw.items()))

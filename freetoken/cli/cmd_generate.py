@@ -98,7 +98,10 @@ def host_line(kernels: str, threads: int) -> str | None:
 
     if not hk.available():
         return f"torch: {hk.unavailable_reason()}"
-    return f"C {'AVX512-BF16' if hk.path_a() else 'portable'}, {threads} thread{'s' if threads > 1 else ''}"
+    path = "AVX512-BF16" if hk.path_a() else "portable"
+    if hk.path_q():
+        path += " + int4 x int8 VNNI"
+    return f"C {path}, {threads} thread{'s' if threads > 1 else ''}"
 
 
 def draft_config(args: argparse.Namespace):

@@ -1,6 +1,7 @@
 """Dense experts of a prefill-sized call through torch's grouped GEMM (torch._grouped_mm, the call HF transformers runs
 its experts with): one call per projection over the (token, pick) pairs sorted by expert, in the weights' dtype
-(gate / up rounded to it before the activation, as HF does), the routing weights and the sum in fp32. Below about
+(gate / up, and SiLU(gate) * up, in that dtype as HF computes them; other activations in fp32), the routing weights
+and the sum in fp32. Below about
 GEMM_TOKENS_PER_EXPERT tokens per expert the C kernels win (they read each weight row once for all its tokens)."""
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def grouped_experts(x: torch.Tensor, ids: np.ndarray, weights: torch.Tensor, gat
     h = torch._grouped_mm(x[tok].to(dt), gate_up.transpose(-2, -1), offs=offs)  # [S, 2I]
     if b_gate_up is not None:
         h = h + b_gate_up[experts].to(dt)
-    h = glu_ref(h[:, :I].float(), h[:, I:].float(), **(glu or {})).to(dt)
+    if (glu or {}).get("glu", "silu") == "silu":  # in the weights' dtype, as HF's experts compute it
+        h = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+    else:
+        h = glu_ref(h[:, :I].float(), h[:, I:].float(), **glu).to(dt)
     y = torch._grouped_mm(h, down.transpose(-2, -1), offs=offs)  # [S, D]
     if b_down is not None:
         y = y + b_down[experts].to(dt)

@@ -133,6 +133,12 @@ def path_a() -> bool:
     return lib is not None and bool(lib.ft_caps())
 
 
+def path_q() -> bool:
+    """int4 weights meet int8 activations here (AVX512-VNNI built in, FT_HOST_INT8_ACTS on)."""
+    lib = library()
+    return lib is not None and int8_acts() and bool(lib.ft_path_q_built())
+
+
 # MoE layer
 @dataclass(slots=True)
 class MoEMatrices:
