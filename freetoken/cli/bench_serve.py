@@ -63,6 +63,8 @@ async def _round(url: str, model: str, n: int, max_tokens: int, bias: dict) -> d
 
 def client_round(url: str, model: str, n: int, max_tokens: int, bias: dict) -> dict:
     """One round of n concurrent requests, in the clients' own process."""
+    import asyncio
+
     return asyncio.run(_round(url, model, n, max_tokens, bias))
 
 
