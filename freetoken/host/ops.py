@@ -17,7 +17,7 @@ from freetoken.host import grouped
 from freetoken.host import kernels as hk
 from freetoken.host.native import packed_matrix
 from freetoken.kernels.expert_ffn_quant import check_packed_experts
-from freetoken.kernels.host import attention_host, expert_ffn_host, expert_ffn_quant_host
+from freetoken.kernels.host import attention_host, causal_after, expert_ffn_host, expert_ffn_quant_host
 from freetoken.kernels.rmsnorm import rms_norm_ref
 from freetoken.kernels.rope import _inv_freq, apply_rope_ref
 from freetoken.kernels.router import _check_options, router_topk_ref
@@ -147,13 +147,11 @@ def _sdpa_in_dtype(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
                    sm_scale: float) -> torch.Tensor:
     """Prefill attention in the activations' own dtype (torch's flash kernel accumulates in fp32), on views of the
     cache: no fp32 copies of K and V (what a prompt of thousands of tokens paid for)."""
-    from torch.nn.attention.bias import causal_lower_right
-
     T, H, Dh = q.shape
     L = start_pos + T
     qh = q.transpose(0, 1)[None]  # [1, H, T, Dh]
     kh, vh = k_cache[:L].transpose(0, 1)[None], v_cache[:L].transpose(0, 1)[None]  # [1, Hkv, L, Dh]
-    mask = {"is_causal": True} if start_pos == 0 else {"attn_mask": causal_lower_right(T, L)}
+    mask = {"is_causal": True} if start_pos == 0 else {"attn_mask": causal_after(start_pos, T)}
     o = F.scaled_dot_product_attention(qh, kh, vh, scale=sm_scale, enable_gqa=H != kh.shape[1], **mask)
     return o[0].transpose(0, 1)  # [T, H, Dh]
 

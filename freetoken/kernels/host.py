@@ -80,6 +80,12 @@ def expert_ffn_quant_host(
                     options.get("alpha", 1.702), options.get("limit", 7.0))
 
 
+def causal_after(start_pos: int, T: int, device=None) -> torch.Tensor:
+    """[T, start_pos + T] bool: query t sees keys <= start_pos + t (what torch.nn.attention.bias.causal_lower_right
+    materialises on the CPU anyway; importing that module costs ~1 s of torch._dynamo at the first request)."""
+    return torch.ones(T, start_pos + T, dtype=torch.bool, device=device).tril(start_pos)
+
+
 def attention_host(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int, sm_scale: float,
     sinks: torch.Tensor | None = None, window: int | None = None, k_scale: torch.Tensor | None = None,
@@ -87,10 +93,8 @@ def attention_host(
 ) -> torch.Tensor:
     """attention's contract through torch's scaled_dot_product_attention in fp32 on [1, H, T, Dh] queries against
     [1, Hkv, L, Dh] keys (GQA without repeating kv heads); the causal mask aligned to the last T keys (query t sees
-    positions <= start_pos + t) is SDPA's own, never materialised. Sinks and sliding windows go to attention_ref,
-    which spells them out. An FP8 cache is dequantized first."""
-    from torch.nn.attention.bias import causal_lower_right
-
+    positions <= start_pos + t) is SDPA's own from position 0, a boolean [T, L] mask after a cached prefix. Sinks and
+    sliding windows go to attention_ref, which spells them out. An FP8 cache is dequantized first."""
     if sinks is not None or window is not None:
         return attention_ref(q, k_cache, v_cache, start_pos, sm_scale, sinks, window, k_scale, v_scale)
     # T = queries, H = heads, Hkv = kv heads, L = visible positions, Dh = head dim
@@ -104,6 +108,6 @@ def attention_host(
         o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=T > 1, scale=sm_scale,
                                                              enable_gqa=gqa)
     else:
-        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(T, L),
+        o = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_after(start_pos, T),
                                                              scale=sm_scale, enable_gqa=gqa)
     return o[0].transpose(0, 1).to(q.dtype)  # [T, H, Dh]
