@@ -31,8 +31,10 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, backend, observe_batch: Callable[[int], None]):
-        self.backend, self.observe_batch = backend, observe_batch
+    def __init__(self, backend, observe_batch: Callable[[int], None], after_step: Callable[[], None] = lambda: None):
+        """after_step: called on the engine thread after each iteration's tokens are emitted (the service delivers
+        them to their requests then, with one event-loop wakeup)."""
+        self.backend, self.observe_batch, self.after_step = backend, observe_batch, after_step
         self.batched = hasattr(backend, "decode_logits")
         self._cv = threading.Condition()
         self._new: list[Job] = []
@@ -76,6 +78,7 @@ class Scheduler:
                 for job in ready:
                     self.observe_batch(1)
                     self._solo(job)
+            self.after_step()
 
     def _batch(self, jobs: list[Job]) -> None:
         try:

@@ -22,6 +22,7 @@ from freetoken.serve.config import DEFAULT_MAX_RUNNING
 from freetoken.serve.decoding import TokenLogprob, make_decoder, stop_ids
 from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import Grammars, validate
+from freetoken.serve.inbox import Inbox
 from freetoken.serve.metrics import Metrics
 from freetoken.serve.output import Delta, RequestOutput
 from freetoken.serve.parsers import resolve_parsers
@@ -120,7 +121,8 @@ class Service:
         self.parsers = resolve_parsers(self.backend.family, self.tool_parser, self.reasoning_parser)
         self.grammars = Grammars(self.backend.chat.tok, self.backend.vocab_size, self.backend.stop_token_ids)
         self.metrics = Metrics(self.counters, self.backend.stats, self.kv_usage, self.backend.model_id)
-        self.scheduler = Scheduler(self.backend, self.metrics.decode_batch.observe)
+        self._inboxes: dict[asyncio.AbstractEventLoop, Inbox] = {}
+        self.scheduler = Scheduler(self.backend, self.metrics.decode_batch.observe, self._flush_inboxes)
 
     # prompts
     def check_length(self, chars: int, param: str = "messages") -> None:
@@ -225,7 +227,8 @@ class Service:
         for k, (i, j) in enumerate(order):
             if j:
                 gens[k].follow(gens[k - j])  # shares the first sample's prefilled prompt
-        jobs = [Job(gen, lambda item, k=k: loop.call_soon_threadsafe(queue.put_nowait, (k, item)),
+        inbox = self._inboxes.get(loop) or self._inboxes.setdefault(loop, Inbox(loop))
+        jobs = [Job(gen, lambda item, k=k: inbox.put(queue, (k, item)),
                     lambda d=decoders[k]: d.logprob, threading.Event(), end_one) for k, gen in enumerate(gens)]
         self.scheduler.submit(*jobs)
         outs = [RequestOutput(chat, self.backend.chat, prompts[i].tokens, self.parsers, decoders[k], stop_strings)
@@ -295,6 +298,10 @@ class Service:
                                "structured_output_invalid")
         return Done(out.text, finish, out.stream.stop, out.calls, len(prompt.tokens), generated, gen.reused_tokens,
                     out.reasoning, out.logprobs, gen.prompt_logprobs, index, decoder.cumulative)
+
+    def _flush_inboxes(self) -> None:
+        for inbox in list(self._inboxes.values()):
+            inbox.flush()
 
     def _release_slot(self) -> None:
         self.counters.running -= 1
