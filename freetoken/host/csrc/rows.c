@@ -8,6 +8,9 @@
 #include "ftk.h"
 #include "rows_avx512.h"
 #include "rows_int8.h"
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 
 static float e4m3_value(uint8_t b) {
     int e = (b >> 3) & 0xf, m = b & 7;
@@ -82,13 +85,15 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
     switch (m->scale_kind) {
     case FT_SC_F32: memcpy(sc, s, (size_t)n * 4); break;
     case FT_SC_BF16: for (int64_t i = 0; i < n; i++) sc[i] = ft_bf16_to_f32(((const uint16_t *)s)[i]); break;
-    case FT_SC_F16:
-#ifdef __FLT16_MAX__
-        for (int64_t i = 0; i < n; i++) sc[i] = (float)((const _Float16 *)s)[i];
-#else
-        for (int64_t i = 0; i < n; i++) sc[i] = ft_f16_to_f32(((const uint16_t *)s)[i]);
+    case FT_SC_F16: {
+        int64_t i = 0;
+#ifdef __F16C__
+        for (; i + 8 <= n; i += 8) /* eight at a time (the scalar loop was a fifth of an int4 decode layer) */
+            _mm256_storeu_ps(sc + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)s + i))));
 #endif
+        for (; i < n; i++) sc[i] = ft_f16_to_f32(((const uint16_t *)s)[i]);
         break;
+    }
     default: for (int64_t i = 0; i < n; i++) sc[i] = ft_scale(m, s, i);
     }
     if (m->kind == FT_FP4 && m->global_op != FT_GLOBAL_NONE) {
