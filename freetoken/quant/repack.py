@@ -250,7 +250,7 @@ def stack(parts: Sequence[PackedWeight], what: str = "experts", pin: bool = Fals
     for i, p in enumerate(parts[1:], 1):
         if _layout(p) != first:
             raise QuantError(f"{what}: part {i} has layout {_layout(p)}, part 0 has {first}")
-    out = parts[0].empty_slots(sum(p.num_slots for p in parts), pin=pin)
+    out = parts[0].empty_slots(sum(p.num_slots for p in parts), pin=pin, zeroed=False)  # every slot copied below
     row = 0
     for p in parts:
         for name, t in p.tensors().items():
