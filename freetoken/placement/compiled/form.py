@@ -63,8 +63,9 @@ class Compiled:
 
         stream, log = empty_stream(policy.num_experts), np.zeros((10, 0), np.int64)
         policy.replay(stream, Split(), 0, 0, log, generic=True)
-        if policy.own_stream:
-            policy.replay(stream, Split(), 0, 0, log)
+        if policy.own_stream:  # (a stream replay may compile offload's copy apart)
+            for split in (Split(), Split("cpu")):
+                policy.replay(stream, split, 0, 0, log)
 
 
 class Pinned(NamedTuple):
