@@ -14,3 +14,10 @@ DEFAULT_TRACE = SHIPPED_TRACES / "synthetic-32x8-top2.safetensors"
 DEMO_MODEL = PACKAGE_DIR / "demo" / "model"  # tiny random Qwen3-MoE + tokenizer (`ft demo build`)
 # where results/ and ../shared are looked up: the checkout, or the folder a wheel's user runs from
 WORK_ROOT = Path.cwd() if INSTALLED else REPO_ROOT
+
+
+def shared_traces_dir() -> Path:
+    """The read-only real routing logs: $FT_SHARED_TRACES, else ../shared/traces beside the checkout (may not exist)."""
+    import os
+
+    return Path(os.environ.get("FT_SHARED_TRACES") or WORK_ROOT.parent / "shared" / "traces")

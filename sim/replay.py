@@ -6,7 +6,7 @@ counts are kept as columns (ReplayLog) so the cost model and per-request / per-p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from operator import add
 from typing import Callable, Iterable
 
@@ -55,7 +55,7 @@ class ReplayResult:
     @property
     def total(self) -> Counts:
         if self.summed is not None:
-            return replace(self.summed)  # a fresh record, as count() gives
+            return self.summed.copy()  # a fresh record, as count() gives
         return count(self.log, None, self.expert_bytes)
 
     def by_phase(self) -> dict[str, Counts]:

@@ -51,6 +51,8 @@ class SimConfig(CacheConfig):
         """The row groups a batched (batch > 1) or speculative (draft_depth > 0) replay runs as calls; None: neither
         (the plain chunked calls). Batched: in the order continuous batching plans them (with draft_depth > 0: each
         step every sequence's verify rows, in one call per layer)."""
+        if self.batch <= 1 and not self.draft_depth:
+            return None  # (the plain calls: nothing below is imported, ~10 ms of `ft sim`'s start)
         from freetoken.sim.batch import Speculation
         from freetoken.sim.continuous import batched_steps
         from freetoken.sim.speculative import speculative_steps

@@ -74,3 +74,19 @@ def test_bench_race_on_more_traces(tmp_path, capsys):
     assert len(err) == 1 and "--race" in err[0] and "no such file" in err[0]
     assert main(["bench", "sim", "--trace", str(path), "--min-seconds", "-1"]) == 2
     assert "--min-seconds" in capsys.readouterr().err
+
+
+def test_race_all_takes_shipped_traces_and_every_routing_log(tmp_path, monkeypatch):
+    from freetoken.cli.bench_sim import every_trace
+    from freetoken.paths import SHIPPED_TRACES
+
+    log = tmp_path / "m" / "run.jsonl"
+    log.parent.mkdir()
+    log.write_text("".join(json.dumps({"dataset": "d", "problem_id": 0, "layer": layer, "experts": [0, 1],
+                                       "gating_probs": [0.5, 0.5], "token_idx": t}) + "\n"
+                           for t in range(2) for layer in range(2)))
+    (tmp_path / "README.md").write_text("# not a trace\n")
+    (tmp_path / "m" / "counts.json").write_text('{"layer_0": [1, 2]}')
+    monkeypatch.setenv("FT_SHARED_TRACES", str(tmp_path))
+    shipped = sorted(SHIPPED_TRACES.glob("*.safetensors"))
+    assert shipped and every_trace() == [*shipped, log]

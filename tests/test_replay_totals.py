@@ -49,3 +49,13 @@ def test_totals_synthetic(name):
 def test_totals_mixtral_slice():
     trace, chunk = real("mixtral")
     assert _check(trace, chunk, "lru") > 0
+
+
+def test_counts_copy_is_every_field():
+    from dataclasses import fields
+
+    from freetoken.placement.counts import Counts
+
+    record = Counts(*range(1, len(fields(Counts)) + 1))
+    copied = record.copy()
+    assert copied == record and copied is not record

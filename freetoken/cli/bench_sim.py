@@ -146,6 +146,10 @@ def register(sub) -> None:
                    help="the LRU race: each way of timing (back to back, interleaved) repeats runs this long")
     p.add_argument("--race", nargs="+", metavar="TRACE", default=[],
                    help="more traces: on each, the LRU race alone (ours vs libcachesim, same capacity rule)")
+    p.add_argument("--race-all", action="store_true",
+                   help="the LRU race also on every shipped trace (traces/) and every real routing log under "
+                        "$FT_SHARED_TRACES (else ../shared/traces beside the checkout), each read as `ft trace "
+                        "import` reads it")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run)
 
@@ -167,6 +171,14 @@ def race_on(trace, prefill_chunk: int, fraction: float, repeat: int, min_seconds
             **race(trace, stream, capacity, prefill_chunk, repeat, min_seconds)}
 
 
+def every_trace() -> list[Path]:
+    """The shipped traces, then the real routing logs of the shared traces folder (none when it is absent)."""
+    from freetoken.paths import SHIPPED_TRACES, shared_traces_dir
+    from freetoken.trace.importers import routing_logs
+
+    return [*sorted(SHIPPED_TRACES.glob("*.safetensors")), *routing_logs(shared_traces_dir())]
+
+
 def load_any(path: str):
     from freetoken.trace import load
 
@@ -181,6 +193,8 @@ def run(args: argparse.Namespace) -> int:
     check_prefill_chunk(args.prefill_chunk, "--prefill-chunk")
     if not 0 < args.fraction <= 1:
         raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
+    if args.race_all:
+        args.race = [*args.race, *(str(p) for p in every_trace() if str(p) not in (args.trace, *args.race))]
     for flag, path in [("--trace", args.trace)] + [("--race", path) for path in args.race]:
         if not Path(path).is_file():
             raise ValueError(f"{flag} {path}: no such file")
@@ -237,6 +251,8 @@ def run(args: argparse.Namespace) -> int:
           f"{out['ours_from_trace_vs_libcachesim']:.2f}x wall, {out['ours_from_trace_vs_libcachesim_cpu']:.2f}x CPU")
     for path, r in out["races"].items():
         _print_ratios(path, r)
+    if out["races"]:
+        _print_race_table(args.trace, out)
     print(f"ratio {m['capacities']} replays / one-pass MRC: {m['speedup']:.1f}x wall, {m['cpu_speedup']:.1f}x CPU")
     if "rss" in out:
         r = out["rss"]
@@ -260,3 +276,13 @@ def _print_ratios(path: str, r: dict) -> None:
               f"{r[f'{mode}ours_loop']['seconds'] * 1e3:.3f} ms, the plain loop {r[f'{mode}plain']['seconds'] * 1e3:.3f} ms, libcachesim "
               f"{r[f'{mode}libcachesim']['seconds'] * 1e3:.3f} ms on its file written beforehand; all given the call "
               f"stream's keys); with its file written in its time: {r[f'{mode}ours_vs_libcachesim_writing']:.2f}x")
+
+
+def _print_race_table(path: str, out: dict) -> None:
+    """One line per raced trace: ours / the plain loop and ours / libcachesim, back to back and interleaved (> 1:
+    ours is faster), with our time."""
+    print(f"  {'trace':58s} {'accesses':>9s} {'ours ms':>8s}  vs plain b2b / int   vs libcachesim b2b / int")
+    for name, r in [(path, out), *out["races"].items()]:
+        print(f"  {name[-58:]:58s} {r['accesses']:9d} {r['ours']['seconds'] * 1e3:8.3f}  "
+              f"{r['ours_vs_plain']:8.2f}x {r['interleaved_ours_vs_plain']:6.2f}x   "
+              f"{r['ours_vs_libcachesim']:10.2f}x {r['interleaved_ours_vs_libcachesim']:6.2f}x")

@@ -57,13 +57,11 @@ def _sizes(seg_lo, seg_hi, seg_prefill, chunk, L, E, K):
     return c, n
 
 
-@jit(entry=True, allocates=True)
-def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, E, keys, tokens, offsets, call_layer, call_seg):
+@jit(entry=True)
+def _build(experts, seg_lo, seg_hi, seg_prefill, chunk, seen, pos, keys, tokens, offsets, call_layer, call_seg):
     """One pass over the segments, writing every call (keys / tokens sized by _sizes' bound); returns the accesses
-    written."""
-    L = experts.shape[1]
-    seen = np.full(E, -1, np.int64)
-    pos = np.zeros(E, np.int64)
+    written. seen [E] all -1, pos [E]: fill_call's scratch."""
+    L, E = experts.shape[1], seen.size
     c = 0
     w = 0
     for s in range(seg_lo.size):
@@ -164,7 +162,8 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
     C, bound = _sizes(lo, hi, prefill, int(prefill_chunk), L, int(num_experts), K)
     keys, tokens = np.empty(bound, KEY_DTYPE), np.empty(bound, KEY_DTYPE)
     offsets, layer, seg = np.empty(C + 1, np.int64), np.empty(C, np.int64), np.empty(C, np.int64)
-    N = _build(experts, lo, hi, prefill, int(prefill_chunk), int(num_experts), keys, tokens, offsets, layer, seg)
+    N = _build(experts, lo, hi, prefill, int(prefill_chunk), np.full(num_experts, -1, np.int64),
+               np.zeros(num_experts, np.int64), keys, tokens, offsets, layer, seg)
     keys.resize(N, refcheck=False)  # the bound's unused tail given back (a shrinking realloc, no copy)
     tokens.resize(N, refcheck=False)
     return CallStream(keys, tokens, offsets, layer, np.where(prefill[seg], PREFILL, DECODE).astype(np.int8),

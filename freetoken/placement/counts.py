@@ -19,6 +19,11 @@ class Counts:
     cpu_tokens: int = 0  # (token, expert) pairs the CPU lane computed
     fetched_bytes: int = 0  # fetched + prefetched experts, in bytes
 
+    def copy(self) -> Counts:
+        """A fresh record of the same counts (a fifth of dataclasses.replace's time: a small replay reads it)."""
+        return Counts(self.calls, self.hits, self.fetched, self.cpu, self.evictions, self.prefetched, self.cpu_tokens,
+                      self.fetched_bytes)
+
     @property
     def misses(self) -> int:
         return self.fetched + self.cpu

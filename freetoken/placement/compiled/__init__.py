@@ -8,6 +8,7 @@
     split.py    the miss split in compiled code
     heap.py, linked.py, order.py   an indexed heap, doubly linked lists, a stable sort (no allocation)
     lru_stream.py   LRU's own replay of a whole stream (scope unified), equal to the driver's
+    pinned_stream.py   static_layers' and frequency's own replay of a stream under offload, equal to the driver's
     cache.py    `jit` and numba's disk cache: per policy, stamped with its file and this folder
 
 docs/policies.md walks through adding a policy.

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numba
 from numba.core import types
-from numba.core.caching import CacheImpl, _CacheLocator
+from numba.core.caching import CacheImpl, FunctionCache, _CacheLocator
 from numba.core.registry import CPUDispatcher
+from numba.core.runtime import rtsys
 
 PLACEMENT = Path(__file__).resolve().parent.parent
 ENGINE_ROOM = (*sorted(PLACEMENT.joinpath("compiled").glob("*.py")), PLACEMENT / "call.py")
@@ -46,12 +47,33 @@ def cache_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="ft-numba-"))
 
 
+class LoadingCache(FunctionCache):
+    """numba's disk cache of one function, loading compiled code without numba's refresh of its target context:
+    the refresh imports every typing and lowering registry numba has (half of the numba modules a warm `ft sim`
+    imported, ~0.15 s of its start), which only compiling needs (numba's compiler refreshes before it compiles).
+    Loaded machine code needs the runtime (NRT) if it allocates, and nothing else."""
+
+    def __init__(self, py_func, runtime: bool):
+        super().__init__(py_func)
+        self._runtime = runtime  # the code allocates (compiled with NRT): start it before loading
+
+    def load_overload(self, sig, target_context):
+        if self._runtime:
+            rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+
 class Dispatcher(CPUDispatcher):
-    """numba's CPU dispatcher, typing a call from compiled code with the arguments' plain (non-literal) types."""
+    """numba's CPU dispatcher, typing a call from compiled code with the arguments' plain (non-literal) types, and
+    cached by LoadingCache."""
 
     def get_call_template(self, args, kws):
         return super().get_call_template(tuple(types.unliteral(a) for a in args),
                                          {k: types.unliteral(v) for k, v in kws.items()})
+
+    def enable_caching(self):
+        self._cache = LoadingCache(self.py_func, self.targetoptions.get("_nrt", True))
 
 
 def jit(fn=None, *, entry: bool = False, inline: bool = False, allocates: bool = False, per_policy: bool = False):

@@ -19,11 +19,10 @@ from __future__ import annotations
 import functools
 import types
 
-import numba
 import numpy as np
 
 from freetoken.placement.call import CPU, FETCH, HIT, PREFILL
-from freetoken.placement.compiled.cache import FLAGS, MARK, jit
+from freetoken.placement.compiled.cache import jit
 from freetoken.placement.compiled.core import CALLS, CLOCK, STAMP, USED
 from freetoken.placement.compiled.hooks import (admission_order, begin_call, on_admit, on_evict, on_hit, on_miss,
                                                 on_prefetch, prefetch_for, victim)
@@ -164,5 +163,4 @@ def entry(module: str, name: str):
     (module, name): policies of one State share it."""
     fn = types.FunctionType(replay_calls.__code__, replay_calls.__globals__, "replay_calls")
     fn.__module__, fn.__qualname__ = module, f"replay_calls.{name}"
-    setattr(fn, MARK, True)
-    return numba.njit(**FLAGS)(fn)
+    return jit(fn, entry=True)

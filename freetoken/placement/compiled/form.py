@@ -63,8 +63,9 @@ class Compiled:
 
         stream, log = empty_stream(policy.num_experts), np.zeros((10, 0), np.int64)
         policy.replay(stream, Split(), 0, 0, log, generic=True)
-        if policy.own_stream:
-            policy.replay(stream, Split(), 0, 0, log)
+        if policy.own_stream:  # (a stream replay may compile offload's copy apart)
+            for split in (Split(), Split("cpu")):
+                policy.replay(stream, split, 0, 0, log)
 
 
 class Pinned(NamedTuple):
@@ -78,6 +79,15 @@ def pinned(cls) -> Compiled:
     def setup(capacity: int, num_layers: int, num_experts: int, **options) -> Setup:
         reference = cls(capacity, num_layers, num_experts, **options)  # its checks, and its pinned set
         keys = sorted(reference.slot_of, key=reference.slot_of.__getitem__)  # slot order = placement order
-        return Setup(Pinned(np.array(keys, np.int64)), tuple(keys), admits=False)
+        return Setup(Pinned(np.array(keys, np.int64)), tuple(keys), admits=False, stream=True)
 
-    return Compiled("pinned", Pinned, setup, label="pinned (static_layers, frequency)")
+    return Compiled("pinned", Pinned, setup, stream=_pinned_stream, label="pinned (static_layers, frequency)")
+
+
+def _pinned_stream(policy, stream, split, c0, c1, log):
+    """Offload: pinned_stream.py's loop; any other split: the driver (its split code compiled on first use)."""
+    if split.mode != "offload":
+        return policy.replay(stream, split, c0, c1, log, generic=True)
+    from freetoken.placement.compiled.pinned_stream import replay_offload
+
+    return replay_offload(policy.core, stream.keys, stream.tokens, stream.offsets, c0, c1, log)

@@ -161,21 +161,26 @@ def setup(capacity: int, num_layers: int, num_experts: int, future=None, bypass:
     return Setup(state, orders_admission=bool(bypass))  # classic MIN (always cache) admits in call order
 
 
-@jit(entry=True, allocates=True)
-def due_pairs(keys, offsets, num_keys):
+def due_pairs(keys, offsets, num_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """[N] each access's due as (hi: call of the next use, lo: calls of the two after as one int); a use that never
-    comes counts as call C (after every call). One backward pass (the reference: _due_codes)."""
+    comes counts as call C (after every call). One backward pass (the reference: _due_codes). Its arrays are
+    allocated here: the compiled pass allocates nothing (compiled without the runtime, less to compile)."""
+    N = keys.size
+    hi, lo = np.empty(N, np.int64), np.empty(N, np.int64)
+    _due_pairs(keys, offsets, np.empty(N, np.int64), np.empty(N, np.int64), np.full(num_keys, -1, np.int64), hi, lo)
+    return hi, lo
+
+
+@jit(entry=True)
+def _due_pairs(keys, offsets, call_of, nxt, last, hi, lo):
+    """due_pairs' pass; call_of, nxt [N] scratch, last [K] all -1."""
     N, C = keys.size, offsets.size - 1
-    call_of = np.empty(N, np.int64)
     for c in range(C):
         for i in range(offsets[c], offsets[c + 1]):
             call_of[i] = c
-    nxt = np.empty(N, np.int64)
-    last = np.full(num_keys, -1, np.int64)
     for i in range(N - 1, -1, -1):
         nxt[i] = last[keys[i]]
         last[keys[i]] = i
-    hi, lo = np.empty(N, np.int64), np.empty(N, np.int64)
     for i in range(N):
         at = nxt[i]
         hi[i] = call_of[at] if at >= 0 else C
@@ -185,7 +190,6 @@ def due_pairs(keys, offsets, num_keys):
                 at = nxt[at]
             code = code * (C + 1) + (call_of[at] if at >= 0 else C)
         lo[i] = code
-    return hi, lo
 
 
 def begin_call(p, st, c, keys, tokens, phase):

@@ -53,6 +53,20 @@ def detect_format(path: str | Path) -> str:
                      f"(--format) as one of: {valid}")
 
 
+def routing_logs(folder: str | Path) -> list[Path]:
+    """Every file under `folder` (sorted) that an importer reads, by its content: a folder of real traces as
+    shipped, minus the files beside them that are no trace (counts, READMEs). Empty when the folder is absent."""
+    folder = Path(folder)
+    found = []
+    for path in sorted(folder.rglob("*")) if folder.is_dir() else ():
+        try:
+            if path.is_file() and detect_format(path):
+                found.append(path)
+        except TraceError:
+            pass
+    return found
+
+
 def import_trace(path: str | Path, fmt: str | None = None, *, model: str | None = None,
                  **options) -> RoutingTrace:
     """Read a routing log; options go to the format's importer (e.g. incomplete='error' for mixtral_jsonl)."""
