@@ -198,9 +198,19 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
 
 
 # decode attention
+_POINTER_ARRAYS: dict[tuple, object] = {}  # per tuple of addresses: the C array of them (a KV cache's are fixed)
+
+
 def _pointers(tensors: list[torch.Tensor]):
-    return ctypes.cast((ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors)),
-                       ctypes.POINTER(ctypes.c_void_p))
+    """The tensors' data pointers as a C array (void **), made once per set of addresses."""
+    addresses = tuple([t.data_ptr() for t in tensors])
+    got = _POINTER_ARRAYS.get(addresses)
+    if got is None:
+        if len(_POINTER_ARRAYS) > 4096:
+            _POINTER_ARRAYS.clear()
+        got = _POINTER_ARRAYS[addresses] = ctypes.cast((ctypes.c_void_p * len(addresses))(*addresses),
+                                                       ctypes.POINTER(ctypes.c_void_p))
+    return got
 
 
 def attention_decode(q: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
@@ -295,7 +305,8 @@ def attention_step(qkv: torch.Tensor, layer: StepLayer, positions: list[int], k_
     H, Hkv, Dh = layer.heads, layer.kv_heads, layer.head_dim
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
-    q_buf, out = torch.empty((2, B, H, Dh), dtype=qkv.dtype)  # scratch for q, then the output
+    q_buf = torch.empty((B, H, Dh), dtype=qkv.dtype)  # scratch for q
+    out = torch.empty((B, H, Dh), dtype=qkv.dtype)
     args = layer.args
     if args is None:
         qn, kn = layer.q_norm, layer.k_norm
