@@ -69,6 +69,9 @@ class CompiledPolicy(PlacementPolicy):
         self._plan_entry = None if compiled is None else compiled.entry_point
         return None
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_plan_entry": None}  # (a compiled entry does not pickle: found again on use)
+
     def replay(self, stream, split: Split, c0: int, c1: int, log: np.ndarray, generic: bool = False):
         """Calls c0..c1-1 of a CallStream in compiled code; fills log [8, C] (see compiled/driver.py). The form's own
         stream replay when this policy takes it, unless generic (the driver's, same results). Returns None, or from
