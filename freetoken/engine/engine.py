@@ -135,7 +135,8 @@ class Engine:
         lw = self.decoder.layers[cfg.moe_layers[layer]]
         if self.fused_router(lw):  # the projection and the top-k in one launch
             return ks.router_linear_topk(h, lw.router, cfg.top_k, cfg.norm_topk_prob)
-        logits = ks.linear(h.to(lw.router.dtype), lw.router, lw.router_bias)  # [T, E]
+        logits = ks.linear(h if h.dtype == lw.router.dtype else h.to(lw.router.dtype), lw.router,
+                           lw.router_bias)  # [T, E]
         if lw.hash_table is not None:  # DeepSeek-V4's hash layers: the picks are the token ids' table rows
             ids = lw.hash_table[self.decoder.token_ids].to(torch.int32)  # [T, K]
             r = cfg.routing
@@ -158,7 +159,7 @@ class Engine:
                 return y
             return self._moe_device(layer, h)
         weights, ids = self.route(layer, h)  # [T, K] fp32, int32
-        ids_host = ids.cpu().numpy()
+        ids_host = (ids if ids.is_cpu else ids.cpu()).numpy()
         self.host.syncs += 1
         self.host.copies += 1
         if self.cache.carry is not None and self.recorder is None:  # the verify forward's routing, for the carry

@@ -144,8 +144,9 @@ class LiveExecutor:
         return y
 
     def _tally(self, plan: Plan, ids: np.ndarray, phase: int) -> None:
-        self._totals[phase] += (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
-                                int(np.isin(ids, plan.cpu).sum()) if plan.cpu else 0)
+        call = (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
+                routed_to(ids, plan.cpu) if plan.cpu else 0)
+        self._totals[phase] = [total + n for total, n in zip(self._totals[phase], call)]
         if self.plans is not None:
             self.plans.append(plan)
 
@@ -244,11 +245,14 @@ class LiveExecutor:
     # counts: running sums per phase (a server's memory does not grow with its calls), summed by
     # placement.counts.count as the simulator's replay log is
     def reset_counts(self) -> None:
-        # [phase, (calls, hits, fetched, cpu, evictions, prefetched, cpu_tokens)]
-        self._totals = np.zeros((2, 7), np.int64)
+        # [phase][calls, hits, fetched, cpu, evictions, prefetched, cpu_tokens]: Python ints (a decode call adds to
+        # them in a fraction of a numpy row update's time)
+        self._totals = [[0] * 7, [0] * 7]
 
     def _count(self, phase: int | None) -> Counts:
-        totals = self._totals if self.device_totals is None else self._totals + self.device_totals()
+        totals = np.array(self._totals, np.int64)
+        if self.device_totals is not None:
+            totals += self.device_totals()
         log = _CallColumns(*totals[:, 1:].T)  # each column: [2] per-phase sums
         counts = count(log, None if phase is None else np.arange(2) == phase, self.store.expert_bytes)
         counts.calls = int(totals[:, 0].sum() if phase is None else totals[phase, 0])
@@ -261,6 +265,18 @@ class LiveExecutor:
     @property
     def phase_counters(self) -> tuple[Counts, Counts]:
         return self._count(PREFILL), self._count(DECODE)
+
+
+SMALL_CALL = 64  # ids up to this many: counted in Python (a decode call's top-k), else by numpy
+
+
+def routed_to(ids: np.ndarray, experts: list[int]) -> int:
+    """How many entries of ids are one of `experts`: np.isin(ids, experts).sum(), in Python for a few ids (numpy's
+    isin costs tens of microseconds, most of a decode call's bookkeeping)."""
+    if ids.size > SMALL_CALL:
+        return int(np.isin(ids, experts).sum())
+    chosen = set(experts)
+    return len([e for e in ids.ravel().tolist() if e in chosen])
 
 
 @dataclass(slots=True)

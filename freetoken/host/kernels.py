@@ -173,9 +173,9 @@ def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     T, K = ids.shape
     x, ids, weights = x.contiguous(), ids.contiguous(), weights.contiguous()
     take = None if take is None else take.contiguous()
-    rounded = torch.empty((T, m.down.rows), dtype=x.dtype) if cast else None
+    rounded = torch.empty(T, m.down.rows, dtype=x.dtype) if cast else None
     if out is None and not cast:
-        out = torch.empty((T, m.down.rows), dtype=torch.float32)
+        out = torch.empty(T, m.down.rows, dtype=torch.float32)
     args = m.args
     if args is None:
         args = m.args = MoEArgs(ctypes.pointer(m.gate), ctypes.pointer(m.up), ctypes.pointer(m.down),
@@ -243,7 +243,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
     T = x.shape[0]
     if x.stride(-1) != 1:
         x = x.contiguous()
-    out = torch.empty((T, w.shape[0]), dtype=x.dtype)
+    out = torch.empty(T, w.shape[0], dtype=x.dtype)  # (sizes as ints: torch parses a tuple slower)
     args = _linear_args(w, bias)
     kind = act_kind(x.dtype)
     args.x, args.x_kind, args.T, args.x_stride = x.data_ptr(), kind, T, x.stride(0)
@@ -254,9 +254,19 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
 
 
 # decode attention
+_POINTER_ARRAYS: dict[tuple, object] = {}  # per tuple of addresses: the C array of them (a KV cache's are fixed)
+
+
 def _pointers(tensors: list[torch.Tensor]):
-    return ctypes.cast((ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors)),
-                       ctypes.POINTER(ctypes.c_void_p))
+    """The tensors' data pointers as a C array (void **), made once per set of addresses."""
+    addresses = tuple([t.data_ptr() for t in tensors])
+    got = _POINTER_ARRAYS.get(addresses)
+    if got is None:
+        if len(_POINTER_ARRAYS) > 4096:
+            _POINTER_ARRAYS.clear()
+        got = _POINTER_ARRAYS[addresses] = ctypes.cast((ctypes.c_void_p * len(addresses))(*addresses),
+                                                       ctypes.POINTER(ctypes.c_void_p))
+    return got
 
 
 def attention_decode(q: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
@@ -288,7 +298,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bo
     if x.stride(-1) != 1:
         x = x.contiguous()
     T, D = x.shape
-    out = torch.empty((T, D), dtype=x.dtype)
+    out = torch.empty(T, D, dtype=x.dtype)
     w = weight if weight.is_contiguous() else weight.contiguous()
     check(library().ft_rms_norm(x.data_ptr(), act_kind(x.dtype), x.stride(0), T, D, w.data_ptr(), act_kind(w.dtype),
                                 eps, int(round_normed), out.data_ptr(), D, threads()), "rms_norm")
@@ -304,7 +314,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, rotar
         x = x.contiguous()
     pos = positions if positions.dtype == torch.int64 and positions.is_contiguous() else \
         positions.to(torch.int64).contiguous()
-    out = torch.empty((T, H, Dh), dtype=x.dtype)
+    out = torch.empty(T, H, Dh, dtype=x.dtype)
     check(library().ft_rope(x.data_ptr(), act_kind(x.dtype), x.stride(0), x.stride(1), T, H, Dh, pos.data_ptr(),
                             inv_freq.data_ptr(), rotary_dim, scale, out.data_ptr()), "rope")
     return out
@@ -315,8 +325,8 @@ def softmax_topk(logits: torch.Tensor, k: int, renormalize: bool, scale: float =
     int32), the K largest probabilities first, ties to the lower id."""
     logits = logits.contiguous()
     T, E = logits.shape
-    weights = torch.empty((T, k), dtype=torch.float32)
-    ids = torch.empty((T, k), dtype=torch.int32)
+    weights = torch.empty(T, k, dtype=torch.float32)
+    ids = torch.empty(T, k, dtype=torch.int32)
     check(library().ft_softmax_topk(logits.data_ptr(), act_kind(logits.dtype), T, E, k, int(renormalize), scale,
                                     weights.data_ptr(), ids.data_ptr()), "softmax_topk")
     return weights, ids
@@ -351,7 +361,8 @@ def attention_step(qkv: torch.Tensor, layer: StepLayer, positions: list[int], k_
     H, Hkv, Dh = layer.heads, layer.kv_heads, layer.head_dim
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
-    q_buf, out = torch.empty((2, B, H, Dh), dtype=qkv.dtype)  # scratch for q, then the output
+    q_buf = torch.empty(B, H, Dh, dtype=qkv.dtype)  # scratch for q
+    out = torch.empty(B, H, Dh, dtype=qkv.dtype)
     args = layer.args
     if args is None:
         qn, kn = layer.q_norm, layer.k_norm

@@ -29,6 +29,7 @@ _MOE: dict[tuple, hk.MoEMatrices] = {}
 
 
 _FREQS: dict[tuple, torch.Tensor] = {}
+_VALID_ROUTING: set[tuple] = set()  # router_topk's (experts, k, score, n_group, topk_group, group_score) checked
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, round_normed: bool = True) -> torch.Tensor:
@@ -59,7 +60,10 @@ def router_topk(logits: torch.Tensor, k: int, renormalize: bool, score: str = "s
     if score != "softmax" or bias is not None or n_group > 1 or not hk.available() or logits.shape[1] > 4096 or \
             logits.dtype not in _DENSE:
         return router_topk_ref(logits, k, renormalize, score, bias, n_group, topk_group, group_score, scale)
-    _check_options(logits.shape[1], k, score, n_group, topk_group, group_score)
+    options = (logits.shape[1], k, score, n_group, topk_group, group_score)
+    if options not in _VALID_ROUTING:  # checked once per model: every decode layer asks the same
+        _check_options(*options)
+        _VALID_ROUTING.add(options)
     return hk.softmax_topk(logits, k, renormalize, scale)
 
 

@@ -173,12 +173,14 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
 def make_call(layer: int, topk: np.ndarray, phase: int, request: int = 0) -> Call:
     """The live engine's call for one MoE layer: topk [T, K] expert ids of T tokens (T = 1 in decode), built by the
     same fill_call as the simulator's stream."""
-    ids = np.asarray(topk, np.int64)
-    ids = ids.reshape(-1, ids.shape[-1] if ids.ndim else 1)[:, None, :]  # [T, 1, K]
-    n = ids.shape[0] * ids.shape[2]
+    integer = isinstance(topk, np.ndarray) and topk.dtype.kind == "i"  # the engine's int32 ids: no int64 copy
+    ids = topk if integer else np.asarray(topk, np.int64)
+    ids = ids.reshape(-1, ids.shape[-1] if ids.ndim else 1)  # [T, K]
     if ids.shape[0] == 1:  # one token: ids are already distinct, in rank order
-        flat = ids.reshape(-1).tolist()
-        return Call(layer, flat, [1] * n, phase, request)
+        flat = ids[0].tolist()
+        return Call(layer, flat, [1] * len(flat), phase, request)
+    ids = ids.astype(np.int64, copy=False)[:, None, :]  # [T, 1, K]
+    n = ids.shape[0] * ids.shape[2]
     E = int(ids.max()) + 1 if n else 1
     keys, tokens = np.empty(n, np.int64), np.empty(n, np.int64)
     w = fill_call(ids, 0, ids.shape[0], 0, 0, np.full(E, -1, np.int64), np.zeros(E, np.int64), 0, keys, tokens, 0)

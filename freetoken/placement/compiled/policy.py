@@ -26,6 +26,7 @@ class CompiledPolicy(PlacementPolicy):
         self.flags = (int(s.admits), int(s.orders_admission), int(s.prefetches))  # driver.ADMITS, ...
         self.own_stream = s.stream  # replay() takes the form's own stream replay
         self._scratch = None  # the driver's, made on its first call (a stream replay of its own needs none)
+        self._plan_entry = None  # plan()'s compiled replay, reached without numba's per-call typing (_replay_one)
 
     @property
     def _buf(self):
@@ -44,16 +45,32 @@ class CompiledPolicy(PlacementPolicy):
         n = len(experts)
         if not 0 <= call.layer < self.num_layers:
             raise ValueError(f"call layer {call.layer} is out of range [0, {self.num_layers})")
-        keys = np.asarray(experts, np.int32)  # a CallStream's dtypes: plan() runs the stream replay's code
-        if n and (keys.min() < 0 or keys.max() >= E):
+        if n and (min(experts) < 0 or max(experts) >= E):
             raise ValueError(f"call experts {experts} are out of range [0, {E})")
+        keys = np.asarray(experts, np.int32)  # a CallStream's dtypes: plan() runs the stream replay's code
         keys += call.layer * E
         buf.offsets[1], buf.phase[0] = n, call.phase
-        self.form.replay(self.state, self.core, keys, np.asarray(call.tokens, np.int32), buf.offsets, buf.phase, 0, 1,
-                         split_array(split), self.flags, buf, buf.log)
+        self._replay_one((self.state, self.core, keys, np.asarray(call.tokens, np.int32), buf.offsets, buf.phase, 0,
+                          1, split_array(split), self.flags, buf, buf.log))
         ne, npf = buf.log[3, 0], buf.log[4, 0]
         return Plan.from_kinds(call.layer, experts, buf.kind[:n].tolist(), buf.slot[:n].tolist(),
                                buf.evicted[:ne].tolist(), buf.prefetched[:npf].tolist(), E)
+
+    def _replay_one(self, args: tuple) -> None:
+        """The driver's replay of plan()'s one call. Its arguments' types never change for this policy (its own
+        arrays, and arrays plan() makes with fixed dtypes), so after the first call, which numba types and dispatches
+        (compiling or loading the code), the compiled entry of that signature is called directly: numba's typing of
+        a dozen arrays in named tuples took most of a decode call's plan."""
+        if self._plan_entry is not None:
+            return self._plan_entry(*args)
+        replay = self.form.replay
+        replay(*args)
+        compiled = replay.overloads.get(tuple(replay.typeof_pyval(a) for a in args))
+        self._plan_entry = None if compiled is None else compiled.entry_point
+        return None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_plan_entry": None}  # (a compiled entry does not pickle: found again on use)
 
     def replay(self, stream, split: Split, c0: int, c1: int, log: np.ndarray, generic: bool = False):
         """Calls c0..c1-1 of a CallStream in compiled code; fills log [8, C] (see compiled/driver.py). The form's own
