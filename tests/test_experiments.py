@@ -73,8 +73,9 @@ def test_parallel_sweep_jobs_share_the_parents_compile(tmp_path, tiny_trace_file
                  f"results.dir={tmp_path / 'results'}", env={"FT_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr
     notes = [line for line in done.stderr.splitlines() if line.startswith("compiling ")]
-    assert sorted(n.split(" (first use")[0] for n in notes) == [
-        "compiling lru", "compiling lru's stream replay", "compiling pinned (static_layers, frequency)",
+    assert sorted(n.split(" (first use")[0] for n in notes) == [  # each entry point once: the parent's compile
+        "compiling lru", "compiling lru's stream replay", "compiling lru's stream replay (cpu, hybrid)",
+        "compiling pinned (static_layers, frequency)", "compiling pinned's stream replay (offload)",
         "compiling the call builder"], notes
 
 
