@@ -138,9 +138,9 @@ class ExpertStore:
         """sum over each token's picks whose expert `take` marks (None: all) of w[t, k] * down(glu(gate x, up x)),
         computed on the host from the store -> fp32 [T, D] (cast: rounded to x's dtype). x [T, D] on the host in
         the store's dtype, ids [T, K] expert ids, weights [T, K] fp32, take [E] bool. One call into the host
-        kernels; dense experts of a long prefill chunk (GEMM_TOKENS_PER_EXPERT tokens each on average) go to
-        torch's GEMM expert by expert instead (oneDNN's blocked kernels are faster there; like HF transformers,
-        it rounds gate / up to the dtype before the activation), as they do where the host kernels are not built."""
+        kernels; dense experts of a long prefill chunk (grouped.GEMM_TOKENS_PER_EXPERT tokens each on average) go
+        to torch's grouped GEMM instead (grouped.grouped_experts, computed in the dtype as HF transformers does), as
+        they do where the host kernels are not built; packed experts without the host kernels, expert by expert."""
         if host_kernels.available() and (self.packed or not grouped.gemm_sized(ids, take, self.num_experts)):
             take_t = None if take is None else torch.from_numpy(np.ascontiguousarray(take, np.uint8))
             return host_kernels.moe(self.host_matrices(layer), x, torch.from_numpy(np.ascontiguousarray(ids, np.int32)),

@@ -109,13 +109,7 @@ def int8_acts_unit(w) -> int | None:
     lib = library()
     if lib is None or not int8_acts() or not isinstance(w, PackedWeight) or w.kind != "int4":
         return None
-    ok = lib.ft_path_q_supports(ctypes.byref(packed_matrix(w)))
-    return min(w.group, 128) if ok else None
-
-
-def int8_acts_units(gate, down) -> tuple[int | None, int | None]:
-    """moe_ref's units for an MoE layer of these matrices (None: that matrix reads bf16 activations)."""
-    return int8_acts_unit(gate), int8_acts_unit(down)
+    return lib.ft_path_q_unit(ctypes.byref(packed_matrix(w))) or None
 
 
 def available() -> bool:

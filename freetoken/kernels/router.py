@@ -145,6 +145,12 @@ def _check_options(E: int, k: int, score: str, n_group: int, topk_group: int, gr
         raise ValueError("group_score 'top2' needs at least 2 experts per group")
 
 
+def routing_outputs(T: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (weights [T, k] fp32, ids [T, k] int32) a top-k routing kernel writes."""
+    return (torch.empty((T, k), dtype=torch.float32, device=device),
+            torch.empty((T, k), dtype=torch.int32, device=device))
+
+
 def router_topk(logits: torch.Tensor, k: int, renormalize: bool, score: str = "softmax",
                 bias: torch.Tensor | None = None, n_group: int = 1, topk_group: int = 1, group_score: str = "max",
                 scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +169,7 @@ def router_topk(logits: torch.Tensor, k: int, renormalize: bool, score: str = "s
         if bias.shape[0] != E:
             raise ValueError(f"bias: {bias.shape[0]} entries, expected one per expert ({E})")
     # 2. allocate
-    weights = torch.empty((T, k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((T, k), dtype=torch.int32, device=logits.device)
+    weights, ids = routing_outputs(T, k, logits.device)
     if T == 0:
         return weights, ids
     # 3. launch

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
 from freetoken.kernels.linear import linear_ref
-from freetoken.kernels.router import pick_topk, router_scores, router_topk_ref
+from freetoken.kernels.router import pick_topk, router_scores, router_topk_ref, routing_outputs
 
 MAX_TILE = 8192  # elements of the [BLOCK_E, BLOCK_D] weight tile one step of a program reads
 
@@ -66,8 +66,7 @@ def router_linear_topk(h: torch.Tensor, w: torch.Tensor, k: int,
     if not 1 <= k <= E:
         raise ValueError(f"k: {k} must be in [1, {E}]")
     # 2. allocate
-    weights = torch.empty((T, k), dtype=torch.float32, device=h.device)
-    ids = torch.empty((T, k), dtype=torch.int32, device=h.device)
+    weights, ids = routing_outputs(T, k, h.device)
     if T == 0:
         return weights, ids
     # 3. launch

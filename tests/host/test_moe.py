@@ -53,7 +53,7 @@ def test_packed_experts_equal_torch_on_the_dequantized_weights(fmt, dtype, gener
     x = torch.randn(T, Dd, generator=gen).to(dtype)
     ids, w = _routing(gen)
     take = torch.ones(E, dtype=torch.uint8)
-    units = (None, None) if generic or dtype != torch.bfloat16 else hk.int8_acts_units(gate, down)
+    units = (None, None) if generic or dtype != torch.bfloat16 else (hk.int8_acts_unit(gate), hk.int8_acts_unit(down))
     ref = moe_ref(x, ids, w, take, pr.dequantized(gate), pr.dequantized(up), pr.dequantized(down), units=units)
     m = MoEMatrices(packed_matrix(gate), packed_matrix(up), packed_matrix(down), E, keep=(gate, up, down))
     _check(moe(m, x, ids, w, take, generic=generic), ref, dtype)

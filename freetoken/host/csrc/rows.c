@@ -37,7 +37,7 @@ float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i) {
 
 int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic) {
     if (generic || x_kind != FT_BF16) return FT_PATH_B;
-    if (ft_path_q_supports(m)) return FT_PATH_Q8;
+    if (ft_path_q_unit(m)) return FT_PATH_Q8;
     if (!ft_path_a_built()) return FT_PATH_B;
     return ft_path_a_supports(m);
 }

@@ -20,9 +20,9 @@ void ft_set_int8_acts(int32_t on) { ft_int8_acts = on != 0; }
 
 static inline int unit_of(const ft_matrix *m) { return m->group < 128 ? m->group : 128; }
 
-int ft_path_q_supports(const ft_matrix *m) {
+int ft_path_q_unit(const ft_matrix *m) {
     if (!ft_path_q_built() || !ft_int8_acts || m->kind != FT_INT4 || m->g_idx || m->cols % 128) return 0;
-    return m->group == 16 || m->group == 32 || m->group == 64 || m->group % 128 == 0;
+    return m->group == 16 || m->group == 32 || m->group == 64 || m->group % 128 == 0 ? unit_of(m) : 0;
 }
 
 int64_t ft_acts_q_bytes(const ft_matrix *m, int n) {

@@ -4,7 +4,8 @@
 #include "ftk.h"
 
 int ft_path_q_built(void);
-int ft_path_q_supports(const ft_matrix *m);
+/* the activation unit (columns per int8 scale) path Q reads this matrix with, or 0: it does not take it */
+int ft_path_q_unit(const ft_matrix *m);
 void ft_set_int8_acts(int32_t on);
 int64_t ft_acts_q_bytes(const ft_matrix *m, int n);
 void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
