@@ -71,6 +71,20 @@ def test_peak_rss_of_ft_generate_in_a_child(tmp_path):
         ft_generate_rss(str(tmp_path / "none"), ("--cpu-moe",), [5], 1, 1)
 
 
+def test_rss_against_the_checkpoint_whole_and_net_of_the_process_cost():
+    """The fixed cost runs the demo model with the race's prompt ids folded into its vocabulary (ids past it would
+    fail the child); the ratios by hand."""
+    from freetoken.calibrate.child_rss import checkpoint_bytes, ft_process_rss
+    from freetoken.calibrate.vs_llamacpp import _rss_fields
+    from freetoken.paths import DEMO_MODEL
+
+    assert checkpoint_bytes(str(DEMO_MODEL)) == (DEMO_MODEL / "model.safetensors").stat().st_size
+    assert 50 * 2**20 < ft_process_rss(("--cpu-moe",), [151000, 7, 99999], 2, 1) < 8 * 2**30
+    r = _rss_fields(3_000_000_000, 1_000_000_000, 1_600_000_000)
+    assert r["rss_vs_checkpoint"] == pytest.approx(1.875) and r["net_rss_vs_checkpoint"] == pytest.approx(1.25)
+    assert _rss_fields(None, None, 10)["rss_vs_checkpoint"] is None  # --no-rss
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--prompt-tokens", "0"], "--prompt-tokens must list positive integers, got 0"),
     (["--prompt-tokens", "a,b"], "--prompt-tokens 'a,b': expected comma-separated integers"),
@@ -157,14 +171,15 @@ def test_the_table_and_its_files(tmp_path):
 
     rows = [{"engine": "llama.cpp", "weights": "bf16", "mode": None, "threads": 1, "prompt_tokens": 512,
              "decode_tok_s": 56.24, "prefill_tok_s": 240.71, "bytes_per_token": 3.5e8, "read_pct": 0.671,
-             "peak_rss_bytes": 1.98e9, "bytes": {"experts": 1}},
+             "peak_rss_bytes": 1.98e9, "rss_vs_checkpoint": 0.97, "bytes": {"experts": 1}},
             {"engine": "ft", "weights": "bf16", "mode": "--cpu-moe", "threads": 1, "prompt_tokens": 512,
              "decode_tok_s": 10.4, "prefill_tok_s": 200.6, "bytes_per_token": 3.5e8, "read_pct": 0.12,
-             "peak_rss_bytes": None, "tokens_vs_llama_bf16": "33/33"}]
+             "peak_rss_bytes": None, "rss_vs_checkpoint": None, "net_rss_vs_checkpoint": None,
+             "tokens_vs_llama_bf16": "33/33"}]
     lines = format_table(LLAMA_COLUMNS, rows).splitlines()
     assert lines[0].split()[:4] == ["engine", "weights", "mode", "thr"]
-    assert lines[1].split() == ["llama.cpp", "bf16", "-", "1", "512", "56.2", "240.7", "350.0", "67%", "1.98", "-"]
-    assert lines[2].split() == ["ft", "bf16", "--cpu-moe", "1", "512", "10.4", "200.6", "350.0", "12%", "-", "33/33"]
+    assert lines[1].split() == ["llama.cpp", "bf16", "-", "1", "512", "56.2", "240.7", "350.0", "67%", "1.98", "0.97", "-", "-"]
+    assert lines[2].split() == ["ft", "bf16", "--cpu-moe", "1", "512", "10.4", "200.6", "350.0", "12%", "-", "-", "-", "33/33"]
     ends = [line.index(cell) + len(cell) for line, cell in zip(lines, ("decode tok/s", "56.2", "10.4"))]
     assert len(set(ends)) == 1  # numbers right-aligned under their header
     ratios = [{"threads": 1, "prompt_tokens": 512, "ft": "ft bf16 --cpu-moe", "against": "llama.cpp bf16",

@@ -25,7 +25,7 @@ def _allowed() -> dict[str, set[str]]:
     def layer(name: str, *below: str) -> None:
         deps[name] = set(below).union(*(deps[b] for b in below))
 
-    layer("freetoken")  # the root modules: __init__ (version), io, paths, kernel_launches
+    layer("freetoken")  # the root modules: __init__ (version), io, paths, kernel_launches, hugepages
     layer("freetoken.quant", "freetoken")
     layer("freetoken.trace", "freetoken")
     layer("freetoken.placement", "freetoken.trace")

@@ -43,6 +43,24 @@ def ft_generate_rss(model: str, flags: Sequence[str], prompt: list[int], decode_
     return peak_rss_bytes(code, f"ft generate {' '.join(flags)} on {model}")
 
 
+def ft_process_rss(flags: Sequence[str], prompt: list[int], decode_tokens: int, threads: int) -> int:
+    """The fixed cost of an `ft generate` process: the same run on the shipped tiny demo model (a few MB of
+    weights), so the interpreter, torch, numba and the compiled placement code it loads are what it measures."""
+    from freetoken.models.checkpoint import read_config
+    from freetoken.paths import DEMO_MODEL
+
+    vocab = read_config(DEMO_MODEL)[1].vocab_size
+    return ft_generate_rss(str(DEMO_MODEL), flags, [i % vocab for i in prompt], decode_tokens, threads)
+
+
+def checkpoint_bytes(path: str) -> int:
+    """Bytes of the weights a side loads: a GGUF file, or a folder's safetensors files."""
+    from pathlib import Path
+
+    p = Path(path)
+    return p.stat().st_size if p.is_file() else sum(f.stat().st_size for f in p.glob("*.safetensors"))
+
+
 def hf_rss(model: str, dtype: str, prompt: list[int], decode_tokens: int, threads: int) -> int:
     code = ("from freetoken.calibrate.sides import HFSide, load_hf\n"
             f"HFSide('hf', load_hf({model!r}, {dtype!r}), {prompt!r}, {decode_tokens}, {threads}).run()")

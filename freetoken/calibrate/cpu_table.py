@@ -43,7 +43,9 @@ LLAMA_COLUMNS = [
     Column("threads", "thr", _text), Column("prompt_tokens", "prompt", _text),
     Column("decode_tok_s", "decode tok/s", _num(".1f")), Column("prefill_tok_s", "prefill tok/s", _num(".1f")),
     Column("bytes_per_token", "MB/token", _mb), Column("read_pct", "% read BW", _pct),
-    Column("peak_rss_bytes", "peak RSS GB", _gb), Column("tokens_vs_llama_bf16", "tokens = llama bf16", _text),
+    Column("peak_rss_bytes", "peak RSS GB", _gb), Column("rss_vs_checkpoint", "RSS/ckpt", _num(".2f")),
+    Column("net_rss_vs_checkpoint", "net RSS/ckpt", _num(".2f")),
+    Column("tokens_vs_llama_bf16", "tokens = llama bf16", _text),
 ]
 HF_COLUMNS = [
     Column("family", "family", _text), Column("dtype", "dtype", _text), Column("threads", "thr", _text),

@@ -146,14 +146,19 @@ def run_vs_llamacpp(cfg: LlamaBenchConfig, log: Log = lambda s: None, progress: 
         return paths[row.weights] if row.weights in (GPTQ, GPTQ_HEAD) else paths["model"]
 
     peak: dict[str, int | None] = {name: None for name in cfg.rows}
+    fixed: dict[str, int] = {}  # ft mode -> the same run's peak on the tiny demo model: the process's own cost
     if b.rss:
         for name in cfg.rows:
             row, path = ROWS[name], weights_path(ROWS[name])
             log(f"peak RSS of {name}: a child process loads it and generates {b.decode_tokens} tokens")
-            peak[name] = (child_rss.llamacpp_rss(str(path), first, b.decode_tokens, b.threads[0])
-                          if row.engine == "llama.cpp" else
-                          child_rss.ft_generate_rss(str(path), FT_MODES[row.mode].flags, first, b.decode_tokens,
-                                                    b.threads[0]))
+            if row.engine == "llama.cpp":
+                peak[name] = child_rss.llamacpp_rss(str(path), first, b.decode_tokens, b.threads[0])
+                continue
+            flags = FT_MODES[row.mode].flags
+            peak[name] = child_rss.ft_generate_rss(str(path), flags, first, b.decode_tokens, b.threads[0])
+            if row.mode not in fixed:
+                log(f"peak RSS of ft generate {' '.join(flags)} on the tiny demo model (the process's fixed cost)")
+                fixed[row.mode] = child_rss.ft_process_rss(flags, first, b.decode_tokens, b.threads[0])
     log("loading every side into this process")
     ckpts, loaded, moved = {}, {}, {}
     for name in cfg.rows:
@@ -190,7 +195,9 @@ def run_vs_llamacpp(cfg: LlamaBenchConfig, log: Log = lambda s: None, progress: 
                      "mode": FT_MODES[row.mode].label if row.mode else None, "threads": T, "prompt_tokens": P,
                      "decode_tokens": b.decode_tokens, **rates(t, P, b.decode_tokens),
                      "bytes_per_token": moved[name].total, "bytes": moved[name].to_dict(),
-                     "read_bytes_s": bw[T], "read_bytes_s_1thread": bw[1], "peak_rss_bytes": peak[name]}
+                     "read_bytes_s": bw[T], "read_bytes_s_1thread": bw[1],
+                     **_rss_fields(peak[name], fixed.get(row.mode), child_rss.checkpoint_bytes(
+                         str(weights_path(row))))}
                 r["read_pct"] = r["bytes_per_token"] * r["decode_tok_s"] / bw[T]
                 ref = result.tallies.get(f"llama-bf16 t{T}")
                 if row.weights == "bf16" and ref is not None and name != "llama-bf16":
@@ -209,6 +216,16 @@ def run_vs_llamacpp(cfg: LlamaBenchConfig, log: Log = lambda s: None, progress: 
             "reps": b.reps, "warmup": b.warmup, "decode_tokens": b.decode_tokens,
             "read_bytes_s": read, "machine_before": load_before,
             "machine_after": machine(), "rows": rows, "ratios": ratios}
+
+
+def _rss_fields(peak: int | None, fixed: int | None, checkpoint: int) -> dict:
+    """Peak RSS against the checkpoint's bytes, whole process and net of the process's fixed cost (ft only: the
+    same run on the demo model; a small checkpoint is dwarfed by the interpreter and torch, a real one is not)."""
+    out = {"peak_rss_bytes": peak, "checkpoint_bytes": checkpoint, "fixed_rss_bytes": fixed,
+           "rss_vs_checkpoint": peak / checkpoint if peak else None, "net_rss_vs_checkpoint": None}
+    if peak and fixed:
+        out["net_rss_vs_checkpoint"] = (peak - fixed) / checkpoint
+    return out
 
 
 def _label(name: str) -> str:

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from freetoken import hugepages
 from freetoken.models import read_model_config
 from freetoken.models.config import CheckpointError, ModelConfig
 from freetoken.models.family import Family
@@ -264,8 +265,8 @@ def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int
             gate_up, down = _deinterleave(gate_up.transpose(1, 2), 1), down.transpose(1, 2)
         return _host(gate_up, pin), _host(down, pin)
     first = reader.get(family.expert_tensor(layer, 0, 0), (I, D), dtype)
-    gate_up = torch.empty((E, 2 * I, D), dtype=first.dtype, pin_memory=pin)
-    down = torch.empty((E, D, I), dtype=first.dtype, pin_memory=pin)
+    gate_up = hugepages.empty((E, 2 * I, D), first.dtype, pin)
+    down = hugepages.empty((E, D, I), first.dtype, pin)
     for e in range(E):
         gate_up[e, :I] = first if e == 0 else reader.get(family.expert_tensor(layer, e, 0), (I, D), dtype)
         gate_up[e, I:] = reader.get(family.expert_tensor(layer, e, 1), (I, D), dtype)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from freetoken import hugepages
+
 DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -75,7 +77,7 @@ class Shard:
 
             with safe_open(str(self.file), framework="pt") as f:
                 return f.get_tensor(name).clone()
-        out = torch.empty(shape, dtype=dtype)
+        out = hugepages.empty(shape, dtype)  # the host kernels stream large tensors (experts, the LM head)
         if end > begin:
             view = memoryview(out.view(-1).view(torch.uint8).numpy())
             fd = os.open(self.file, os.O_RDONLY)

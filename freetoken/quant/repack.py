@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import torch
 
+from freetoken import hugepages
 from freetoken.quant.config import QuantFormat
 from freetoken.quant.bits import decode_e8m0
 from freetoken.quant.errors import QuantError, as_bytes, check_shape, require
@@ -250,7 +251,9 @@ def stack(parts: Sequence[PackedWeight], what: str = "experts", pin: bool = Fals
     for i, p in enumerate(parts[1:], 1):
         if _layout(p) != first:
             raise QuantError(f"{what}: part {i} has layout {_layout(p)}, part 0 has {first}")
-    out = parts[0].empty_slots(sum(p.num_slots for p in parts), pin=pin, zeroed=False)  # every slot copied below
+    slots = sum(p.num_slots for p in parts)  # every slot copied below; on huge pages: the host kernels stream them
+    out = replace(parts[0], **{name: hugepages.empty((slots, *t.shape[1:]), t.dtype, pin)
+                              for name, t in parts[0].tensors().items()})
     row = 0
     for p in parts:
         for name, t in p.tensors().items():

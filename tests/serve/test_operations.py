@@ -5,6 +5,7 @@ an open host without a key, one line naming the [serve] extra when it is missing
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,17 @@ def samples(url: str) -> dict:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
+def access_lines(caplog, n: int) -> list[tuple[str, str]]:
+    """The access log's (level, message) lines once there are n: a line is written after its response has been sent,
+    so the client can read the reply before the server's `finally` logs it."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if rec.name == "freetoken.access"]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
+
+
 def test_access_log_lines(served, model_id, caplog):
     client = openai_client(served.url)
     with caplog.at_level(logging.INFO, logger="freetoken.access"):
@@ -29,7 +41,7 @@ def test_access_log_lines(served, model_id, caplog):
         list(stream)
         bad = httpx.post(served.url + "/v1/chat/completions", json={"model": model_id, "messages": []},
                          timeout=TIMEOUT)
-    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if rec.name == "freetoken.access"]
+        lines = access_lines(caplog, 3)
     ok = [m for lvl, m in lines if " 200 " in m and "/v1/chat/completions" in m]
     assert ok[0].startswith("127.0.0.1 POST /v1/chat/completions 200 tokens ")
     assert f" tokens {r.usage.prompt_tokens}+{r.usage.completion_tokens} " in ok[0] and ok[0].endswith("ms")
