@@ -30,6 +30,7 @@ from freetoken.engine.launch_count import LaunchCounter, StepCount, synchronize
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
 from freetoken.engine.runtime import host_kernels_note, resolve_device, set_host_threads
+from freetoken.host.malloc import keep_freed_memory
 from freetoken.engine.v4_decoder import V4Decoder
 from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
@@ -74,6 +75,7 @@ class Engine:
         threads: host threads of torch and the host kernels alike (None: torch's, by default the physical cores)."""
         self.kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
         self.threads = set_host_threads(threads)
+        keep_freed_memory()  # prefill temporaries reuse freed heap instead of faulting fresh pages in
         if router_hint:
             if placement == "device":
                 raise ValueError("the router hint runs on the host placement path: use placement 'auto' or 'host'")

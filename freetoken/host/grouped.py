@@ -59,4 +59,4 @@ def grouped_experts(x: torch.Tensor, ids: np.ndarray, weights: torch.Tensor, gat
         y = y + b_down[experts].to(dt)
     route = weights.reshape(-1)[torch.from_numpy(order)].float()  # [S]
     out = torch.zeros((T, down.shape[1]), dtype=torch.float32)
-    return out.index_add_(0, tok, y.float() * route[:, None])
+    return out.index_add_(0, tok, torch.mul(y, route[:, None]))  # promoted to fp32 in the product: one temporary
