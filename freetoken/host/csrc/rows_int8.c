@@ -106,6 +106,15 @@ static inline __m512 chunk_factors(const float *v, int c, int per_chunk, __m512i
     return per_chunk == 1 ? _mm512_set1_ps(v[c]) : _mm512_permutexvar_ps(lanes, _mm512_loadu_ps(v + c * per_chunk));
 }
 
+/* the lane sums of a, b, c, d: 16 -> 8 lanes by halves, then two horizontal pair-adds, then 4 + 4 */
+static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+#define FT_HALVES(v) _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)))
+    const __m256 ab = _mm256_hadd_ps(FT_HALVES(a), FT_HALVES(b)), cd = _mm256_hadd_ps(FT_HALVES(c), FT_HALVES(d));
+#undef FT_HALVES
+    const __m256 abcd = _mm256_hadd_ps(ab, cd); /* [a b c d] from lanes 0-3 (of each half-sum), then from lanes 4-7 */
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
 /* R weight rows against NT activation rows; su[r]: row r's per-unit scales, already times the activation's d when
  * PRE (decode: NT = 1); zs[r]: its per-unit zero offsets s * z, taken off against xza (d * sum a) at the end */
 static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int64_t row_bytes, int K, int U,
@@ -146,8 +155,20 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
                 tot[r][t] = _mm512_fnmadd_ps(_mm512_maskz_loadu_ps(k, zs[r] + u), za, tot[r][t]);
         }
     }
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = _mm512_reduce_add_ps(tot[r][t]);
+    /* four sums per tree (rows in decode, tokens otherwise): each vector's lanes added in the same order whichever
+     * tile it came from, so a token's result does not depend on its batch */
+    const __m512 zero = _mm512_setzero_ps();
+    float s[4];
+    for (int r = 0; r < R; r++) {
+        if (R == 4) {
+            _mm_storeu_ps(s, hsum4(tot[0][0], tot[1][0], tot[2][0], tot[3][0]));
+            for (int j = 0; j < 4; j++) y[(int64_t)j * ldy] = s[j];
+            break;
+        }
+        _mm_storeu_ps(s, hsum4(tot[r][0], NT > 1 ? tot[r][1] : zero, NT > 2 ? tot[r][2] : zero,
+                               NT > 3 ? tot[r][3] : zero));
+        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = s[t];
+    }
 }
 
 void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
