@@ -186,7 +186,11 @@ void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
         const int64_t cells = (int64_t)(b1 - b0) * nu;
         if (per_group == 1) { /* units are the groups: the scales as they are */
             su = sc;
-            for (int64_t i = 0; i < cells; i++) zs[i] = sc[i] * (float)z[i];
+            int64_t i = 0;
+            for (; i + 16 <= cells; i += 16) /* (the compiler's loop: 4% of the layer) */
+                _mm512_storeu_ps(zs + i, _mm512_mul_ps(_mm512_loadu_ps(sc + i), _mm512_cvtepi32_ps(
+                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + i))))));
+            for (; i < cells; i++) zs[i] = sc[i] * (float)z[i];
         } else {
             su = sc + (int64_t)FT_ROW_BLOCK * ng + 16;
             for (int64_t j = 0, i = 0; j < b1 - b0; j++)
@@ -199,8 +203,12 @@ void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
             const int64_t t0 = idx ? idx[0] : 0;
             const int8_t *x[1] = {xq + t0 * K};
             const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
-            for (int64_t j = 0; j < b1 - b0; j++)
-                for (int u = 0; u < nu; u++) sd[j * nu + u] = su[j * nu + u] * xd0[u];
+            for (int u = 0; u < nu; u += 16) { /* a row's units 16 at a time (a scalar loop over nu: 13% of the layer) */
+                const __mmask16 k = nu - u >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nu - u)) - 1);
+                const __m512 d = _mm512_maskz_loadu_ps(k, xd0 + u);
+                for (int64_t j = 0; j < b1 - b0; j++)
+                    _mm512_mask_storeu_ps(sd + j * nu + u, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, su + j * nu + u), d));
+            }
             memset(sd + cells, 0, 16 * 4);
             for (; r + 4 <= b1; r += 4) {
                 const float *s4[4], *z4[4];
