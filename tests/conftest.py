@@ -18,17 +18,26 @@ if not _HAS_CUDA:
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def usable_cores() -> int:
+    """The cores this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 if "PYTEST_XDIST_WORKER" in os.environ and "torch" in globals():
     # each worker takes its share of the cores (pytest -n N runs N workers): N x all cores would oversubscribe
     _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+    torch.set_num_threads(max(1, usable_cores() // _workers))
 
 
 MAX_WORKERS = 4  # `-n auto`'s ceiling: each worker holds torch and the engine's kernels (~1-2 GB at its peak)
 
 
 def pytest_xdist_auto_num_workers(config):
-    return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    return max(1, min(usable_cores(), MAX_WORKERS))
 
 
 def pytest_collection_modifyitems(config, items):
