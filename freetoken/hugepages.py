@@ -40,7 +40,7 @@ def advise(t: torch.Tensor) -> bool:
     """Asks for huge pages under t's aligned interior (a hint: False where not asked or refused). Call it before t
     is first written: pages already faulted in stay small until the kernel's background collapse."""
     n = t.numel() * t.element_size()
-    if not sys.platform.startswith("linux") or t.device.type != "cpu" or t.is_pinned() or n < MIN_BYTES:
+    if not sys.platform.startswith("linux") or t.device.type != "cpu" or n < MIN_BYTES:  # (not for pinned memory)
         return False
     madvise = _madvise()
     if madvise is None:
@@ -58,7 +58,10 @@ def empty(shape, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
     n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if pin or n < MIN_BYTES or not sys.platform.startswith("linux"):
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
-    anon = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (shared: shmem, no THP)
+    try:
+        anon = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # (shared: shmem, no THP)
+    except OSError:  # a mapping refused (strict overcommit, a map count limit): torch's own memory then
+        return torch.empty(shape, dtype=dtype)
     region = np.frombuffer(anon, np.uint8)  # unmapped when the tensor is freed
     start = -region.ctypes.data % HUGE_PAGE
     t = torch.from_numpy(region[start:start + n]).view(dtype).view(shape)
