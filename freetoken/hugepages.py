@@ -55,7 +55,7 @@ def empty(shape, dtype: torch.dtype, pin: bool = False) -> torch.Tensor:
     """An uninitialised tensor on huge pages where granted: fresh anonymous memory, 2 MB aligned, advised before
     its first write (torch.empty may hand back pages the process already touched, which advice no longer changes).
     Pinned memory and small tensors are left to torch."""
-    n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    n = math.prod(shape) * dtype.itemsize
     if pin or n < MIN_BYTES or not sys.platform.startswith("linux"):
         return torch.empty(shape, dtype=dtype, pin_memory=pin)
     try:

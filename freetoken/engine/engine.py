@@ -30,10 +30,10 @@ from freetoken.engine.launch_count import LaunchCounter, StepCount, synchronize
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
 from freetoken.engine.runtime import host_kernels_note, resolve_device, set_host_threads
-from freetoken.host.malloc import keep_freed_memory
 from freetoken.engine.v4_decoder import V4Decoder
 from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
+from freetoken.host.malloc import keep_freed_memory
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL

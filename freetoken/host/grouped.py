@@ -1,8 +1,8 @@
 """Dense experts of a prefill-sized call through torch's grouped GEMM (torch._grouped_mm, the call HF transformers runs
 its experts with): one call per projection over the (token, pick) pairs sorted by expert, in the weights' dtype
 (gate / up, and SiLU(gate) * up, in that dtype as HF computes them; other activations in fp32), the routing weights
-and the sum in fp32. Below about
-GEMM_TOKENS_PER_EXPERT tokens per expert the C kernels win (they read each weight row once for all its tokens)."""
+and the sum in fp32. Below about GEMM_TOKENS_PER_EXPERT tokens per expert the C kernels win (they read each weight
+row once for all its tokens)."""
 
 from __future__ import annotations
 

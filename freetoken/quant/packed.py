@@ -108,13 +108,10 @@ class PackedWeight:
             if tuple(getattr(self, name).shape) != shape:
                 raise QuantError(f"{what}.{name}: shape {tuple(getattr(self, name).shape)}, expected {shape}")
 
-    def empty_slots(self, num_slots: int, device: torch.device | str = "cpu", pin: bool = False,
-                    zeroed: bool = True) -> "PackedWeight":
+    def empty_slots(self, num_slots: int, device: torch.device | str = "cpu", pin: bool = False) -> "PackedWeight":
         """The same layout with `num_slots` zeroed slots (a slot pool); a global scale of 1, so that an empty slot
-        dequantizes to zeros (not 0 / 0) under either global_op. zeroed=False: uninitialised, for a caller that
-        writes every slot (loading: zero-filling 0.6 GB of experts first cost a second)."""
-        make = torch.zeros if zeroed else torch.empty
-        new = {name: make((num_slots, *t.shape[1:]), dtype=t.dtype, device=device, pin_memory=pin)
+        dequantizes to zeros (not 0 / 0) under either global_op."""
+        new = {name: torch.zeros((num_slots, *t.shape[1:]), dtype=t.dtype, device=device, pin_memory=pin)
                for name, t in self.tensors().items()}
         if "global_scale" in new:
             new["global_scale"].fill_(1.0)

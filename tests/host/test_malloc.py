@@ -1,5 +1,6 @@
 """The engine keeps freed host memory for reuse: with FT_HOST_MALLOC on, a freed 16 MB temporary's memory serves the
-next 8 MB one (almost no page faulted in), with it off glibc unmaps it and the next one faults every page in (counted by getrusage's minor faults, in a fresh process for each setting: the setting is per process)."""
+next 8 MB one (almost no page faulted in), with it off glibc unmaps it and the next one faults every page in
+(counted by getrusage's minor faults, in a fresh process for each setting: the setting is per process)."""
 
 from __future__ import annotations
 

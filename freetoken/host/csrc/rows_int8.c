@@ -159,15 +159,13 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
      * tile it came from, so a token's result does not depend on its batch */
     const __m512 zero = _mm512_setzero_ps();
     float s[4];
-    for (int r = 0; r < R; r++) {
-        if (R == 4) {
-            _mm_storeu_ps(s, hsum4(tot[0][0], tot[1][0], tot[2][0], tot[3][0]));
-            for (int j = 0; j < 4; j++) y[(int64_t)j * ldy] = s[j];
-            break;
-        }
-        _mm_storeu_ps(s, hsum4(tot[r][0], NT > 1 ? tot[r][1] : zero, NT > 2 ? tot[r][2] : zero,
-                               NT > 3 ? tot[r][3] : zero));
-        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = s[t];
+    if (R == 4) { /* (NT = 1) */
+        _mm_storeu_ps(s, hsum4(tot[0][0], tot[1][0], tot[2][0], tot[3][0]));
+        for (int r = 0; r < 4; r++) y[(int64_t)r * ldy] = s[r];
+    } else { /* (R = 1) */
+        _mm_storeu_ps(s, hsum4(tot[0][0], NT > 1 ? tot[0][1] : zero, NT > 2 ? tot[0][2] : zero,
+                               NT > 3 ? tot[0][3] : zero));
+        for (int t = 0; t < NT; t++) y[(int64_t)t * ldt] = s[t];
     }
 }
 

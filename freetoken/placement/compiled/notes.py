@@ -15,7 +15,8 @@ from numba.core import event
 
 from freetoken.placement.compiled.cache import cache_dir
 
-TYPICAL_CPU_S = {"lru": 2, "lru's stream replay": 3, "lru's stream replay (cpu, hybrid)": 2, "pinned (static_layers, frequency)": 1, "pinned's stream replay (offload)": 1, "belady": 2,
+TYPICAL_CPU_S = {"lru": 2, "lru's stream replay": 3, "lru's stream replay (cpu, hybrid)": 2,
+                 "pinned (static_layers, frequency)": 1, "pinned's stream replay (offload)": 1, "belady": 2,
                  "the layer-sweep family": 8, "s3fifo": 2, "ktransformers_dynamic": 3, "moe_infinity": 2,
                  "the call builder": 1}  # measured on the development machine (ft warmup --all on a fresh clone)
 _LABELS: dict[object, str] = {}  # dispatcher -> what the line calls it
