@@ -33,6 +33,7 @@ from freetoken.engine.runtime import host_kernels_note, resolve_device, set_host
 from freetoken.engine.v4_decoder import V4Decoder
 from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
+from freetoken.host.gemm_caches import bound_ideep_cache
 from freetoken.host.malloc import keep_freed_memory
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
@@ -76,6 +77,7 @@ class Engine:
         self.kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
         self.threads = set_host_threads(threads)
         keep_freed_memory()  # prefill temporaries reuse freed heap instead of faulting fresh pages in
+        bound_ideep_cache()  # before the first bf16 matmul: ideep reads it once
         if router_hint:
             if placement == "device":
                 raise ValueError("the router hint runs on the host placement path: use placement 'auto' or 'host'")

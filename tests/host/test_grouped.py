@@ -42,3 +42,32 @@ def test_the_shared_expert_op_of_a_long_prompt_takes_the_gemm_and_keeps_its_resu
     assert grouped.gemm_sized(slot0.numpy(), None, 1)
     ref = moe_ref(x, slot0, scale, torch.ones(1, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(), dn.float())
     assert _rel(ops.expert_ffn(x, slot0, scale, gu, dn), ref) < 1e-2
+
+
+def test_padded_rows_repeat_each_experts_first_pair_up_to_the_multiple(monkeypatch):
+    monkeypatch.setattr(grouped, "ROW_MULTIPLE", 4)
+    order, experts = np.array([5, 7, 2, 9, 4]), np.array([0, 0, 1, 1, 1])
+    rows, real, ends = grouped.padded_rows(order, experts, 3)  # expert 2 has no pair
+    assert rows.tolist() == [5, 7, 5, 5, 2, 9, 4, 2] and real.tolist() == [0, 1, 4, 5, 6]
+    assert ends.tolist() == [4, 8, 8]
+    assert [len(a) for a in grouped.padded_rows(order[:0], experts[:0], 3)] == [0, 0, 3]
+
+
+def test_every_gemm_group_is_a_multiple_of_the_row_multiple_and_the_padding_adds_nothing(monkeypatch):
+    gen = torch.Generator().manual_seed(2)
+    E, I, D, T, K = 6, 32, 64, 90, 2
+    gu, dn = (torch.randn(E, 2 * I, D, generator=gen) / 8).bfloat16(), (torch.randn(E, D, I, generator=gen) / 8).bfloat16()
+    x = torch.randn(T, D, generator=gen).bfloat16()
+    ids = np.stack([torch.randperm(E, generator=gen)[:K].numpy() for _ in range(T)]).astype(np.int32)
+    w = torch.rand(T, K, generator=gen)
+    ref = moe_ref(x, torch.from_numpy(ids), w, torch.ones(E, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(),
+                  dn.float())
+    seen, gmm = [], torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda a, b, offs: seen.append(offs.clone()) or gmm(a, b, offs=offs))
+    out = grouped.grouped_experts(x, ids, w, gu, dn)
+    sizes = np.diff(seen[0].numpy(), prepend=0)
+    counts = np.bincount(ids.ravel(), minlength=E)
+    assert (sizes % grouped.ROW_MULTIPLE == 0).all() and (sizes >= counts).all() and (sizes - counts).max() > 0
+    assert _rel(out, ref) < 1e-2
+    monkeypatch.setattr(grouped, "ROW_MULTIPLE", 1)
+    assert _rel(grouped.grouped_experts(x, ids, w, gu, dn), out) < 1e-3  # unpadded: the same sums
