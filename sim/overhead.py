@@ -137,7 +137,7 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu).
     moe_graphs: with the device placement and no CPU lane, each decode call's MoE block (router, top-k, decision,
     gathers, expert FFNs) is one graph launch (engine/decode_graphs.py); attention, a shared expert and the step's
-    head stay eager; the recorder's one read per forward stays.
+    head stay eager; the recorder's one copy per forward stays.
     streamed [N]: the prefill double buffer (ReplayResult.streamed): the experts streamed into each call's staging
     set while the call before it ran, -1 where the call copies its own fetches. A streamed call copies those (every
     non-resident expert of its layer, used or not) instead of its fetches, and runs one expert_ffn call."""
@@ -173,9 +173,10 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     syncs = 1 + record + cpu  # router ids, recorded gates, the CPU lane's activations
     copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
     charged = np.full(N, 1 + record)
-    if device_placement:  # the decision read back where a CPU lane may need it; the recorder once per forward
+    if device_placement:  # the decision read back where a CPU lane may need it; the recorder's one copy per
+        # forward is read once the next token's read has waited for it: a copy, no sync
         read, per_forward = int(cpu_split), record * first
-        syncs, copies, charged = read + cpu + per_forward, read + 2 * cpu + per_forward, read + per_forward
+        syncs, copies, charged = read + cpu, read + 2 * cpu + per_forward, np.full(N, read)
     if moe_graphs:
         if not device_placement or cpu_split or cuda_graphs:
             raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")

@@ -33,6 +33,7 @@ from freetoken.engine.runtime import host_kernels_note, resolve_device, set_host
 from freetoken.engine.v4_decoder import V4Decoder
 from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
+from freetoken.engine.step_clock import StepClock
 from freetoken.host.gemm_caches import bound_ideep_cache
 from freetoken.host.malloc import keep_freed_memory
 from freetoken.models.checkpoint import Checkpoint, load_checkpoint
@@ -105,6 +106,7 @@ class Engine:
         cfg = self.config
         self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture) if record else None
         self.stats = RunStats()
+        self.clock = StepClock(self.device)
         self.draft_stats = DraftStats()
         self._turns: dict[int, int] = {}
         self._phase, self._request = PREFILL, 0
@@ -207,8 +209,7 @@ class Engine:
         return self.cache.device_moe(layer, h, weights, ids, self._phase, record)
 
     def _record_end(self) -> None:
-        if self.recorder.end():  # read back from the device buffer: one copy, one sync per forward
-            self.host.syncs += 1
+        if self.recorder.end():  # copied back from the device buffer: one copy per forward, read without a wait
             self.host.copies += 1
 
     def forward(self, token_ids: list[int], kv: KVCache, start_pos: int, phase: int = PREFILL, request: int = 0,
@@ -260,12 +261,14 @@ class Engine:
         self.stats.decode_s += time.perf_counter() - t0
         return logits
 
-    def decode(self, token: int, kv: KVCache, request: int = 0, turn: int = 0) -> torch.Tensor:
-        t0 = time.perf_counter()
+    def decode(self, token: int, kv: KVCache, request: int = 0, turn: int = 0, settle: bool = True) -> torch.Tensor:
+        """One decode step: logits [1, V]. settle: close the step with a device synchronize. generate() passes
+        False: reading the token it samples is then the token's one sync (the step's time: step_clock.py)."""
+        self.clock.begin(self.stats)
         logits = self.forward([token], kv, kv.length, DECODE, request, turn)
-        self._sync()
-        self.stats.decode_tokens += 1
-        self.stats.decode_s += time.perf_counter() - t0
+        if settle:
+            self._sync()
+        self.clock.end(self.stats, 1, settle)
         return logits
 
     def _sync(self) -> None:
@@ -315,11 +318,14 @@ class Engine:
                 token = sampler(logits[-1])
             if counter and i == COUNTED_STEP + 1:
                 self.step_count = counter.result()
+            last = token in stops or i == max_tokens - 1
+            if last:
+                self.clock.fold(self.stats)  # the last step's time, before the caller reads the stats
             yield token
-            if token in stops or i == max_tokens - 1:
+            if last:
                 return
             with counter.section("step") if counter and i == COUNTED_STEP else nullcontext():
-                logits = self.decode(token, kv, request, turn)
+                logits = self.decode(token, kv, request, turn, settle=False)
 
     def _generate_drafted(self, prompt, start, kv, sampler, max_tokens, stops, request, turn,
                           draft: DraftConfig) -> Iterator[int]:
@@ -397,6 +403,7 @@ class Engine:
         if self.recorder is not None:
             self.recorder = TraceRecorder(cfg.num_moe_layers, cfg.top_k, cfg.num_experts, cfg.architecture)
         self.stats = RunStats()
+        self.clock = StepClock(self.device)
         self.draft_stats = DraftStats()
         self._turns = {}
         if self.graphs is not None:  # captured against the old recorder's buffers

@@ -175,6 +175,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def wait_event(event: "torch.cuda.Event | None", counted: bool) -> None:
+    """The host waits for an async copy behind `event` (None: a copy on the host, done). counted: the wait may
+    stall, so it is a sync, on CPU as on CUDA; otherwise a sync only where CUDA says the copy has not finished."""
+    if event is not None and not event.query():
+        counted = True
+    if counted and _ACTIVE and _ACTIVE[0]._mine():
+        _ACTIVE[0].sync("wait")
+    if event is not None:
+        event.synchronize()
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, counter: LaunchCounter):
         super().__init__()

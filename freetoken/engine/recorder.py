@@ -3,8 +3,10 @@ router hint's predictions, the trace's `hint` field, when the engine made any).
 
 Host path: each MoE layer hands its ids and gates over on the host (`layer`). Device path (`layer_view`): the device
 MoE call's union kernel writes them into a device buffer [2, T, L, K] (ids as fp32, exact below 2^24, and gates) that
-`end` reads back in one copy per forward, into pinned memory on CUDA (non-blocking, then one wait): one sync per
-step, not two per layer.
+`end` copies back once per forward, into pinned memory on CUDA, without waiting: the arrays are filled from it when
+the next forward ends (by then the engine has read the sampled token, which waited for the copy) or when the
+routing is asked for (`settle`: a wait, counted as a sync, if the copy may still be in flight). A decode step thus
+holds no sync of the recorder's.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from freetoken.engine.launch_count import host_buffer, synchronize
+from freetoken.engine.launch_count import host_buffer, wait_event
 from freetoken.trace import RoutingTrace
 
 
@@ -27,6 +29,7 @@ class TraceRecorder:
         self._cur: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._device: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # T -> (device buffer, host buffer)
         self._on_device: torch.Tensor | None = None  # this forward's device buffer, once a layer wrote to it
+        self._pending: tuple | None = None  # (experts, gates, host buffer, event): a copy not yet read (settle)
 
     def begin(self, token_ids: list[int], phase: int, request: int | list[int], turn: int | list[int]) -> None:
         """request, turn: one for the whole forward, or one per token (a batched decode step)."""
@@ -67,18 +70,19 @@ class TraceRecorder:
         return bufs[0]
 
     def end(self) -> bool:
-        """Close the forward; True when its routing was read from the device buffer (one copy, one sync)."""
+        """Close the forward; True when its routing is copied back from the device buffer (one copy, no wait: the
+        previous forward's copy is read here, after the token read between them waited for it)."""
+        self._settle(counted=False)
         read = self._on_device is not None
+        ex, g, h = self._cur
         if read:
             dev, host = self._device[self._on_device.shape[1]]
             host.copy_(dev, non_blocking=True)
-            synchronize(dev.device)  # (a sync on CUDA, counted as one on any device)
-            ex, g, _ = self._cur
-            ex[:] = host[0].numpy().astype(np.int16)
-            g[:] = host[1].numpy().astype(np.float16)
-            self._on_device = None
-        ex, g, h = self._cur
-        if (ex < 0).any():
+            event = torch.cuda.Event() if dev.is_cuda else None
+            if event is not None:
+                event.record()
+            self._pending, self._on_device = (ex, g, host, event), None
+        elif (ex < 0).any():
             raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
         self._experts.append(ex)
         self._gates.append(g)
@@ -86,6 +90,21 @@ class TraceRecorder:
         self._drafts.append(np.zeros(len(ex), np.int8))
         self._cur = None
         return read
+
+    def settle(self) -> None:
+        """The last forward's routing read from its copy: a wait for it, counted as a sync (it may be in flight)."""
+        self._settle(counted=True)
+
+    def _settle(self, counted: bool) -> None:
+        if self._pending is None:
+            return
+        ex, g, host, event = self._pending
+        self._pending = None
+        wait_event(event, counted)
+        ex[:] = host[0].numpy().astype(np.int16)
+        g[:] = host[1].numpy().astype(np.float16)
+        if (ex < 0).any():
+            raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
 
     def mark_draft(self, marks: list[int]) -> None:
         """The last forward was a verify step: per token 0 (the sampled token), 1 / 2 (a draft kept / rejected)."""
@@ -96,6 +115,7 @@ class TraceRecorder:
     @property
     def last_experts(self) -> np.ndarray:
         """[T, L, K] the routing of the last forward that ended."""
+        self.settle()
         return self._experts[-1]
 
     @property
@@ -105,6 +125,7 @@ class TraceRecorder:
     def trace(self, source: str = "live") -> RoutingTrace:
         if not self._experts:
             raise ValueError("no routing recorded yet")
+        self.settle()
         n = [len(m[0]) for m in self._meta]
         hint, draft = np.concatenate(self._hints), np.concatenate(self._drafts)
         return RoutingTrace(

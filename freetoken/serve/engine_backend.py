@@ -55,7 +55,8 @@ class EngineSequence:
 
     def forward(self, tokens: list[int], all_logits: bool = False, decode: bool = False) -> torch.Tensor:
         if decode:
-            return self.engine.decode(tokens[0], self.kv, request=self.request)[-1]
+            # left open: reading the token sampled from these logits is the step's one sync
+            return self.engine.decode(tokens[0], self.kv, request=self.request, settle=False)[-1]
         logits = self.engine.prefill(tokens, self.kv, self.kv.length, request=self.request, all_logits=all_logits)
         return logits if all_logits else logits[-1]
 

@@ -122,9 +122,9 @@ def test_a_batched_step_that_raises_is_undone_and_only_the_culprit_fails(backend
             check(kvs)
             return out
 
-        def decode(token, kv, request=0, turn=0):
+        def decode(token, kv, request=0, turn=0, settle=True):
             check([kv])
-            return real_one(token, kv, request, turn)
+            return real_one(token, kv, request, turn, settle)
 
         monkeypatch.setattr(engine, "decode_batch", decode_batch)
         monkeypatch.setattr(engine, "decode", decode)
