@@ -2,9 +2,10 @@
 reference `<name>_ref`.
 
 On a machine without CUDA the kernels can only run in Triton's interpreter, and Triton decides between compiling and
-interpreting when each `@triton.jit` decorator runs (it reads TRITON_INTERPRET then). This package is imported before
-any kernel module is, so setting TRITON_INTERPRET=1 here - before the first `import triton` below - makes CPU machines
-interpret every kernel on CPU tensors. An explicit TRITON_INTERPRET (0 or 1) is left as the user set it.
+interpreting when it builds each kernel (it reads TRITON_INTERPRET then: at the kernel's first launch, lazy.py).
+This package is imported before any kernel module is, so setting TRITON_INTERPRET=1 here makes CPU machines
+interpret every kernel on CPU tensors. An explicit TRITON_INTERPRET (0 or 1) is left as the user set it. Triton
+itself is imported only when a kernel is first launched (lazy.py): the CPU engine never imports it.
 """
 
 from __future__ import annotations

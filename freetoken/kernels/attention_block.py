@@ -8,10 +8,8 @@ acc / l.
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
-
 from freetoken.kernels.dot import mma
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.packed_tiles import e4m3_bits_to_fp32
 
 

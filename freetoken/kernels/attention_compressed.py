@@ -8,11 +8,10 @@ softmax over those logits and the head's sink (value 0); the output is the softm
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
+from freetoken.kernels.lazy import tl, triton
 
 LOG2E = 1.4426950408889634
 

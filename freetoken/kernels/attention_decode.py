@@ -8,10 +8,9 @@ per (token, kv head) (kv_fp8.py), decoded in attention_block.py's key-block step
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.attention_block import attend_block
+from freetoken.kernels.lazy import tl, triton
 
 LOG2E = 1.4426950408889634
 TARGET_PROGRAMS = 256  # enough (kv head, split) programs to keep every SM of a large GPU streaming the cache

@@ -9,10 +9,9 @@ kernel.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.attention_block import attend_block
+from freetoken.kernels.lazy import tl, triton
 
 LOG2E = 1.4426950408889634
 

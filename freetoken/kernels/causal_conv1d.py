@@ -8,10 +8,9 @@ chunk reads the previous chunk's last inputs. The new state is the last K - 1 ro
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

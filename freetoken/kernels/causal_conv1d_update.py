@@ -10,10 +10,9 @@ sequence, stacked by the caller); one sequence is x [1, C] with state [C, K - 1]
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

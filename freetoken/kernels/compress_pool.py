@@ -9,10 +9,9 @@ missing previous window scored -inf).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

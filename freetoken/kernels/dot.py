@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

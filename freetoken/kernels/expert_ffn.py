@@ -16,12 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.cpu_checks import cpu_only
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.moe_align import align_by_slot
 from freetoken.kernels.tuning import split_k, tuned
 

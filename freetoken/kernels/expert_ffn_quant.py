@@ -12,8 +12,6 @@ Biases and the activation (gpt-oss) are expert_ffn's options: plain per-slot ten
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.cpu_checks import cpu_only
 from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp32
@@ -28,6 +26,7 @@ from freetoken.kernels.expert_ffn import (
     pair_blocks,
     sum_pairs,
 )
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.packed_tiles import slot_tile
 from freetoken.quant.packed import PackedWeight
 

@@ -10,8 +10,8 @@ under unified addressing); on CPU (interpreter) both sides are host tensors. Any
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from freetoken.kernels.lazy import tl, triton
 
 _RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> a raw view dtype
 

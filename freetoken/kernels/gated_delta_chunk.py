@@ -13,11 +13,10 @@ Lengths need not be a multiple of BT: the tail's missing rows load as zeros (gat
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
 from freetoken.kernels.dot import mma
+from freetoken.kernels.lazy import tl, triton
 
 CHUNK = 16  # tokens per chunk: the forward substitution costs BT row steps per chunk
 # TILES: value columns per program and warps, from ptxas -v on the sm_90a / sm_120a cubins at Dk = Dv = 128 (Qwen3-Next)

@@ -10,10 +10,9 @@ stacked by the caller) and T = B tokens, token b the next one of sequence b.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.gated_delta_chunk import check_delta_args, l2norm
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

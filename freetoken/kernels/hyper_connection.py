@@ -15,10 +15,9 @@ DeepseekV4HyperConnection. After the block: x'_n = post_n y + sum_j comb[j, n] x
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

@@ -4,11 +4,10 @@ Up to linear_decode.MAX_ROWS rows (decode) go to the split-K GEMV of linear_deco
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_linear_args, check_tensor, dot_in_fp32
 from freetoken.kernels.dot import mma
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.linear_decode import MAX_ROWS, linear_decode
 
 # (max tokens, BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the first row whose max tokens >= T is used.

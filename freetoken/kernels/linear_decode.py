@@ -10,10 +10,9 @@ output and resets the counter for the next launch (or graph replay). Configs com
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_linear_args
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.tuning import split_k, tuned
 
 MAX_ROWS = 4  # up to this many rows (decode, small batches) linear() takes this kernel

@@ -13,10 +13,9 @@ One program: n <= E experts and T K picks of a decode call fit one block each.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import interpreting
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

@@ -11,10 +11,9 @@ One program compares every pick with every other ([M, M] with M = T K), so it is
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import interpreting
+from freetoken.kernels.lazy import tl, triton
 
 MAX_PICKS = 256  # T K of the largest call one program takes
 

@@ -11,10 +11,9 @@ another. A GEMV with one program per (row, BLOCK_N outputs): meant for a few row
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.linear import linear_ref
 from freetoken.kernels.rmsnorm import add_rms_norm_ref, rms_norm_ref
 

@@ -15,8 +15,7 @@ Two ways to load a tile starting at input k0 (a multiple of BLOCK_K):
 
 from __future__ import annotations
 
-import triton
-import triton.language as tl
+from freetoken.kernels.lazy import tl, triton
 
 TINY_E8M0 = tl.constexpr(2.0**-127)  # e8m0 code 0: a subnormal fp32 that the bit shift below cannot build
 QUIET_NAN_BITS = tl.constexpr(0x7FC00000)  # OR-ed into a code: a NaN (a nan constexpr never equals itself)

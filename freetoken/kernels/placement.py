@@ -20,10 +20,9 @@ counts [3] = (fetches, evictions, valid entries).
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import interpreting
+from freetoken.kernels.lazy import tl, triton
 
 CLOCK, USED = tl.constexpr(0), tl.constexpr(1)
 ORDERS = ("most_tokens", "most_recent", "lowest_id")  # = freetoken.placement.split.FETCH_ORDERS

@@ -11,10 +11,9 @@ in fp32 from that and rounds again.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.rmsnorm import rms_norm_ref
 from freetoken.kernels.rope import _inv_freq, apply_rope_ref
 

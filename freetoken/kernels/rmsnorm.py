@@ -5,10 +5,9 @@ once)."""
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 MAX_D = 65536
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.rmsnorm import MAX_D
 
 

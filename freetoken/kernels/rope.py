@@ -10,10 +10,9 @@ import math
 from functools import lru_cache
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 
 @triton.jit

@@ -14,10 +14,9 @@ layers whose picks are given (a token-id -> experts table): `router_weights` sco
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 
 MAX_EXPERTS = 4096
 SCORES = ("softmax", "sigmoid", "sqrtsoftplus")

@@ -8,10 +8,9 @@ plain router: softmax scores, no router bias, no correction bias, no groups, sca
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from freetoken.kernels.checks import check_same_device, check_tensor
+from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.linear import linear_ref
 from freetoken.kernels.router import pick_topk, router_scores, router_topk_ref, routing_outputs
 

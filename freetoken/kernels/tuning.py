@@ -14,7 +14,8 @@ from functools import cache, lru_cache
 from pathlib import Path
 
 import torch
-import triton
+
+from freetoken.kernels.lazy import triton
 
 CONFIG_FILE = Path(__file__).with_name("tuned_configs.json")
 DEFAULT_SMS = 132  # programs to fill when no GPU can be asked (the interpreter): an H100 / H200

@@ -167,9 +167,12 @@ def compile_all(arch: int) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from freetoken.kernels.lazy import real
+
     target = GPUTarget("cuda", arch, 32)
     failures = 0
     for name, fn, types, consts, warps, stages in _variants():
+        fn = real(fn)  # the JITFunction behind a lazy @triton.jit (freetoken/kernels/lazy.py)
         signature = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
         try:
             triton.compile(ASTSource(fn, signature, consts), target=target,

@@ -39,6 +39,8 @@ def compile_variants(arch: int) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    from freetoken.kernels.lazy import real
+
     from freetoken.kernels.expert_ffn_quant import (
         _down_quant_kernel,
         _gate_up_quant_kernel,
@@ -51,6 +53,7 @@ def compile_variants(arch: int) -> int:
                 "BLOCK_M": 16 if one_pair else 64, "BLOCK_N": 64, "BLOCK_K": 64}
         launches = [(_gate_up_quant_kernel, 32 if one_pair else 64)] + ([(_down_quant_kernel, 64)] if down else [])
         for fn, block_n in launches:
+            fn = real(fn)  # the JITFunction behind a lazy @triton.jit (freetoken/kernels/lazy.py)
             consts = {k: v for k, v in {**meta, "BLOCK_N": block_n}.items() if k in fn.arg_names}  # down: no GLU
             types = {"x_ptr": "*bf16", "h_ptr": "*bf16", "y_ptr": "*fp32", "route_w_ptr": "*fp32", "b_ptr": "*bf16",
                      "alpha": "fp32", "limit": "fp32"}
