@@ -9,7 +9,7 @@ Counts are physical inputs read off each engine's code path (docs/cost_model.md,
                  tests/engine/test_host_counters.py checks these counts against the live engine's own counters.
                  With the device placement (engine/device_moe.py) a call instead launches the decision program
                  and one expert gather per two expert tensors, and no id read, slot upload or per-expert copy; a split
-                 with a CPU lane reads each call's decision back once; the recorder reads once per forward.
+                 with a CPU lane reads each call's decision back once; the recorder copies once per forward (no sync).
     llama.cpp    ggml ops per layer of its qwen3moe graph that run on the GPU backend (LLAMACPP_GPU_OPS); with
                  -cmoe each MoE layer is two graph splits (GPU -> CPU experts -> GPU), whose round trip is the CPU
                  lane's latency; CUDA graphs per split since ggml PR #18934, not on Pascal (PR #27721).
@@ -46,7 +46,9 @@ LLAMACPP_GPU_OPS = 25
 GRAPH_KERNELS_PER_LAYER = 20
 # torch glue between freetoken's kernels (freetoken/engine/model.py): before the router the attention residual add
 # and the two KV writes; after it the MoE residual add, one add per extra expert_ffn group or CPU lane result, and
-# a shared expert's slot / scale tensors and residual add. Counted by hand (not by the engine's counters).
+# a shared expert's slot / scale tensors and residual add. Counted by hand; the fusions take theirs off
+# (LayerShape.fused_prologue: the KV writes, fused_adds: both residual adds), and with them the count equals the
+# live engine's own (tests/engine/test_launch_count.py).
 GLUE_PRE, GLUE_POST, GLUE_SHARED, GLUE_DENSE_LAYER, GLUE_STEP = 3, 1, 3, 6, 2
 # a Gated DeltaNet layer (freetoken/engine/gated_deltanet.py) before the router: sigmoid(b), a.float(), + dt_bias,
 # softplus, * -exp(A_log), the residual add (no KV writes); an attention output gate adds sigmoid and the product
@@ -69,6 +71,7 @@ class LayerShape:
     fused_prologue: bool = False  # q / k norms, ropes and KV writes as one qk_norm_rope (engine/model.py)
     fused_router: bool = False  # the router's projection + top-k as one router_linear_topk (Engine.route)
     fused_qkv: bool = False  # a decode token's add + input norm + qkv projection as one add_norm_linear (Decoder)
+    fused_adds: bool = False  # residual adds inside add_rms_norm / add_norm_linear (Decoder._add_norm): no glue
 
 
 @dataclass(slots=True)
@@ -164,9 +167,11 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
         post = post + k["moe_union"] + k["place_call"] + k["moe_slots"] + k["gather_experts"] * gather_launches(shape)
     cpu = (log.cpu > 0).astype(np.int64)
     launches = pre + post
-    glue_post = GLUE_POST + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
+    adds = int(shape.fused_adds)  # each residual add fused into the norm after it
+    glue_post = GLUE_POST - adds + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
         dense_layers * GLUE_DENSE_LAYER + GLUE_STEP)
-    glue_pre = np.where(linear, GLUE_PRE_LINEAR, GLUE_PRE + GLUE_OUT_GATE * shape.out_gate)
+    glue_pre = np.where(linear, GLUE_PRE_LINEAR, GLUE_PRE - 2 * shape.fused_prologue + GLUE_OUT_GATE * shape.out_gate)
+    glue_pre = glue_pre - adds
     pre, post = pre + glue_pre, post + glue_post
     pre_kernels, post_kernels = pre, post
     experts = shape.tensors_per_expert * (copied_experts(log, streamed) + log.prefetched)
@@ -183,7 +188,7 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
         held = (router + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
                 + k["gather_experts"] * gather_launches(shape))  # what one MoE block graph holds
         launches = np.where(decode, launches - held + 1, launches)
-        pre = np.where(decode, attn + GLUE_PRE, pre)  # attention and its glue stay eager
+        pre = np.where(decode, attn + glue_pre, pre)  # attention and its glue stay eager
         post = np.where(decode, 1 + shared + step + glue_post - (calls - 1), post)  # group adds are in the graph
     if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
         pre, post = np.where(decode, 0, pre), np.where(decode, first, post)

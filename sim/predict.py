@@ -195,14 +195,19 @@ def layer_shape(card: ModelCard) -> LayerShape:
     """A card's layer as freetoken runs it: q/k norms (Qwen3 families), a gated shared expert when it has one; a
     hybrid card (linear-attention state, fewer attention than decoder layers) as Qwen3-Next / Qwen3.5 lay it out:
     full attention, with an output gate, in every (num_layers / attention_layers)-th layer, Gated DeltaNet in the
-    others (taken over the MoE layer indices)."""
+    others (taken over the MoE layer indices). The Triton kernel set's fusions (engine/model.py): residual adds
+    inside the norms always; the q / k prologue and a decode token's norm + qkv projection where attention has no
+    output gate and a 16-bit cache (a card does not say whether the router is the plain softmax top-k that
+    router_linear_topk fuses, so that one is not assumed)."""
     shared, packed = card.shared_experts > 0, card.expert_format is not None
     tensors = (6 if packed else 2) + (2 if card.expert_bias_params else 0)  # packed: weights + scales per matrix
     hybrid = card.state_bytes_per_sequence > 0 and 0 < card.attention_layers < card.num_layers
     every = card.num_layers // card.attention_layers if hybrid else 0
     linear = tuple(l for l in range(card.moe_layers) if (l + 1) % every) if hybrid else ()
+    prologue = not hybrid and card.kv_bits >= 16
     return LayerShape(qk_norm=True, shared_expert=shared, shared_gate=shared, packed=packed,
-                      tensors_per_expert=tensors, linear_layers=linear, out_gate=hybrid)
+                      tensors_per_expert=tensors, linear_layers=linear, out_gate=hybrid, fused_prologue=prologue,
+                      fused_qkv=prologue, fused_adds=True)
 
 
 def _prefill_totals(work, log, measured) -> dict[str, int]:

@@ -181,14 +181,16 @@ def test_gpu_probe_sets_the_per_kernel_costs_and_efficiencies():
 
 def test_demo_model_is_overhead_bound(capsys):
     # the 2-layer demo model: bytes and FLOPs are nothing, so a decode token costs its host work. Per MoE layer
-    # (eager, all resident, one expert_ffn): 15 kernel-set launches (q/k/v fused in one linear) + 4 glue ops; layer 0
-    # also the final norm and lm_head (2) and 2 glue ops; each launch 4 us (driver) + 4.2 us (Triton dispatch); one
-    # routing sync of 8 us a layer. Before each router: 12 + 3 launches (123 us) + 8 us; after: 4 (+ 4 on layer 0)
-    # = 32.8 / 65.6 us, above the GPU's kernel floors. Token: 2 x 131 + 65.6 + 32.8 = 360.4 us.
+    # (eager, all resident, one expert_ffn), with the Triton set's fusions: 11 kernel-set launches (add_norm_linear:
+    # the residual add, input norm and q/k/v; qk_norm_rope; attention 2; o; add_rms_norm; router linear + top-k;
+    # expert_ffn 3) and no glue; layer 0 also the final norm and lm_head (2) and 2 glue ops (embedding, positions);
+    # each kernel 4 us (driver) + 4.2 us (Triton dispatch); one routing sync of 8 us a layer. Before each router:
+    # 8 launches (65.6 us) + 8 us; after: 3 (+ 4 on layer 0) = 24.6 / 57.4 us, above the GPU's kernel floors.
+    # Token: 2 x 73.6 + 24.6 + 57.4 = 229.2 us.
     out = run_json(capsys, "--model", "freetoken/demo/model", "--hardware", "rtx5090-ryzen", "--prompt-tokens",
                    "64", "--decode-tokens", "16", "--no-band")
-    assert out["inputs"]["host_work_per_decode_token"] == {"launches": 32.0, "syncs": 2.0, "copies": 4.0}
-    assert 1 / out["decode_tok_s"] == pytest.approx(360.4e-6, rel=1e-3)
+    assert out["inputs"]["host_work_per_decode_token"] == {"launches": 24.0, "syncs": 2.0, "copies": 4.0}
+    assert 1 / out["decode_tok_s"] == pytest.approx(229.2e-6, rel=1e-3)
 
 
 def test_speculative_and_batched_decode_flags_match_the_library(capsys):

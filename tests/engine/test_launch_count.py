@@ -6,12 +6,13 @@ Target (DESIGN.md): <= 14 GPU kernels per MoE layer at batch 1 (attention includ
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from freetoken.engine import CacheConfig, Engine, SamplingParams
 from freetoken.engine.launch_count import LaunchCounter, host_side
-from freetoken.placement import Split
+from freetoken.placement import DECODE, Split
 
 TARGET = 14  # GPU kernels per MoE layer, attention included
 BUDGET = 15  # reached today (hybrid with CPU experts; offload 14 = TARGET), batch 1: the test fails above it
@@ -108,3 +109,30 @@ def test_ft_generate_json_reports_the_count(capsys):
     assert out["host_syncs_per_step"] == 0 and out["host_syncs_per_token"] == 1
     assert main(argv[:-2] + ["2", "--json"]) == 0  # too few tokens for a counted step: null, not a guess
     assert json.loads(capsys.readouterr().out)["decode_kernels_per_layer"] is None
+
+
+@pytest.mark.parametrize("split, pipeline", [("offload", False), ("hybrid", False), ("offload", True)])
+def test_the_cost_models_gpu_kernels_per_layer_equal_the_count(split, pipeline, ckpt):
+    # sim = live for the GPU kernels the cost model charges launch time for: the counted decode step's MoE layer
+    # (not layer 0, which also carries the step's head) as sim.overhead counts it from the replayed trace, with the
+    # engine's fusions, against the launch counter's count of the same layer
+    from freetoken.engine.engine import COUNTED_STEP
+    from sim.overhead import LayerShape, freetoken_work
+    from sim.run import SimConfig, simulate
+
+    capacity = 5 if split == "offload" else 0
+    engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels="triton", device="cpu",
+                    placement="device", pipeline=pipeline)
+    engine.count_launches = True
+    list(engine.generate([3, 17, 5, 9, 42], SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[]))
+    live, L = engine.step_count.per_layer, ckpt.config.num_layers
+    log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=capacity)).log
+    decode = np.flatnonzero(log.phase == DECODE)[COUNTED_STEP * L:(COUNTED_STEP + 1) * L]  # [L] the counted step
+    shape = LayerShape(fused_prologue=True, fused_router=True, fused_qkv=True, fused_adds=True)
+    work = freetoken_work(log, L, shape, pipeline=pipeline, cuda_graphs=False, device_placement=True,
+                          cpu_split=split != "offload")
+    sim = (work.pre_kernels + work.post_kernels)[decode]
+    assert sim[1:].tolist() == list(live[1:])
+    unfused = freetoken_work(log, L, LayerShape(), pipeline=pipeline, cuda_graphs=False, device_placement=True,
+                             cpu_split=split != "offload")
+    assert ((unfused.pre_kernels + unfused.post_kernels)[decode][1:] > sim[1:]).all()  # the glue it charged before

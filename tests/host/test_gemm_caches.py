@@ -38,7 +38,8 @@ def kept(capacity: str | None) -> tuple[int, int]:
     env = {k: v for k, v in os.environ.items() if k != gemm_caches.VARIABLE}
     if capacity is not None:
         env[gemm_caches.VARIABLE] = capacity
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
     return int(out[out.index("CAP") + 1]), int(out[out.index("KEPT") + 1])
 
 

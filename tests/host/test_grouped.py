@@ -13,6 +13,11 @@ from freetoken.host.kernels import moe_ref
 pytestmark = pytest.mark.skipif(not grouped.available(), reason="this torch has no _grouped_mm")
 
 
+def _experts(gen, E, I, D):
+    """bf16 gate_up [E, 2I, D] and down [E, D, I]."""
+    return (torch.randn(E, 2 * I, D, generator=gen) / 8).bfloat16(), (torch.randn(E, D, I, generator=gen) / 8).bfloat16()
+
+
 def _rel(a, b):
     return ((a.float() - b).abs().max() / b.abs().max()).item()
 
@@ -20,7 +25,7 @@ def _rel(a, b):
 def test_grouped_experts_equal_the_fp32_reference_with_biases_a_take_mask_and_skipped_picks():
     gen = torch.Generator().manual_seed(0)
     E, I, D, T, K = 5, 32, 64, 150, 2
-    gu, dn = (torch.randn(E, 2 * I, D, generator=gen) / 8).bfloat16(), (torch.randn(E, D, I, generator=gen) / 8).bfloat16()
+    gu, dn = _experts(gen, E, I, D)
     bgu, bd = (torch.randn(E, 2 * I, generator=gen) / 4).bfloat16(), (torch.randn(E, D, generator=gen) / 4).bfloat16()
     x = torch.randn(T, D, generator=gen).bfloat16()
     ids = np.stack([torch.randperm(E, generator=gen)[:K].numpy() for _ in range(T)]).astype(np.int32)
@@ -36,7 +41,7 @@ def test_grouped_experts_equal_the_fp32_reference_with_biases_a_take_mask_and_sk
 def test_the_shared_expert_op_of_a_long_prompt_takes_the_gemm_and_keeps_its_result():
     gen = torch.Generator().manual_seed(1)
     I, D, T = 48, 64, 256
-    gu, dn = (torch.randn(1, 2 * I, D, generator=gen) / 8).bfloat16(), (torch.randn(1, D, I, generator=gen) / 8).bfloat16()
+    gu, dn = _experts(gen, 1, I, D)
     x = torch.randn(T, D, generator=gen).bfloat16()
     slot0, scale = torch.zeros(T, 1, dtype=torch.int32), torch.rand(T, 1, generator=gen)
     assert grouped.gemm_sized(slot0.numpy(), None, 1)
@@ -56,7 +61,7 @@ def test_padded_rows_repeat_each_experts_first_pair_up_to_the_multiple(monkeypat
 def test_every_gemm_group_is_a_multiple_of_the_row_multiple_and_the_padding_adds_nothing(monkeypatch):
     gen = torch.Generator().manual_seed(2)
     E, I, D, T, K = 6, 32, 64, 90, 2
-    gu, dn = (torch.randn(E, 2 * I, D, generator=gen) / 8).bfloat16(), (torch.randn(E, D, I, generator=gen) / 8).bfloat16()
+    gu, dn = _experts(gen, E, I, D)
     x = torch.randn(T, D, generator=gen).bfloat16()
     ids = np.stack([torch.randperm(E, generator=gen)[:K].numpy() for _ in range(T)]).astype(np.int32)
     w = torch.rand(T, K, generator=gen)
