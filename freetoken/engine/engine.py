@@ -238,27 +238,28 @@ class Engine:
         self.stats.prefill_s += time.perf_counter() - t0
         return torch.cat(outs) if all_logits else outs[-1]
 
-    def decode_batch(self, tokens: list[int], kvs: list[KVCache], requests: list[int] | None = None) -> torch.Tensor:
+    def decode_batch(self, tokens: list[int], kvs: list[KVCache], requests: list[int] | None = None,
+                     settle: bool = True) -> torch.Tensor:
         """One decode step for several sequences, each in its own KV cache: logits [B, V]. Each MoE layer is one
         call over the union of their experts, with per-expert token counts, planned as a call of the first
         sequence's request (the recorded trace keeps each token's own). Every cache kind steps as one batch
-        (Decoder.forward_batch)."""
+        (Decoder.forward_batch). settle: as decode's."""
         requests = [0] * len(tokens) if requests is None else requests
         if not tokens or not len(tokens) == len(kvs) == len(requests):
             raise ValueError(f"decode_batch needs one KV cache and request per token, got {len(tokens)} tokens, "
                              f"{len(kvs)} caches, {len(requests)} requests")
         if len(tokens) == 1:
-            return torch.cat([self.decode(t, kv, r) for t, kv, r in zip(tokens, kvs, requests)])
-        t0 = time.perf_counter()
+            return self.decode(tokens[0], kvs[0], requests[0], settle=settle)
+        self.clock.begin(self.stats)
         self._phase, self._request = DECODE, requests[0]
         if self.recorder is not None:
             self.recorder.begin(tokens, DECODE, requests, [self._turns.get(r, 0) for r in requests])
         logits = self.decoder.forward_batch(tokens, kvs, self._moe)
         if self.recorder is not None:
             self._record_end()
-        self._sync()
-        self.stats.decode_tokens += len(tokens)
-        self.stats.decode_s += time.perf_counter() - t0
+        if settle:
+            self._sync()
+        self.clock.end(self.stats, len(tokens), settle)
         return logits
 
     def decode(self, token: int, kv: KVCache, request: int = 0, turn: int = 0, settle: bool = True) -> torch.Tensor:

@@ -226,7 +226,8 @@ class EngineBackend:
         lengths = [g.seq.length for g in gens]
         try:
             return list(self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
-                                                 [g.seq.request for g in gens]))  # [B, V]
+                                                 [g.seq.request for g in gens], settle=False))  # [B, V]: left open
+            # as a single step is: reading the tokens sampled from them waits for the step
         except BaseException:
             for g, n in zip(gens, lengths):
                 if g.seq.length > n:

@@ -90,8 +90,8 @@ def test_nan_logits_of_one_sequence_fail_it_alone(backend, greedy, monkeypatch):
     engine, real = backend.engine, backend.engine.decode_batch
 
     def patch(poison_gen):
-        def decode_batch(tokens, kvs, requests):
-            logits = real(tokens, kvs, requests)
+        def decode_batch(tokens, kvs, requests, settle=True):
+            logits = real(tokens, kvs, requests, settle)
             for i, kv in enumerate(kvs):
                 if kv is poison_gen.seq.kv and len(poison_gen.generated) >= 3:
                     logits[i] = float("nan")
@@ -117,8 +117,8 @@ def test_a_batched_step_that_raises_is_undone_and_only_the_culprit_fails(backend
             if len(poison_gen.generated) >= 3 and any(kv is poison_gen.seq.kv for kv in kvs):
                 raise RuntimeError("this KV cache is broken")
 
-        def decode_batch(tokens, kvs, requests):
-            out = real_batch(tokens, kvs, requests)  # the KV of every sequence is written, then it fails
+        def decode_batch(tokens, kvs, requests, settle=True):
+            out = real_batch(tokens, kvs, requests, settle)  # the KV of every sequence is written, then it fails
             check(kvs)
             return out
 
