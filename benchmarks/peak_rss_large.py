@@ -1,6 +1,6 @@
 """Peak RSS of `ft generate --cpu-moe` against the checkpoint's bytes on a deeper random Qwen3-MoE than `ft bench cpu`'s
 (default 48 layers: 7.6 GB bf16, 2.1 GB GPTQ int4 g128), where the process's own cost (the interpreter, torch,
-numba: ~0.4 GB, measured as the same run on the tiny demo model) no longer dominates the ratio. Each side alone in a
+numba: ~0.35 GB, measured as the same run on the tiny demo model) no longer dominates the ratio. Each side alone in a
 child process, as `ft bench cpu` measures it; the checkpoints are built once and cached (a few minutes, 10 GB of disk).
 
     python benchmarks/peak_rss_large.py [--layers 48] [--threads 1]
