@@ -20,14 +20,16 @@ class _Module:
     """`triton` or `triton.language` until first use."""
 
     def __init__(self, name: str):
-        self.module_name = name
+        self.module_name, self._module = name, None
 
     def __getattr__(self, attr: str) -> Any:
         if attr == "jit" and self.module_name == "triton":
             return jit
         if attr == "constexpr" and self.module_name == "triton.language":
             return Constexpr
-        return getattr(importlib.import_module(self.module_name), attr)
+        if self._module is None:
+            self._module = importlib.import_module(self.module_name)
+        return getattr(self._module, attr)
 
 
 triton = _Module("triton")

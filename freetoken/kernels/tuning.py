@@ -15,12 +15,15 @@ from pathlib import Path
 
 import torch
 
-from freetoken.kernels.lazy import triton
-
 CONFIG_FILE = Path(__file__).with_name("tuned_configs.json")
 DEFAULT_SMS = 132  # programs to fill when no GPU can be asked (the interpreter): an H100 / H200
 _overrides: dict[tuple[str, str], dict] = {}
 _warned: set[tuple[str, str]] = set()
+
+
+def _cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for positive ints (triton.cdiv without importing Triton)."""
+    return -(-a // b)
 
 
 @lru_cache(maxsize=None)
@@ -94,7 +97,7 @@ def split_k(tiles: int, K: int, cfg: dict, device: torch.device) -> tuple[int, i
     least min_k_per_split deep and a whole number of BLOCK_K; the last split takes the remainder. A `split_k` in the
     config asks for that many splits (the same bounds apply)."""
     block_k = cfg["BLOCK_K"]
-    want = cfg.get("split_k") or triton.cdiv(cfg["ctas_per_sm"] * num_sms(device), max(tiles, 1))
-    splits = max(1, min(want, triton.cdiv(K, max(cfg["min_k_per_split"], block_k))))
-    k_split = triton.cdiv(triton.cdiv(K, splits), block_k) * block_k
-    return triton.cdiv(K, k_split), k_split
+    want = cfg.get("split_k") or _cdiv(cfg["ctas_per_sm"] * num_sms(device), max(tiles, 1))
+    splits = max(1, min(want, _cdiv(K, max(cfg["min_k_per_split"], block_k))))
+    k_split = _cdiv(_cdiv(K, splits), block_k) * block_k
+    return _cdiv(K, k_split), k_split
