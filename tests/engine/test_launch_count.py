@@ -68,16 +68,24 @@ def ckpt(checkpoints):
     return checkpoints["qwen3_moe"]
 
 
-@pytest.mark.parametrize("split, pipeline", [("offload", False), ("hybrid", False), ("offload", True)])
-def test_decode_kernel_budget(split, pipeline, ckpt):
-    # hybrid with no slots: each layer's two misses split one fetched (through staging), one on the CPU. pipeline
-    # (CUDA's default): the hits' FFN, then the fetched experts' FFN once the gather lands, and their sum
-    capacity = 5 if split == "offload" else 0
-    engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels="triton", device="cpu",
-                    placement="device", pipeline=pipeline)
+def capacity(split: str) -> int:
+    return 5 if split == "offload" else 0
+
+
+def counted_run(ckpt, split: str, pipeline: bool) -> Engine:
+    """An engine (device placement, Triton interpreted) after a generate whose second decode step it counted; with
+    split hybrid no slots, so each layer's two misses split one fetched (through staging), one on the CPU."""
+    engine = Engine(ckpt, CacheConfig("lru", capacity=capacity(split), split=SPLITS[split]), kernels="triton",
+                    device="cpu", placement="device", pipeline=pipeline)
     engine.count_launches = True
     list(engine.generate([3, 17, 5, 9, 42], SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[]))
-    c = engine.step_count
+    return engine
+
+
+@pytest.mark.parametrize("split, pipeline", [("offload", False), ("hybrid", False), ("offload", True)])
+def test_decode_kernel_budget(split, pipeline, ckpt):
+    # pipeline (CUDA's default): the hits' FFN, then the fetched experts' FFN once the gather lands, and their sum
+    c = counted_run(ckpt, split, pipeline).step_count
     L = ckpt.config.num_layers
     assert c.moe_layers == tuple(range(L))
     second_ffn = 3 if pipeline else 0
@@ -120,13 +128,9 @@ def test_the_cost_models_gpu_kernels_per_layer_equal_the_count(split, pipeline, 
     from sim.overhead import LayerShape, freetoken_work
     from sim.run import SimConfig, simulate
 
-    capacity = 5 if split == "offload" else 0
-    engine = Engine(ckpt, CacheConfig("lru", capacity=capacity, split=SPLITS[split]), kernels="triton", device="cpu",
-                    placement="device", pipeline=pipeline)
-    engine.count_launches = True
-    list(engine.generate([3, 17, 5, 9, 42], SamplingParams(greedy=True), max_tokens=4, stop_token_ids=[]))
+    engine = counted_run(ckpt, split, pipeline)
     live, L = engine.step_count.per_layer, ckpt.config.num_layers
-    log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=capacity)).log
+    log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=capacity(split))).log
     decode = np.flatnonzero(log.phase == DECODE)[COUNTED_STEP * L:(COUNTED_STEP + 1) * L]  # [L] the counted step
     shape = LayerShape(fused_prologue=True, fused_router=True, fused_qkv=True, fused_adds=True)
     work = freetoken_work(log, L, shape, pipeline=pipeline, cuda_graphs=False, device_placement=True,
