@@ -9,7 +9,9 @@ its routed experts packed (quantized.py).
 from __future__ import annotations
 
 import json
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -141,9 +143,11 @@ class _Reader:
         if self.stored:
             self.where = {**where, **{ours: where[n] for ours, n in self.stored.items()}}
 
-    def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None) -> torch.Tensor:
+    def get(self, name: str, shape: tuple[int, ...] | None, dtype: torch.dtype | None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
         """A tensor by our name, checked: present, of `shape` (None: any; packed tensors, checked by freetoken.quant)
-        and, given a shape, a finite weight of a weight dtype (validate.check_weight)."""
+        and, given a shape, a finite weight of a weight dtype (validate.check_weight). out: a contiguous tensor of
+        `shape` to fill (read straight into it when stored in its dtype, cast into it otherwise)."""
         ours = name
         file = self.where.get(name)
         name = self.stored.get(name, name)
@@ -161,12 +165,15 @@ class _Reader:
         checked = shape is not None and not (self.quantized and stored.is_floating_point and stored.itemsize == 1)
         if checked:  # a packed tensor's or a quantized reader's 1-byte float: freetoken.quant's to judge
             check_dtype(file, name, stored, self.integer(ours))
+        direct = out is not None and stored == out.dtype
         try:
-            t = handle.read(name)
+            t = handle.read_into(name, out) if direct else handle.read(name)
         except (ShardError, OSError) as e:
             raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e})") from None
         if checked and t.is_floating_point():
             check_values(file, name, t)
+        if out is not None:
+            return out if direct else out.copy_(t)
         return t if dtype is None else t.to(dtype)
 
     def raw(self, name: str) -> torch.Tensor:
@@ -195,7 +202,8 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     check_layer_count(path, cfg, reader.where)
     dense = {name: reader.get(name, shape, None if family.integer_tensor(name) else dtype)
              for name, shape in family.dense_tensors(cfg).items()}
-    experts = [_layer_experts(reader, family, cfg, layer, dtype, pin) for layer in cfg.moe_layers]
+    with _readers() as pool:
+        experts = [_layer_experts(reader, family, cfg, layer, dtype, pin, pool) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),
                       notes=_skipped(reader, family))
 
@@ -230,7 +238,9 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
     view = TensorView(reader.where, reader.raw)
     try:
         dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_KEPT_PACKED.match)
-        experts = [read_experts(view, family, cfg, layer, fmt.expert_format, pin) for layer in cfg.moe_layers]
+        with _readers() as pool:  # layer by layer in parallel, as _layer_experts reads experts
+            experts = list(pool.map(lambda layer: read_experts(view, family, cfg, layer, fmt.expert_format, pin),
+                                    cfg.moe_layers))
         biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
         text = str(e)
@@ -254,7 +264,16 @@ def _deinterleave(t: torch.Tensor, dim: int) -> torch.Tensor:
     return t.index_select(dim, torch.cat([idx[0::2], idx[1::2]]))
 
 
-def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int, dtype, pin: bool):
+def _readers() -> ThreadPoolExecutor:
+    """Threads that read experts in parallel: loading is bound by the kernel faulting the stacks' fresh pages in
+    (zeroing them), not by the page cache, so it scales with cores (measured, 48-layer 7.6 GB bf16 random
+    Qwen3-MoE on 2 cores, a fresh process each: 10.4-13.1 s -> 6.9-8.8 s)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return ThreadPoolExecutor(max_workers=min(8, cores), thread_name_prefix="ft-load")
+
+
+def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int, dtype, pin: bool,
+                   pool: ThreadPoolExecutor):
     E, I, D = cfg.num_experts, cfg.expert_intermediate, cfg.hidden_size
     fused_gu, fused_down = family.fused_tensor(layer, 0), family.fused_tensor(layer, 1)
     if reader.has(fused_gu) and not reader.has(family.expert_tensor(layer, 0, 0)):
@@ -267,10 +286,15 @@ def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int
     first = reader.get(family.expert_tensor(layer, 0, 0), (I, D), dtype)
     gate_up = hugepages.empty((E, 2 * I, D), first.dtype, pin)
     down = hugepages.empty((E, D, I), first.dtype, pin)
-    for e in range(E):
-        gate_up[e, :I] = first if e == 0 else reader.get(family.expert_tensor(layer, e, 0), (I, D), dtype)
-        gate_up[e, I:] = reader.get(family.expert_tensor(layer, e, 1), (I, D), dtype)
-        down[e] = reader.get(family.expert_tensor(layer, e, 2), (D, I), dtype)
+    gate_up[0, :I] = first
+
+    def read(e: int) -> None:  # straight into the expert's rows of the stack
+        if e:
+            reader.get(family.expert_tensor(layer, e, 0), (I, D), dtype, out=gate_up[e, :I])
+        reader.get(family.expert_tensor(layer, e, 1), (I, D), dtype, out=gate_up[e, I:])
+        reader.get(family.expert_tensor(layer, e, 2), (D, I), dtype, out=down[e])
+
+    list(pool.map(read, range(E)))  # (the first failure raises here)
     return gate_up, down
 
 

@@ -77,7 +77,12 @@ class Shard:
 
             with safe_open(str(self.file), framework="pt") as f:
                 return f.get_tensor(name).clone()
-        out = hugepages.empty(shape, dtype)  # the host kernels stream large tensors (experts, the LM head)
+        return self.read_into(name, hugepages.empty(shape, dtype))  # the host kernels stream large tensors
+
+    def read_into(self, name: str, out: torch.Tensor) -> torch.Tensor:
+        """The tensor's bytes straight into `out` (contiguous, of its dtype and element count: the caller's check),
+        such as an expert's rows in its layer's stack."""
+        _, _, begin, end = self.entries[name]
         if end > begin:
             view = memoryview(out.view(-1).view(torch.uint8).numpy())
             fd = os.open(self.file, os.O_RDONLY)
