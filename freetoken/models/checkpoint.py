@@ -238,9 +238,9 @@ def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfi
     view = TensorView(reader.where, reader.raw)
     try:
         dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_KEPT_PACKED.match)
-        with _readers() as pool:  # layer by layer in parallel, as _layer_experts reads experts
-            experts = list(pool.map(lambda layer: read_experts(view, family, cfg, layer, fmt.expert_format, pin),
-                                    cfg.moe_layers))
+        # (one layer at a time: repacking layers in parallel loaded 2.1 GB of GPTQ 1.2x faster but peaked 0.1 GB
+        # higher, each thread's temporaries in its own heap)
+        experts = [read_experts(view, family, cfg, layer, fmt.expert_format, pin) for layer in cfg.moe_layers]
         biases = _expert_biases(reader, family, cfg, dtype, pin)
     except (QuantError, CheckpointError) as e:
         text = str(e)
