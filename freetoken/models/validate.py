@@ -95,10 +95,11 @@ def check_dtype(file: Any, name: str, dtype: torch.dtype, integer: bool = False)
                               f"float16{fp8})")
 
 
-# a weight dtype's bits: (the same-size integer view, exponent shift, exponent mask, mantissa mask)
-_BITS = {torch.float32: (np.uint32, 23, 0xFF, (1 << 23) - 1), torch.bfloat16: (np.uint16, 7, 0xFF, 0x7F),
-         torch.float16: (np.uint16, 10, 0x1F, 0x3FF)}
-_SIGNED = {np.uint32: torch.int32, np.uint16: torch.int16}
+# a weight dtype's bits: (torch's same-size integer view, numpy's unsigned one, exponent shift, exponent mask,
+# mantissa mask)
+_BITS = {torch.float32: (torch.int32, np.uint32, 23, 0xFF, (1 << 23) - 1),
+         torch.bfloat16: (torch.int16, np.uint16, 7, 0xFF, 0x7F),
+         torch.float16: (torch.int16, np.uint16, 10, 0x1F, 0x3FF)}
 
 
 def check_values(file: Any, name: str, t: torch.Tensor) -> None:
@@ -112,8 +113,8 @@ def check_values(file: Any, name: str, t: torch.Tensor) -> None:
         special, nan = ~torch.isfinite(sample), torch.isnan(sample)
         count, is_nan = int(special.sum()), bool(nan.any())
     else:
-        unsigned, shift, exp_mask, man_mask = spec
-        bits = sample.contiguous().view(_SIGNED[unsigned]).numpy().view(unsigned)  # [N]
+        signed, unsigned, shift, exp_mask, man_mask = spec
+        bits = sample.contiguous().view(signed).numpy().view(unsigned)  # [N]
         special = ((bits >> shift) & exp_mask) == exp_mask
         count = int(np.count_nonzero(special))
         is_nan = count > 0 and bool((bits[special] & man_mask).any())
