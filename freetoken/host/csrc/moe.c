@@ -28,12 +28,14 @@ static inline float glu(float g, float u, int kind, float alpha, float limit) {
     return g / (1.0f + ft_expf(-g)) * u;
 }
 
-/* the first rows [lo, lo + 8 KB) of expert e's matrix on their way to L2 while the expert before it computes: each
- * matrix's first lines would otherwise wait for the hardware prefetcher to find the new stream */
+/* the first rows [lo, lo + 8 KB) of expert e's matrix and their first block's scales on their way to L2 while the
+ * expert before it computes: each matrix's first lines would otherwise wait for the hardware prefetcher to find the
+ * new stream */
 static void prefetch_rows(const ft_matrix *m, int e, int64_t lo) {
     if (e < 0) return;
     const uint8_t *p = m->data + (int64_t)e * m->data_stride + lo * m->row_bytes;
     for (int64_t o = 0; o < 8192; o += 64) __builtin_prefetch(p + o, 0, 2);
+    ft_prefetch_scales(m, e, (int)lo, lo + FT_ROW_BLOCK < m->rows ? (int)lo + FT_ROW_BLOCK : m->rows);
 }
 
 static int same_layout(const ft_matrix *a, const ft_matrix *b) {
