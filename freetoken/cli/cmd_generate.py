@@ -27,6 +27,11 @@ def register(sub) -> None:
     p.add_argument("--temperature", type=float, help="default: generation_config.json's, else 1.0")
     p.add_argument("--top-p", type=float, help="default: generation_config.json's, else 1.0")
     p.add_argument("--top-k", type=int, help="default: generation_config.json's, else 0 (no cut)")
+    p.add_argument("--min-p", type=float, help="drop tokens less likely than this x the most likely one; default: "
+                                               "generation_config.json's, else 0")
+    p.add_argument("--repetition-penalty", type=float, help="divide the prompt's and the output's tokens' positive "
+                                                            "logits by it (multiply negative ones); default: "
+                                                            "generation_config.json's, else 1")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
     add_cache_args(p)
@@ -115,6 +120,8 @@ def draft_config(args: argparse.Namespace):
         return None
     if not args.greedy and args.temperature != 0:
         raise ValueError("--draft verifies greedily: add --greedy (or --temperature 0)")
+    if args.repetition_penalty not in (None, 1.0):
+        raise ValueError("--draft keeps the tokens plain greedy decoding would choose: drop --repetition-penalty")
     if args.draft_depth < 1:
         raise ValueError(f"--draft-depth must be >= 1, got {args.draft_depth}")
     if args.draft_ngram < 1:
@@ -167,7 +174,8 @@ def read_small_files(args: argparse.Namespace):
     config = read_config(path)[1]
     check_cpu_moe(policy_from_args(args)[1], path, config)
     sampling = sampling_params(load_generation_defaults(path), args.temperature, args.top_p, args.top_k,
-                               greedy=args.greedy, seed=args.seed)
+                               greedy=args.greedy, seed=args.seed, min_p=args.min_p,
+                               repetition_penalty=args.repetition_penalty)
     tok = load_tokenizer(path)
     ids = prompt_ids(args, tok)
     check_room(len(ids), args, context_length(config, args.max_context))

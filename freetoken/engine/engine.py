@@ -295,9 +295,10 @@ class Engine:
         kv.truncate(start)
         kv.check_room(start, len(token_ids) - start + max_tokens - 1)
         stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)
-        sampler = Sampler(sampling or SamplingParams())
-        if draft is not None and not sampler.params.is_greedy:
-            raise ValueError("draft: verification keeps the tokens greedy decoding would choose; use greedy sampling")
+        sampler = Sampler(sampling or SamplingParams(), prompt=token_ids)  # (the penalty covers the whole prompt)
+        if draft is not None and (not sampler.params.is_greedy or sampler.params.repetition_penalty != 1.0):
+            raise ValueError("draft: verification keeps the tokens plain greedy decoding would choose; use greedy "
+                             "sampling without a repetition penalty")
         if draft is None and self.cache.carry is not None:
             raise ValueError("options: carry='drafts' hands the rejected drafts to the policy; it needs drafting "
                              "(generate's draft=, ft generate --draft ngram)")

@@ -1,5 +1,5 @@
-"""Next-token choice from logits: greedy, or temperature with optional top-k / top-p, from a seeded generator, on
-the logits' device."""
+"""Next-token choice from logits: greedy, or temperature with optional min-p / top-k / top-p, from a seeded
+generator, on the logits' device; a repetition penalty over the prompt and the tokens chosen so far."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     greedy: bool = False
     seed: int | None = None
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (after temperature)
+    repetition_penalty: float = 1.0  # HF's: logits of the prompt's and the output's tokens divided (> 0) or multiplied
 
     def __post_init__(self) -> None:
         """ConfigErrors: the field's name first (an API's own parameter names), or `ft generate`'s flag."""
@@ -32,6 +34,10 @@ class SamplingParams:
             raise ConfigError("{top_p} must lie in (0, 1], got {v}", v=self.top_p)
         if self.top_k < 0:
             raise ConfigError("{top_k} must be >= 0, got {v}", v=self.top_k)
+        if not 0 <= self.min_p <= 1:
+            raise ConfigError("{min_p} must lie in [0, 1], got {v}", v=self.min_p)
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ConfigError("{repetition_penalty} must be a finite number > 0, got {v}", v=self.repetition_penalty)
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ConfigError("{seed} must lie in [{lo}, {hi}] (torch's 64 bits), got {v}", lo=SEED_MIN, hi=SEED_MAX,
                               v=self.seed)
@@ -48,10 +54,13 @@ class Sampler:
     race (argmax of p / Exp(1), which picks token i with probability p_i). One seeded generator per device, so a seed
     gives the same tokens on the same device."""
 
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt: list[int] = ()):
+        """prompt: the tokens the repetition penalty covers besides the ones this sampler chooses (`__call__`)."""
         self.params = params
         self._gens: dict[torch.device, torch.Generator] = {}
         self._seed = params.seed if params.seed is not None else int(torch.Generator().seed())
+        self._prompt = list(prompt)
+        self.seen: torch.Tensor | None = None  # [V] bool on the logits' device, from the first call
 
     def generator(self, device: torch.device) -> torch.Generator:
         gen = self._gens.get(device)
@@ -61,8 +70,17 @@ class Sampler:
         return gen
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """logits [V] (any device) -> a token id."""
-        return int(self.pick(logits))
+        """logits [V] (any device) -> a token id, after the repetition penalty over the prompt and the tokens chosen
+        here before (HF's order: the penalty, then temperature and the cuts)."""
+        if self.params.repetition_penalty != 1.0:
+            if self.seen is None:
+                self.seen = torch.zeros(logits.numel(), dtype=torch.bool, device=logits.device)
+                self.seen[torch.tensor(self._prompt, dtype=torch.long, device=logits.device)] = True
+            logits = penalize_repeats(logits.detach().float(), self.seen, self.params.repetition_penalty)
+        token = int(self.pick(logits))
+        if self.seen is not None:
+            self.seen[token] = True
+        return token
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] (any device) -> the token id as a 0-d int64 tensor on that device (nothing read back)."""
@@ -75,11 +93,24 @@ class Sampler:
         return torch.argmax(probs / race.clamp_min_(torch.finfo(torch.float32).tiny))
 
 
+def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """logits [V], seen [V] bool -> the seen tokens' logits divided by the penalty where positive, multiplied where
+    not (HF's RepetitionPenaltyLogitsProcessor, vLLM's repetition_penalty); elementwise, nothing read back."""
+    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
+
+
+def min_p_cut(logits: torch.Tensor, min_p: float, temperature: float = 1.0) -> torch.Tensor:
+    """logits [V] -> -inf where the token's probability at `temperature` is below min_p x the most likely one's."""
+    return logits.masked_fill(logits < logits.max() + temperature * math.log(min_p), float("-inf"))
+
+
 def allowed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """logits [V] fp32 -> the sampling distribution [V]: temperature, then top-k (ties with the k-th logit kept),
-    then top-p (the smallest set of most likely tokens whose mass reaches top_p; ties with its last one kept),
-    renormalised."""
+    """logits [V] fp32 -> the sampling distribution [V]: temperature, then min-p (vLLM's order), then top-k (ties
+    with the k-th logit kept), then top-p (the smallest set of most likely tokens whose mass reaches top_p; ties with
+    its last one kept), renormalised."""
     logits = logits / p.temperature
+    if p.min_p > 0:
+        logits = min_p_cut(logits, p.min_p)
     V = logits.numel()
     top = None
     if p.top_k and p.top_k < V:
@@ -129,23 +160,27 @@ def _radix_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sampling_params(defaults, temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
-                    greedy: bool = False, seed: int | None = None) -> SamplingParams:
+                    greedy: bool = False, seed: int | None = None, min_p: float | None = None,
+                    repetition_penalty: float | None = None) -> SamplingParams:
     """What the caller set, else the checkpoint's generation_config.json defaults (models.generation_config
-    .GenerationDefaults), else 1.0 / 1.0 / 0."""
-    def pick(given, default, fallback):
-        return given if given is not None else (default if default is not None else fallback)
+    .GenerationDefaults), else 1.0 / 1.0 / 0 / 0.0 / 1.0."""
+    return SamplingParams(temperature=0.0 if greedy else given_or_default(temperature, defaults.temperature, 1.0),
+                          top_p=given_or_default(top_p, defaults.top_p, 1.0),
+                          top_k=int(given_or_default(top_k, defaults.top_k, 0)), greedy=greedy, seed=seed,
+                          min_p=given_or_default(min_p, defaults.min_p, 0.0),
+                          repetition_penalty=given_or_default(repetition_penalty, defaults.repetition_penalty, 1.0))
 
-    return SamplingParams(temperature=0.0 if greedy else pick(temperature, defaults.temperature, 1.0),
-                          top_p=pick(top_p, defaults.top_p, 1.0), top_k=int(pick(top_k, defaults.top_k, 0)),
-                          greedy=greedy, seed=seed)
+
+def given_or_default(given, default, fallback):
+    return given if given is not None else (default if default is not None else fallback)
 
 
 def load_generation_defaults(model_dir: str | Path) -> GenerationDefaults:
     """generation_config.json's values checked against the rules of the sampling they become, an error naming the
     file and its field (never a flag or request field the caller did not give)."""
     defaults = GenerationDefaults.load(model_dir)
-    given = {k: v for k, v in (("temperature", defaults.temperature), ("top_p", defaults.top_p),
-                               ("top_k", defaults.top_k)) if v is not None}
+    given = {k: getattr(defaults, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+             if getattr(defaults, k) is not None}
     try:
         SamplingParams(**given)
     except ConfigError as e:

@@ -1,5 +1,6 @@
 """generation_config.json: the stop ids and default sampling a checkpoint ships, read as transformers'
-GenerationConfig reads them (HF generate stops at its eos ids; vLLM and HF take its sampling defaults)."""
+GenerationConfig reads them (HF generate stops at its eos ids; vLLM and HF take its sampling defaults: temperature,
+top_p, top_k, min_p, repetition_penalty)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class GenerationDefaults:
     temperature: float | None = None  # None: not set (the caller's own default applies)
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
 
     @classmethod
     def load(cls, model_dir: str | Path) -> "GenerationDefaults":
@@ -42,7 +45,8 @@ class GenerationDefaults:
         top_k = _number(raw, "top_k", path)
         if top_k is not None and not top_k.is_integer():  # int() would cut 2.5 to 2, and fail on Infinity
             raise CheckpointError(f"{path}: top_k must be a whole number, got {raw['top_k']!r}")
-        return cls(tuple(eos), temperature, _number(raw, "top_p", path), None if top_k is None else int(top_k))
+        return cls(tuple(eos), temperature, _number(raw, "top_p", path), None if top_k is None else int(top_k),
+                   _number(raw, "min_p", path), _number(raw, "repetition_penalty", path))
 
 
 def _number(raw: dict, name: str, path: Path) -> float | None:

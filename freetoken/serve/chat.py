@@ -51,8 +51,9 @@ class Params:
     constraint: Any = None  # grammar.Constraint: json schema, regex, choice or EBNF grammar the output must keep
     prompt_logprobs: int | None = None  # logprobs of the prompt tokens too, with this many alternatives each
     thinking_budget: int | None = None  # reasoning tokens after which the reasoning is closed (Anthropic's)
-    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (after temperature)
-    repetition_penalty: float = 1.0  # HF / vLLM: logits of prompt and output tokens divided (> 0) or multiplied by it
+    min_p: float | None = None  # drop tokens less likely than min_p x the most likely one (after temperature)
+    repetition_penalty: float | None = None  # HF / vLLM: prompt and output tokens' logits divided (> 0) or multiplied
+    # (min_p, repetition_penalty None: generation_config.json's, else 0 / 1, as vLLM takes them)
     min_tokens: int = 0  # no stop token (nor stop string) before this many output tokens
     ignore_eos: bool = False  # the model's end-of-sequence tokens do not stop it
     stop_token_ids: list[int] = field(default_factory=list)  # more tokens that stop it

@@ -6,12 +6,11 @@ APIError for this sequence alone."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from freetoken.engine.sampling import Sampler, SamplingParams
+from freetoken.engine.sampling import Sampler, SamplingParams, min_p_cut, penalize_repeats
 from freetoken.serve.chat import Params
 from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import GrammarMask
@@ -72,6 +71,10 @@ class Tables:
 class Decoder:
     def __init__(self, params: Params, sampling: SamplingParams, grammar: GrammarMask | None = None,
                  stop_ids: frozenset[int] = frozenset(), prompt: list[int] = (), bad_words: list[list[int]] = ()):
+        """params' min_p and repetition_penalty are applied here (make_decoder fills them from the model's defaults;
+        None: none), so `sampling` carries neither."""
+        params = replace(params, min_p=params.min_p or 0.0, repetition_penalty=params.repetition_penalty or 1.0)
+        sampling = replace(sampling, min_p=0.0, repetition_penalty=1.0)
         self.params, self.grammar, self.sampling = params, grammar, sampling
         self.sample = Sampler(sampling)
         self.stop_ids = torch.tensor(sorted(stop_ids), dtype=torch.long)
@@ -126,12 +129,11 @@ class Decoder:
         if t.bias is not None:
             shaped += t.bias
         if t.seen is not None:  # HF / vLLM: over the prompt's and the output's tokens
-            rp = p.repetition_penalty
-            shaped = torch.where(t.seen, torch.where(shaped > 0, shaped / rp, shaped * rp), shaped)
+            shaped = penalize_repeats(shaped, t.seen, p.repetition_penalty)
         if t.counts is not None:
             shaped -= (t.counts > 0) * p.presence_penalty + t.counts * p.frequency_penalty
         if p.min_p > 0 and not self.sampling.is_greedy:  # p_i >= min_p * p_max after temperature, in logits
-            shaped = shaped.masked_fill(shaped < shaped.max() + self.sampling.temperature * math.log(p.min_p), ninf)
+            shaped = min_p_cut(shaped, p.min_p, self.sampling.temperature)
         if self.grammar:
             self.grammar.mask(shaped)
         return shaped
@@ -170,9 +172,10 @@ def make_decoder(backend, grammars, params: Params, prompt: list[int], index: in
     seed = None if params.seed is None else params.seed + index
     try:
         sampling = sampling_params(backend.generation_defaults, params.temperature, params.top_p, params.top_k,
-                                   seed=seed)
+                                   seed=seed, min_p=params.min_p, repetition_penalty=params.repetition_penalty)
     except ValueError as e:  # SamplingParams' messages begin with the field's name
         raise APIError(400, str(e), str(e).split(" ", 1)[0])
+    params = replace(params, min_p=sampling.min_p, repetition_penalty=sampling.repetition_penalty)  # the defaults
     grammar = None
     if params.constraint is not None:
         try:

@@ -66,8 +66,7 @@ def apply_extras(req: VLLMFields, params: Params) -> Params:
     if req.ignore_eos and params.constraint is not None:
         raise APIError(400, "ignore_eos: a constrained output ends where its grammar ends", "ignore_eos")
     params.top_k = None if req.top_k is None else max(0, req.top_k)
-    params.min_p = req.min_p or 0.0
-    params.repetition_penalty = req.repetition_penalty or 1.0
+    params.min_p, params.repetition_penalty = req.min_p, req.repetition_penalty  # None: the model's defaults
     params.min_tokens, params.ignore_eos = req.min_tokens, req.ignore_eos
     params.stop_token_ids = list(req.stop_token_ids or [])
     params.include_stop_str_in_output = req.include_stop_str_in_output

@@ -88,3 +88,43 @@ def test_pick_stays_on_the_logits_device():
 def test_the_distribution_is_built_without_a_host_read(case):
     """The meta device holds no data: any read back (.item(), a data-dependent shape) would raise."""
     assert allowed_probs(torch.empty(1000, device="meta"), SamplingParams(**case)).shape == (1000,)
+
+
+@pytest.mark.parametrize("min_p", [0.01, 0.1, 0.5, 1.0])
+@pytest.mark.parametrize("temperature", [0.6, 1.3])
+def test_min_p_keeps_the_tokens_transformers_keeps(min_p, temperature):
+    """min-p after temperature: the allowed set equals HF's TemperatureLogitsWarper then MinPLogitsWarper."""
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper
+
+    gen = torch.Generator().manual_seed(5)
+    hf_temperature, hf_min_p = TemperatureLogitsWarper(temperature), MinPLogitsWarper(min_p)
+    for scale in (0.5, 3.0, 12.0):
+        logits = torch.randn(3000, generator=gen) * scale
+        want = hf_min_p(None, hf_temperature(None, logits[None].clone()))[0] > float("-inf")
+        got = allowed_probs(logits, SamplingParams(temperature=temperature, min_p=min_p)) > 0
+        assert torch.equal(got, want), (scale, int(got.sum()), int(want.sum()))
+        assert 1 <= int(got.sum()) < 3000 or min_p == 0.01
+
+
+def test_repetition_penalty_is_transformers_step_by_step():
+    """Greedy with a penalty over the prompt and the chosen tokens: HF's RepetitionPenaltyLogitsProcessor's choices,
+    on logits where the penalty changes some of them."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    gen = torch.Generator().manual_seed(6)
+    prompt, rows = [3, 7, 7, 11], [torch.randn(40, generator=gen) * 2 for _ in range(30)]
+    hf, ids, changed = RepetitionPenaltyLogitsProcessor(1.8), list(prompt), 0
+    sampler = Sampler(SamplingParams(greedy=True, repetition_penalty=1.8), prompt=prompt)
+    for row in rows:
+        want = int(hf(torch.tensor([ids]), row[None].clone())[0].argmax())
+        changed += want != int(row.argmax())
+        assert sampler(row) == want
+        ids.append(want)
+    assert changed >= 5
+
+
+def test_sampling_fields_are_checked_by_name():
+    for field, value in (("min_p", -0.1), ("min_p", 1.5), ("repetition_penalty", 0.0),
+                         ("repetition_penalty", float("inf"))):
+        with pytest.raises(ValueError, match=f"^{field} must"):
+            SamplingParams(**{field: value})
