@@ -114,6 +114,8 @@ GENERATION_CASES = [  # generation_config.json
     ("top_p_over_one", {"top_p": 1.5}, "top_p must lie in (0, 1], got 1.5"),
     ("top_k_fraction", {"top_k": 2.5}, "top_k must be a whole number, got 2.5"),
     ("gen_eos_text", {"eos_token_id": "x"}, "eos_token_id must be token ids, got 'x'"),
+    ("min_p_over_one", {"min_p": 1.5}, "min_p must lie in [0, 1], got 1.5"),
+    ("repetition_penalty_zero", {"repetition_penalty": 0}, "repetition_penalty must be a finite number > 0, got 0.0"),
 ]
 TENSOR_CASES = [  # model.safetensors: (id, tensor, its replacement from the original, expected message)
     ("int32_weight", Q, lambda t: t.to(torch.int32), f"tensor '{Q}' is int32, not a weight dtype (float32, "
