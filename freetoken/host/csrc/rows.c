@@ -105,6 +105,8 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
 
 void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1) {
     if (b0 >= b1 || !m->scales) return;
+    if (m->kind == FT_FP8) /* one scale row per block of rows */
+        b0 /= m->block_rows, b1 = (b1 + m->block_rows - 1) / m->block_rows;
     const int es = m->scale_kind == FT_SC_F32 ? 4 : m->scale_kind == FT_SC_BF16 || m->scale_kind == FT_SC_F16 ? 2 : 1;
     const uint8_t *s = m->scales + (int64_t)e * m->scales_stride + (int64_t)b0 * m->scale_cols * es;
     for (int64_t o = 0; o < (int64_t)(b1 - b0) * m->scale_cols * es; o += 64) __builtin_prefetch(s + o, 0, 3);
