@@ -3,10 +3,13 @@ against an earlier place in the context and copying what followed there (HF's pr
 ngram proposer). The engine verifies a draft of d tokens in one forward of d + 1 tokens: under greedy decoding the
 longest prefix the model itself would have chosen is kept, plus the model's own next token, so the output is
 exactly plain greedy decoding's. The verify call routes d + 1 tokens: the draft's experts ride in that one call.
+generate_drafted is the engine's loop for it.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,3 +97,57 @@ def accepted_prefix(draft: list[int], chosen: list[int]) -> int:
     while n < len(draft) and draft[n] == chosen[n]:
         n += 1
     return n
+
+
+def generate_drafted(engine, prompt, start, kv, sampler, max_tokens, stops, request, turn,
+                     draft: DraftConfig) -> Iterator[int]:
+    """Engine.generate with a draft: greedy decoding in verify steps, the last token and up to d drafted ones in one
+    forward; the drafts the model agrees with are kept, then its own next token. Rejected drafts leave the KV cache;
+    their routing stays in the trace (field draft = 2), as the verify call routed them."""
+    carry = engine.cache.carry  # the policy's live carry (carry="drafts"), else None
+    if carry is not None:
+        carry.set(None)  # prefill carries nothing
+    token = sampler(engine.prefill(prompt, kv, start, request, turn)[-1])
+    n = 1
+    yield token
+    carried = None  # per layer: the last verify forward's rejected drafts' experts (a sequence's first: none)
+    E = engine.config.num_experts
+    while token not in stops and n < max_tokens:
+        t0 = time.perf_counter()
+        proposal = ngram_draft(kv.tokens + [token], min(draft.depth, max_tokens - n - 1), draft.max_ngram,
+                               draft.min_ngram)
+        if carry is not None:
+            carry.set([[layer * E + e for e in ids] for layer, ids in enumerate(carried)] if carried else None)
+        engine._routed = []
+        logits = engine.forward([token] + proposal, kv, kv.length, DECODE, request, turn, all_logits=True)
+        if carry is not None:
+            carry.set(None)  # only this verify forward reads it
+        chosen = [sampler(row) for row in logits]  # [1 + d]: the model's token after each prefix
+        kept = accepted_prefix(proposal, chosen)
+        kv.truncate(kv.length - (len(proposal) - kept))
+        st = engine.draft_stats
+        marks = [0] + [1] * kept + [2] * (len(proposal) - kept)
+        if engine.recorder is not None:
+            engine.recorder.mark_draft(marks)
+        experts = verify_experts(engine)  # [1 + d, L, K], None: not kept
+        if experts is not None:
+            st.tally_carry(carried, experts)
+            carried = rejected_experts(experts, marks)
+        st.verify_steps, st.drafted, st.accepted = st.verify_steps + 1, st.drafted + len(proposal), st.accepted + kept
+        engine._sync()
+        engine.stats.decode_tokens += kept + 1
+        engine.stats.decode_s += time.perf_counter() - t0
+        for j, token in enumerate(chosen[:kept + 1]):
+            n += 1
+            yield token
+            if token in stops or n == max_tokens:
+                kv.truncate(kv.length - (kept - j))  # hold what plain decoding would: all but the last token
+                return
+
+
+def verify_experts(engine) -> np.ndarray | None:
+    """[T, L, K] the routing of the forward that just ended: the recorder's, else what Engine._moe kept for the
+    carry."""
+    if engine.recorder is not None:
+        return engine.recorder.last_experts
+    return np.stack(engine._routed, axis=1) if engine.cache.carry is not None else None

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
-from freetoken.engine.draft import DraftConfig, DraftStats, accepted_prefix, ngram_draft, rejected_experts
+from freetoken.engine.draft import DraftConfig, DraftStats, generate_drafted
 from freetoken.engine.decode_graphs import MoEGraphs, decode_line
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
@@ -307,8 +307,8 @@ class Engine:
         turn = self._turns.get(request, -1) + 1
         self._turns[request] = turn
         if draft is not None:
-            return self._generate_drafted(token_ids[start:], start, kv, sampler, max_tokens, stops, request, turn,
-                                          draft)
+            return generate_drafted(self, token_ids[start:], start, kv, sampler, max_tokens, stops, request, turn,
+                                    draft)
         return self._generate(token_ids[start:], start, kv, sampler, max_tokens, stops, request, turn)
 
     def _generate(self, prompt, start, kv, sampler, max_tokens, stops, request, turn) -> Iterator[int]:
@@ -328,57 +328,6 @@ class Engine:
                 return
             with counter.section("step") if counter and i == COUNTED_STEP else nullcontext():
                 logits = self.decode(token, kv, request, turn, settle=False)
-
-    def _generate_drafted(self, prompt, start, kv, sampler, max_tokens, stops, request, turn,
-                          draft: DraftConfig) -> Iterator[int]:
-        """Greedy decoding in verify steps: the last token and up to d drafted ones in one forward; the drafts the
-        model agrees with are kept, then its own next token. Rejected drafts leave the KV cache; their routing
-        stays in the trace (field draft = 2), as the verify call routed them."""
-        carry = self.cache.carry  # the policy's live carry (carry="drafts"), else None
-        if carry is not None:
-            carry.set(None)  # prefill carries nothing
-        token = sampler(self.prefill(prompt, kv, start, request, turn)[-1])
-        n = 1
-        yield token
-        carried = None  # per layer: the last verify forward's rejected drafts' experts (a sequence's first: none)
-        E = self.config.num_experts
-        while token not in stops and n < max_tokens:
-            t0 = time.perf_counter()
-            proposal = ngram_draft(kv.tokens + [token], min(draft.depth, max_tokens - n - 1), draft.max_ngram,
-                                   draft.min_ngram)
-            if carry is not None:
-                carry.set([[layer * E + e for e in ids] for layer, ids in enumerate(carried)] if carried else None)
-            self._routed = []
-            logits = self.forward([token] + proposal, kv, kv.length, DECODE, request, turn, all_logits=True)
-            if carry is not None:
-                carry.set(None)  # only this verify forward reads it
-            chosen = [sampler(row) for row in logits]  # [1 + d]: the model's token after each prefix
-            kept = accepted_prefix(proposal, chosen)
-            kv.truncate(kv.length - (len(proposal) - kept))
-            st = self.draft_stats
-            marks = [0] + [1] * kept + [2] * (len(proposal) - kept)
-            if self.recorder is not None:
-                self.recorder.mark_draft(marks)
-            experts = self._verify_experts()  # [1 + d, L, K], None: not kept
-            if experts is not None:
-                st.tally_carry(carried, experts)
-                carried = rejected_experts(experts, marks)
-            st.verify_steps, st.drafted, st.accepted = st.verify_steps + 1, st.drafted + len(proposal), st.accepted + kept
-            self._sync()
-            self.stats.decode_tokens += kept + 1
-            self.stats.decode_s += time.perf_counter() - t0
-            for j, token in enumerate(chosen[:kept + 1]):
-                n += 1
-                yield token
-                if token in stops or n == max_tokens:
-                    kv.truncate(kv.length - (kept - j))  # hold what plain decoding would: all but the last token
-                    return
-
-    def _verify_experts(self) -> np.ndarray | None:
-        """[T, L, K] the routing of the forward that just ended: the recorder's, else what _moe kept for the carry."""
-        if self.recorder is not None:
-            return self.recorder.last_experts
-        return np.stack(self._routed, axis=1) if self.cache.carry is not None else None
 
     def default_stop_ids(self) -> set[int]:
         """config.json's eos ids, generation_config.json's (what HF generate stops at) and the tokenizer's."""
