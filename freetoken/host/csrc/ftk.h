@@ -83,8 +83,8 @@ void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, co
 int64_t ft_rows_scratch_floats(const ft_matrix *m);
 /* scales of rows [r0, r1) of expert e as fp32 [r1 - r0, scale_cols] (fp4: the global scale applied) */
 void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc);
-/* the scales and zero points of rows [b0, b1) of expert e on their way while a block before them computes (separate
- * arrays: each block start would otherwise wait on their first misses) */
+/* the scales and zero points of rows [b0, b1) of expert e (clamped to its rows) on their way while a block before
+ * them computes (separate arrays: each block start would otherwise wait on their first misses) */
 void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1);
 #define FT_ROW_BLOCK 64
 

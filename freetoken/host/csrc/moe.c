@@ -35,7 +35,7 @@ static void prefetch_rows(const ft_matrix *m, int e, int64_t lo) {
     if (e < 0) return;
     const uint8_t *p = m->data + (int64_t)e * m->data_stride + lo * m->row_bytes;
     for (int64_t o = 0; o < 8192; o += 64) __builtin_prefetch(p + o, 0, 2);
-    ft_prefetch_scales(m, e, (int)lo, lo + FT_ROW_BLOCK < m->rows ? (int)lo + FT_ROW_BLOCK : m->rows);
+    ft_prefetch_scales(m, e, (int)lo, (int)lo + FT_ROW_BLOCK);
 }
 
 static int same_layout(const ft_matrix *a, const ft_matrix *b) {

@@ -104,6 +104,7 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
 }
 
 void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1) {
+    if (b1 > m->rows) b1 = m->rows;
     if (b0 >= b1 || !m->scales) return;
     if (m->kind == FT_FP8) /* one scale row per block of rows */
         b0 /= m->block_rows, b1 = (b1 + m->block_rows - 1) / m->block_rows;

@@ -369,8 +369,8 @@ void ft_rows_dot_a(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
     float *sc = scratch, *zs = sc + (int64_t)FT_ROW_BLOCK * ng + 32, *pad = zs + (int64_t)FT_ROW_BLOCK * ng;
     for (int b0 = r0; b0 < r1; b0 += FT_ROW_BLOCK) {
         const int b1 = b0 + FT_ROW_BLOCK < r1 ? b0 + FT_ROW_BLOCK : r1;
-        ft_prefetch_scales(m, e, b1, b1 + FT_ROW_BLOCK < m->rows ? b1 + FT_ROW_BLOCK : m->rows); /* the next
-         * block's, past r1 too: the MoE layer asks one block per call */
+        ft_prefetch_scales(m, e, b1, b1 + FT_ROW_BLOCK); /* the next block's, past r1 too: the MoE layer asks one
+                                                           * block per call */
         ft_scales_block(m, e, b0, b1, sc);
         memset(sc + (int64_t)(b1 - b0) * ng, 0, 32 * 4);
         if (m->kind == FT_INT4) {
