@@ -82,8 +82,8 @@ class TraceRecorder:
             if event is not None:
                 event.record()
             self._pending, self._on_device = (ex, g, host, event), None
-        elif (ex < 0).any():
-            raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
+        else:
+            _check_routed(ex)
         self._experts.append(ex)
         self._gates.append(g)
         self._hints.append(h)
@@ -103,8 +103,7 @@ class TraceRecorder:
         wait_event(event, counted)
         ex[:] = host[0].numpy().astype(np.int16)
         g[:] = host[1].numpy().astype(np.float16)
-        if (ex < 0).any():
-            raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")
+        _check_routed(ex)
 
     def mark_draft(self, marks: list[int]) -> None:
         """The last forward was a verify step: per token 0 (the sampled token), 1 / 2 (a draft kept / rejected)."""
@@ -138,3 +137,9 @@ class TraceRecorder:
             hint=hint if (hint >= 0).any() else None,  # no prediction made: a trace without the field
             draft=draft if draft.any() else None,  # no draft verified: none
         )
+
+
+def _check_routed(experts: np.ndarray) -> None:
+    """experts [T, L, K]: every MoE layer of the forward wrote its ids (-1 marks one that did not)."""
+    if (experts < 0).any():
+        raise RuntimeError("trace recorder: a forward ended before every MoE layer routed")

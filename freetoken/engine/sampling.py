@@ -74,8 +74,7 @@ class Sampler:
         here before (HF's order: the penalty, then temperature and the cuts)."""
         if self.params.repetition_penalty != 1.0:
             if self.seen is None:
-                self.seen = torch.zeros(logits.numel(), dtype=torch.bool, device=logits.device)
-                self.seen[torch.tensor(self._prompt, dtype=torch.long, device=logits.device)] = True
+                self.seen = seen_flags(self._prompt, logits.numel(), logits.device)
             logits = penalize_repeats(logits.detach().float(), self.seen, self.params.repetition_penalty)
         token = int(self.pick(logits))
         if self.seen is not None:
@@ -91,6 +90,13 @@ class Sampler:
         u = torch.rand(probs.shape, generator=self.generator(logits.device), device=probs.device)  # [V]
         race = -torch.log1p(-u)  # [V] Exp(1); u < 1
         return torch.argmax(probs / race.clamp_min_(torch.finfo(torch.float32).tiny))
+
+
+def seen_flags(tokens, size: int, device: torch.device) -> torch.Tensor:
+    """[size] bool on `device`, True at `tokens` (a list or a long tensor): the repetition penalty's table."""
+    flags = torch.zeros(size, dtype=torch.bool, device=device)
+    flags[torch.as_tensor(tokens, dtype=torch.long).to(device)] = True
+    return flags
 
 
 def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -164,14 +170,14 @@ def sampling_params(defaults, temperature: float | None = None, top_p: float | N
                     repetition_penalty: float | None = None) -> SamplingParams:
     """What the caller set, else the checkpoint's generation_config.json defaults (models.generation_config
     .GenerationDefaults), else 1.0 / 1.0 / 0 / 0.0 / 1.0."""
-    return SamplingParams(temperature=0.0 if greedy else given_or_default(temperature, defaults.temperature, 1.0),
-                          top_p=given_or_default(top_p, defaults.top_p, 1.0),
-                          top_k=int(given_or_default(top_k, defaults.top_k, 0)), greedy=greedy, seed=seed,
-                          min_p=given_or_default(min_p, defaults.min_p, 0.0),
-                          repetition_penalty=given_or_default(repetition_penalty, defaults.repetition_penalty, 1.0))
+    return SamplingParams(temperature=0.0 if greedy else _given_or_default(temperature, defaults.temperature, 1.0),
+                          top_p=_given_or_default(top_p, defaults.top_p, 1.0),
+                          top_k=int(_given_or_default(top_k, defaults.top_k, 0)), greedy=greedy, seed=seed,
+                          min_p=_given_or_default(min_p, defaults.min_p, 0.0),
+                          repetition_penalty=_given_or_default(repetition_penalty, defaults.repetition_penalty, 1.0))
 
 
-def given_or_default(given, default, fallback):
+def _given_or_default(given, default, fallback):
     return given if given is not None else (default if default is not None else fallback)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from freetoken.engine.sampling import Sampler, SamplingParams, min_p_cut, penalize_repeats
+from freetoken.engine.sampling import Sampler, SamplingParams, min_p_cut, penalize_repeats, seen_flags
 from freetoken.serve.chat import Params
 from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import GrammarMask
@@ -55,8 +55,7 @@ class Tables:
             bias[torch.tensor(list(params.logit_bias), device=device)] = torch.tensor(
                 list(params.logit_bias.values()), device=device)
         if params.repetition_penalty != 1.0:
-            seen = torch.zeros(V, dtype=torch.bool, device=device)
-            seen[prompt.to(device)] = True
+            seen = seen_flags(prompt, V, device)
         if params.presence_penalty or params.frequency_penalty:
             counts = torch.zeros(V, device=device)
         return cls(stop_ids.to(device), allowed, bias, seen, counts)
