@@ -13,7 +13,7 @@ token by token) are compared with that baseline's (max |delta|, argmax agreement
 kernel failure or a configuration outside them exits 1, and the summary goes to $OUT/gpu_check.json when $OUT is set
 (or --json PATH).
 Paths: every configuration decides on the device (`placement="device"`: one Triton program per MoE call, experts
-gathered from pinned host memory, the MoE blocks replayed as CUDA graphs where the split has no CPU lane); lru+offload
+gathered from pinned host memory, the MoE blocks replayed as CUDA graphs, in parts around a CPU lane); lru+offload
 runs once more on the host path, eager, and its logits must match the device path's (PATH_TOLERANCE), its syncs per
 decode step are reported beside the device path's, and once more on the device path eagerly (--eager): tok/s with and
 without the CUDA graphs, same placement, same logits; a graph-capable configuration whose graphs never replayed fails.

@@ -138,9 +138,10 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     call launches nothing on its own and does not sync; layer 0 carries the step's one graph launch.
     device_placement: the decision on the device (hits and fetched experts in two expert_ffn calls with the
     pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu).
-    moe_graphs: with the device placement and no CPU lane, each decode call's MoE block (router, top-k, decision,
-    gathers, expert FFNs) is one graph launch (engine/decode_graphs.py); attention, a shared expert and the step's
-    head stay eager; the recorder's one copy per forward stays.
+    moe_graphs: with the device placement, each decode call's MoE block (router, top-k, decision, gathers, expert
+    FFNs) is one graph launch (engine/decode_graphs.py), or with a CPU lane two (front and back, around the host's
+    wait) plus one more where the lane had experts (its sum added); attention, a shared expert and the step's head
+    stay eager; the recorder's one copy per forward and the lane's syncs and copies stay.
     streamed [N]: the prefill double buffer (ReplayResult.streamed): the experts streamed into each call's staging
     set while the call before it ran, -1 where the call copies its own fetches. A streamed call copies those (every
     non-resident expert of its layer, used or not) instead of its fetches, and runs one expert_ffn call."""
@@ -179,17 +180,23 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     copies = 1 + record + calls + 2 * cpu + experts  # ids (+ gates) down, slot ids up, CPU lane down and up
     charged = np.full(N, 1 + record)
     if device_placement:  # the decision read back where a CPU lane may need it; the recorder's one copy per
-        # forward is read once the next token's read has waited for it: a copy, no sync
+        # forward is read once the next token's read has waited for it: a copy, no sync. A decode call copies x and
+        # the routing weights down with the decision (one wait for the three); a prefill call copies them after the
+        # wait, only for a CPU lane with work (its worker waits again). The lane's result goes up.
         read, per_forward = int(cpu_split), record * first
-        syncs, copies, charged = read + cpu, read + 2 * cpu + per_forward, np.full(N, read)
+        syncs = np.where(decode, read, read + cpu)
+        copies = np.where(decode, 3 * read + cpu, read + 3 * cpu) + per_forward
+        charged = np.full(N, read)
     if moe_graphs:
-        if not device_placement or cpu_split or cuda_graphs:
-            raise ValueError("moe_graphs: the device placement's per-layer graphs, without a CPU lane or step graphs")
+        if not device_placement or cuda_graphs:
+            raise ValueError("moe_graphs: the device placement's per-layer graphs, without step graphs")
         held = (router + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
                 + k["gather_experts"] * gather_launches(shape))  # what one MoE block graph holds
-        launches = np.where(decode, launches - held + 1, launches)
+        graphs = 1 + int(cpu_split)  # one block graph, or its front and back parts around the CPU lane
+        launches = np.where(decode, launches - held + graphs + cpu, launches)  # + the add graph of the lane's sum
         pre = np.where(decode, attn + glue_pre, pre)  # attention and its glue stay eager
-        post = np.where(decode, 1 + shared + step + glue_post - (calls - 1), post)  # group adds are in the graph
+        # group adds are in the graph; the lane's add (glue_post's cpu) is the add graph's launch
+        post = np.where(decode, graphs + shared + step + glue_post - (calls - 1), post)
     if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
         pre, post = np.where(decode, 0, pre), np.where(decode, first, post)
         launches = np.where(decode, first, launches)

@@ -4,14 +4,20 @@ the device placement, the expert gather and the expert FFNs, captured once and r
 Attention stays eager (its kernels take the context length as an argument). A block is captured on its first use
 at a fixed batch size, right after running it eagerly (which compiles its kernels and does that step's real work;
 capture itself executes nothing). Its input is a static buffer the step copies h into; its output, the graph's own.
-Graphs need CUDA and the device placement, and no host read inside the block: a split with a CPU lane or kept
-plans run eagerly. Without CUDA the same static buffers are prepared and the block runs eagerly through them
-(`capture=False`), which is what the CPU tests exercise.
+Graphs need CUDA and the device placement, and no host read inside a graph. A split with a CPU lane (hybrid, cpu)
+runs its block as parts (LaneParts) around the host's one wait per layer: the front graph (router .. decision, and
+the decision, x and the weights copied into pinned host buffers), then the lane on the host (it waits for those
+copies and issues the CPU experts), the back graph (gather and FFNs, while the lane runs), and, when the lane had
+experts, the add graph (its result uploaded from a pinned buffer and added): 2-3 launches per layer instead of the
+eager block's ~15. Kept plans run eagerly. Without CUDA the same static buffers are prepared and the block runs
+eagerly through them (`capture=False`), which is what the CPU tests exercise.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -19,18 +25,42 @@ from freetoken.engine.graph_capture import capture
 from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.launch_count import counting
 
-BATCH_SIZES = (1, 2, 4, 8)
+BATCH_SIZES = (1, 2, 4, 8)  # (lane_staging.STATIC_ROWS keeps the pinned buffers of these)
+
+
+@dataclass(frozen=True)
+class LaneParts:
+    """A block with a CPU lane, in the parts a graph can hold (device_moe.DeviceMoE's, the router in front)."""
+    front: Callable[[int, torch.Tensor], Any]  # (layer, h) -> a Front: device work up to the staged decision
+    lane: Callable[[int, Any], Future | None]  # (layer, front) -> the CPU lane issued (host: the layer's one wait)
+    back: Callable[[int, Any], torch.Tensor]  # (layer, front) -> y: gather and FFNs
+    upload_buffer: Callable[[Future], torch.Tensor]  # the lane's joined result in its static (pinned) host buffer
+    add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (y, buffer) -> y + the uploaded result
+
+
+@dataclass
+class Segments:
+    """One (layer, batch size)'s parts: their graphs (None: eager) and static tensors."""
+    h_in: torch.Tensor
+    front_graph: Any
+    front: Any
+    back_graph: Any
+    y: torch.Tensor
+    copies: int  # host-counted copies inside the front and back graphs (a replay still makes them)
+    add: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (graph, buffer, out), captured at first need
 
 
 class MoEGraphs:
     def __init__(self, block: Callable[[int, torch.Tensor], torch.Tensor], device: torch.device,
-                 host: HostCounters, batch_sizes: tuple[int, ...] = BATCH_SIZES, capture: bool | None = None):
-        self.block, self.device, self.host = block, torch.device(device), host
+                 host: HostCounters, batch_sizes: tuple[int, ...] = BATCH_SIZES, capture: bool | None = None,
+                 parts: LaneParts | None = None):
+        """parts: the block's parts where the split has a CPU lane (None: one graph per block)."""
+        self.block, self.device, self.host, self.parts = block, torch.device(device), host, parts
         self.batch_sizes = tuple(batch_sizes)
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; run eager")
-        self.entries: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph | None, torch.Tensor, torch.Tensor]] = {}
+        self.entries: dict[tuple[int, int], Any] = {}  # (layer, T) -> (graph, h_in, out), or Segments with parts
         self.replays = 0
         self.stream: torch.cuda.Stream | None = None  # the capture stream, made at the first capture
         self.blocker: str | None = None  # why the model's blocks cannot be captured at all
@@ -41,7 +71,7 @@ class MoEGraphs:
             return "CUDA graphs need CUDA"
         if self.blocker is not None:
             return self.blocker
-        if cache.device_moe.cpu_lane:
+        if cache.device_moe.cpu_lane and self.parts is None:
             return f"split {cache.config.split.mode}: the CPU lane reads each layer's decision back"
         if cache.executor.plans is not None:
             return "keep_plans reads each decision back"
@@ -55,6 +85,8 @@ class MoEGraphs:
         T = h.shape[0]
         if T not in self.batch_sizes:
             return self.block(layer, h)
+        if self.parts is not None:
+            return self._in_parts(layer, h)
         entry = self.entries.get((layer, T))
         if entry is None:
             return self._first(layer, h)
@@ -76,16 +108,64 @@ class MoEGraphs:
         return y
 
     def _capture(self, layer: int, h_in: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Record the block (nothing runs); the host counters it touched while recording are put back."""
+        return self._capture_part(lambda: self.block(layer, h_in))[:2]
+
+    def _capture_part(self, part: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any, int]:
+        """Record part() (nothing runs) -> (graph, its output, the copies it counted); the host counters it
+        touched while recording are put back."""
         saved = self.host.to_dict()
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)  # one capture stream: one set of reserved buffers
         graph = torch.cuda.CUDAGraph()
         with capture(graph, self.stream):  # no per-capture sync / empty_cache / gc (graph_capture.py)
-            out = self.block(layer, h_in)
+            out = part()
+        copies = self.host.copies - saved["copies"]
         for name, value in saved.items():
             setattr(self.host, name, value)
-        return graph, out
+        return graph, out, copies
+
+    def _in_parts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        """The block of a split with a CPU lane: front graph, the host's lane, back graph, add graph."""
+        p, seg = self.parts, self.entries.get((layer, h.shape[0]))
+        if seg is None:
+            return self._first_in_parts(layer, h)
+        seg.h_in.copy_(h)
+        if seg.front_graph is None or counting():  # eager through the static input (a launch count sees kernels)
+            return self._eager_parts(layer, seg.h_in)
+        seg.front_graph.replay()
+        part = p.lane(layer, seg.front)
+        seg.back_graph.replay()
+        self.host.launches += 2
+        self.host.copies += seg.copies
+        self.replays += 1
+        if part is None:
+            return seg.y
+        buf = p.upload_buffer(part)
+        if seg.add is None or seg.add[1] is not buf:
+            graph, out, _ = self._capture_part(lambda: p.add(seg.y, buf))
+            seg.add = (graph, buf, out)
+        seg.add[0].replay()
+        self.host.launches += 1
+        return seg.add[2]
+
+    def _eager_parts(self, layer: int, h_in: torch.Tensor) -> torch.Tensor:
+        p = self.parts
+        front = p.front(layer, h_in)
+        part = p.lane(layer, front)
+        y = p.back(layer, front)
+        return y if part is None else p.add(y, p.upload_buffer(part))
+
+    def _first_in_parts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
+        h_in = torch.empty_like(h)  # [T, D] static input
+        h_in.copy_(h)
+        y = self._eager_parts(layer, h_in)  # the real step, eagerly (kernels compile here)
+        seg = Segments(h_in, None, None, None, y, 0)
+        if self.capture:
+            seg.front_graph, seg.front, front_copies = self._capture_part(lambda: self.parts.front(layer, h_in))
+            seg.back_graph, seg.y, back_copies = self._capture_part(lambda: self.parts.back(layer, seg.front))
+            seg.copies = front_copies + back_copies
+        self.entries[(layer, h.shape[0])] = seg
+        return y
 
 
 def decode_line(cache, graphs: MoEGraphs | None, eager: bool) -> str:
@@ -98,4 +178,7 @@ def decode_line(cache, graphs: MoEGraphs | None, eager: bool) -> str:
     if reason is not None:
         return f"decode: eager ({reason})"
     sizes = ", ".join(map(str, graphs.batch_sizes))
+    if graphs.parts is not None:
+        return (f"decode: CUDA graphs of each layer's MoE block in parts around the CPU lane (one host wait per layer) "
+                f"at batch sizes {sizes} (captured on first use)")
     return f"decode: CUDA graphs of each layer's MoE block at batch sizes {sizes} (captured on first use)"

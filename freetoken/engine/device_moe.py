@@ -13,16 +13,20 @@ the host anyway. Counters (hits, fetches, ...) accumulate in a device tensor, re
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from freetoken.engine.device_placement import DevicePolicy, _fetch_counts, device_form
 from freetoken.engine.executor import LiveExecutor
+from freetoken.engine.launch_count import mark_host, wait_event
 from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.kernels.expert_gather import gather_pairs
 from freetoken.kernels.moe_slots import moe_slots
 from freetoken.kernels.moe_union import MAX_PICKS, moe_union
-from freetoken.placement import PlacementPolicy, Split
+from freetoken.placement import DECODE, PlacementPolicy, Split
 from freetoken.placement.call import Plan
 
 
@@ -50,6 +54,25 @@ def call_union(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch
     order = torch.argsort(first, stable=True)[:n]  # [n] experts by first use, the unused last
     used = first[order] < M  # [n]
     return torch.where(used, order, -1).to(torch.int32), torch.where(used, count[order], 0).to(torch.int32)
+
+
+@dataclass(slots=True)
+class Front:
+    """One call's decision as the later parts read it: device tensors of fixed shapes (a graph's static outputs)."""
+    x: torch.Tensor  # [T, D]
+    weights: torch.Tensor  # [T, K] fp32
+    shape: tuple[int, int]  # (T, K)
+    experts: torch.Tensor  # [n] the union
+    kind: torch.Tensor  # [n] 0 hit, 1 fetched, 2 cpu
+    slot: torch.Tensor  # [n]
+    copy_expert: torch.Tensor  # the gather's copy list
+    copy_slot: torch.Tensor
+    evict: torch.Tensor
+    counts: torch.Tensor
+    slots: torch.Tensor  # [T, K] each pick's slot (-1: the CPU lane)
+    hit_slots: torch.Tensor  # [T, K] the hits' only
+    fetch_slots: torch.Tensor  # [T, K] the fetched experts' only
+    staged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # host: decision, x, weights (a CPU lane only)
 
 
 class DeviceMoE:
@@ -96,7 +119,22 @@ class DeviceMoE:
     def __call__(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
                  phase: int, record: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]. record [2, T, K]
-        fp32 (the trace recorder's slot of this layer) gets the ids and weights."""
+        fp32 (the trace recorder's slot of this layer) gets the ids and weights. Eagerly, the parts a CUDA graph
+        holds one by one (front, back, add) with the host's part (lane) between them."""
+        front = self.front(layer, x, weights, ids, phase, record)
+        part = self.lane(layer, front)
+        y = self.back(layer, front)
+        if self.executor.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
+            E = self.store.num_experts
+            self.executor.plans.append(Plan.from_kinds(layer, front.experts.tolist(), front.kind.tolist(),
+                                                       front.slot.tolist(), front.evict[:int(front.counts[1])].tolist(),
+                                                       num_experts=E))
+        return y if part is None else self.add(y, self.upload_buffer(part))
+
+    def front(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, phase: int,
+              record: torch.Tensor | None = None) -> Front:
+        """Device work up to the decision: the union, the placement, the slot maps; with a CPU lane, the decision,
+        x and the weights copied to host buffers (asynchronously, pinned on CUDA) for lane() to read."""
         ex, pool, E = self.executor, self.pool, self.store.num_experts
         host = ex.host
         if ids.numel() <= MAX_PICKS:  # decode-sized: the union and the recorder's write in one launch
@@ -114,37 +152,61 @@ class DeviceMoE:
         slots, hit_slots, fetch_slots = moe_slots(ids, experts, kind, slot, copy_expert, copy_slot, counts,
                                                   self.totals, pool.capacity, phase, readback)  # [T, K] each
         host.launches += KERNEL_LAUNCHES["moe_slots"]
-        cpu_part = self._cpu_lane(layer, x, weights, n, readback, ids.shape) if self.cpu_lane else None
-        fetched = self._gather(layer, copy_expert, copy_slot, counts)
-        ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
-        run = lambda s: ffn(x, s.contiguous(), weights, *pool.weights, max_experts=E, **pool.ffn_options)  # noqa: E731
-        if ex.pipeline:  # the hits while the gather runs, then the fetched experts
-            y = run(hit_slots)
-            ex._wait([fetched])
-            y = y + run(fetch_slots)
-        else:
-            ex._wait([fetched])
-            y = run(slots)
-        if cpu_part is not None:
-            y = y + ex._cpu_lane_result(cpu_part, y.dtype)
-            host.syncs += 1  # the activations reach the host
-            host.copies += 2  # ... and the lane's result goes back
-        if ex.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
-            ex.plans.append(Plan.from_kinds(layer, experts.tolist(), kind.tolist(), slot.tolist(),
-                                            evict[:int(counts[1])].tolist(), num_experts=E))
-        return y
+        staged = None
+        if self.cpu_lane:  # the decision (experts, kind, ids); in decode also x and the weights (a few rows: copied
+            # whether or not the lane takes an expert, and waited for with the decision, once)
+            staging, T = ex.staging, x.shape[0]
+            decision = staging.to_host("decision", readback, torch.int32, T)
+            early = phase == DECODE
+            staged = (decision, staging.to_host("x", x, self.store.dtype) if early else None,
+                      staging.to_host("weights", weights, torch.float32) if early else None)
+            host.copies += 3 if early else 1
+        return Front(x, weights, tuple(ids.shape), experts, kind, slot, copy_expert, copy_slot, evict, counts, slots,
+                     hit_slots, fetch_slots, staged)
 
-    def _cpu_lane(self, layer, x, weights, n, readback, shape):
-        """Read the decision back (readback: experts, kind, ids; one sync, one copy) and issue the CPU lane first;
-        None when no expert is on it."""
+    def lane(self, layer: int, front: Front) -> Future | None:
+        """The host's part: wait for the staged decision (the call's one sync) and issue the CPU lane on its
+        experts; None when no expert is on it (or the split has no CPU lane)."""
+        if front.staged is None:
+            return None
         ex = self.executor
-        back = readback.cpu().numpy()
+        wait_event(ex.staging.ready(self.device), counted=True)
         ex.host.syncs += 1
-        ex.host.copies += 1
+        decision, xh, wh = front.staged
+        n = front.experts.numel()
+        back = decision.numpy()
         cpu = back[:n][back[n:2 * n] == 2].tolist()
         if not cpu:
             return None
-        return ex._cpu_lane_start(layer, cpu, x, weights, back[2 * n:].reshape(shape).astype(np.int64))
+        ids = back[2 * n:].reshape(front.shape).astype(np.int64)
+        if xh is None:  # prefill: x and the weights go now (the lane's worker waits for them: a second sync)
+            ex.host.syncs += 1
+            ex.host.copies += 2
+            return ex._cpu_lane_start(layer, cpu, front.x, front.weights, ids)
+        return ex._cpu_lane_start(layer, cpu, xh, wh, ids, staged=True)
+
+    def back(self, layer: int, front: Front) -> torch.Tensor:
+        """Device work after the decision: the gather and the expert FFNs over the hits and the fetched experts."""
+        ex, pool, E = self.executor, self.pool, self.store.num_experts
+        fetched = self._gather(layer, front.copy_expert, front.copy_slot, front.counts)
+        ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
+        run = lambda s: ffn(front.x, s.contiguous(), front.weights, *pool.weights, max_experts=E,  # noqa: E731
+                            **pool.ffn_options)
+        if ex.pipeline:  # the hits while the gather runs, then the fetched experts
+            y = run(front.hit_slots)
+            ex._wait([fetched])
+            return y + run(front.fetch_slots)
+        ex._wait([fetched])
+        return run(front.slots)
+
+    def upload_buffer(self, part: Future) -> torch.Tensor:
+        """The CPU lane's [T, D] fp32 sum, joined, in the host buffer add() uploads from (pinned on CUDA)."""
+        self.executor.host.copies += 1
+        return self.executor.staging.put("y", mark_host(part.result()))
+
+    def add(self, y: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        """y [T, D] + the CPU lane's sum uploaded from buf (upload_buffer's)."""
+        return y + self.executor.staging.upload(buf, self.device, y.dtype)
 
     def _gather(self, layer, copy_expert, copy_slot, counts):
         """Copy the fetched experts into their slots: on CUDA on the copy stream after the decision (which follows

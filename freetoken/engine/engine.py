@@ -9,6 +9,7 @@ reused and extended (its explicit length and token ids allow prefix reuse), coun
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
@@ -20,7 +21,7 @@ import torch
 
 from freetoken.engine.cache import CacheConfig, ExpertCache
 from freetoken.engine.draft import DraftConfig, DraftStats, generate_drafted
-from freetoken.engine.decode_graphs import MoEGraphs, decode_line
+from freetoken.engine.decode_graphs import LaneParts, MoEGraphs, decode_line
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
 from freetoken.defaults import context_length
@@ -113,7 +114,12 @@ class Engine:
         self._routed: list[np.ndarray] = []  # [T, K] per MoE layer of the current forward (carry, unrecorded)
         if self.cache.carry is not None and self.cache.device_moe is not None:
             raise ValueError("options: carry='drafts' runs on the host placement path: use placement 'auto' or 'host'")
-        self.graphs = MoEGraphs(self._moe_device, self.device, self.host) if self.cache.device_moe is not None else None
+        self.graphs = None
+        if self.cache.device_moe is not None:
+            dm = self.cache.device_moe
+            parts = (LaneParts(functools.partial(self._moe_device, front=True), dm.lane, dm.back, dm.upload_buffer,
+                               dm.add) if dm.cpu_lane else None)
+            self.graphs = MoEGraphs(self._moe_device, self.device, self.host, parts=parts)
         if self.graphs is not None and cfg.v4 is not None and cfg.v4.hash_layers:
             self.graphs.blocker = "hash-routed layers read each step's token ids"
         self.decode_line = decode_line(self.cache, self.graphs, eager)
@@ -202,11 +208,13 @@ class Engine:
         if self.cache.router_hint is not None:
             self.cache.router_hint.set(layer + 1, keys)
 
-    def _moe_device(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        """The MoE half with the decision on the device: routing stays there (the recorder's buffer included)."""
+    def _moe_device(self, layer: int, h: torch.Tensor, front: bool = False):
+        """The MoE half with the decision on the device: routing stays there (the recorder's buffer included).
+        front: only the device work up to the staged decision (a decode graph's front part, LaneParts)."""
         weights, ids = self.route(layer, h)
         record = None if self.recorder is None else self.recorder.layer_view(layer, h.shape[0], h.device)
-        return self.cache.device_moe(layer, h, weights, ids, self._phase, record)
+        dm = self.cache.device_moe
+        return (dm.front if front else dm)(layer, h, weights, ids, self._phase, record)
 
     def _record_end(self) -> None:
         if self.recorder.end():  # copied back from the device buffer: one copy per forward, read without a wait

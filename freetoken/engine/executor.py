@@ -214,12 +214,15 @@ class LiveExecutor:
                 torch.cuda.current_stream(self.device).wait_event(event)
 
     def _cpu_lane_start(self, layer: int, experts: list[int], x: torch.Tensor, weights: torch.Tensor,
-                        ids: np.ndarray) -> Future:
+                        ids: np.ndarray, staged: bool = False) -> Future:
         """Issue the CPU lane: x and the routing weights to the host now (they wait only for the router, as no FFN
-        is queued yet), the experts on the worker thread (or inline); .result() is the [T, D] fp32 sum."""
-        xh = self.staging.to_host("x", x, self.store.dtype)  # [T, D]
-        wh = self.staging.to_host("weights", weights, torch.float32)  # [T, K]
-        ready = self.staging.ready(self.device)
+        is queued yet; staged: they are there already), the experts on the worker thread (or inline); .result() is
+        the [T, D] fp32 sum."""
+        xh, wh, ready = x, weights, None
+        if not staged:
+            xh = self.staging.to_host("x", x, self.store.dtype)  # [T, D]
+            wh = self.staging.to_host("weights", weights, torch.float32)  # [T, K]
+            ready = self.staging.ready(self.device)
         if self._cpu_worker is not None:
             return self._cpu_worker.submit(self._cpu_lane, layer, experts, xh, wh, ids, ready)
         done: Future = Future()

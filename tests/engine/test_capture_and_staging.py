@@ -59,12 +59,20 @@ def test_reserved_counters_are_the_ones_a_launch_uses():
     assert not linear_decode._tile_counters(cpu).any()
 
 
-def test_staging_without_cuda_is_the_plain_copy():
+def test_staging_without_cuda_copies_into_kept_decode_buffers():
+    from freetoken.engine.lane_staging import STATIC_ROWS
+
     staging = LaneStaging(pin=False)
     x = torch.randn(3, 8)
     h = staging.to_host("x", x, torch.bfloat16)
-    assert torch.equal(h, x.to("cpu", torch.bfloat16)) and h.dtype == torch.bfloat16
+    assert torch.equal(h, x.to("cpu", torch.bfloat16)) and h.dtype == torch.bfloat16 and not h.is_pinned()
+    x2 = torch.randn(3, 8)
+    assert staging.to_host("x", x2, torch.bfloat16) is h and torch.equal(h, x2.to(torch.bfloat16))  # the same one
     assert staging.ready(torch.device("cpu")) is None
     y = torch.randn(3, 8)
     assert torch.equal(staging.to_device("y", y, torch.device("cpu"), torch.bfloat16), y.to(torch.bfloat16))
-    assert not staging._bufs  # nothing pinned without CUDA
+    assert staging.put("y", y) is staging.put("y", torch.randn(3, 8))  # a decode step's: kept (a graph reads it)
+    big = torch.randn(STATIC_ROWS + 1, 8)  # a prefill chunk's: made per call, h itself where nothing is pinned
+    assert staging.put("y", big) is big and staging.to_host("x", big, torch.float32) is not \
+        staging.to_host("x", big, torch.float32)
+    assert sorted(name for name, _, _ in staging._bufs) == ["x", "y"]
