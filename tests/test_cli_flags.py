@@ -73,6 +73,12 @@ def test_policy_option_reaches_the_policy(capsys):
     (["generate", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["generate", "--threads", "0"], "--threads must be positive"),
     (["generate", "--max-context", "0"], "--max-context must be positive"),
+    (["generate", "--presence-penalty", "3"], "--presence-penalty must lie in [-2, 2], got 3.0"),
+    (["generate", "--logit-bias", "5=200"], "--logit-bias takes token ids >= 0 with biases in [-100, 100], got 5=200.0"),
+    (["generate", "--logit-bias", "5:2"], "--logit-bias: expected ID=BIAS pairs, got '5:2'"),
+    (["generate", "--logit-bias", "99999=1"], "--logit-bias: token id 99999 is not in the vocabulary of 384"),
+    (["generate", "--greedy", "--draft", "ngram", "--frequency-penalty", "0.5"],
+     "--draft keeps the tokens plain greedy decoding would choose: drop --frequency-penalty"),
     (["sim", "--prefill-chunk", str(2**64)],  # was numba's overflow traceback
      f"--prefill-chunk must be a positive number of tokens, at most 2147483647, got {2**64}"),
     (["bench", "sim", "--prefill-chunk", str(2**64)],

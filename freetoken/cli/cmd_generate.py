@@ -32,6 +32,12 @@ def register(sub) -> None:
     p.add_argument("--repetition-penalty", type=float, help="divide the prompt's and the output's tokens' positive "
                                                             "logits by it (multiply negative ones); default: "
                                                             "generation_config.json's, else 1")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from a token's logit once it is in the output (OpenAI's; in [-2, 2])")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this per earlier occurrence in the output (OpenAI's; in [-2, 2])")
+    p.add_argument("--logit-bias", help="comma-separated ID=BIAS pairs added to those tokens' logits (BIAS in "
+                                        "[-100, 100]), e.g. 13=-100,42=5")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--stop-token-ids", help="comma-separated ids that end generation (default: the model's eos)")
     add_cache_args(p)
@@ -109,6 +115,23 @@ def host_line(kernels: str, threads: int) -> str | None:
     return f"C {path}, {threads} thread{'s' if threads > 1 else ''}"
 
 
+def logit_bias_arg(text: str | None, vocab: int) -> tuple[tuple[int, float], ...]:
+    """--logit-bias ID=BIAS,... -> ((id, bias), ...), each id in the vocabulary."""
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        try:
+            token, bias = item.split("=")
+            token, bias = int(token), float(bias)
+        except ValueError:
+            raise ValueError(f"--logit-bias: expected ID=BIAS pairs, got {item!r}") from None
+        if not 0 <= token < vocab:
+            raise ValueError(f"--logit-bias: token id {token} is not in the vocabulary of {vocab}")
+        out.append((token, bias))
+    return tuple(out)
+
+
 def draft_config(args: argparse.Namespace):
     """The --draft flags as a DraftConfig (None without --draft); a draft flag without --draft is an error."""
     from freetoken.engine.draft import DraftConfig
@@ -120,8 +143,11 @@ def draft_config(args: argparse.Namespace):
         return None
     if not args.greedy and args.temperature != 0:
         raise ValueError("--draft verifies greedily: add --greedy (or --temperature 0)")
-    if args.repetition_penalty not in (None, 1.0):
-        raise ValueError("--draft keeps the tokens plain greedy decoding would choose: drop --repetition-penalty")
+    for flag, value, plain in (("--repetition-penalty", args.repetition_penalty, (None, 1.0)),
+                               ("--presence-penalty", args.presence_penalty, (0.0,)),
+                               ("--frequency-penalty", args.frequency_penalty, (0.0,)), ("--logit-bias", args.logit_bias, (None,))):
+        if value not in plain:
+            raise ValueError(f"--draft keeps the tokens plain greedy decoding would choose: drop {flag}")
     if args.draft_depth < 1:
         raise ValueError(f"--draft-depth must be >= 1, got {args.draft_depth}")
     if args.draft_ngram < 1:
@@ -175,7 +201,9 @@ def read_small_files(args: argparse.Namespace):
     check_cpu_moe(policy_from_args(args)[1], path, config)
     sampling = sampling_params(load_generation_defaults(path), args.temperature, args.top_p, args.top_k,
                                greedy=args.greedy, seed=args.seed, min_p=args.min_p,
-                               repetition_penalty=args.repetition_penalty)
+                               repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+                               frequency_penalty=args.frequency_penalty,
+                               logit_bias=logit_bias_arg(args.logit_bias, config.vocab_size))
     tok = load_tokenizer(path)
     ids = prompt_ids(args, tok)
     check_room(len(ids), args, context_length(config, args.max_context))

@@ -99,7 +99,9 @@ CLI_NAMES = {"policy": "--policy", "capacity": "--capacity", "fraction": "--frac
              "draft_depth": "--draft-depth", "acceptance": "--acceptance", "draft_seed": "--draft-seed",
              "n_cpu_layers": "--n-cpu-moe",  # static_layers' option, as llama.cpp spells it
              "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k", "seed": "--seed",  # sampling
-             "min_p": "--min-p", "repetition_penalty": "--repetition-penalty"}
+             "min_p": "--min-p", "repetition_penalty": "--repetition-penalty",
+             "presence_penalty": "--presence-penalty", "frequency_penalty": "--frequency-penalty",
+             "logit_bias": "--logit-bias"}
 SPLIT_FLAGS = {"rule": "--rule", "bp": "--bp", "bh": "--bh", "max_fetch": "--max-fetch"}  # hybrid only
 SPLIT_DEFAULTS = {"rule": "balanced", "bp": 0.0, "bh": 0.0, "max_fetch": 0}
 

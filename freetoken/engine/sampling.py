@@ -1,5 +1,6 @@
 """Next-token choice from logits: greedy, or temperature with optional min-p / top-k / top-p, from a seeded
-generator, on the logits' device; a repetition penalty over the prompt and the tokens chosen so far."""
+generator, on the logits' device; logit bias and the repetition, presence and frequency penalties over the tokens so
+far (engine/penalties.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from freetoken.engine.penalties import Penalties
 from freetoken.models.config import CheckpointError
 from freetoken.models.generation_config import FILE, GenerationDefaults
 from freetoken.placement.config import ConfigError
@@ -25,6 +27,9 @@ class SamplingParams:
     seed: int | None = None
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (after temperature)
     repetition_penalty: float = 1.0  # HF's: logits of the prompt's and the output's tokens divided (> 0) or multiplied
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token has appeared in the output
+    frequency_penalty: float = 0.0  # minus this per earlier occurrence in the output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit in [-100, 100])
 
     def __post_init__(self) -> None:
         """ConfigErrors: the field's name first (an API's own parameter names), or `ft generate`'s flag."""
@@ -38,6 +43,13 @@ class SamplingParams:
             raise ConfigError("{min_p} must lie in [0, 1], got {v}", v=self.min_p)
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
             raise ConfigError("{repetition_penalty} must be a finite number > 0, got {v}", v=self.repetition_penalty)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ConfigError("{%s} must lie in [-2, 2], got {v}" % name, v=getattr(self, name))
+        for token, bias in self.logit_bias:
+            if token < 0 or not -100 <= bias <= 100:
+                raise ConfigError("{logit_bias} takes token ids >= 0 with biases in [-100, 100], got {v}",
+                                  v=f"{token}={bias}")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise ConfigError("{seed} must lie in [{lo}, {hi}] (torch's 64 bits), got {v}", lo=SEED_MIN, hi=SEED_MAX,
                               v=self.seed)
@@ -60,7 +72,7 @@ class Sampler:
         self._gens: dict[torch.device, torch.Generator] = {}
         self._seed = params.seed if params.seed is not None else int(torch.Generator().seed())
         self._prompt = list(prompt)
-        self.seen: torch.Tensor | None = None  # [V] bool on the logits' device, from the first call
+        self.penalties: Penalties | None = None  # on the logits' device, from the first call
 
     def generator(self, device: torch.device) -> torch.Generator:
         gen = self._gens.get(device)
@@ -70,15 +82,22 @@ class Sampler:
         return gen
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """logits [V] (any device) -> a token id, after the repetition penalty over the prompt and the tokens chosen
-        here before (HF's order: the penalty, then temperature and the cuts)."""
-        if self.params.repetition_penalty != 1.0:
-            if self.seen is None:
-                self.seen = seen_flags(self._prompt, logits.numel(), logits.device)
-            logits = penalize_repeats(logits.detach().float(), self.seen, self.params.repetition_penalty)
+        """logits [V] (any device) -> a token id, after the logit bias and the penalties over the prompt and the
+        tokens chosen here before (vLLM's order: they, then temperature and the cuts)."""
+        p = self.params
+        if Penalties.wanted(p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.logit_bias):
+            if self.penalties is None:
+                V = logits.numel()
+                bad = next((t for t, _ in p.logit_bias if t >= V), None)
+                if bad is not None:
+                    raise ConfigError("{logit_bias}: token id {t} is not in the vocabulary of {V}", t=bad, V=V)
+                self.penalties = Penalties(V, logits.device, repetition=p.repetition_penalty,
+                                           presence=p.presence_penalty, frequency=p.frequency_penalty,
+                                           bias=dict(p.logit_bias), prompt=self._prompt)
+            logits = self.penalties(logits.detach().float())
         token = int(self.pick(logits))
-        if self.seen is not None:
-            self.seen[token] = True
+        if self.penalties is not None:
+            self.penalties.accept(token)
         return token
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
@@ -90,19 +109,6 @@ class Sampler:
         u = torch.rand(probs.shape, generator=self.generator(logits.device), device=probs.device)  # [V]
         race = -torch.log1p(-u)  # [V] Exp(1); u < 1
         return torch.argmax(probs / race.clamp_min_(torch.finfo(torch.float32).tiny))
-
-
-def seen_flags(tokens, size: int, device: torch.device) -> torch.Tensor:
-    """[size] bool on `device`, True at `tokens` (a list or a long tensor): the repetition penalty's table."""
-    flags = torch.zeros(size, dtype=torch.bool, device=device)
-    flags[torch.as_tensor(tokens, dtype=torch.long).to(device)] = True
-    return flags
-
-
-def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
-    """logits [V], seen [V] bool -> the seen tokens' logits divided by the penalty where positive, multiplied where
-    not (HF's RepetitionPenaltyLogitsProcessor, vLLM's repetition_penalty); elementwise, nothing read back."""
-    return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
 def min_p_cut(logits: torch.Tensor, min_p: float, temperature: float = 1.0) -> torch.Tensor:
@@ -167,14 +173,16 @@ def _radix_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 def sampling_params(defaults, temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
                     greedy: bool = False, seed: int | None = None, min_p: float | None = None,
-                    repetition_penalty: float | None = None) -> SamplingParams:
+                    repetition_penalty: float | None = None, **rest) -> SamplingParams:
     """What the caller set, else the checkpoint's generation_config.json defaults (models.generation_config
-    .GenerationDefaults), else 1.0 / 1.0 / 0 / 0.0 / 1.0."""
+    .GenerationDefaults), else 1.0 / 1.0 / 0 / 0.0 / 1.0. rest: the fields the file does not set (presence and
+    frequency penalties, logit bias), as given."""
     return SamplingParams(temperature=0.0 if greedy else _given_or_default(temperature, defaults.temperature, 1.0),
                           top_p=_given_or_default(top_p, defaults.top_p, 1.0),
                           top_k=int(_given_or_default(top_k, defaults.top_k, 0)), greedy=greedy, seed=seed,
                           min_p=_given_or_default(min_p, defaults.min_p, 0.0),
-                          repetition_penalty=_given_or_default(repetition_penalty, defaults.repetition_penalty, 1.0))
+                          repetition_penalty=_given_or_default(repetition_penalty, defaults.repetition_penalty, 1.0),
+                          **rest)
 
 
 def _given_or_default(given, default, fallback):

@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from freetoken.engine.sampling import Sampler, SamplingParams, min_p_cut, penalize_repeats, seen_flags
+from freetoken.engine.penalties import Penalties
+from freetoken.engine.sampling import Sampler, SamplingParams, min_p_cut
 from freetoken.serve.chat import Params
 from freetoken.serve.errors import APIError
 from freetoken.serve.grammar import GrammarMask
@@ -39,32 +40,24 @@ class Tables:
     shapes with elementwise ops and reads nothing back."""
     stop_ids: torch.Tensor  # [S] long: banned before min_tokens
     allowed: torch.Tensor | None  # [V] 0 / -inf: allowed_token_ids
-    bias: torch.Tensor | None  # [V] logit_bias
-    seen: torch.Tensor | None  # [V] bool: the prompt's and the output's tokens, for repetition_penalty
-    counts: torch.Tensor | None  # [V] fp32: output occurrences, for presence / frequency penalties
+    penalties: Penalties | None  # logit_bias, repetition / presence / frequency penalties
 
     @classmethod
     def make(cls, params: Params, stop_ids: torch.Tensor, prompt: torch.Tensor, V: int, device: torch.device
              ) -> "Tables":
-        allowed = bias = seen = counts = None
+        allowed = penalties = None
         if params.allowed_token_ids is not None:
             allowed = torch.full((V,), float("-inf"), device=device)
             allowed[torch.tensor(params.allowed_token_ids, dtype=torch.long, device=device)] = 0.0
-        if params.logit_bias:
-            bias = torch.zeros(V, device=device)
-            bias[torch.tensor(list(params.logit_bias), device=device)] = torch.tensor(
-                list(params.logit_bias.values()), device=device)
-        if params.repetition_penalty != 1.0:
-            seen = seen_flags(prompt, V, device)
-        if params.presence_penalty or params.frequency_penalty:
-            counts = torch.zeros(V, device=device)
-        return cls(stop_ids.to(device), allowed, bias, seen, counts)
+        if Penalties.wanted(params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
+                            params.logit_bias):
+            penalties = Penalties(V, device, repetition=params.repetition_penalty, presence=params.presence_penalty,
+                                  frequency=params.frequency_penalty, bias=params.logit_bias, prompt=prompt)
+        return cls(stop_ids.to(device), allowed, penalties)
 
     def accept(self, token: int) -> None:
-        if self.seen is not None:
-            self.seen[token] = True
-        if self.counts is not None:
-            self.counts[token] += 1
+        if self.penalties is not None:
+            self.penalties.accept(token)
 
 
 class Decoder:
@@ -125,12 +118,8 @@ class Decoder:
         for word in self.bad_words:  # its last token is banned where the output ends with the rest of it
             if len(word) == 1 or self.out[-(len(word) - 1):] == word[:-1]:
                 shaped[word[-1]] = ninf
-        if t.bias is not None:
-            shaped += t.bias
-        if t.seen is not None:  # HF / vLLM: over the prompt's and the output's tokens
-            shaped = penalize_repeats(shaped, t.seen, p.repetition_penalty)
-        if t.counts is not None:
-            shaped -= (t.counts > 0) * p.presence_penalty + t.counts * p.frequency_penalty
+        if t.penalties is not None:  # bias; repetition over the prompt's and the output's tokens; presence, frequency
+            shaped = t.penalties(shaped)
         if p.min_p > 0 and not self.sampling.is_greedy:  # p_i >= min_p * p_max after temperature, in logits
             shaped = min_p_cut(shaped, p.min_p, self.sampling.temperature)
         if self.grammar:

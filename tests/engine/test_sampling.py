@@ -128,3 +128,42 @@ def test_sampling_fields_are_checked_by_name():
                          ("repetition_penalty", float("inf"))):
         with pytest.raises(ValueError, match=f"^{field} must"):
             SamplingParams(**{field: value})
+
+
+def test_presence_and_frequency_penalties_follow_the_openai_formula_step_by_step():
+    """Greedy with OpenAI's penalties over the output only (logit - presence x [count > 0] - frequency x count), the
+    counts kept by hand here, on rows where the penalties change some choices."""
+    gen = torch.Generator().manual_seed(8)
+    rows = [torch.randn(40, generator=gen) for _ in range(40)]
+    sampler = Sampler(SamplingParams(greedy=True, presence_penalty=0.4, frequency_penalty=0.3), prompt=[5, 6])
+    counts, changed = np.zeros(40), 0
+    for row in rows:
+        want = int(np.argmax(row.numpy() - 0.4 * (counts > 0) - 0.3 * counts))
+        changed += want != int(row.argmax())
+        assert sampler(row) == want
+        counts[want] += 1
+    assert changed >= 5 and counts.max() >= 2  # (the prompt's tokens carry no penalty here)
+
+
+def test_logit_bias_is_transformers_sequence_bias():
+    """logit_bias as HF's SequenceBiasLogitsProcessor with one-token sequences sees it, under sampling too."""
+    from transformers import SequenceBiasLogitsProcessor
+
+    bias = ((3, 100.0), (9, -100.0), (17, 2.5))
+    hf = SequenceBiasLogitsProcessor({(t,): b for t, b in bias})
+    gen = torch.Generator().manual_seed(9)
+    greedy, hot = Sampler(SamplingParams(greedy=True, logit_bias=bias)), Sampler(SamplingParams(logit_bias=bias[1:]))
+    for _ in range(10):
+        row = torch.randn(40, generator=gen) * 3
+        assert greedy(row) == int(hf(torch.tensor([[0]]), row[None].clone())[0].argmax()) == 3
+        assert hot(row) != 9  # -100: never drawn
+    assert Sampler(SamplingParams(greedy=True, logit_bias=((17, 50.0),)))(torch.zeros(40)) == 17
+
+
+def test_penalty_fields_are_checked_by_name():
+    for field, value in (("presence_penalty", 2.5), ("frequency_penalty", -3.0), ("logit_bias", ((1, 101.0),)),
+                         ("logit_bias", ((-1, 1.0),))):
+        with pytest.raises(ValueError, match=f"^{field}"):
+            SamplingParams(**{field: value})
+    with pytest.raises(ValueError, match="^logit_bias: token id 50 is not in the vocabulary of 40"):
+        Sampler(SamplingParams(greedy=True, logit_bias=((50, 1.0),)))(torch.zeros(40))

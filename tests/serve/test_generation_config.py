@@ -106,6 +106,33 @@ def test_repetition_penalty_and_min_p_defaults_as_hf_and_vllm_take_them(model_di
     (model_dir / "generation_config.json").unlink()
 
 
+def test_generate_logit_bias_is_hf_generates_sequence_bias(model_dir):
+    """ft generate --logit-bias against HF generate's sequence_bias (one-token sequences) on the same greedy run:
+    plain greedy's second token banned, another token favoured; the output differs from plain greedy."""
+    from transformers import AutoModelForCausalLM
+
+    from freetoken.cli import main
+
+    prompt = [5, 9, 14, 20]
+
+    def generate(*flags) -> list[int]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            assert main(["generate", "--model", str(model_dir), "--token-ids", ",".join(map(str, prompt)),
+                         "--max-tokens", "8", "--kernels", "reference", "--device", "cpu", "--stop-token-ids", "",
+                         "--greedy", "--json", *flags]) == 0
+        return json.loads(out.getvalue())["token_ids"]
+
+    plain = generate()
+    bias = {plain[1]: -100.0, 7: 4.0}
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                          sequence_bias={(t,): b for t, b in bias.items()})[0, len(prompt):].tolist()
+    got = generate("--logit-bias", ",".join(f"{t}={b}" for t, b in bias.items()))
+    assert got == ref != plain and plain[1] not in got
+
+
 def test_the_server_takes_unset_penalty_and_min_p_from_generation_config():
     """A request that leaves repetition_penalty / min_p unset gets the model's defaults (vLLM's
     --generation-config auto); one that sets them, its own."""
