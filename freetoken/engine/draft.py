@@ -118,7 +118,6 @@ def generate_drafted(engine, prompt, start, kv, sampler, max_tokens, stops, requ
                                draft.min_ngram)
         if carry is not None:
             carry.set([[layer * E + e for e in ids] for layer, ids in enumerate(carried)] if carried else None)
-        engine._routed = []
         logits = engine.forward([token] + proposal, kv, kv.length, DECODE, request, turn, all_logits=True)
         if carry is not None:
             carry.set(None)  # only this verify forward reads it
@@ -129,12 +128,12 @@ def generate_drafted(engine, prompt, start, kv, sampler, max_tokens, stops, requ
         marks = [0] + [1] * kept + [2] * (len(proposal) - kept)
         if engine.recorder is not None:
             engine.recorder.mark_draft(marks)
-        experts = verify_experts(engine)  # [1 + d, L, K], None: not kept
+        experts = engine.last_routing()  # [1 + d, L, K], None: not kept
         if experts is not None:
             st.tally_carry(carried, experts)
             carried = rejected_experts(experts, marks)
         st.verify_steps, st.drafted, st.accepted = st.verify_steps + 1, st.drafted + len(proposal), st.accepted + kept
-        engine._sync()
+        engine.settle()
         engine.stats.decode_tokens += kept + 1
         engine.stats.decode_s += time.perf_counter() - t0
         for j, token in enumerate(chosen[:kept + 1]):
@@ -143,11 +142,3 @@ def generate_drafted(engine, prompt, start, kv, sampler, max_tokens, stops, requ
             if token in stops or n == max_tokens:
                 kv.truncate(kv.length - (kept - j))  # hold what plain decoding would: all but the last token
                 return
-
-
-def verify_experts(engine) -> np.ndarray | None:
-    """[T, L, K] the routing of the forward that just ended: the recorder's, else what Engine._moe kept for the
-    carry."""
-    if engine.recorder is not None:
-        return engine.recorder.last_experts
-    return np.stack(engine._routed, axis=1) if engine.cache.carry is not None else None

@@ -224,6 +224,7 @@ class Engine:
                 turn: int = 0, all_logits: bool = False) -> torch.Tensor:
         """One forward of T tokens (one MoE call per layer): logits [T, V] (all_logits) or [1, V]."""
         self._phase, self._request = phase, request
+        self._routed = []
         if self.recorder is not None:
             self.recorder.begin(token_ids, phase, request, turn)
         logits = self.decoder.forward(token_ids, kv, start_pos, self._moe, all_logits)
@@ -282,6 +283,17 @@ class Engine:
 
     def _sync(self) -> None:
         synchronize(self.device)  # counted by launch_count as the sync it is on CUDA
+
+    def settle(self) -> None:
+        """Wait for the device work issued so far (a caller that left its steps open, as a drafted loop does)."""
+        self._sync()
+
+    def last_routing(self) -> np.ndarray | None:
+        """[T, L, K] the routing of the forward that just ended: the recorder's, else what _moe kept for a carry
+        (None: neither records it)."""
+        if self.recorder is not None:
+            return self.recorder.last_experts
+        return np.stack(self._routed, axis=1) if self.cache.carry is not None and self._routed else None
 
     # generation
     def generate(self, token_ids: list[int], sampling: SamplingParams | None = None, max_tokens: int = 64,
