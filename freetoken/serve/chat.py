@@ -123,11 +123,28 @@ def tool_call(name: str, arguments: Any, call_id: str | None = None) -> dict:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def raw_decoder(tokenizer):
+    """The tokenizers library's own decode where transformers' wrapper adds nothing to it (a fast tokenizer whose
+    class keeps the wrapper's decode and _decode, no clean-up of spaces): the wrapper's argument conversion cost
+    3.0 us against its 0.8 us, and the server decodes twice per token. None: use the wrapper."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    cls = type(tokenizer)
+    if (not isinstance(tokenizer, TokenizersBackend) or cls._decode is not TokenizersBackend._decode
+            or cls.decode is not PreTrainedTokenizerBase.decode or tokenizer.clean_up_tokenization_spaces):
+        return None
+    return tokenizer._tokenizer.decode
+
+
 class ChatTokenizer:
     """A HF tokenizer plus the model's chat template (or the ChatML fallback)."""
 
     def __init__(self, tokenizer):
         self.tok = tokenizer
+        self._raw = raw_decoder(tokenizer)
         self.template = getattr(tokenizer, "chat_template", None) or FALLBACK_TEMPLATE
         if hasattr(tokenizer, "model_max_length"):  # the server checks prompts against its served context; the
             tokenizer.model_max_length = 2**62  # tokenizer's own limit would only make transformers warn
@@ -145,10 +162,14 @@ class ChatTokenizer:
         return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self._raw is not None:
+            return self._raw(list(ids), skip_special_tokens=True)
         return self.tok.decode(list(ids), skip_special_tokens=True)
 
     def decode_special(self, ids: Sequence[int]) -> str:
         """With special tokens: the markers of Harmony channels and some tool-call formats are special tokens."""
+        if self._raw is not None:
+            return self._raw(list(ids), skip_special_tokens=False)
         return self.tok.decode(list(ids), skip_special_tokens=False)
 
     @functools.cached_property

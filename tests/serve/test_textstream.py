@@ -77,3 +77,28 @@ def test_tool_parsing_leaves_malformed_blocks_as_text():
     two = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b", "arguments": "{}"}'
     content, calls = parse_tool_calls(two)
     assert content == "" and [(c.name, c.arguments) for c in calls] == [("a", "{}"), ("b", "{}")]
+
+
+def test_the_raw_decoder_decodes_as_the_transformers_wrapper():
+    """ChatTokenizer decodes through the tokenizers library where transformers' wrapper adds nothing: the same text
+    for every id sequence (special tokens kept or skipped); a tokenizer that cleans up spaces keeps the wrapper."""
+    import copy
+    import random
+
+    from freetoken.models.tokenizer import load_tokenizer
+    from freetoken.paths import DEMO_MODEL
+    from freetoken.serve.chat import ChatTokenizer, raw_decoder
+
+    tok = load_tokenizer(DEMO_MODEL)
+    chat = ChatTokenizer(tok)
+    assert chat._raw is not None
+    rng = random.Random(0)
+    special = sorted(tok.all_special_ids)
+    for _ in range(200):
+        ids = [rng.randrange(len(tok)) for _ in range(rng.randrange(1, 12))] + rng.sample(special, 1)
+        rng.shuffle(ids)
+        assert chat.decode(ids) == tok.decode(ids, skip_special_tokens=True)
+        assert chat.decode_special(ids) == tok.decode(ids, skip_special_tokens=False)
+    cleaning = copy.deepcopy(tok)
+    cleaning.clean_up_tokenization_spaces = True
+    assert raw_decoder(cleaning) is None
