@@ -15,6 +15,7 @@ eagerly through them (`capture=False`), which is what the CPU tests exercise.
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +25,8 @@ import torch
 from freetoken.engine.graph_capture import capture
 from freetoken.engine.host_counters import HostCounters
 from freetoken.engine.launch_count import counting
+
+log = logging.getLogger("freetoken.engine")
 
 BATCH_SIZES = (1, 2, 4, 8)  # (lane_staging.STATIC_ROWS keeps the pinned buffers of these)
 
@@ -103,12 +106,27 @@ class MoEGraphs:
         h_in = torch.empty_like(h)  # [T, D] static input
         h_in.copy_(h)
         y = self.block(layer, h_in)  # the real step, eagerly (kernels compile here)
-        graph, out = self._capture(layer, h_in) if self.capture else (None, y)
+        captured = self._captured(lambda: self._capture(layer, h_in)) if self.capture else None
+        graph, out = captured if captured is not None else (None, y)
         self.entries[(layer, h.shape[0])] = (graph, h_in, out)
         return y
 
     def _capture(self, layer: int, h_in: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         return self._capture_part(lambda: self.block(layer, h_in))[:2]
+
+    def _captured(self, capture_it: Callable[[], tuple]) -> tuple | None:
+        """capture_it()'s result, or None where the capture fails: the step already ran eagerly, so decode goes on
+        eagerly (no more captures), with one warning that says why."""
+        try:
+            return capture_it()
+        except Exception as e:  # an op that cannot be captured on this device / driver: eager stays right
+            self.capture = False
+            self.blocker = f"graph capture failed: {type(e).__name__}: {e}"
+            log.warning("decode: CUDA graph capture failed (%s: %s); MoE blocks run eagerly", type(e).__name__, e)
+            return None
+
+    def _part_captured(self, part: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any, int] | None:
+        return self._captured(lambda: self._capture_part(part))
 
     def _capture_part(self, part: Callable[[], Any]) -> tuple[torch.cuda.CUDAGraph, Any, int]:
         """Record part() (nothing runs) -> (graph, its output, the copies it counted); the host counters it
@@ -117,11 +135,13 @@ class MoEGraphs:
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)  # one capture stream: one set of reserved buffers
         graph = torch.cuda.CUDAGraph()
-        with capture(graph, self.stream):  # no per-capture sync / empty_cache / gc (graph_capture.py)
-            out = part()
-        copies = self.host.copies - saved["copies"]
-        for name, value in saved.items():
-            setattr(self.host, name, value)
+        try:
+            with capture(graph, self.stream):  # no per-capture sync / empty_cache / gc (graph_capture.py)
+                out = part()
+            copies = self.host.copies - saved["copies"]
+        finally:
+            for name, value in saved.items():
+                setattr(self.host, name, value)
         return graph, out, copies
 
     def _in_parts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
@@ -141,9 +161,11 @@ class MoEGraphs:
         if part is None:
             return seg.y
         buf = p.upload_buffer(part)
+        if (seg.add is None or seg.add[1] is not buf) and self.capture:
+            captured = self._part_captured(lambda: p.add(seg.y, buf))
+            seg.add = None if captured is None else (captured[0], buf, captured[1])
         if seg.add is None or seg.add[1] is not buf:
-            graph, out, _ = self._capture_part(lambda: p.add(seg.y, buf))
-            seg.add = (graph, buf, out)
+            return p.add(seg.y, buf)
         seg.add[0].replay()
         self.host.launches += 1
         return seg.add[2]
@@ -160,10 +182,11 @@ class MoEGraphs:
         h_in.copy_(h)
         y = self._eager_parts(layer, h_in)  # the real step, eagerly (kernels compile here)
         seg = Segments(h_in, None, None, None, y, 0)
-        if self.capture:
-            seg.front_graph, seg.front, front_copies = self._capture_part(lambda: self.parts.front(layer, h_in))
-            seg.back_graph, seg.y, back_copies = self._capture_part(lambda: self.parts.back(layer, seg.front))
-            seg.copies = front_copies + back_copies
+        front = self._part_captured(lambda: self.parts.front(layer, h_in)) if self.capture else None
+        back = self._part_captured(lambda: self.parts.back(layer, front[1])) if front is not None else None
+        if back is not None:  # (both or neither: a front alone would leave the back eager on a stale decision)
+            seg.front_graph, seg.front, seg.back_graph, seg.y = front[0], front[1], back[0], back[1]
+            seg.copies = front[2] + back[2]
         self.entries[(layer, h.shape[0])] = seg
         return y
 

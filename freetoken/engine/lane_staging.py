@@ -2,8 +2,8 @@
 asynchronous device-to-host copy (the lane waits on an event, the host thread goes on issuing GPU work), the lane's
 result goes up from pinned memory (a pageable copy would block the host). One buffer per (name, shape, dtype) of a
 decode step, reused call after call: a buffer is rewritten only after the lane of the next call has waited for its
-own copies, which the stream orders after the previous call's upload. Without CUDA the buffers are plain host tensors and the
-copies synchronous.
+own copies, which the stream orders after the previous call's upload. Without CUDA the buffers are plain host tensors
+and the copies synchronous.
 """
 
 from __future__ import annotations

@@ -152,3 +152,22 @@ def test_hybrid_decode_line_names_the_parts(ckpt):
     engine.graphs.device = torch.device("cuda")  # what a CUDA engine would print (nothing runs here)
     line = decode_line(engine.cache, engine.graphs, eager=False)
     assert "in parts around the CPU lane" in line and "1, 2, 4, 8" in line
+
+
+def test_a_failed_capture_leaves_decode_eager_and_right(ckpt, caplog):
+    """A part that cannot be captured (here: the stand-in raises, as a driver would refuse an op) costs nothing but
+    the graphs: the step had run eagerly already, decode goes on eagerly, one warning says why."""
+    cache = CacheConfig("lru", capacity=0, split=HYBRID)
+    eager = Engine(ckpt, cache, kernels="reference", device="cpu", prefill_chunk=CHUNK, placement="device")
+    want = list(eager.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
+    engine = graph_engine(ckpt, [])
+
+    def refuse(part):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    engine.graphs._capture_part = refuse
+    with caplog.at_level("WARNING", logger="freetoken.engine"):
+        got = list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
+    assert got == want and engine.graphs.replays == 0 and engine.counters == eager.counters
+    assert engine.graphs.blocker.startswith("graph capture failed: RuntimeError")
+    assert sum("CUDA graph capture failed" in r.message for r in caplog.records) == 1
