@@ -137,11 +137,12 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     cuda_graphs: decode steps replayed as one captured graph (DESIGN.md: the device-side decision), so a decode
     call launches nothing on its own and does not sync; layer 0 carries the step's one graph launch.
     device_placement: the decision on the device (hits and fetched experts in two expert_ffn calls with the
-    pipeline, whatever the misses); cpu_split: its split may leave misses to the CPU (hybrid, cpu).
+    pipeline, whatever the misses; the second group's and the CPU lane's adds inside the last FFN's sum over pairs);
+    cpu_split: its split may leave misses to the CPU (hybrid, cpu).
     moe_graphs: with the device placement, each decode call's MoE block (router, top-k, decision, gathers, expert
-    FFNs) is one graph launch (engine/decode_graphs.py), or with a CPU lane two (front and back, around the host's
-    wait) plus one more where the lane had experts (its sum added); attention, a shared expert and the step's head
-    stay eager; the recorder's one copy per forward and the lane's syncs and copies stay.
+    FFNs) is one graph launch (engine/decode_graphs.py), or with a CPU lane three (front, back and finish around
+    the host's wait); attention, a shared expert and the step's head stay eager; the recorder's one copy per forward
+    and the lane's syncs and copies stay.
     streamed [N]: the prefill double buffer (ReplayResult.streamed): the experts streamed into each call's staging
     set while the call before it ran, -1 where the call copies its own fetches. A streamed call copies those (every
     non-resident expert of its layer, used or not) instead of its fetches, and runs one expert_ffn call."""
@@ -169,7 +170,10 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
     cpu = (log.cpu > 0).astype(np.int64)
     launches = pre + post
     adds = int(shape.fused_adds)  # each residual add fused into the norm after it
-    glue_post = GLUE_POST - adds + (calls - 1) + cpu + (GLUE_SHARED if shape.shared_expert else 0) + first * (
+    # the adds of a second FFN group and of the CPU lane's sum; the device placement folds both into the last
+    # FFN's sum over pairs (kernels/pair_sums.py)
+    group_adds = 0 if device_placement else (calls - 1) + cpu
+    glue_post = GLUE_POST - adds + group_adds + (GLUE_SHARED if shape.shared_expert else 0) + first * (
         dense_layers * GLUE_DENSE_LAYER + GLUE_STEP)
     glue_pre = np.where(linear, GLUE_PRE_LINEAR, GLUE_PRE - 2 * shape.fused_prologue + GLUE_OUT_GATE * shape.out_gate)
     glue_pre = glue_pre - adds
@@ -192,11 +196,10 @@ def freetoken_work(log, num_layers: int, shape: LayerShape, *, pipeline: bool, c
             raise ValueError("moe_graphs: the device placement's per-layer graphs, without step graphs")
         held = (router + calls * ffn + k["moe_union"] + k["place_call"] + k["moe_slots"]
                 + k["gather_experts"] * gather_launches(shape))  # what one MoE block graph holds
-        graphs = 1 + int(cpu_split)  # one block graph, or its front and back parts around the CPU lane
-        launches = np.where(decode, launches - held + graphs + cpu, launches)  # + the add graph of the lane's sum
+        graphs = 1 + 2 * int(cpu_split)  # one block graph, or front, back and finish around the CPU lane
+        launches = np.where(decode, launches - held + graphs, launches)
         pre = np.where(decode, attn + glue_pre, pre)  # attention and its glue stay eager
-        # group adds are in the graph; the lane's add (glue_post's cpu) is the add graph's launch
-        post = np.where(decode, graphs + shared + step + glue_post - (calls - 1), post)
+        post = np.where(decode, graphs + shared + step + glue_post, post)
     if cuda_graphs:  # expert copies stay (graph nodes); the CPU lane keeps its round trip
         pre, post = np.where(decode, 0, pre), np.where(decode, first, post)
         launches = np.where(decode, first, launches)

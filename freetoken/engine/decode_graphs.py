@@ -7,9 +7,9 @@ capture itself executes nothing). Its input is a static buffer the step copies h
 Graphs need CUDA and the device placement, and no host read inside a graph. A split with a CPU lane (hybrid, cpu)
 runs its block as parts (LaneParts) around the host's one wait per layer: the front graph (router .. decision, and
 the decision, x and the weights copied into pinned host buffers), then the lane on the host (it waits for those
-copies and issues the CPU experts), the back graph (gather and FFNs, while the lane runs), and, when the lane had
-experts, the add graph (its result uploaded from a pinned buffer and added): 2-3 launches per layer instead of the
-eager block's ~15. Kept plans run eagerly. Without CUDA the same static buffers are prepared and the block runs
+copies and issues the CPU experts), the back graph (gather and FFNs up to their last launch, while the lane runs),
+and the finish graph (the FFN's sum over pairs, with the lane's result uploaded from a pinned buffer folded in when
+it had experts): 3 launches per layer instead of the eager block's ~15. Kept plans run eagerly. Without CUDA the same static buffers are prepared and the block runs
 eagerly through them (`capture=False`), which is what the CPU tests exercise.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -36,9 +36,9 @@ class LaneParts:
     """A block with a CPU lane, in the parts a graph can hold (device_moe.DeviceMoE's, the router in front)."""
     front: Callable[[int, torch.Tensor], Any]  # (layer, h) -> a Front: device work up to the staged decision
     lane: Callable[[int, Any], Future | None]  # (layer, front) -> the CPU lane issued (host: the layer's one wait)
-    back: Callable[[int, Any], torch.Tensor]  # (layer, front) -> y: gather and FFNs
+    back: Callable[[int, Any], Any]  # (layer, front) -> a Back: gather and FFNs up to their last launch
     upload_buffer: Callable[[Future], torch.Tensor]  # the lane's joined result in its static (pinned) host buffer
-    add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (y, buffer) -> y + the uploaded result
+    finish: Callable[[Any, torch.Tensor | None], torch.Tensor]  # (back, buffer or None) -> the block's output
 
 
 @dataclass
@@ -48,9 +48,10 @@ class Segments:
     front_graph: Any
     front: Any
     back_graph: Any
-    y: torch.Tensor
+    back: Any
     copies: int  # host-counted copies inside the front and back graphs (a replay still makes them)
-    add: tuple[Any, torch.Tensor, torch.Tensor] | None = None  # (graph, buffer, out), captured at first need
+    # with / without the lane's term: (graph, buffer or None, out), each captured at its first need
+    finish: dict[bool, tuple[Any, torch.Tensor | None, torch.Tensor]] = field(default_factory=dict)
 
 
 class MoEGraphs:
@@ -145,7 +146,7 @@ class MoEGraphs:
         return graph, out, copies
 
     def _in_parts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
-        """The block of a split with a CPU lane: front graph, the host's lane, back graph, add graph."""
+        """The block of a split with a CPU lane: front graph, the host's lane, back graph, finish graph."""
         p, seg = self.parts, self.entries.get((layer, h.shape[0]))
         if seg is None:
             return self._first_in_parts(layer, h)
@@ -158,34 +159,33 @@ class MoEGraphs:
         self.host.launches += 2
         self.host.copies += seg.copies
         self.replays += 1
-        if part is None:
-            return seg.y
-        buf = p.upload_buffer(part)
-        if (seg.add is None or seg.add[1] is not buf) and self.capture:
-            captured = self._part_captured(lambda: p.add(seg.y, buf))
-            seg.add = None if captured is None else (captured[0], buf, captured[1])
-        if seg.add is None or seg.add[1] is not buf:
-            return p.add(seg.y, buf)
-        seg.add[0].replay()
+        buf = None if part is None else p.upload_buffer(part)
+        got = seg.finish.get(buf is not None)
+        if (got is None or got[1] is not buf) and self.capture:
+            captured = self._part_captured(lambda: p.finish(seg.back, buf))
+            got = seg.finish[buf is not None] = None if captured is None else (captured[0], buf, captured[1])
+        if got is None or got[1] is not buf:
+            return p.finish(seg.back, buf)
+        got[0].replay()
         self.host.launches += 1
-        return seg.add[2]
+        return got[2]
 
     def _eager_parts(self, layer: int, h_in: torch.Tensor) -> torch.Tensor:
         p = self.parts
         front = p.front(layer, h_in)
         part = p.lane(layer, front)
-        y = p.back(layer, front)
-        return y if part is None else p.add(y, p.upload_buffer(part))
+        back = p.back(layer, front)
+        return p.finish(back, None if part is None else p.upload_buffer(part))
 
     def _first_in_parts(self, layer: int, h: torch.Tensor) -> torch.Tensor:
         h_in = torch.empty_like(h)  # [T, D] static input
         h_in.copy_(h)
         y = self._eager_parts(layer, h_in)  # the real step, eagerly (kernels compile here)
-        seg = Segments(h_in, None, None, None, y, 0)
+        seg = Segments(h_in, None, None, None, None, 0)
         front = self._part_captured(lambda: self.parts.front(layer, h_in)) if self.capture else None
         back = self._part_captured(lambda: self.parts.back(layer, front[1])) if front is not None else None
         if back is not None:  # (both or neither: a front alone would leave the back eager on a stale decision)
-            seg.front_graph, seg.front, seg.back_graph, seg.y = front[0], front[1], back[0], back[1]
+            seg.front_graph, seg.front, seg.back_graph, seg.back = front[0], front[1], back[0], back[1]
             seg.copies = front[2] + back[2]
         self.entries[(layer, h.shape[0])] = seg
         return y

@@ -26,6 +26,7 @@ from freetoken.kernel_launches import KERNEL_LAUNCHES
 from freetoken.kernels.expert_gather import gather_pairs
 from freetoken.kernels.moe_slots import moe_slots
 from freetoken.kernels.moe_union import MAX_PICKS, moe_union
+from freetoken.kernels.pair_sums import PairSums
 from freetoken.placement import DECODE, PlacementPolicy, Split
 from freetoken.placement.call import Plan
 
@@ -75,6 +76,13 @@ class Front:
     staged: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # host: decision, x, weights (a CPU lane only)
 
 
+@dataclass(slots=True)
+class Back:
+    """The FFNs' work before their last launch: a graph's static outputs, as finish() reads them."""
+    sums: PairSums  # the (fetched experts' or every pick's) FFN, stopped before its sum over pairs
+    hits: torch.Tensor | None  # [T, D] the hits' output, where the pipeline ran them apart
+
+
 class DeviceMoE:
     """The device decision and the GPU lane of one layer call; the CPU lane is the executor's."""
 
@@ -120,16 +128,16 @@ class DeviceMoE:
                  phase: int, record: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, D], weights [T, K] fp32, ids [T, K] int32, all on the device -> MoE output [T, D]. record [2, T, K]
         fp32 (the trace recorder's slot of this layer) gets the ids and weights. Eagerly, the parts a CUDA graph
-        holds one by one (front, back, add) with the host's part (lane) between them."""
+        holds one by one (front, back, finish) with the host's part (lane) between them."""
         front = self.front(layer, x, weights, ids, phase, record)
         part = self.lane(layer, front)
-        y = self.back(layer, front)
+        back = self.back(layer, front)
         if self.executor.plans is not None:  # kept for checks: read back (a sync per call, off the counted path)
             E = self.store.num_experts
             self.executor.plans.append(Plan.from_kinds(layer, front.experts.tolist(), front.kind.tolist(),
                                                        front.slot.tolist(), front.evict[:int(front.counts[1])].tolist(),
                                                        num_experts=E))
-        return y if part is None else self.add(y, self.upload_buffer(part))
+        return self.finish(back, None if part is None else self.upload_buffer(part))
 
     def front(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, phase: int,
               record: torch.Tensor | None = None) -> Front:
@@ -185,28 +193,34 @@ class DeviceMoE:
             return ex._cpu_lane_start(layer, cpu, front.x, front.weights, ids)
         return ex._cpu_lane_start(layer, cpu, xh, wh, ids, staged=True)
 
-    def back(self, layer: int, front: Front) -> torch.Tensor:
-        """Device work after the decision: the gather and the expert FFNs over the hits and the fetched experts."""
+    def back(self, layer: int, front: Front) -> Back:
+        """Device work after the decision: the gather and the expert FFNs over the hits and the fetched experts, up
+        to their last launch (the sum over pairs), which finish() makes with the other terms folded in."""
         ex, pool, E = self.executor, self.pool, self.store.num_experts
         fetched = self._gather(layer, front.copy_expert, front.copy_slot, front.counts)
         ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
-        run = lambda s: ffn(front.x, s.contiguous(), front.weights, *pool.weights, max_experts=E,  # noqa: E731
-                            **pool.ffn_options)
+        run = lambda s, **kw: ffn(front.x, s.contiguous(), front.weights, *pool.weights,  # noqa: E731
+                                  max_experts=E, **pool.ffn_options, **kw)
+        hits = None
         if ex.pipeline:  # the hits while the gather runs, then the fetched experts
-            y = run(front.hit_slots)
+            hits = run(front.hit_slots)
             ex._wait([fetched])
-            return y + run(front.fetch_slots)
+            return Back(run(front.fetch_slots, defer=True), hits)
         ex._wait([fetched])
-        return run(front.slots)
+        return Back(run(front.slots, defer=True), hits)
 
     def upload_buffer(self, part: Future) -> torch.Tensor:
-        """The CPU lane's [T, D] fp32 sum, joined, in the host buffer add() uploads from (pinned on CUDA)."""
+        """The CPU lane's [T, D] fp32 sum, joined, in the host buffer finish() uploads from (pinned on CUDA)."""
         self.executor.host.copies += 1
         return self.executor.staging.put("y", mark_host(part.result()))
 
-    def add(self, y: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
-        """y [T, D] + the CPU lane's sum uploaded from buf (upload_buffer's)."""
-        return y + self.executor.staging.upload(buf, self.device, y.dtype)
+    def finish(self, back: Back, buf: torch.Tensor | None) -> torch.Tensor:
+        """The block's output in the FFN's last launch: its pair sums + the hits' output (pipeline) + the CPU lane's
+        sum uploaded from buf (None: no lane work), each add rounded as the eager `a + b` was."""
+        terms = [] if back.hits is None else [back.hits]
+        if buf is not None:
+            terms.append(self.executor.staging.upload(buf, self.device, torch.float32))
+        return back.sums.finish(*terms)
 
     def _gather(self, layer, copy_expert, copy_slot, counts):
         """Copy the fetched experts into their slots: on CUDA on the copy stream after the decision (which follows

@@ -118,7 +118,7 @@ class Engine:
         if self.cache.device_moe is not None:
             dm = self.cache.device_moe
             parts = (LaneParts(functools.partial(self._moe_device, front=True), dm.lane, dm.back, dm.upload_buffer,
-                               dm.add) if dm.cpu_lane else None)
+                               dm.finish) if dm.cpu_lane else None)
             self.graphs = MoEGraphs(self._moe_device, self.device, self.host, parts=parts)
         if self.graphs is not None and cfg.v4 is not None and cfg.v4.hash_layers:
             self.graphs.blocker = "hash-routed layers read each step's token ids"

@@ -22,6 +22,7 @@ from freetoken.kernels.checks import check_same_device, check_tensor, dot_in_fp3
 from freetoken.kernels.dot import mma
 from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.moe_align import align_by_slot
+from freetoken.kernels.pair_sums import PairSums, sum_pairs
 from freetoken.kernels.tuning import split_k, tuned
 
 MAX_PAIRS_ONE_PER_BLOCK = 16  # up to this many (token, k) pairs, each pair is its own block (decode)
@@ -148,30 +149,6 @@ def _down_kernel(
     tl.store(y_ptrs, acc * route_w[:, None], mask=rmask[:, None] & nmask[None, :])
 
 
-@triton.jit
-def _sum_pairs_kernel(
-    # Pointers
-    y_ptr, slot_ptr, out_ptr,
-    # Dimensions
-    K, D, SPLITS,
-    # Strides
-    stride_ys, stride_yp, stride_st, stride_ot,
-    # Meta-parameters
-    BLOCK_D: tl.constexpr,
-):
-    """Program (token, D tile): out[t] = sum of y over the token's resident pairs (others were never written) and
-    over the down kernel's K splits, in a fixed order."""
-    t = tl.program_id(0)
-    offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for k in range(K):
-        width = tl.where(tl.load(slot_ptr + t * stride_st + k) >= 0, D, 0)  # 0: pair not resident, row unwritten
-        row = y_ptr + (t * K + k).to(tl.int64) * stride_yp + offs_d
-        for s in range(SPLITS):
-            acc += tl.load(row + s * stride_ys, mask=offs_d < width, other=0.0)
-    tl.store(out_ptr + t * stride_ot + offs_d, acc.to(out_ptr.dtype.element_ty), mask=offs_d < D)
-
-
 def check_ffn_options(b_gate_up: torch.Tensor | None, b_down: torch.Tensor | None, S: int, I: int, D: int,
                       glu: str, device: torch.device) -> None:
     """Biases [S, 2I] / [S, D] on x's device, a known activation (shared by expert_ffn and expert_ffn_quant)."""
@@ -246,21 +223,6 @@ def pair_blocks(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, 
                       cfg["num_stages"])
 
 
-def sum_pairs(y: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out [T, D] = each token's sum of its resident pairs' rows of y [splits, T * K, D] over the splits (the third
-    launch of both FFNs)."""
-    T, K = slot_ids.shape
-    D = out.shape[1]
-    BLOCK_D = min(triton.next_power_of_2(D), 1024)
-    _sum_pairs_kernel[(T, triton.cdiv(D, BLOCK_D))](
-        y, slot_ids, out,
-        K, D, y.shape[0],
-        y.stride(0), y.stride(1), slot_ids.stride(0), out.stride(0),
-        BLOCK_D=BLOCK_D, num_warps=4,
-    )
-    return out
-
-
 def bias_args(b: torch.Tensor | None, stand_in: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(pointer, slot stride) of an optional bias; without one the stand-in is passed and never read."""
     return (stand_in, 0) if b is None else (b, b.stride(0))
@@ -269,11 +231,12 @@ def bias_args(b: torch.Tensor | None, stand_in: torch.Tensor) -> tuple[torch.Ten
 def expert_ffn(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
-    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None,
-) -> torch.Tensor:
+    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None, defer: bool = False,
+) -> torch.Tensor | PairSums:
     """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, w_gate_up [S, 2I, D], w_down [S, D, I] -> [T, D].
     Optional b_gate_up [S, 2I], b_down [S, D]; glu of GLUS (alpha, limit: the clamped one's gain and clamp);
-    max_experts: distinct slots one call can use (the layer's E), bounding prefill's padded rows."""
+    max_experts: distinct slots one call can use (the layer's E), bounding prefill's padded rows. defer: stop
+    before the sum over pairs and return a PairSums (finish() adds terms in that launch)."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
@@ -299,7 +262,7 @@ def expert_ffn(
     # 2. allocate
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
     if T == 0 or K == 0:
-        return out.zero_()
+        return PairSums(done=out.zero_()) if defer else out.zero_()
     slot_ids = slot_ids.contiguous()
     b = pair_blocks(x, slot_ids, weights, S, I, max_experts)
     # 3. launch
@@ -322,7 +285,7 @@ def expert_ffn(
         BLOCK_M=b.block_m, BLOCK_N=b.down_block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
         num_stages=b.num_stages,
     )
-    return sum_pairs(b.y, slot_ids, out)
+    return PairSums(b.y, slot_ids, out) if defer else sum_pairs(b.y, slot_ids, out)
 
 
 def glu_ref(gate: torch.Tensor, up: torch.Tensor, glu: str = "silu", alpha: float = 1.702,

@@ -24,9 +24,9 @@ from freetoken.kernels.expert_ffn import (
     expert_ffn_ref,
     glu,
     pair_blocks,
-    sum_pairs,
 )
 from freetoken.kernels.lazy import tl, triton
+from freetoken.kernels.pair_sums import PairSums, sum_pairs
 from freetoken.kernels.packed_tiles import slot_tile
 from freetoken.quant.packed import PackedWeight
 
@@ -181,10 +181,10 @@ def expert_ffn_quant(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
     gate: PackedWeight, up: PackedWeight, down: PackedWeight,
     b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
-    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None,
-) -> torch.Tensor:
+    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None, defer: bool = False,
+) -> torch.Tensor | PairSums:
     """x [T, D], slot_ids [T, K] int32, weights [T, K] fp32, gate / up [S, I, D], down [S, D, I] packed -> [T, D].
-    Biases, glu / alpha / limit and max_experts as in expert_ffn."""
+    Biases, glu / alpha / limit, max_experts and defer as in expert_ffn."""
     # 1. check
     check_tensor(x, "x", 2)
     check_tensor(slot_ids, "slot_ids", 2, dtypes=(torch.int32,))
@@ -204,7 +204,7 @@ def expert_ffn_quant(
     # 2. allocate
     out = torch.empty((T, D), dtype=x.dtype, device=x.device)
     if T == 0 or K == 0:
-        return out.zero_()
+        return PairSums(done=out.zero_()) if defer else out.zero_()
     slot_ids = slot_ids.contiguous()
     b = pair_blocks(x, slot_ids, weights, S, I, max_experts, kernel="expert_ffn_quant")
     # 3. launch
@@ -227,7 +227,7 @@ def expert_ffn_quant(
         BLOCK_M=b.block_m, BLOCK_N=b.down_block_n, BLOCK_K=b.block_k, num_warps=b.num_warps,
         num_stages=b.num_stages,
     )
-    return sum_pairs(b.y, slot_ids, out)
+    return PairSums(b.y, slot_ids, out) if defer else sum_pairs(b.y, slot_ids, out)
 
 
 def dequantize_experts(gate: PackedWeight, up: PackedWeight, down: PackedWeight) -> tuple[torch.Tensor, torch.Tensor]:

@@ -238,10 +238,10 @@ def test_moe_block_graphs_launch_once_per_layer():
     with pytest.raises(ValueError, match="moe_graphs"):
         freetoken_work(log_of(*calls), 2, LayerShape(), moe_graphs=True, cuda_graphs=True,
                        **{k: v for k, v in kw.items() if k != "cuda_graphs"})
-    # with a CPU lane (layer 1's calls send one expert to it): front and back graphs per layer, and the add graph
-    # where the lane had an expert: 10 + 2 (+ 1 on layer 1) per layer, + 2; one wait per layer; copies: the
-    # decision, x and weights per layer, the lane's result up on layer 1, the recorder's once per step
+    # with a CPU lane (layer 1's calls send one expert to it): front, back and finish graphs per layer, whether or
+    # not the lane had an expert: 10 + 3 per layer, + 2; one wait per layer; copies: the decision, x and weights per
+    # layer, the lane's result up on layer 1, the recorder's once per step
     lane = [dict(layer=l, phase=1, hits=1, fetched=1 - l, cpu=l) for _ in range(3) for l in (0, 1)]
     hybrid = freetoken_work(log_of(*lane), 2, LayerShape(), moe_graphs=True, cpu_split=True, **kw)
-    assert hybrid.launches.tolist() == [10 + 2 + 2, 10 + 3] * 3
+    assert hybrid.launches.tolist() == [10 + 3 + 2, 10 + 3] * 3
     assert hybrid.syncs.tolist() == [1, 1] * 3 and hybrid.copies.tolist() == [3 + 1, 3 + 1] * 3

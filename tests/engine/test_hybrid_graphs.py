@@ -87,7 +87,7 @@ def graph_engine(ckpt, plans: list) -> Engine:
     dm = engine.cache.device_moe
     assert dm.cpu_lane and engine.graphs is None  # (no CUDA: eager)
     parts = LaneParts(lambda layer, h: engine._moe_device(layer, h, front=True), dm.lane, dm.back, dm.upload_buffer,
-                      dm.add)
+                      dm.finish)
     graphs = MoEGraphs(engine._moe_device, torch.device("cpu"), engine.host, capture=False, parts=parts)
     graphs.capture = True  # capture = the stand-in above (no CUDA here)
     graphs._capture_part = stand_in_capture(engine, plans)

@@ -22,7 +22,8 @@ def _variants():
     """(name, kernel, pointer/float arg types, constexprs, num_warps, num_stages) for the launches the wrappers make."""
     from freetoken.kernels.attention_decode import _attention_decode_merge_kernel, _attention_decode_split_kernel
     from freetoken.kernels.attention_prefill import _attention_prefill_kernel
-    from freetoken.kernels.expert_ffn import _down_kernel, _gate_up_kernel, _sum_pairs_kernel
+    from freetoken.kernels.expert_ffn import _down_kernel, _gate_up_kernel
+    from freetoken.kernels.pair_sums import _sum_pairs_kernel
     from freetoken.kernels.linear import TILE_CONFIGS, _linear_kernel
     from freetoken.kernels.linear_decode import _linear_decode_kernel
     from freetoken.kernels.tuning import load_table
@@ -85,7 +86,10 @@ def _variants():
          dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P, sinks_ptr=F), dict(SINKS=False, BLOCK_S=64, BLOCK_D=128), 4, 1),
         ("attention decode merge sinks", _attention_decode_merge_kernel,
          dict(part_out_ptr=F, part_lse_ptr=F, out_ptr=P, sinks_ptr=F), dict(SINKS=True, BLOCK_S=64, BLOCK_D=128), 4, 1),
-        ("expert sum", _sum_pairs_kernel, dict(y_ptr=F, slot_ptr="*i32", out_ptr=P), dict(BLOCK_D=1024), 4, 1),
+        ("expert sum", _sum_pairs_kernel, dict(y_ptr=F, slot_ptr="*i32", out_ptr=P, a1_ptr=P, a2_ptr=P),
+         dict(TERMS=0, BLOCK_D=1024), 4, 1),
+        ("expert sum + CPU lane + group", _sum_pairs_kernel, dict(y_ptr=F, slot_ptr="*i32", out_ptr=P, a1_ptr=P,
+                                                                   a2_ptr=F), dict(TERMS=2, BLOCK_D=1024), 4, 1),
     ]
     for one_pair, bm in ((True, 16), (False, 64)):
         for bias, glu in ((False, "silu"), (True, "clamped"), (False, "silu_limit")):  # plain; gpt-oss; DeepSeek-V4
