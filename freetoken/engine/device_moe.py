@@ -201,13 +201,12 @@ class DeviceMoE:
         ffn = ex.kernels.expert_ffn_quant if pool.packed else ex.kernels.expert_ffn
         run = lambda s, **kw: ffn(front.x, s.contiguous(), front.weights, *pool.weights,  # noqa: E731
                                   max_experts=E, **pool.ffn_options, **kw)
-        hits = None
         if ex.pipeline:  # the hits while the gather runs, then the fetched experts
             hits = run(front.hit_slots)
             ex._wait([fetched])
             return Back(run(front.fetch_slots, defer=True), hits)
         ex._wait([fetched])
-        return Back(run(front.slots, defer=True), hits)
+        return Back(run(front.slots, defer=True), None)
 
     def upload_buffer(self, part: Future) -> torch.Tensor:
         """The CPU lane's [T, D] fp32 sum, joined, in the host buffer finish() uploads from (pinned on CUDA)."""
