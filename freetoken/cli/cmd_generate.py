@@ -145,7 +145,8 @@ def draft_config(args: argparse.Namespace):
         raise ValueError("--draft verifies greedily: add --greedy (or --temperature 0)")
     for flag, value, plain in (("--repetition-penalty", args.repetition_penalty, (None, 1.0)),
                                ("--presence-penalty", args.presence_penalty, (0.0,)),
-                               ("--frequency-penalty", args.frequency_penalty, (0.0,)), ("--logit-bias", args.logit_bias, (None,))):
+                               ("--frequency-penalty", args.frequency_penalty, (0.0,)),
+                               ("--logit-bias", args.logit_bias, (None,))):
         if value not in plain:
             raise ValueError(f"--draft keeps the tokens plain greedy decoding would choose: drop {flag}")
     if args.draft_depth < 1:

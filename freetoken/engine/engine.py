@@ -24,6 +24,7 @@ from freetoken.engine.draft import DraftConfig, DraftStats, generate_drafted
 from freetoken.engine.decode_graphs import LaneParts, MoEGraphs, decode_line
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
+from freetoken.engine.penalties import history_shaped
 from freetoken.defaults import context_length
 from freetoken.kv_dtype import check_kv_dtype
 from freetoken.engine.kv import KVCache
@@ -316,9 +317,9 @@ class Engine:
         kv.check_room(start, len(token_ids) - start + max_tokens - 1)
         stops = set(self.default_stop_ids() if stop_token_ids is None else stop_token_ids)
         sampler = Sampler(sampling or SamplingParams(), prompt=token_ids)  # (the penalty covers the whole prompt)
-        if draft is not None and (not sampler.params.is_greedy or sampler.params.repetition_penalty != 1.0):
+        if draft is not None and (not sampler.params.is_greedy or history_shaped(sampler.params)):
             raise ValueError("draft: verification keeps the tokens plain greedy decoding would choose; use greedy "
-                             "sampling without a repetition penalty")
+                             "sampling without repetition, presence or frequency penalties")
         if draft is None and self.cache.carry is not None:
             raise ValueError("options: carry='drafts' hands the rejected drafts to the policy; it needs drafting "
                              "(generate's draft=, ft generate --draft ngram)")

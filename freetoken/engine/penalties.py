@@ -23,6 +23,16 @@ def penalize_repeats(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -
     return torch.where(seen, torch.where(logits > 0, logits / penalty, logits * penalty), logits)
 
 
+def history_shaped(params) -> bool:
+    """Whether params' penalties depend on the tokens chosen so far (repetition, presence, frequency)."""
+    return params.repetition_penalty != 1.0 or bool(params.presence_penalty) or bool(params.frequency_penalty)
+
+
+def shapes_logits(params) -> bool:
+    """Whether params' logit bias or penalties change any logit."""
+    return bool(params.logit_bias) or history_shaped(params)
+
+
 class Penalties:
     def __init__(self, size: int, device: torch.device, *, repetition: float = 1.0, presence: float = 0.0,
                  frequency: float = 0.0, bias: Mapping[int, float] | None = None, prompt: Iterable[int] = ()):
@@ -36,10 +46,14 @@ class Penalties:
         self.seen = seen_flags(prompt, size, device) if repetition != 1.0 else None  # [V] bool
         self.counts = torch.zeros(size, device=device) if presence or frequency else None  # [V] fp32 occurrences
 
-    @staticmethod
-    def wanted(repetition: float = 1.0, presence: float = 0.0, frequency: float = 0.0, bias=None) -> bool:
-        """Whether any of them changes a logit (else no tables are worth making)."""
-        return repetition != 1.0 or bool(presence) or bool(frequency) or bool(bias)
+    @classmethod
+    def of(cls, params, size: int, device: torch.device, prompt: Iterable[int] = ()) -> "Penalties | None":
+        """The tables of params' logit_bias (a mapping or (id, bias) pairs) and repetition / presence / frequency
+        penalties (SamplingParams' or the server's Params' fields); None when none changes a logit."""
+        if not shapes_logits(params):
+            return None
+        return cls(size, device, repetition=params.repetition_penalty, presence=params.presence_penalty,
+                   frequency=params.frequency_penalty, bias=dict(params.logit_bias), prompt=prompt)
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] fp32 -> shaped: bias, then the repetition penalty, then presence and frequency."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from freetoken.engine.penalties import Penalties
+from freetoken.engine.penalties import Penalties, shapes_logits
 from freetoken.models.config import CheckpointError
 from freetoken.models.generation_config import FILE, GenerationDefaults
 from freetoken.placement.config import ConfigError
@@ -72,6 +72,7 @@ class Sampler:
         self._gens: dict[torch.device, torch.Generator] = {}
         self._seed = params.seed if params.seed is not None else int(torch.Generator().seed())
         self._prompt = list(prompt)
+        self._shapes = shapes_logits(params)  # logit bias or penalties to apply
         self.penalties: Penalties | None = None  # on the logits' device, from the first call
 
     def generator(self, device: torch.device) -> torch.Generator:
@@ -84,16 +85,13 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) -> a token id, after the logit bias and the penalties over the prompt and the
         tokens chosen here before (vLLM's order: they, then temperature and the cuts)."""
-        p = self.params
-        if Penalties.wanted(p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.logit_bias):
+        if self._shapes:
             if self.penalties is None:
                 V = logits.numel()
-                bad = next((t for t, _ in p.logit_bias if t >= V), None)
+                bad = next((t for t, _ in self.params.logit_bias if t >= V), None)
                 if bad is not None:
                     raise ConfigError("{logit_bias}: token id {t} is not in the vocabulary of {V}", t=bad, V=V)
-                self.penalties = Penalties(V, logits.device, repetition=p.repetition_penalty,
-                                           presence=p.presence_penalty, frequency=p.frequency_penalty,
-                                           bias=dict(p.logit_bias), prompt=self._prompt)
+                self.penalties = Penalties.of(self.params, V, logits.device, self._prompt)
             logits = self.penalties(logits.detach().float())
         token = int(self.pick(logits))
         if self.penalties is not None:

@@ -45,15 +45,11 @@ class Tables:
     @classmethod
     def make(cls, params: Params, stop_ids: torch.Tensor, prompt: torch.Tensor, V: int, device: torch.device
              ) -> "Tables":
-        allowed = penalties = None
+        allowed = None
         if params.allowed_token_ids is not None:
             allowed = torch.full((V,), float("-inf"), device=device)
             allowed[torch.tensor(params.allowed_token_ids, dtype=torch.long, device=device)] = 0.0
-        if Penalties.wanted(params.repetition_penalty, params.presence_penalty, params.frequency_penalty,
-                            params.logit_bias):
-            penalties = Penalties(V, device, repetition=params.repetition_penalty, presence=params.presence_penalty,
-                                  frequency=params.frequency_penalty, bias=params.logit_bias, prompt=prompt)
-        return cls(stop_ids.to(device), allowed, penalties)
+        return cls(stop_ids.to(device), allowed, Penalties.of(params, V, device, prompt))
 
     def accept(self, token: int) -> None:
         if self.penalties is not None:

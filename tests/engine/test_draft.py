@@ -92,6 +92,10 @@ def test_draft_needs_greedy(checkpoints):
     engine = Engine(checkpoints["qwen3_moe"], CacheConfig("lru", capacity=5), kernels="host", device="cpu")
     with pytest.raises(ValueError, match="use greedy sampling"):
         engine.generate(PROMPT, SamplingParams(temperature=0.7), max_tokens=4, draft=DraftConfig())
+    # a penalty over the tokens so far would count the verify rows' rejected choices too
+    for field, value in (("repetition_penalty", 1.3), ("presence_penalty", 0.5), ("frequency_penalty", 0.5)):
+        with pytest.raises(ValueError, match="without repetition, presence or frequency penalties"):
+            engine.generate(PROMPT, SamplingParams(greedy=True, **{field: value}), max_tokens=4, draft=DraftConfig())
 
 
 @pytest.mark.parametrize("policy", ["lru", "lookahead"])
