@@ -18,7 +18,7 @@ from freetoken.host import kernels as hk
 from freetoken.host.native import packed_matrix
 from freetoken.kernels.expert_ffn_quant import check_packed_experts
 from freetoken.kernels.host import attention_host, causal_after, expert_ffn_host, expert_ffn_quant_host
-from freetoken.kernels.pair_sums import PairSums
+from freetoken.kernels.pair_sums import deferrable
 from freetoken.kernels.rmsnorm import rms_norm_ref
 from freetoken.kernels.rope import _inv_freq, apply_rope_ref
 from freetoken.kernels.router import _check_options, router_topk_ref
@@ -98,15 +98,12 @@ def _biases(b_gate_up: torch.Tensor | None, b_down: torch.Tensor | None) -> dict
     return {"b_gate_up": b_gate_up.float().contiguous(), "b_down": b_down.float().contiguous()}
 
 
+@deferrable
 def expert_ffn(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor,
                w_down: torch.Tensor, b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None,
                glu: str = "silu", alpha: float = 1.702, limit: float = 7.0,
-               max_experts: int | None = None, defer: bool = False) -> torch.Tensor | PairSums:
-    """expert_ffn's contract over slots [S, 2I, D] / [S, D, I] (slot -1: skipped) -> [T, D] in x's dtype (defer: as
-    a finished PairSums)."""
-    if defer:
-        return PairSums(done=expert_ffn(x, slot_ids, weights, w_gate_up, w_down, b_gate_up, b_down, glu, alpha, limit,
-                                        max_experts))
+               max_experts: int | None = None) -> torch.Tensor:
+    """expert_ffn's contract over slots [S, 2I, D] / [S, D, I] (slot -1: skipped) -> [T, D] in x's dtype."""
     if not (hk.available() and w_gate_up.dtype in _DENSE and w_gate_up.is_contiguous() and w_down.is_contiguous()):
         return expert_ffn_host(x, slot_ids, weights, w_gate_up, w_down, b_gate_up, b_down, glu, alpha, limit)
     ids = slot_ids.numpy()
@@ -121,11 +118,10 @@ def expert_ffn(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w
     return hk.moe(m, x, slot_ids.to(torch.int32), weights.float(), take).to(x.dtype)
 
 
+@deferrable
 def expert_ffn_quant(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, gate: PackedWeight,
                      up: PackedWeight, down: PackedWeight, **options) -> torch.Tensor:
-    """expert_ffn_quant's contract: the packed slots read as stored (defer: as a finished PairSums)."""
-    if options.pop("defer", False):
-        return PairSums(done=expert_ffn_quant(x, slot_ids, weights, gate, up, down, **options))
+    """expert_ffn_quant's contract: the packed slots read as stored."""
     if not hk.available():
         return expert_ffn_quant_host(x, slot_ids, weights, gate, up, down, **options)
     check_packed_experts(gate, up, down, x.shape[1])

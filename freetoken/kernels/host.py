@@ -17,7 +17,7 @@ import torch
 from freetoken.kernels.attention import attention_ref, visible_kv
 from freetoken.kernels.expert_ffn import glu_ref
 from freetoken.kernels.expert_ffn_quant import check_packed_experts
-from freetoken.kernels.pair_sums import PairSums
+from freetoken.kernels.pair_sums import deferrable
 from freetoken.quant.packed import PackedWeight
 
 SlotWeights = Callable[[int], tuple[torch.Tensor, torch.Tensor]]  # slot -> (gate_up [2I, D], down [D, I])
@@ -54,18 +54,19 @@ def _grouped(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, slo
     return y_pairs.view(T, K, -1).sum(1).to(x.dtype)  # [T, D]: each token's K picks, in pick order
 
 
+@deferrable
 def expert_ffn_host(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor,
     b_gate_up: torch.Tensor | None = None, b_down: torch.Tensor | None = None, glu: str = "silu",
-    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None, defer: bool = False,
-) -> torch.Tensor | PairSums:
+    alpha: float = 1.702, limit: float = 7.0, max_experts: int | None = None,
+) -> torch.Tensor:
     """expert_ffn's contract (x [T, D], slot_ids [T, K] with -1 = skip, weights [T, K], w_gate_up [S, 2I, D],
     w_down [S, D, I]) computed slot by slot. max_experts (the kernel's padding bound) has nothing to bound here:
-    only the slots the call touches are visited. defer: the result as a finished PairSums."""
-    y = _grouped(x, slot_ids, weights, lambda s: (w_gate_up[s], w_down[s]), b_gate_up, b_down, glu, alpha, limit)
-    return PairSums(done=y) if defer else y
+    only the slots the call touches are visited."""
+    return _grouped(x, slot_ids, weights, lambda s: (w_gate_up[s], w_down[s]), b_gate_up, b_down, glu, alpha, limit)
 
 
+@deferrable
 def expert_ffn_quant_host(
     x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor,
     gate: PackedWeight, up: PackedWeight, down: PackedWeight, **options,
@@ -73,8 +74,6 @@ def expert_ffn_quant_host(
     """expert_ffn_quant's contract: only the slots this call touches are dequantized, each once."""
     check_packed_experts(gate, up, down, x.shape[1])
     options.pop("max_experts", None)  # no padding to bound: only the touched slots are visited
-    if options.pop("defer", False):
-        return PairSums(done=expert_ffn_quant_host(x, slot_ids, weights, gate, up, down, **options))
     b_gate_up, b_down = options.pop("b_gate_up", None), options.pop("b_down", None)
 
     def slot_weights(s: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,6 +8,7 @@ work first (join the CPU lane) and fold the terms in with finish().
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -100,3 +101,14 @@ class PairSums:
         if self.done is not None:
             return add_terms(self.done, terms)
         return sum_pairs(self.y, self.slot_ids, self.out, terms)
+
+
+def deferrable(ffn):
+    """An FFN without a split last launch (the torch and host kernel sets) taking defer=True: its output, finished,
+    handed back as a PairSums."""
+    @functools.wraps(ffn)
+    def call(*args, defer: bool = False, **kwargs):
+        out = ffn(*args, **kwargs)
+        return PairSums(done=out) if defer else out
+
+    return call
