@@ -94,7 +94,7 @@ def test_rss_against_the_checkpoint_whole_and_net_of_the_process_cost():
     (["--rows", "ft-bf16-all"], "--rows applies to --against llama.cpp only"),
     (["--against", "llama.cpp", "--dtype", "fp32"], "--dtype applies to --against hf only"),
     (["--dtype", "fp16"], "--dtype 'fp16' is not one of bf16, fp32"),
-    (["--ft-mode", "half"], "--ft-mode 'half' is not one of cpu-moe, all"),
+    (["--ft-mode", "half"], "--ft-mode 'half' is not one of cpu-moe, cpu-moe-int8-head, all"),
     (["--family", "mixtral"], "--family 'mixtral': expected a comma-separated list of qwen3_moe, qwen3_5_moe"),
     (["--shape", "hidden=0"], "--shape: shape hidden must be a positive integer, got 0"),
     (["--shape", "depth=3"], "--shape 'depth=3': expected KEY=INT with KEY one of hidden,"),
@@ -137,7 +137,9 @@ def test_the_engine_modes_are_what_ft_generate_builds_from_the_same_flags():
     from freetoken.cli.common import cache_config_from_args
 
     for mode in FT_MODES.values():
-        assert mode.cache() == cache_config_from_args(build_parser().parse_args(["generate", *mode.flags]))
+        args = build_parser().parse_args(["generate", *mode.flags])
+        assert mode.cache() == cache_config_from_args(args)
+        assert mode.lm_head == args.lm_head
 
 
 def test_bytes_per_token_by_hand():

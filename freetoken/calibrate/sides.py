@@ -23,16 +23,19 @@ class FtMode:
     name: str
     flags: tuple[str, ...]
     label: str
+    lm_head: str = "checkpoint"  # the engine's lm_head (--lm-head)
 
     def cache(self):
         from freetoken.placement import CacheConfig, Split
 
-        if self.name == "cpu-moe":
+        if self.name.startswith("cpu-moe"):
             return CacheConfig("static_layers", split=Split("cpu"), capacity=0, options={"n_cpu_layers": "all"})
         return CacheConfig("lru", fraction=1.0)
 
 
 FT_MODES = {"cpu-moe": FtMode("cpu-moe", ("--cpu-moe",), "--cpu-moe"),
+            "cpu-moe-int8-head": FtMode("cpu-moe-int8-head", ("--cpu-moe", "--lm-head", "int8"),
+                                        "--cpu-moe --lm-head int8", "int8"),
             "all": FtMode("all", ("--fraction", "1"), "--fraction 1")}
 
 
@@ -50,7 +53,7 @@ def load_engine(ckpt, mode: FtMode, threads: int, max_context: int, dtype: str |
     from freetoken.engine import Engine
 
     return Engine(ckpt, mode.cache(), kernels="auto", device="cpu", dtype=getattr(torch, dtype) if dtype else None,
-                  max_context=max_context, record=False, threads=threads)
+                  max_context=max_context, record=False, threads=threads, lm_head=mode.lm_head)
 
 
 @dataclass(slots=True)

@@ -61,16 +61,17 @@ def classify(sizes: Iterable[tuple[str, int]], is_expert: Callable[[str], bool],
 
 
 def engine_traffic(engine) -> Traffic:
-    """A loaded ft engine: its expert store's bytes per expert, its checkpoint's dense tensors."""
+    """A loaded ft engine: its expert store's bytes per expert, its checkpoint's dense tensors, the head it computes
+    with (the checkpoint's, or one quantized at load: --lm-head int8)."""
     cfg, store = engine.config, engine.store
     dense = [(name, tensor_bytes(t)) for name, t in engine.checkpoint.dense.items()]
     head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
     t = classify(dense, lambda name: False, "model.embed_tokens.weight", head, cfg.top_k, cfg.num_experts,
                  cfg.vocab_size)
-    if cfg.tie_word_embeddings:  # the one matrix is read whole as the head, not one row of it
-        t = Traffic(0.0, t.dense, t.lm_head, 0.0)
+    head_weights = engine.decoder.lm_head
+    row = 0.0 if head_weights is engine.decoder.embed else t.embedding_row  # tied: the one matrix is read whole
     experts = store.expert_bytes * cfg.top_k * store.num_layers
-    return Traffic(float(experts), t.dense, t.lm_head, t.embedding_row)
+    return Traffic(float(experts), t.dense, float(tensor_bytes(head_weights)), row)
 
 
 def gguf_sizes(path: Path) -> list[tuple[str, int]]:

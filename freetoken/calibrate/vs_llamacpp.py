@@ -35,10 +35,12 @@ ROWS = {
     "llama-q4_0": Row("llama.cpp", "Q4_0"), "llama-q4_k_m": Row("llama.cpp", "Q4_K_M"),
     "ft-bf16-cpu-moe": Row("ft", "bf16", "cpu-moe"), "ft-bf16-all": Row("ft", "bf16", "all"),
     "ft-gptq-cpu-moe": Row("ft", GPTQ, "cpu-moe"), "ft-gptq-all": Row("ft", GPTQ, "all"),
+    "ft-gptq-cpu-moe-head8": Row("ft", GPTQ, "cpu-moe-int8-head"),
     "ft-gptq-head-cpu-moe": Row("ft", GPTQ_HEAD, "cpu-moe"), "ft-gptq-head-all": Row("ft", GPTQ_HEAD, "all"),
 }
 # (ft row, llama.cpp row): same weights (bf16), or int4 at about the same bytes (GPTQ g128 vs Q4_0)
 RATIOS = (("ft-bf16-cpu-moe", "llama-bf16"), ("ft-bf16-all", "llama-bf16"), ("ft-gptq-cpu-moe", "llama-q4_0"),
+          ("ft-gptq-cpu-moe-head8", "llama-q4_0"),
           ("ft-gptq-all", "llama-q4_0"), ("ft-gptq-head-cpu-moe", "llama-q4_0"), ("ft-gptq-head-all", "llama-q4_0"))
 
 

@@ -36,7 +36,8 @@ def register(sub) -> None:
                                      "cpu-moe (--cpu-moe)")
     p.add_argument("--rows", help="--against llama.cpp: which rows (default all): llama-bf16, llama-q8_0, "
                                   "llama-q4_0, llama-q4_k_m, ft-bf16-cpu-moe, ft-bf16-all, ft-gptq-cpu-moe, "
-                                  "ft-gptq-all")
+                                  "ft-gptq-all, ft-gptq-cpu-moe-head8 (--lm-head int8), ft-gptq-head-cpu-moe, "
+                                  "ft-gptq-head-all (the checkpoint's LM head in int4 too)")
     p.add_argument("--shape", default="", help="random models' shape overrides, e.g. hidden=256,layers=2 (fields of "
                                                "freetoken.calibrate.checkpoints.RandomMoE)")
     p.add_argument("--llama-cpp-src", help="--against llama.cpp: a llama.cpp source tree with convert_hf_to_gguf.py "

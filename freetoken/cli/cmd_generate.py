@@ -10,6 +10,7 @@ from pathlib import Path
 from freetoken.paths import DEMO_MODEL
 from freetoken.cli.common import add_cache_args, add_placement_args, cache_config_from_args
 from freetoken.kv_dtype import KV_DTYPE_HELP, check_kv_dtype
+from freetoken.quant.head import HEAD_FORMATS, HEAD_HELP
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -53,6 +54,7 @@ def register(sub) -> None:
     add_placement_args(p)
     p.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
+    p.add_argument("--lm-head", default="checkpoint", help=HEAD_HELP)
     p.add_argument("--record-trace", help="write the run's routing trace here (.safetensors)")
     p.add_argument("--draft", choices=["ngram"], help="speculative decoding with a model-free drafter (n-gram prompt "
                                                       "lookup; greedy only: the output is plain greedy's)")
@@ -95,10 +97,16 @@ def build_engine(args: argparse.Namespace, tokenizer=None):
     check_kv_dtype(args.kv_dtype)
     resolve_device(args.device, "--device")
     args.kernels = resolve_kernels(args.kernels)
+    if args.lm_head not in HEAD_FORMATS:
+        raise ValueError(f"--lm-head {args.lm_head!r} is not one of {', '.join(HEAD_FORMATS)}")
+    if args.lm_head == "int8" and args.kernels != "host":  # (before the weights load)
+        raise ValueError(f"--lm-head int8 is read by the host kernels (the CPU engine) only, not --kernels "
+                         f"{args.kernels}")
     return Engine.from_pretrained(args.model, cache, dtype=dtype, tokenizer=tokenizer, kernels=args.kernels,
                                   device=args.device, max_context=args.max_context,
                                   router_hint=True if args.router_hint else None, kv_dtype=args.kv_dtype,
-                                  placement=args.placement, eager=args.eager, threads=args.threads)
+                                  placement=args.placement, eager=args.eager, threads=args.threads,
+                                  lm_head=args.lm_head)
 
 
 def host_line(kernels: str, threads: int) -> str | None:
@@ -237,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("demo model: tiny, random weights (its text is noise; it shows the engine, not a model)\n")
     host = host_line(args.kernels, engine.threads)
     sys.stderr.write(f"experts: {store.format}, {store.expert_bytes / 2**20:.2f} MiB each; kernels: {args.kernels}"
-                     f"{f' ({host})' if host else ''}; KV cache: {args.kv_dtype}\n")
+                     f"{f' ({host})' if host else ''}; KV cache: {args.kv_dtype}"
+                     f"{'; LM head: int8' if args.lm_head == 'int8' else ''}\n")
     sys.stderr.write(engine.cache.placement_line + "\n" + engine.decode_line + "\n")
     from freetoken.placement.warmup import warm_policy
 
@@ -269,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
-                    "kv_dtype": args.kv_dtype, "device": str(engine.device), "experts": store.format,
+                    "kv_dtype": args.kv_dtype, "lm_head": args.lm_head, "device": str(engine.device), "experts": store.format,
                     "host_kernels": host, "threads": engine.threads,
                     "trace": args.record_trace, **signals, **_launch_counts(engine)})
     else:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from freetoken.cli.common import LazyChoices, add_placement_args, add_policy_args, add_size_args
 from freetoken.kv_dtype import KV_DTYPE_HELP
+from freetoken.quant.head import HEAD_HELP
 from freetoken.serve.config import (BACKENDS, DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_RUNNING, DEFAULT_PORT,
                                     ServeConfig)
 
@@ -29,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--prefix-cache-tokens", type=int, help="KV tokens kept for prefix reuse (default: the plan's KV)")
     p.add_argument("--max-context", type=int, help="context length (default: the model's)")
     p.add_argument("--kv-dtype", default="auto", help=KV_DTYPE_HELP)
+    p.add_argument("--lm-head", default="checkpoint", help=HEAD_HELP)
     add_policy_args(p, online=True, future=False)
     add_size_args(p, "what the memory plan leaves after dense weights and the KV floor")
     p.add_argument("--split", metavar="MODE", choices=LazyChoices("freetoken.calibrate.mode", "SPLIT_MODES"),

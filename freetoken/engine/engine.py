@@ -31,7 +31,7 @@ from freetoken.engine.kv import KVCache
 from freetoken.engine.launch_count import LaunchCounter, StepCount, synchronize
 from freetoken.engine.model import Decoder
 from freetoken.engine.recorder import TraceRecorder
-from freetoken.engine.runtime import host_kernels_note, resolve_device, set_host_threads
+from freetoken.engine.runtime import host_kernels_built, host_kernels_note, resolve_device, set_host_threads
 from freetoken.engine.v4_decoder import V4Decoder
 from freetoken.engine.sampling import Sampler, SamplingParams, load_generation_defaults
 from freetoken.engine.slots import ExpertStore
@@ -42,6 +42,7 @@ from freetoken.models.checkpoint import Checkpoint, load_checkpoint
 from freetoken.models.tokenizer import load_tokenizer
 from freetoken.placement import DECODE, PREFILL
 from freetoken.placement.router_hint import predicted_keys
+from freetoken.quant.head import head_weights
 
 
 COUNTED_STEP = 1  # generate()'s counted decode step: the second (the first captures the CUDA graphs)
@@ -69,14 +70,15 @@ class Engine:
                  prefill_chunk: int | None = None, max_context: int | None = None,
                  keep_plans: bool = False, record: bool = True, tokenizer=None, pipeline: bool | None = None,
                  router_hint: bool | None = None, kv_dtype: str = "auto", placement: str = "auto",
-                 eager: bool = False, threads: int | None = None):
+                 eager: bool = False, threads: int | None = None, lm_head: str = "checkpoint"):
         """cache None: every expert resident. prefill_chunk None: the cache config's (one value for both).
         router_hint: run the early router (layer l + 1's on layer l's hidden state) and record its predictions in
         the trace; None: on when the policy takes it live (option hint="router"). It runs on the host placement path.
         kv_dtype: the KV cache's storage, auto (the model's dtype), bf16 or fp8 (e4m3 + scales).
         placement: where the policy decides (auto: the device on CUDA when it can; device; host; cache.PLACEMENTS).
         eager: no CUDA graphs for the decode step's MoE blocks (graphs need CUDA and the device placement).
-        threads: host threads of torch and the host kernels alike (None: torch's, by default the physical cores)."""
+        threads: host threads of torch and the host kernels alike (None: torch's, by default the physical cores).
+        lm_head: the checkpoint's head, or int8 (quantized at load, read packed by the host kernels: quant/head.py)."""
         self.kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
         self.threads = set_host_threads(threads)
         keep_freed_memory()  # prefill temporaries reuse freed heap instead of faulting fresh pages in
@@ -95,6 +97,7 @@ class Engine:
         self.kernels = ks if ks.name == "host" else counted(ks, self.host)
         self.host_note = host_kernels_note(ks.name)
         self.decoder = (V4Decoder if ckpt.config.v4 is not None else Decoder)(ckpt, self.kernels, self.device, dtype)
+        self.decoder.lm_head = head_weights(self.decoder.lm_head, lm_head, ks.name == "host" and host_kernels_built())
         self.store = ExpertStore.from_checkpoint(ckpt, dtype)  # packed experts stay packed
         self.cache = ExpertCache(self.store, cache, self.kernels, self.device, keep_plans, pipeline, host=self.host,
                                  placement=placement)
@@ -134,7 +137,7 @@ class Engine:
                         dtype: torch.dtype | None = None, tokenizer=None, **kw) -> Engine:
         """tokenizer: one already loaded (a caller that encoded its prompt before the weights); None: the
         checkpoint's."""
-        ckpt = load_checkpoint(model, dtype=dtype)
+        ckpt = load_checkpoint(model, dtype=dtype, lm_head=kw.get("lm_head", "checkpoint"))
         return cls(ckpt, cache, tokenizer=tokenizer if tokenizer is not None else load_tokenizer(ckpt.path), **kw)
 
     # model calls

@@ -18,16 +18,12 @@ from freetoken.engine.hybrid_kv import HybridKV
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.kv import KVCache
 from freetoken.engine.mla import MLAWeights, load_mla, mla_attention, mla_attention_batch
+from freetoken.engine.runtime import host_kernels_built
 from freetoken.kernels.rope import yarn_inv_freq
 from freetoken.models.checkpoint import Checkpoint
 from freetoken.models.family import ATTN
 from freetoken.quant.packed import PackedWeight, cat_rows
 
-
-def _host_kernels_built() -> bool:
-    from freetoken.host import kernels as hk
-
-    return hk.available()
 
 # (MoE layer index, normed hidden [T, D], the residual it was normed from [T, D]) -> MoE output [T, D]: the expert
 # cache's entry point (the residual feeds the next layer's early router: the live router hint)
@@ -66,7 +62,7 @@ class Decoder:
         self.cfg, self.kernels, self.device = cfg, kernels, torch.device(device)
         self.on_layer: Callable[[int], None] | None = None  # told each layer's index, then L (launch_count)
 
-        packed_ok = kernels.name == "host" and _host_kernels_built()
+        packed_ok = kernels.name == "host" and host_kernels_built()
 
         def dev(name: str) -> torch.Tensor:
             t = ckpt.dense[name]

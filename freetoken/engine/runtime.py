@@ -18,6 +18,12 @@ def set_host_threads(threads: int | None) -> int:
     return n
 
 
+def host_kernels_built() -> bool:
+    from freetoken.host import kernels as hk
+
+    return hk.available()
+
+
 def host_kernels_note(kernels: str) -> str | None:
     """One line when the host set has to run on torch (the C kernels could not be built), said once per process:
     tens of times slower, and the user should know why."""

@@ -107,7 +107,7 @@ def int8_acts_ref(x: torch.Tensor, unit: int) -> torch.Tensor:
 def int8_acts_unit(w) -> int | None:
     """The activation unit path Q uses for this weight on this machine (None: it reads bf16 activations)."""
     lib = library()
-    if lib is None or not int8_acts() or not isinstance(w, PackedWeight) or w.kind != "int4":
+    if lib is None or not int8_acts() or not isinstance(w, PackedWeight) or w.kind not in ("int4", "int8"):
         return None
     return lib.ft_path_q_unit(ctypes.byref(packed_matrix(w))) or None
 

@@ -10,7 +10,7 @@ import torch
 
 from freetoken.quant.packed import PackedWeight
 
-F32, BF16, F16, INT4, FP4, FP8 = range(6)
+F32, BF16, F16, INT4, FP4, FP8, INT8 = range(7)
 SC_NONE, SC_F32, SC_BF16, SC_F16, SC_E8M0, SC_E4M3 = range(6)
 GLU_KINDS = {"silu": 0, "clamped": 1, "silu_limit": 2}
 GLOBAL_OPS = {None: 0, "divide": 1, "multiply": 2}
@@ -109,10 +109,11 @@ def packed_matrix(w: PackedWeight) -> Matrix:
     N, K = w.shape
     m = Matrix(rows=N, cols=K, data=w.data.data_ptr(), data_stride=_stride_bytes(w.data),
                scales=w.scales.data_ptr(), scales_stride=_stride_bytes(w.scales), scale_cols=w.scales.shape[-1])
-    if w.kind == "int4":
+    if w.kind in ("int4", "int8"):
         if w.scales.dtype not in SCALE_KINDS:
-            raise ValueError(f"int4 scales of dtype {w.scales.dtype} are not read by the host kernels")
-        m.kind, m.group, m.scale_kind, m.row_bytes = INT4, w.group, SCALE_KINDS[w.scales.dtype], K // 2
+            raise ValueError(f"{w.kind} scales of dtype {w.scales.dtype} are not read by the host kernels")
+        m.kind, m.group, m.scale_kind = (INT4 if w.kind == "int4" else INT8), w.group, SCALE_KINDS[w.scales.dtype]
+        m.row_bytes = K // 2 if w.kind == "int4" else K
         m.zeros, m.zeros_stride = w.zeros.data_ptr(), _stride_bytes(w.zeros)
         if w.g_idx is not None:
             m.g_idx, m.g_idx_stride = w.g_idx.data_ptr(), w.g_idx.stride(0)

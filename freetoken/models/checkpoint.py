@@ -25,6 +25,7 @@ from freetoken.models.family import Family
 from freetoken.models.shard import Shard, ShardError
 from freetoken.models.validate import check_dtype, check_values
 from freetoken.quant import QuantError, QuantFormat, load_quant_format
+from freetoken.quant.head import int8_checkpoint_head
 
 INDEX = "model.safetensors.index.json"
 
@@ -184,9 +185,16 @@ class _Reader:
         return name in self.where
 
 
-def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bool | None = None) -> Checkpoint:
+def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bool | None = None,
+                    lm_head: str = "checkpoint") -> Checkpoint:
     """dtype: cast every tensor (None: keep the checkpoint's; packed experts stay packed). pin: page-lock the
-    expert store (default: on CUDA)."""
+    expert store (default: on CUDA). lm_head 'int8': an untied float head quantized as it loads (quant/head.py)."""
+    return _load(model, dtype, pin, int8_checkpoint_head if lm_head == "int8" else lambda dense, cfg: None)
+
+
+def _load(model: str | Path, dtype: torch.dtype | None, pin: bool | None, on_dense) -> Checkpoint:
+    """on_dense(dense, cfg): called once the dense tensors are read, before the experts (the int8 head: its float
+    copy freed before the experts' memory is taken)."""
     path = resolve_dir(model)
     family, cfg = read_config(path)
     try:
@@ -198,10 +206,11 @@ def load_checkpoint(model: str | Path, dtype: torch.dtype | None = None, pin: bo
     pin = torch.cuda.is_available() if pin is None else pin
     if fmt is not None:
         check_layer_count(path, cfg, reader.where)
-        return _load_quantized(path, reader, family, cfg, fmt, dtype, pin)
+        return _load_quantized(path, reader, family, cfg, fmt, dtype, pin, on_dense)
     check_layer_count(path, cfg, reader.where)
     dense = {name: reader.get(name, shape, None if family.integer_tensor(name) else dtype)
              for name, shape in family.dense_tensors(cfg).items()}
+    on_dense(dense, cfg)
     with _readers() as pool:
         experts = [_layer_experts(reader, family, cfg, layer, dtype, pin, pool) for layer in cfg.moe_layers]
     return Checkpoint(path, family, cfg, dense, experts, expert_biases=_expert_biases(reader, family, cfg, dtype, pin),
@@ -232,12 +241,13 @@ def _skipped(reader: _Reader, family: Family) -> tuple[str, ...]:
 
 
 def _load_quantized(path: Path, reader: _Reader, family: Family, cfg: ModelConfig, fmt: QuantFormat,
-                    dtype: torch.dtype | None, pin: bool) -> Checkpoint:
+                    dtype: torch.dtype | None, pin: bool, on_dense) -> Checkpoint:
     from freetoken.models.quantized import TensorView, read_dense, read_experts
 
     view = TensorView(reader.where, reader.raw)
     try:
         dense = read_dense(view, reader.get, fmt, family.dense_tensors(cfg), dtype, keep_packed=_KEPT_PACKED.match)
+        on_dense(dense, cfg)
         # (one layer at a time: repacking layers in parallel loaded 2.1 GB of GPTQ 1.2x faster but peaked 0.1 GB
         # higher, each thread's temporaries in its own heap)
         experts = [read_experts(view, family, cfg, layer, fmt.expert_format, pin) for layer in cfg.moe_layers]

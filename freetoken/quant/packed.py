@@ -1,6 +1,6 @@
 """`PackedWeight`: the one in-memory layout of quantized expert matrices, in the host store and in GPU slots alike.
 
-Every checkpoint format is repacked once, at load, into one of three kinds so that one kernel per kind reads them
+Every checkpoint format is repacked once, at load, into one of three kinds (a fourth, int8, is made here) so that one kernel per kind reads them
 (always as integer or plain-float tensors: the Triton interpreter cannot load fp8 pointers). A matrix W is
 [N out, K in]; every tensor has a leading slot/expert dim S, so copying expert e into slot s is one row copy per
 tensor and a fetch moves exactly `nbytes_per_slot` bytes.
@@ -8,6 +8,8 @@ tensor and a fetch moves exactly `nbytes_per_slot` bytes.
 - `int4` (GPTQ, AutoRound, AWQ): data uint8 [S, N, K/2], element k of row n in byte k // 2, low nibble for even k;
   scales fp16/bf16/fp32 [S, N, G]; zeros uint8 [S, N, G] (the zero point itself, 0..16); optional g_idx int32
   [S, K] (act-order group of each input). w[n, k] = (q - zeros[n, g]) * scales[n, g], g = g_idx[k] or k // group.
+- `int8` (an LM head quantized at load, freetoken/quant/head.py): int4's layout and rule with a byte per weight,
+  data uint8 [S, N, K] in column order; no g_idx.
 - `fp8` (block and per-channel e4m3): data uint8 [S, N, K] (e4m3 bits); scales fp32 [S, ceil(N/b0), ceil(K/b1)]
   with block (b0, b1) (per channel: (1, K)). w[n, k] = e4m3(data) * scales[n // b0, k // b1].
 - `fp4` (MXFP4, NVFP4): data uint8 [S, N, K/2] e2m1 codes, low nibble for even k; scales uint8 [S, N, K/group],
@@ -26,7 +28,7 @@ import torch
 from freetoken.quant.bits import decode_e2m1_packed, decode_e4m3, decode_e8m0
 from freetoken.quant.errors import QuantError
 
-PACKED_KINDS = ("int4", "fp8", "fp4")
+PACKED_KINDS = ("int4", "fp8", "fp4", "int8")
 SCALE_CODES = ("e8m0", "e4m3")
 TENSOR_FIELDS = ("data", "scales", "zeros", "g_idx", "global_scale")
 
@@ -40,7 +42,7 @@ class PackedWeight:
     zeros: torch.Tensor | None = None
     g_idx: torch.Tensor | None = None
     global_scale: torch.Tensor | None = None
-    group: int = 0  # int4: inputs per scale (K for one group); fp4: 32 or 16
+    group: int = 0  # int4 / int8: inputs per scale (K for one group); fp4: 32 or 16
     block: tuple[int, int] | None = None  # fp8
     scale_code: str | None = None  # fp4
     global_op: str | None = None  # fp4 with global_scale: "divide" | "multiply"
@@ -67,9 +69,9 @@ class PackedWeight:
 
     def expected_shapes(self, S: int) -> dict[str, tuple[int, ...]]:
         N, K = self.shape
-        if self.kind == "int4":
+        if self.kind in ("int4", "int8"):
             G = K // self.group
-            out = {"data": (S, N, K // 2), "scales": (S, N, G), "zeros": (S, N, G)}
+            out = {"data": (S, N, K // 2 if self.kind == "int4" else K), "scales": (S, N, G), "zeros": (S, N, G)}
             if self.g_idx is not None:
                 out["g_idx"] = (S, K)
             return out
@@ -86,10 +88,12 @@ class PackedWeight:
         if self.kind not in PACKED_KINDS:
             raise QuantError(f"{what}: kind {self.kind!r}; valid kinds are {list(PACKED_KINDS)}")
         N, K = self.shape
-        if self.kind in ("int4", "fp4") and (K % 2 or self.group <= 0 or K % self.group):
+        if self.kind in ("int4", "fp4", "int8") and (K % 2 or self.group <= 0 or K % self.group):
             raise QuantError(f"{what}: group {self.group} must divide the input dim {K} (and K must be even)")
-        if self.kind == "int4" and self.zeros is None:
-            raise QuantError(f"{what}: int4 needs zeros")
+        if self.kind in ("int4", "int8") and self.zeros is None:
+            raise QuantError(f"{what}: {self.kind} needs zeros")
+        if self.kind == "int8" and self.g_idx is not None:
+            raise QuantError(f"{what}: int8 takes no g_idx")
         if self.kind == "fp8" and (self.block is None or min(self.block) <= 0):
             raise QuantError(f"{what}: fp8 needs a positive block (rows, cols), got {self.block}")
         if self.kind == "fp4":
@@ -162,6 +166,10 @@ def dequantize_packed(w: PackedWeight, index: int) -> torch.Tensor:
             g = torch.arange(K, device=b.device) // w.group
         zeros = w.zeros[index].to(torch.float32)[:, g]  # [N, K]
         return (q - zeros) * w.scales[index].to(torch.float32)[:, g]
+    if w.kind == "int8":
+        g = torch.arange(K, device=w.data.device) // w.group
+        zeros = w.zeros[index].to(torch.float32)[:, g]  # [N, K]
+        return (w.data[index].to(torch.float32) - zeros) * w.scales[index].to(torch.float32)[:, g]
     if w.kind == "fp8":
         b0, b1 = w.block
         s = w.scales[index].to(torch.float32)

@@ -30,6 +30,7 @@ class ServeConfig:
     prefix_cache_tokens: int | None = None  # None: the planned KV tokens
     max_context: int | None = None  # None: the model's own
     kv_dtype: str = "auto"  # KV cache storage: auto (the model's dtype) | bf16 | fp8 (engine backend)
+    lm_head: str = "checkpoint"  # the LM head: the checkpoint's | int8 (quantized at load; engine backend on a CPU)
     policy: str = "lru"  # expert placement policy of the engine's cache
     policy_options: dict = field(default_factory=dict)  # its constructor options (n_cpu_layers, scope, decay, ...)
     profile: str | None = None  # frequency: trace file whose counts pick the pinned experts
@@ -80,6 +81,12 @@ class ServeConfig:
         from freetoken.kv_dtype import check_kv_dtype
 
         check_kv_dtype(self.kv_dtype)
+        from freetoken.quant.head import HEAD_FORMATS
+
+        if self.lm_head not in HEAD_FORMATS:
+            raise ValueError(f"--lm-head {self.lm_head!r} is not one of {', '.join(HEAD_FORMATS)}")
+        if self.backend == "hf" and self.lm_head != "checkpoint":
+            raise ValueError(f"--lm-head {self.lm_head} applies to the engine backend")
         if self.backend == "hf" and self.kv_dtype != "auto":
             raise ValueError(f"--kv-dtype {self.kv_dtype} applies to the engine backend (the hf backend keeps "
                              f"transformers' cache)")

@@ -105,11 +105,12 @@ def expert_format(ckpt) -> str:
 
 
 class EngineBackend:
-    def __init__(self, model_dir: Path, model_id: str, max_context: int | None = None, kv_dtype: str = "auto"):
+    def __init__(self, model_dir: Path, model_id: str, max_context: int | None = None, kv_dtype: str = "auto",
+                 lm_head: str = "checkpoint"):
         from freetoken.models.checkpoint import load_checkpoint
         from freetoken.models.tokenizer import load_tokenizer
 
-        self.ckpt = load_checkpoint(model_dir)
+        self.ckpt = load_checkpoint(model_dir, lm_head=lm_head)  # (an int8 head as it loads: the plan counts it)
         tokenizer = load_tokenizer(self.ckpt.path)
         if tokenizer is None:
             raise ValueError(f"{model_dir}: no tokenizer.json; the server needs the model's tokenizer")
@@ -134,10 +135,10 @@ class EngineBackend:
     def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
                  split_mode: str = "auto", kernels: str | None = None, options: dict | None = None,
                  profile: str | None = None, capacity: int | None = None, fraction: float | None = None,
-                 placement: str = "auto", eager: bool = False) -> None:
+                 placement: str = "auto", eager: bool = False, lm_head: str = "checkpoint") -> None:
         """Builds the engine with the planned expert slots (or fewer, when capacity / fraction ask) and the
-        resolved miss split; policy, options and profile as the one cache config takes them; placement and eager
-        as the Engine takes them."""
+        resolved miss split; policy, options and profile as the one cache config takes them; placement, eager and
+        lm_head as the Engine takes them."""
         from freetoken.calibrate.mode import resolve_split
         from freetoken.engine import Engine
         from freetoken.placement import cache_config
@@ -165,9 +166,10 @@ class EngineBackend:
         cache = cache_config(SERVE_NAMES, policy=policy, options=options or {}, profile=profile, capacity=slots,
                              split=resolved.split, staging=staging)
         self.cache_note = (f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging; "
-                           f"KV cache {self.kv_dtype}")
+                           f"KV cache {self.kv_dtype}{'; LM head int8' if lm_head == 'int8' else ''}")
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
-                             tokenizer=self.tokenizer, kv_dtype=self.kv_dtype, placement=placement, eager=eager)
+                             tokenizer=self.tokenizer, kv_dtype=self.kv_dtype, placement=placement, eager=eager,
+                             lm_head=lm_head)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if not tokens:
             self.prefix_cache = None

@@ -5,7 +5,7 @@
 #include <math.h>
 
 /* weight formats: one expert matrix W [rows, cols], y = W x */
-enum { FT_F32 = 0, FT_BF16 = 1, FT_F16 = 2, FT_INT4 = 3, FT_FP4 = 4, FT_FP8 = 5 };
+enum { FT_F32 = 0, FT_BF16 = 1, FT_F16 = 2, FT_INT4 = 3, FT_FP4 = 4, FT_FP8 = 5, FT_INT8 = 6 };
 /* scale encodings */
 enum { FT_SC_NONE = 0, FT_SC_F32 = 1, FT_SC_BF16 = 2, FT_SC_F16 = 3, FT_SC_E8M0 = 4, FT_SC_E4M3 = 5 };
 enum { FT_GLU_SILU = 0, FT_GLU_CLAMPED = 1, FT_GLU_SILU_LIMIT = 2 };
@@ -17,6 +17,7 @@ enum { FT_OK = 0, FT_EFORMAT = -1, FT_ESHAPE = -2, FT_ENOMEM = -3 };
  * dense: data [rows, cols] of kind F32/BF16/F16;
  * int4:  data [rows, cols/2] (low nibble = even col), scales [rows, cols/group], zeros uint8 [rows, cols/group],
  *        optional g_idx int32 [cols] (group of each col): w = (q - zero) * scale;
+ * int8:  data uint8 [rows, cols], scales and zeros as int4's (no g_idx): w = (q - zero) * scale;
  * fp4:   data [rows, cols/2] e2m1 codes, scales uint8 [rows, cols/group] (e8m0 or e4m3), optional global scale;
  * fp8:   data [rows, cols] e4m3, scales fp32 [ceil(rows/block_rows), ceil(cols/group)]. */
 typedef struct {

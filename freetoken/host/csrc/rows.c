@@ -74,7 +74,7 @@ void ft_prepare(const ft_matrix *m, int path, const void *x, int32_t x_kind, int
 
 int64_t ft_rows_scratch_floats(const ft_matrix *m) {
     const int64_t a = (int64_t)m->cols + 64 + (int64_t)FT_ROW_BLOCK * (2 * (int64_t)m->scale_cols + 32);
-    const int64_t q = m->kind == FT_INT4 ? ft_rows_scratch_q_floats(m) : 0;
+    const int64_t q = m->kind == FT_INT4 || m->kind == FT_INT8 ? ft_rows_scratch_q_floats(m) : 0;
     return a > q ? a : q;
 }
 
@@ -145,8 +145,12 @@ static void decode_row(const ft_matrix *m, int e, int row, float *w) {
         }
         return;
     }
-    /* int4: (q - zero) * scale, group g_idx[k] or k / group */
     const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + srow;
+    if (m->kind == FT_INT8) { /* (q - zero) * scale, group k / group */
+        for (int k = 0; k < K; k++) w[k] = ((float)d[k] - (float)z[k / m->group]) * ft_scale(m, s, srow + k / m->group);
+        return;
+    }
+    /* int4: (q - zero) * scale, group g_idx[k] or k / group */
     const int32_t *gi = m->g_idx ? m->g_idx + (int64_t)e * m->g_idx_stride : NULL;
     for (int k = 0; k < K; k++) {
         int g = gi ? gi[k] : k / m->group;

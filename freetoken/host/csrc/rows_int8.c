@@ -8,6 +8,8 @@
  *   y = sum_u s_u d_u (sum_{k in u} a_k q_k) - s_u z_u d_u (sum_{k in u} a_k)
  * Activations are laid out per 128-column chunk as its 64 even columns, then its 64 odd ones: byte b of a weight row
  * holds columns 2b (low nibble) and 2b + 1 (high), so the low-nibble register meets the even columns lane for lane.
+ * Int8 weights (an LM head quantized at load) take the same route with a byte per weight in natural column order,
+ * so their activations stay in natural order too: a chunk is two plain 64-byte loads and the same two dots.
  * Every activation row gets the same instruction sequence whatever the batch, so a token's result does not depend
  * on its batch-mates. */
 #include <math.h>
@@ -21,7 +23,9 @@ void ft_set_int8_acts(int32_t on) { ft_int8_acts = on != 0; }
 static inline int unit_of(const ft_matrix *m) { return m->group < 128 ? m->group : 128; }
 
 int ft_path_q_unit(const ft_matrix *m) {
-    if (!ft_path_q_built() || !ft_int8_acts || m->kind != FT_INT4 || m->g_idx || m->cols % 128) return 0;
+    if (!ft_path_q_built() || !ft_int8_acts || m->g_idx || m->cols % 128) return 0;
+    if (m->kind == FT_INT8) return m->group % 128 == 0 ? 128 : 0;
+    if (m->kind != FT_INT4) return 0;
     return m->group == 16 || m->group == 32 || m->group == 64 || m->group % 128 == 0 ? unit_of(m) : 0;
 }
 
@@ -35,8 +39,9 @@ int64_t ft_acts_q_bytes(const ft_matrix *m, int n) {
 
 int ft_path_q_built(void) { return 1; }
 
-/* one 128-column chunk of bf16 activations -> int8 (even columns, then odd) with the per-unit d and d * sum(a) */
-static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, float *xza) {
+/* one 128-column chunk of bf16 activations -> int8 (even columns, then odd; natural: in column order) with the
+ * per-unit d and d * sum(a) */
+static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, float *xza, int natural) {
     const __m512 ABS = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 v[8];
     for (int j = 0; j < 8; j++)
@@ -61,6 +66,10 @@ static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *
         }
         xd[u] = d;
         xza[u] = d * (float)_mm512_reduce_add_epi32(sum);
+    }
+    if (natural) {
+        for (int j = 0; j < 8; j++) _mm_storeu_si128((__m128i *)(dst + 16 * j), q[j]);
+        return;
     }
     const __m512i t0 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[1], q[0])), _mm256_set_m128i(q[3], q[2]), 1);
     const __m512i t1 = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q[5], q[4])), _mm256_set_m128i(q[7], q[6]), 1);
@@ -87,12 +96,15 @@ void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_s
         const uint16_t *src = (const uint16_t *)x + (int64_t)(rows ? rows[i] : i) * x_stride;
         for (int c = 0; c < K / 128; c++)
             quantize_chunk(src + 128 * c, U, xq + (int64_t)i * K + 128 * c, xd + (int64_t)i * nu + c * per_chunk,
-                           xza + (int64_t)i * nu + c * per_chunk);
+                           xza + (int64_t)i * nu + c * per_chunk, m->kind == FT_INT8);
     }
 }
 
 #ifndef FT_PREFETCH_BYTES
 #define FT_PREFETCH_BYTES 8192
+#endif
+#ifndef FT_W8_AHEAD /* int8 rows: the same, twice the bytes per chunk */
+#define FT_W8_AHEAD 16384
 #endif
 
 /* lane j of a chunk's int32 sums covers columns 8j .. 8j + 7: unit j >> 1, 2, 3 for U = 16, 32, 64 */
@@ -116,11 +128,13 @@ static inline __m128 hsum4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 
 /* R weight rows against NT activation rows; su[r]: row r's per-unit scales, already times the activation's d when
- * PRE (decode: NT = 1); zs[r]: its per-unit zero offsets s * z, taken off against xza (d * sum a) at the end */
+ * PRE (decode: NT = 1); zs[r]: its per-unit zero offsets s * z, taken off against xza (d * sum a) at the end.
+ * W8: a byte per weight (int8), its chunk's two halves loaded as they are */
 static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int64_t row_bytes, int K, int U,
                                                           const float **su, const float **zs, const int8_t **x,
                                                           const float **xd, const float **xza, float *y, int ldy,
-                                                          int ldt, const int R, const int NT, const int PRE) {
+                                                          int ldt, const int R, const int NT, const int PRE,
+                                                          const int W8) {
     const __m512i lanes = unit_lanes(U), LO = _mm512_set1_epi8(0x0F);
     const int nu = K / U, per_chunk = 128 / U;
     __m512 tot[4][4];
@@ -135,10 +149,12 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
             if (!PRE) dv[t] = chunk_factors(xd[t], c, per_chunk, lanes);
         }
         for (int r = 0; r < R; r++) {
-            const uint8_t *qr = q + r * row_bytes + 64 * c;
-            _mm_prefetch((const char *)(qr + FT_PREFETCH_BYTES), _MM_HINT_T1);
+            const uint8_t *qr = q + r * row_bytes + (W8 ? 128 : 64) * c;
+            _mm_prefetch((const char *)(qr + (W8 ? FT_W8_AHEAD : FT_PREFETCH_BYTES)), _MM_HINT_T1);
+            if (W8) _mm_prefetch((const char *)(qr + FT_W8_AHEAD + 64), _MM_HINT_T1);
             const __m512i src = _mm512_loadu_si512(qr);
-            const __m512i lo = _mm512_and_si512(src, LO), hi = _mm512_and_si512(_mm512_srli_epi16(src, 4), LO);
+            const __m512i lo = W8 ? src : _mm512_and_si512(src, LO);
+            const __m512i hi = W8 ? _mm512_loadu_si512(qr + 64) : _mm512_and_si512(_mm512_srli_epi16(src, 4), LO);
             const __m512 sv = chunk_factors(su[r], c, per_chunk, lanes);
             for (int t = 0; t < NT; t++) {
                 __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xe[t]);
@@ -169,8 +185,9 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
     }
 }
 
-void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
-                   float *y, int ldy, float *scratch) {
+static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m, int e, int r0, int r1,
+                                                             const ft_acts *a, const int32_t *idx, int n, float *y,
+                                                             int ldy, float *scratch, const int W8) {
     const int K = m->cols, U = unit_of(m), nu = K / U, ng = m->scale_cols, per_group = m->group / U;
     const uint8_t *base = m->data + (int64_t)e * m->data_stride;
     const int8_t *xq = (const int8_t *)a->xb;
@@ -198,7 +215,8 @@ void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
         }
         memset(su + cells, 0, 16 * 4); /* chunk_factors reads up to 16 units past a row's last */
         int r = b0;
-        if (n == 1) { /* decode: the activation's d folded into the scales, four rows at a time */
+        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, four rows at a time (int8 rows
+                               * go one at a time below: their LM head read 1.6 against 2.0 ms four at a time) */
             const int64_t t0 = idx ? idx[0] : 0;
             const int8_t *x[1] = {xq + t0 * K};
             const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
@@ -213,7 +231,7 @@ void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
                 const float *s4[4], *z4[4];
                 for (int j = 0; j < 4; j++) s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
                 q8_tile(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, s4, z4, x, NULL, xza,
-                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1);
+                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1, W8);
             }
         }
         for (; r < b1; r++) {
@@ -229,14 +247,20 @@ void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
                 float *yr = y + (int64_t)(r - r0) * ldy + i;
                 const uint8_t *q = base + (int64_t)r * m->row_bytes;
                 switch (nt) {
-                case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0); break;
-                case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0); break;
-                case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0); break;
-                default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0);
+                case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0, W8); break;
+                case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0, W8); break;
+                case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0, W8); break;
+                default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0, W8);
                 }
             }
         }
     }
+}
+
+void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
+                   float *y, int ldy, float *scratch) {
+    if (m->kind == FT_INT8) rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch, 1);
+    else rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch, 0);
 }
 
 #else /* no AVX512-VNNI at build time */
