@@ -21,9 +21,13 @@ class FtMode:
     CacheConfig they become (tests/test_bench_cpu.py checks the two agree)."""
 
     name: str
-    flags: tuple[str, ...]
+    placement_flags: tuple[str, ...]  # where the experts go
     label: str
     lm_head: str = "checkpoint"  # the engine's lm_head (--lm-head)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return self.placement_flags + (("--lm-head", self.lm_head) if self.lm_head != "checkpoint" else ())
 
     def cache(self):
         from freetoken.placement import CacheConfig, Split
@@ -34,8 +38,7 @@ class FtMode:
 
 
 FT_MODES = {"cpu-moe": FtMode("cpu-moe", ("--cpu-moe",), "--cpu-moe"),
-            "cpu-moe-int8-head": FtMode("cpu-moe-int8-head", ("--cpu-moe", "--lm-head", "int8"),
-                                        "--cpu-moe --lm-head int8", "int8"),
+            "cpu-moe-int8-head": FtMode("cpu-moe-int8-head", ("--cpu-moe",), "--cpu-moe --lm-head int8", "int8"),
             "all": FtMode("all", ("--fraction", "1"), "--fraction 1")}
 
 
