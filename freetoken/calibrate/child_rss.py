@@ -21,7 +21,9 @@ def peak_rss_bytes(code: str, what: str) -> int:
     done = subprocess.run([sys.executable, "-c", f"{code}\n{_REPORT}"], capture_output=True, text=True)
     lines = [x for x in done.stdout.splitlines() if x.startswith("VMHWM_KIB")]
     if done.returncode != 0 or not lines:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        err = done.stderr.strip().splitlines()
+        said = [x for x in err if ": error: " in x]  # the CLI's own one-line error, not the assert after it
+        last = (said or err or [f"exit status {done.returncode}"])[-1]
         raise ValueError(f"peak RSS of {what}: the child run failed: {last}")
     return int(lines[-1].split()[1]) * 1024
 
