@@ -73,19 +73,29 @@ class Decoder:
         self.logprob: TokenLogprob | None = None  # of the last choice, when params.logprobs is set
         self.cumulative = 0.0  # sum of the chosen tokens' logprobs (best_of ranks by it)
         self.forced: list[int] = []  # tokens to emit next instead of sampling (closing a reasoning budget)
+        self._proposed: torch.Tensor | None = None  # [V] the logits propose() read, until commit()
 
     def __call__(self, logits: torch.Tensor) -> int:
         """logits [V] (any device) -> the next token id. Shaping and sampling run on the logits' device; the
         token and the two failure flags come back in one read."""
+        return self.commit(*self.propose(logits).tolist())
+
+    def propose(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [V] -> [3] int64 on their device: the sampled token (0 when one is forced), whether the logits
+        hold NaN, whether shaping left no token; nothing read back (a decode batch reads every row's at once)."""
         logits = logits.detach().float()  # [V]
         if self.tables is None:
             self.tables = Tables.make(self.params, self.stop_ids, self.prompt_ids, logits.numel(), logits.device)
         shaped = self.shape(logits)
-        flags = [torch.isnan(logits).any(), ~torch.isfinite(shaped).any()]
+        token = shaped.new_zeros((), dtype=torch.long) if self.forced else self.sample.pick(shaped)
+        self._proposed = logits
+        return torch.stack([token, torch.isnan(logits).any().long(), (~torch.isfinite(shaped).any()).long()])
+
+    def commit(self, token: int, nan: int, dead: int) -> int:
+        """propose()'s three values, read back -> the next token id (the forced one, if any); failures raise."""
+        logits, self._proposed = self._proposed, None
         if self.forced:
-            token, (nan, dead) = self.forced[0], torch.stack(flags).tolist()
-        else:
-            token, nan, dead = torch.stack([self.sample.pick(shaped)] + [f.long() for f in flags]).tolist()
+            token = self.forced[0]
         if nan:
             raise APIError(500, "the model's logits hold NaN at this step; the sequence cannot continue", None,
                            "model_error")

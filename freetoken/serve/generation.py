@@ -80,8 +80,16 @@ class CachedGeneration:
 
     def take(self, logits: torch.Tensor) -> int:
         """The next token from this step's logits [V], computed outside (a batched decode step)."""
+        return self.commit(self.propose(logits).tolist())
+
+    def propose(self, logits: torch.Tensor) -> torch.Tensor:
+        """take() up to the read-back: the decoder's [3] values on the logits' device."""
         self._logits = logits
-        tok = self.decoder(logits)
+        return self.decoder.propose(logits)
+
+    def commit(self, values: list[int]) -> int:
+        """take() from propose()'s values, read back."""
+        tok = self.decoder.commit(*values)
         self.generated.append(tok)
         return tok
 

@@ -2,7 +2,8 @@
 cancelled ones (closing them caches their KV, then tells their request), runs one prefill chunk of each new one
 (the engine's own chunk size, so the numbers equal a solo run's), then one decode step for all the others together
 (one batched forward where the backend has decode_logits, so a MoE layer call is the union of their experts), and
-hands each sampled token to its request.
+hands each sampled token to its request. A batched step reads its choices back once: every sequence shapes and
+samples on the logits' device (propose), one stacked read brings the step's choices back, then each commits.
 
 Faults stay with their sequence: sampling (grammar, NaN logits, a request's own limits) runs per sequence after the
 shared forward, so a sequence that fails there fails alone; a batched forward that fails is undone (the backend
@@ -13,7 +14,9 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
+
+import torch
 
 log = logging.getLogger("freetoken.serve")
 
@@ -90,26 +93,35 @@ class Scheduler:
                 self._solo(job)
             return
         self.observe_batch(len(jobs))
-        for job, row in zip(jobs, rows):
-            self._run(job, lambda job=job, row=row: job.gen.take(row))
+        proposed = [(job, p) for job, row in zip(jobs, rows)
+                    if (p := self._attempt(job, lambda job=job, row=row: job.gen.propose(row))) is not None]
+        values = torch.stack([p for _, p in proposed]).tolist() if proposed else []  # the step's one read-back
+        for (job, _), v in zip(proposed, values):
+            self._run(job, lambda job=job, v=v: job.gen.commit(v))
 
     def _solo(self, job: Job) -> None:
         self._run(job, lambda: next(job.gen))
 
-    @staticmethod
-    def _run(job: Job, step: Callable[[], int | None]) -> None:
+    @classmethod
+    def _run(cls, job: Job, step: Callable[[], int | None]) -> None:
         """One step of one sequence; what goes wrong goes to its request alone."""
+        token = cls._attempt(job, step)
+        if token is not None:  # None: a prefill chunk, no token yet (or the step failed)
+            job.emit((token, job.logprob()))
+
+    @staticmethod
+    def _attempt(job: Job, step: Callable[[], Any]) -> Any:
+        """step()'s result, or None with its failure handed to the job's request (never lost in the thread)."""
         try:
-            token = step()
-            if token is not None:  # None: a prefill chunk, no token yet
-                job.emit((token, job.logprob()))
+            return step()
         except StopIteration:  # e.g. max_tokens 0: the prefill was all
             job.done = True
-        except Exception as e:  # surfaced to its request, never lost in the thread
+        except Exception as e:
             if getattr(e, "status", 500) >= 500:
                 log.exception("sequence failed")
             job.emit(e)
             job.done = True
+        return None
 
     @staticmethod
     def _end(job: Job) -> None:
