@@ -278,7 +278,8 @@ def run(args: argparse.Namespace) -> int:
                     "fetched_bytes": c.fetched_bytes, "capacity": engine.cache.capacity,
                     "tok_s": s.decode_tok_s, "prefill_tok_s": s.prefill_tok_s, "wall_s": wall,
                     "policy": engine.cache.config.policy, "split": engine.cache.config.split.mode, "kernels": args.kernels,
-                    "kv_dtype": args.kv_dtype, "lm_head": args.lm_head, "device": str(engine.device), "experts": store.format,
+                    "kv_dtype": args.kv_dtype, "lm_head": args.lm_head, "device": str(engine.device),
+                    "experts": store.format,
                     "host_kernels": host, "threads": engine.threads,
                     "trace": args.record_trace, **signals, **_launch_counts(engine)})
     else:

@@ -1,9 +1,9 @@
 """`PackedWeight`: the one in-memory layout of quantized expert matrices, in the host store and in GPU slots alike.
 
-Every checkpoint format is repacked once, at load, into one of three kinds (a fourth, int8, is made here) so that one kernel per kind reads them
-(always as integer or plain-float tensors: the Triton interpreter cannot load fp8 pointers). A matrix W is
-[N out, K in]; every tensor has a leading slot/expert dim S, so copying expert e into slot s is one row copy per
-tensor and a fetch moves exactly `nbytes_per_slot` bytes.
+Every checkpoint format is repacked once, at load, into one of three kinds so that one kernel per kind reads them
+(always as integer or plain-float tensors: the Triton interpreter cannot load fp8 pointers); a fourth, int8, is made
+at load from a float LM head. A matrix W is [N out, K in]; every tensor has a leading slot/expert dim S, so copying
+expert e into slot s is one row copy per tensor and a fetch moves exactly `nbytes_per_slot` bytes.
 
 - `int4` (GPTQ, AutoRound, AWQ): data uint8 [S, N, K/2], element k of row n in byte k // 2, low nibble for even k;
   scales fp16/bf16/fp32 [S, N, G]; zeros uint8 [S, N, G] (the zero point itself, 0..16); optional g_idx int32
