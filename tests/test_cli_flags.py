@@ -73,7 +73,7 @@ def test_policy_option_reaches_the_policy(capsys):
     (["generate", "--policy", "frequency"], "--policy frequency needs --profile-trace"),
     (["generate", "--threads", "0"], "--threads must be positive"),
     (["generate", "--lm-head", "int8", "--kernels", "reference"], "--lm-head int8 is read by the host kernels"),
-    (["generate", "--lm-head", "int4"], "--lm-head 'int4' is not one of checkpoint, int8"),
+    (["generate", "--lm-head", "int4"], "--lm-head: 'int4' is not one of checkpoint, int8"),
     (["generate", "--max-context", "0"], "--max-context must be positive"),
     (["generate", "--presence-penalty", "3"], "--presence-penalty must lie in [-2, 2], got 3.0"),
     (["generate", "--logit-bias", "5=200"], "--logit-bias takes token ids >= 0 with biases in [-100, 100], got 5=200.0"),

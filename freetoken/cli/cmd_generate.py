@@ -10,7 +10,7 @@ from pathlib import Path
 from freetoken.paths import DEMO_MODEL
 from freetoken.cli.common import add_cache_args, add_placement_args, cache_config_from_args
 from freetoken.kv_dtype import KV_DTYPE_HELP, check_kv_dtype
-from freetoken.quant.head import HEAD_FORMATS, HEAD_HELP
+from freetoken.quant.head import HEAD_HELP, check_lm_head
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -97,9 +97,7 @@ def build_engine(args: argparse.Namespace, tokenizer=None):
     check_kv_dtype(args.kv_dtype)
     resolve_device(args.device, "--device")
     args.kernels = resolve_kernels(args.kernels)
-    if args.lm_head not in HEAD_FORMATS:
-        raise ValueError(f"--lm-head {args.lm_head!r} is not one of {', '.join(HEAD_FORMATS)}")
-    if args.lm_head == "int8" and args.kernels != "host":  # (before the weights load)
+    if check_lm_head(args.lm_head) == "int8" and args.kernels != "host":  # (before the weights load)
         raise ValueError(f"--lm-head int8 is read by the host kernels (the CPU engine) only, not --kernels "
                          f"{args.kernels}")
     return Engine.from_pretrained(args.model, cache, dtype=dtype, tokenizer=tokenizer, kernels=args.kernels,

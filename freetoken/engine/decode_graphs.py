@@ -9,8 +9,9 @@ runs its block as parts (LaneParts) around the host's one wait per layer: the fr
 the decision, x and the weights copied into pinned host buffers), then the lane on the host (it waits for those
 copies and issues the CPU experts), the back graph (gather and FFNs up to their last launch, while the lane runs),
 and the finish graph (the FFN's sum over pairs, with the lane's result uploaded from a pinned buffer folded in when
-it had experts): 3 launches per layer instead of the eager block's ~15. Kept plans run eagerly. Without CUDA the same static buffers are prepared and the block runs
-eagerly through them (`capture=False`), which is what the CPU tests exercise.
+it had experts): 3 launches per layer instead of the eager block's ~15. Kept plans run eagerly. Without CUDA the
+same static buffers are prepared and the block runs eagerly through them (`capture=False`), which is what the CPU
+tests exercise.
 """
 
 from __future__ import annotations

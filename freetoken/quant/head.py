@@ -4,7 +4,7 @@ requantizes it, to Q6_K by default). int8 halves those bytes; the host kernels r
 
 Symmetric per row and group of GROUP inputs: s = max|w| / 127, q = round(w / s) + 128 in 1..255, zero 128, so
 w ~ (q - 128) * s within s / 2 (packed.py's int8 rule; the host kernels' int4 x int8 route takes it as is).
-Importing it loads no torch (the CLI's parsers read HEAD_FORMATS).
+Importing it loads no torch (the CLI reads HEAD_HELP and check_lm_head).
 """
 
 from __future__ import annotations
@@ -12,6 +12,12 @@ from __future__ import annotations
 HEAD_FORMATS = ("checkpoint", "int8")
 HEAD_HELP = ("the LM head as the checkpoint stores it (default), or int8: quantized once at load (per row and 128 "
              "inputs, symmetric) and read packed by the CPU engine's kernels, halving a bf16 head's bytes per token")
+def check_lm_head(value: str, field: str = "--lm-head") -> str:
+    if value not in HEAD_FORMATS:
+        raise ValueError(f"{field}: {value!r} is not one of {', '.join(HEAD_FORMATS)}")
+    return value
+
+
 GROUP = 128  # inputs per scale: the host kernels' int8 path reads groups that are a multiple of 128
 ZERO = 128
 
@@ -43,9 +49,7 @@ def head_weights(w, head: str, host_kernels: bool):
     name the field: int8 is read packed by the host kernels only (elsewhere it would be dequantized back), and a head
     the checkpoint quantized already stays as it is."""
     from freetoken.quant.packed import PackedWeight
-    if head not in HEAD_FORMATS:
-        raise ValueError(f"lm_head: {head!r} is not one of {', '.join(HEAD_FORMATS)}")
-    if head == "checkpoint":
+    if check_lm_head(head, "lm_head") == "checkpoint":
         return w
     if not host_kernels:
         raise ValueError("lm_head: int8 is read by the host kernels (the CPU engine) only; this run computes the head "

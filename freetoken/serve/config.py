@@ -81,10 +81,9 @@ class ServeConfig:
         from freetoken.kv_dtype import check_kv_dtype
 
         check_kv_dtype(self.kv_dtype)
-        from freetoken.quant.head import HEAD_FORMATS
+        from freetoken.quant.head import check_lm_head
 
-        if self.lm_head not in HEAD_FORMATS:
-            raise ValueError(f"--lm-head {self.lm_head!r} is not one of {', '.join(HEAD_FORMATS)}")
+        check_lm_head(self.lm_head)
         if self.backend == "hf" and self.lm_head != "checkpoint":
             raise ValueError(f"--lm-head {self.lm_head} applies to the engine backend")
         if self.backend == "hf" and self.kv_dtype != "auto":

@@ -110,6 +110,7 @@ class EngineBackend:
         from freetoken.models.checkpoint import load_checkpoint
         from freetoken.models.tokenizer import load_tokenizer
 
+        self.lm_head = lm_head
         self.ckpt = load_checkpoint(model_dir, lm_head=lm_head)  # (an int8 head as it loads: the plan counts it)
         tokenizer = load_tokenizer(self.ckpt.path)
         if tokenizer is None:
@@ -135,10 +136,10 @@ class EngineBackend:
     def use_plan(self, plan: MemoryPlan, prefix_cache_tokens: int | None = None, policy: str = "lru",
                  split_mode: str = "auto", kernels: str | None = None, options: dict | None = None,
                  profile: str | None = None, capacity: int | None = None, fraction: float | None = None,
-                 placement: str = "auto", eager: bool = False, lm_head: str = "checkpoint") -> None:
+                 placement: str = "auto", eager: bool = False) -> None:
         """Builds the engine with the planned expert slots (or fewer, when capacity / fraction ask) and the
-        resolved miss split; policy, options and profile as the one cache config takes them; placement, eager and
-        lm_head as the Engine takes them."""
+        resolved miss split; policy, options and profile as the one cache config takes them; placement and eager
+        as the Engine takes them (and the lm_head the checkpoint was loaded with)."""
         from freetoken.calibrate.mode import resolve_split
         from freetoken.engine import Engine
         from freetoken.placement import cache_config
@@ -166,10 +167,10 @@ class EngineBackend:
         cache = cache_config(SERVE_NAMES, policy=policy, options=options or {}, profile=profile, capacity=slots,
                              split=resolved.split, staging=staging)
         self.cache_note = (f"{self.expert_format} experts, {policy}, {slots} slots + {staging} staging; "
-                           f"KV cache {self.kv_dtype}{'; LM head int8' if lm_head == 'int8' else ''}")
+                           f"KV cache {self.kv_dtype}{'; LM head int8' if self.lm_head == 'int8' else ''}")
         self.engine = Engine(self.ckpt, cache, kernels=kernels, max_context=self.max_context, record=False,
                              tokenizer=self.tokenizer, kv_dtype=self.kv_dtype, placement=placement, eager=eager,
-                             lm_head=lm_head)
+                             lm_head=self.lm_head)
         tokens = plan.kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens
         if not tokens:
             self.prefix_cache = None

@@ -64,7 +64,7 @@ def load(cfg: ServeConfig, log=lambda s: print(s, file=sys.stderr, flush=True)):
     else:
         backend.use_plan(plan, cfg.prefix_cache_tokens, policy=cfg.policy, split_mode=cfg.split,
                          options=cfg.policy_options, profile=cfg.profile, capacity=cfg.capacity,
-                         fraction=cfg.fraction, placement=cfg.placement, eager=cfg.eager, lm_head=cfg.lm_head)
+                         fraction=cfg.fraction, placement=cfg.placement, eager=cfg.eager)
         from freetoken.placement.warmup import warm_policy
 
         warm_policy(backend.engine.cache.policy)  # compiled before the server says ready, not in its first request

@@ -116,7 +116,7 @@ def test_bytes_per_token_count_the_head_the_engine_reads(wide_qwen3, tied_qwen3,
 def test_serve_config_names_a_bad_lm_head():
     from freetoken.serve.config import ServeConfig
 
-    with pytest.raises(ValueError, match="^--lm-head 'int4' is not one of checkpoint, int8"):
+    with pytest.raises(ValueError, match="^--lm-head: 'int4' is not one of checkpoint, int8"):
         ServeConfig(lm_head="int4")
     with pytest.raises(ValueError, match="^--lm-head int8 applies to the engine backend"):
         ServeConfig(backend="hf", lm_head="int8")
