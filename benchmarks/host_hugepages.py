@@ -1,7 +1,8 @@
 """The host expert lane from DRAM with the expert store on huge pages (as loaded) and on 4 KB pages (a plain copy of
 the same tensors), interleaved in one process, best of N: one 8-expert MoE layer at batch 1, a random layer and
 random experts per call, so every call streams its weights from DRAM; the same layer repeated (L3-resident) shows
-the compute bound. Also the bytes of each store that the kernel backed with huge pages.
+the compute bound. Also the bytes of each store that the kernel backed with huge pages, and the share of the host
+read bandwidth (a streaming reduction at the same thread count, measured in the same run) each lane reaches.
 
     python benchmarks/host_hugepages.py [--model CKPT] [--threads 1] [--calls 500] [--rounds 7]
 
@@ -41,6 +42,7 @@ def tensors(store):
 
 
 def race(path: Path, threads: int, calls: int, rounds: int) -> None:
+    from freetoken.calibrate.traffic import ReadProbe
     from freetoken.engine.slots import ExpertStore
     from freetoken.host import kernels as hk
     from freetoken.hugepages import huge_bytes
@@ -62,20 +64,24 @@ def race(path: Path, threads: int, calls: int, rounds: int) -> None:
         for layer, ids in seq[:20]:
             store.host_moe(layer, x, ids, w, None, cast=True)
     best = dict.fromkeys(runs, float("inf"))
+    probe, read = ReadProbe(1 << 30, 0.3), 0.0
     for _ in range(rounds):
         for key, (store, seq) in runs.items():
-            t0 = time.process_time()
+            t0 = time.perf_counter()
             for layer, ids in seq:
                 store.host_moe(layer, x, ids, w, None, cast=True)
-            best[key] = min(best[key], (time.process_time() - t0) / calls)
+            best[key] = min(best[key], (time.perf_counter() - t0) / calls)
+        read = max(read, probe(threads))
     layer_bytes = K * huge.expert_bytes
-    print(f"{huge.format} experts ({path}), {threads} thread(s), {layer_bytes / 1e6:.2f} MB per layer call")
+    print(f"{huge.format} experts ({path}), {threads} thread(s), {layer_bytes / 1e6:.2f} MB per layer call; "
+          f"host read bandwidth {read:.1f} GB/s (best of {rounds}, between the rounds)")
     for name, store in stores.items():
         backed = sum(huge_bytes(t) > 0 for t in tensors(store))
         print(f"  {name:11s} ({backed} of {len(tensors(store))} tensors in a huge-page mapping, "
               f"{total / 1e9:.2f} GB): "
               + ", ".join(f"{where} {best[(name, where)] * 1e3:.3f} ms = {layer_bytes / best[(name, where)] / 1e9:.1f} GB/s"
-                          for where in ("DRAM", "L3")))
+                          for where in ("DRAM", "L3"))
+              + f" (DRAM: {layer_bytes / best[(name, 'DRAM')] / 1e9 / read:.0%} of the read bandwidth)")
     print(f"  DRAM speed-up from huge pages: {best[('4 KB pages', 'DRAM')] / best[('huge pages', 'DRAM')]:.2f}x")
 
 

@@ -66,6 +66,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         fn.argtypes, fn.restype = [ctypes.POINTER(arg)], ctypes.c_int
     lib.ft_caps.argtypes, lib.ft_caps.restype = [], ctypes.c_int
     lib.ft_set_int8_acts.argtypes, lib.ft_set_int8_acts.restype = [_i32], None
+    lib.ft_set_row_prefetch.argtypes, lib.ft_set_row_prefetch.restype = [_i32], None
     lib.ft_path_q_built.argtypes, lib.ft_path_q_built.restype = [], ctypes.c_int
     lib.ft_path_q_unit.argtypes, lib.ft_path_q_unit.restype = [ctypes.POINTER(Matrix)], ctypes.c_int
     lib.ft_rms_norm.argtypes = [_p, _i32, _i64, _i32, _i32, _p, _i32, _f32, _i32, _p, _i64, _i32]

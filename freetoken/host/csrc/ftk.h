@@ -88,6 +88,10 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc);
  * them computes (separate arrays: each block start would otherwise wait on their first misses) */
 void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1);
 #define FT_ROW_BLOCK 64
+/* bytes ahead that the bf16 and int8 row kernels prefetch in software while they stream one row at a time (0: none,
+ * the hardware prefetcher alone); ft_set_row_prefetch, chosen per CPU by freetoken.host.kernels */
+extern int32_t ft_row_prefetch;
+void ft_set_row_prefetch(int32_t bytes);
 
 /* number conversions */
 static inline float ft_bf16_to_f32(uint16_t b) { union { uint32_t u; float f; } v = {(uint32_t)b << 16}; return v.f; }

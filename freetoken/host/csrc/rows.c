@@ -35,6 +35,10 @@ float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i) {
     }
 }
 
+int32_t ft_row_prefetch = 0;
+
+void ft_set_row_prefetch(int32_t bytes) { ft_row_prefetch = bytes > 0 ? bytes : 0; }
+
 int ft_path_for(const ft_matrix *m, int32_t x_kind, int32_t generic) {
     if (generic || x_kind != FT_BF16) return FT_PATH_B;
     if (ft_path_q_unit(m)) return FT_PATH_Q8;

@@ -77,9 +77,9 @@ void ft_prepare_a(const ft_matrix *m, int path, const void *x, int64_t x_stride,
  * kernel's loads waiting on memory (rows of a matrix are contiguous, so this runs ahead into the next rows) */
 #ifndef FT_PREFETCH_BYTES
 #define FT_PREFETCH_BYTES 8192
+#endif
 #ifndef FT_DECODE_ROWS4
 #define FT_DECODE_ROWS4 1
-#endif
 #endif
 
 /* bf16 weights, natural activations */
@@ -87,8 +87,13 @@ static inline __attribute__((always_inline)) void bf16_block(const uint16_t *w, 
                                                              float *y, const int NT) {
     __m512 acc[4][2];
     for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    const int pf = ft_row_prefetch;
     int s = 0;
     for (; s + 2 <= steps; s += 2) {
+        if (pf) { /* both lines of this step's 128 bytes, pf bytes on (into the next rows) */
+            _mm_prefetch((const char *)(w + 32 * s) + pf, _MM_HINT_T1);
+            _mm_prefetch((const char *)(w + 32 * s) + pf + 64, _MM_HINT_T1);
+        }
         __m512i w0 = _mm512_loadu_si512(w + 32 * s), w1 = _mm512_loadu_si512(w + 32 * s + 32);
         for (int t = 0; t < NT; t++) {
             acc[t][0] = DP(acc[t][0], w0, x[t] + 32 * s);

@@ -133,7 +133,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
                                                           int ldt, const int R, const int NT, const int PRE,
                                                           const int W8) {
     const __m512i lanes = unit_lanes(U), LO = _mm512_set1_epi8(0x0F);
-    const int nu = K / U, per_chunk = 128 / U;
+    const int nu = K / U, per_chunk = 128 / U, pf = W8 ? ft_row_prefetch : 0;
     __m512 tot[4][4];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) tot[r][t] = _mm512_setzero_ps();
@@ -147,8 +147,11 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
         }
         for (int r = 0; r < R; r++) {
             const uint8_t *qr = q + r * row_bytes + (W8 ? 128 : 64) * c;
-            if (!W8) _mm_prefetch((const char *)(qr + FT_PREFETCH_BYTES), _MM_HINT_T1); /* (int8: one row at a time,
-                                                                          * left to the hardware prefetcher) */
+            if (!W8) _mm_prefetch((const char *)(qr + FT_PREFETCH_BYTES), _MM_HINT_T1);
+            else if (pf) { /* int8: one row at a time, as bf16 rows (ft_row_prefetch) */
+                _mm_prefetch((const char *)qr + pf, _MM_HINT_T1);
+                _mm_prefetch((const char *)qr + pf + 64, _MM_HINT_T1);
+            }
             const __m512i src = _mm512_loadu_si512(qr);
             const __m512i lo = W8 ? src : _mm512_and_si512(src, LO);
             const __m512i hi = W8 ? _mm512_loadu_si512(qr + 64) : _mm512_and_si512(_mm512_srli_epi16(src, 4), LO);
