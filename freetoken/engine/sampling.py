@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from freetoken.engine.host_sampling import by_blocks, cut_below, first_argmax, host_pick, top_p_threshold
 from freetoken.engine.penalties import Penalties, shapes_logits
 from freetoken.models.config import CheckpointError
 from freetoken.models.generation_config import FILE, GenerationDefaults
@@ -102,11 +103,19 @@ class Sampler:
         """logits [V] (any device) -> the token id as a 0-d int64 tensor on that device (nothing read back)."""
         logits = logits.detach().float()  # [V]
         if self.params.is_greedy:
-            return torch.argmax(logits)
+            return first_argmax(logits)
+        gen = self.generator(logits.device)
+        if by_blocks(logits):  # a long vector on the CPU: the same distribution, fewer passes over V
+            return host_pick(logits, self.params, gen)
         probs = allowed_probs(logits, self.params)  # [V], 0 where cut
-        u = torch.rand(probs.shape, generator=self.generator(logits.device), device=probs.device)  # [V]
-        race = -torch.log1p(-u)  # [V] Exp(1); u < 1
-        return torch.argmax(probs / race.clamp_min_(torch.finfo(torch.float32).tiny))
+        return race(probs, gen)
+
+
+def race(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """probs [n] -> index i drawn with probability probs[i] / sum (argmax of p / Exp(1)), 0-d int64."""
+    u = torch.rand(probs.shape, generator=gen, device=probs.device)  # [n]
+    exp = -torch.log1p(-u)  # [n] Exp(1); u < 1
+    return first_argmax(probs / exp.clamp_min_(torch.finfo(torch.float32).tiny))
 
 
 def min_p_cut(logits: torch.Tensor, min_p: float, temperature: float = 1.0) -> torch.Tensor:
@@ -131,8 +140,8 @@ def allowed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         if top is not None:
             threshold = _sorted_threshold(probs[top], p.top_p)
         else:
-            threshold = _radix_threshold(probs, p.top_p)
-        probs = torch.where(probs >= threshold, probs, 0.0)
+            threshold = top_p_threshold(probs, p.top_p) if by_blocks(probs) else _radix_threshold(probs, p.top_p)
+        probs = cut_below(probs, threshold) if by_blocks(probs) else torch.where(probs >= threshold, probs, 0.0)
         probs = probs / probs.sum()
     return probs
 
