@@ -79,8 +79,8 @@ def library(generic: bool = False) -> ctypes.CDLL | None:
 def row_prefetch(cpuinfo: str | None = None) -> int:
     """Bytes ahead that bf16 and int8 weight rows are prefetched in software at decode ($FT_HOST_ROW_PREFETCH: a
     byte count, 0 / off, or auto, the default: the CPU's vendor decides). On Intel Xeons the hardware prefetcher
-    alone left one thread's row streams at 70-85% of the read bandwidth and 4 KB ahead brought them to 95%; on AMD
-    Zen 4 the same prefetch made them slower (see docs/host.md)."""
+    alone left one thread's row streams at 70-85% of the read bandwidth and 4 KB ahead brought them to 95-105%; on
+    AMD Zen 4 it made int8 rows slower and bf16 rows did not need it (docs/host.md)."""
     import os
 
     value = os.environ.get("FT_HOST_ROW_PREFETCH", "auto").strip().lower()
