@@ -93,8 +93,9 @@ def block_race(probs: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     cdf = mass.cumsum(0)  # [nb (+1)]
     u = torch.rand(1, dtype=torch.float64, generator=gen) * cdf[-1]
     b = int(torch.searchsorted(cdf, u, right=True))  # the first block whose cdf passes u: its mass is > 0
-    if b == cdf.numel():  # u rounded up to the total
-        b = int(mass.nonzero()[-1])
+    if b == cdf.numel():  # u rounded up to the total (or NaN: NaN logits, every token masked)
+        heavy = mass.nonzero()
+        b = int(heavy[-1]) if len(heavy) else 0
     lo = b * BLOCK
     return race(probs[lo:lo + BLOCK], gen) + lo
 

@@ -118,3 +118,13 @@ def test_a_seed_repeats_on_the_cpu_route():
         first = [a(r) for r in rows]
         assert first == [b(r) for r in rows]
         assert first != [Sampler(SamplingParams(seed=12, **case))(r) for r in rows]
+
+
+@pytest.mark.parametrize("case", [dict(temperature=1.0), dict(top_k=20, top_p=0.9), dict(top_p=0.5)], ids=str)
+def test_degenerate_logits_still_give_a_token(case):
+    """NaN logits or every token masked: a token comes back (the server's flags then end the sequence), no raise."""
+    sampler = Sampler(SamplingParams(seed=0, **case))
+    nan = torch.randn(V_LONG)
+    nan[[7, 3000]] = float("nan")
+    for logits in (torch.full((V_LONG,), float("-inf")), torch.full((V_LONG,), float("nan")), nan):
+        assert 0 <= int(sampler.pick(logits)) < V_LONG
