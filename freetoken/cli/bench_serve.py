@@ -3,8 +3,9 @@ unless CUDA) at 1, 2, 4 ... concurrent streaming requests, each made to generate
 stop tokens get a logit bias of -100). Reported per concurrency: aggregate tok/s (all generated tokens over the
 round's wall time, prefill included), mean TTFT, and the ratio against one request in the same run (the levels'
 rounds interleaved, the best of each counting); beside it the engine alone (decode_batch of that many sequences,
-no HTTP), which shows what batching buys before the server's per-token work on the event loop. The clients run in a process of their own, as real clients do: in the
-server's process they would take its GIL and count their own parsing as the server's time."""
+no HTTP), which shows what batching buys before the server's per-token work on the event loop. The clients run in
+a process of their own, as real clients do: in the server's process they would take its GIL and count their own
+parsing as the server's time."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from freetoken.quant.packed import PackedWeight
 
 _THREADS = [0]
 _INT8_ACTS: list[bool | None] = [None]  # None: FT_HOST_INT8_ACTS (default on), read at first use
-ROW_PREFETCH_INTEL = 4096  # row_prefetch()'s auto choice on Intel CPUs (2 KB and 8 KB measured slower)
+ROW_PREFETCH_INTEL = 4096  # row_prefetch()'s auto choice on Intel (2 KB: slower on every shape; 8 KB: on the int8 head)
 
 
 def physical_cores(cpuinfo: str | None = None) -> int:
