@@ -1,9 +1,11 @@
-"""The KV cache's storage choices and what a token costs in each, in a root module without imports (the CLI, the
-memory planner and the simulator read it without loading torch or the kernels).
+"""The KV cache's storage choices and what a token costs in each, in a root module that imports only
+freetoken.choices (the CLI, the memory planner and the simulator read it without loading torch or the kernels).
 
 auto: the model's dtype (the cache as it always was); bf16: bfloat16; fp8: e4m3 codes with one fp32 scale per
 (token, kv head), quantized when the token's K/V are written (freetoken/kernels/kv_fp8.py).
 """
+
+from freetoken.choices import check_one_of
 
 KV_DTYPES = ("auto", "bf16", "fp8")
 SCALE_BYTES = 4  # fp8: one fp32 scale per (token, kv head), for K and for V
@@ -12,9 +14,7 @@ KV_DTYPE_HELP = ("KV cache storage: auto (the model's dtype, the default), bf16,
 
 
 def check_kv_dtype(value: str, field: str = "--kv-dtype") -> str:
-    if value not in KV_DTYPES:
-        raise ValueError(f"{field}: {value!r} is not one of {', '.join(KV_DTYPES)}")
-    return value
+    return check_one_of(value, KV_DTYPES, field)
 
 
 def kv_bytes_per_token(kv_rows: int, head_dim: int, kv_dtype: str, itemsize: int) -> int:

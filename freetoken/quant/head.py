@@ -9,13 +9,15 @@ Importing it loads no torch (the CLI reads HEAD_HELP and check_lm_head).
 
 from __future__ import annotations
 
+from freetoken.choices import check_one_of
+
 HEAD_FORMATS = ("checkpoint", "int8")
 HEAD_HELP = ("the LM head as the checkpoint stores it (default), or int8: quantized once at load (per row and 128 "
              "inputs, symmetric) and read packed by the CPU engine's kernels, halving a bf16 head's bytes per token")
+
+
 def check_lm_head(value: str, field: str = "--lm-head") -> str:
-    if value not in HEAD_FORMATS:
-        raise ValueError(f"{field}: {value!r} is not one of {', '.join(HEAD_FORMATS)}")
-    return value
+    return check_one_of(value, HEAD_FORMATS, field)
 
 
 GROUP = 128  # inputs per scale: the host kernels' int8 path reads groups that are a multiple of 128
@@ -49,6 +51,7 @@ def head_weights(w, head: str, host_kernels: bool):
     name the field: int8 is read packed by the host kernels only (elsewhere it would be dequantized back), and a head
     the checkpoint quantized already stays as it is."""
     from freetoken.quant.packed import PackedWeight
+
     if check_lm_head(head, "lm_head") == "checkpoint":
         return w
     if not host_kernels:
