@@ -157,19 +157,18 @@ def cat_rows(ws: list[PackedWeight]) -> PackedWeight | None:
 
 def dequantize_packed(w: PackedWeight, index: int) -> torch.Tensor:
     N, K = w.shape
-    if w.kind == "int4":
-        b = w.data[index].to(torch.int32)  # [N, K/2]
-        q = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(N, K).to(torch.float32)
-        if w.g_idx is not None:
+    if w.kind in ("int4", "int8"):  # one rule: (q - zero) * scale per group; int4 packs two codes a byte
+        if w.kind == "int4":
+            b = w.data[index].to(torch.int32)  # [N, K/2]
+            q = torch.stack([b & 0xF, b >> 4], dim=-1).reshape(N, K).to(torch.float32)
+        else:
+            q = w.data[index].to(torch.float32)  # [N, K]
+        if w.g_idx is not None:  # (int4 only)
             g = w.g_idx[index].to(torch.long)  # [K]
         else:
-            g = torch.arange(K, device=b.device) // w.group
+            g = torch.arange(K, device=q.device) // w.group
         zeros = w.zeros[index].to(torch.float32)[:, g]  # [N, K]
         return (q - zeros) * w.scales[index].to(torch.float32)[:, g]
-    if w.kind == "int8":
-        g = torch.arange(K, device=w.data.device) // w.group
-        zeros = w.zeros[index].to(torch.float32)[:, g]  # [N, K]
-        return (w.data[index].to(torch.float32) - zeros) * w.scales[index].to(torch.float32)[:, g]
     if w.kind == "fp8":
         b0, b1 = w.block
         s = w.scales[index].to(torch.float32)
