@@ -1,6 +1,6 @@
 """Doubly linked lists over keys for the compiled policies: nxt / prv [K + s] int arrays, indices K.. are the lists'
 sentinels (nxt[sentinel] = head, prv[sentinel] = tail; an empty list's sentinel points at itself). lru keeps its
-recency in one list, s3fifo its three FIFOs in one pair of arrays. lru_stream rebuilds lru's list in its own loop.
+recency in one list, s3fifo its three FIFOs in one pair of arrays. lru_stream keeps lru's list in its own loop.
 
 Links are read as uint64: numba then indexes without the negative-index wraparound (~1.3x on lru's replay)."""
 

@@ -178,8 +178,7 @@ def _stream(policy, stream, split, c0, c1, log):
     """Scope unified: compiled/lru_stream.py over the same arrays."""
     p = policy.state
     return lru_stream.replay_calls(policy.core, p.nxt, p.prv, p.held, p.num_experts, stream.keys, stream.tokens,
-                                   stream.offsets, stream.phase, c0, c1, split_array(split), policy.admits,
-                                   lru_stream.scratch(p.nxt.size - 1, p.num_experts), log)
+                                   stream.offsets, stream.phase, c0, c1, split_array(split), policy.admits, log)
 
 
 LRU.compiled = Compiled("lru", State, setup, dict(on_hit=on_hit, on_admit=on_admit, on_evict=on_evict, victim=victim),
