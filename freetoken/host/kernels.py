@@ -343,7 +343,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, rotar
         positions.to(torch.int64).contiguous()
     out = torch.empty(T, H, Dh, dtype=x.dtype)
     check(library().ft_rope(x.data_ptr(), act_kind(x.dtype), x.stride(0), x.stride(1), T, H, Dh, pos.data_ptr(),
-                            inv_freq.data_ptr(), rotary_dim, scale, out.data_ptr()), "rope")
+                            inv_freq.data_ptr(), rotary_dim, scale, out.data_ptr(), threads()), "rope")
     return out
 
 
@@ -355,7 +355,7 @@ def softmax_topk(logits: torch.Tensor, k: int, renormalize: bool, scale: float =
     weights = torch.empty(T, k, dtype=torch.float32)
     ids = torch.empty(T, k, dtype=torch.int32)
     check(library().ft_softmax_topk(logits.data_ptr(), act_kind(logits.dtype), T, E, k, int(renormalize), scale,
-                                    weights.data_ptr(), ids.data_ptr()), "softmax_topk")
+                                    weights.data_ptr(), ids.data_ptr(), threads()), "softmax_topk")
     return weights, ids
 
 

@@ -70,8 +70,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_path_q_built.argtypes, lib.ft_path_q_built.restype = [], ctypes.c_int
     lib.ft_path_q_unit.argtypes, lib.ft_path_q_unit.restype = [ctypes.POINTER(Matrix)], ctypes.c_int
     lib.ft_rms_norm.argtypes = [_p, _i32, _i64, _i32, _i32, _p, _i32, _f32, _i32, _p, _i64, _i32]
-    lib.ft_rope.argtypes = [_p, _i32, _i64, _i64, _i32, _i32, _i32, _p, _p, _i32, _f32, _p]
-    lib.ft_softmax_topk.argtypes = [_p, _i32, _i32, _i32, _i32, _i32, _f32, _p, _p]
+    lib.ft_rope.argtypes = [_p, _i32, _i64, _i64, _i32, _i32, _i32, _p, _p, _i32, _f32, _p, _i32]
+    lib.ft_softmax_topk.argtypes = [_p, _i32, _i32, _i32, _i32, _i32, _f32, _p, _p, _i32]
     for fn in (lib.ft_rms_norm, lib.ft_rope, lib.ft_softmax_topk):
         fn.restype = ctypes.c_int
     return lib

@@ -50,3 +50,28 @@ def test_softmax_topk():
     assert ids.tolist() == [[3, 9, 0]]  # equal scores: the lower id first
     with pytest.raises(ValueError, match="k: 65 exceeds"):
         ops.router_topk(logits, 65, True)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_prompts_rope_and_routing_in_threads_equal_one_token_at_a_time(threads):
+    """Prompt-sized calls (tokens split over the threads) give each token what a one-token call gives it, and match
+    the references: routing ids exactly (a stable sort: ties on every token, scores from four values)."""
+    native_or_skip()
+    from freetoken.host import kernels as hk
+
+    gen = torch.Generator().manual_seed(3)
+    hk.set_threads(threads)
+    x = torch.randn(37, 4, 64, generator=gen).bfloat16()
+    pos = torch.arange(100, 137)
+    out = ops.apply_rope(x, pos, 1e6, 64)
+    assert torch.equal(out, torch.cat([ops.apply_rope(x[t:t + 1], pos[t:t + 1], 1e6, 64) for t in range(37)]))
+    ref = apply_rope_ref(x, pos, 1e6, 64)
+    assert ((out.float() - ref.float()).abs() <= 8e-3 * ref.float().abs().clamp(min=1)).all()
+    logits = torch.randint(0, 4, (37, 32), generator=gen).float()
+    p, order = torch.sort(torch.softmax(logits, -1), dim=-1, descending=True, stable=True)  # ties: the lower id first
+    for k in (1, 6, 32):
+        w, ids = ops.router_topk(logits, k, True)
+        assert torch.equal(ids, order[:, :k].int()), k
+        torch.testing.assert_close(w, p[:, :k] / p[:, :k].sum(-1, keepdim=True), rtol=1e-6, atol=1e-7)
+        one = [ops.router_topk(logits[t:t + 1], k, True)[1] for t in range(37)]
+        assert torch.equal(ids, torch.cat(one))

@@ -77,14 +77,47 @@ int ft_rms_norm(const void *x, int32_t kind, int64_t x_stride, int32_t T, int32_
     return bad ? FT_ENOMEM : FT_OK;
 }
 
+/* one head's row of rope: x1 / x2 the halves, c / s the position's cos / sin (times scale); bf16 and fp32 vectorised */
+static inline void rope_row(const void *x, int32_t kind, int64_t src, void *out, int64_t dst, int half,
+                            const float *c, const float *s) {
+    if (kind == FT_BF16) {
+        const uint16_t *a = (const uint16_t *)x + src, *b = a + half;
+        uint16_t *o = (uint16_t *)out + dst, *o2 = o + half;
+#pragma omp simd
+        for (int i = 0; i < half; i++) {
+            const float x1 = ft_bf16_to_f32(a[i]), x2 = ft_bf16_to_f32(b[i]);
+            o[i] = ft_f32_to_bf16(x1 * c[i] - x2 * s[i]);
+            o2[i] = ft_f32_to_bf16(x2 * c[i] + x1 * s[i]);
+        }
+    } else if (kind == FT_F32) {
+        const float *a = (const float *)x + src, *b = a + half;
+        float *o = (float *)out + dst, *o2 = o + half;
+#pragma omp simd
+        for (int i = 0; i < half; i++) {
+            o[i] = a[i] * c[i] - b[i] * s[i];
+            o2[i] = b[i] * c[i] + a[i] * s[i];
+        }
+    } else {
+        for (int i = 0; i < half; i++) {
+            const float x1 = ft_load_act(x, kind, src + i), x2 = ft_load_act(x, kind, src + half + i);
+            put(out, kind, dst + i, x1 * c[i] - x2 * s[i]);
+            put(out, kind, dst + half + i, x2 * c[i] + x1 * s[i]);
+        }
+    }
+}
+
 /* x [T, H, Dh] (strides sx_t, sx_h) -> out [T, H, Dh] contiguous: the first rotary dims rotated by position * inv_freq
- * (rotate_half, cos / sin times scale) in fp32, the rest copied */
+ * (rotate_half, cos / sin times scale) in fp32, the rest copied. Tokens in parallel (threads): a long prompt's
+ * cos / sin are T x rotary / 2 libm calls, most of the op's time. */
 int ft_rope(const void *x, int32_t kind, int64_t sx_t, int64_t sx_h, int32_t T, int32_t H, int32_t Dh,
-            const int64_t *positions, const float *inv_freq, int32_t rotary, float scale, void *out) {
+            const int64_t *positions, const float *inv_freq, int32_t rotary, float scale, void *out,
+            int32_t threads) {
     const int half = rotary / 2;
-    float c[512], s[512];
     if (half > 512) return FT_ESHAPE;
+    const int nt = T >= 8 && threads > 1 ? threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < T; t++) {
+        float c[512], s[512];
         for (int i = 0; i < half; i++) {
             const float a = (float)positions[t] * inv_freq[i];
             c[i] = cosf(a) * scale;
@@ -92,11 +125,7 @@ int ft_rope(const void *x, int32_t kind, int64_t sx_t, int64_t sx_h, int32_t T, 
         }
         for (int h = 0; h < H; h++) {
             const int64_t src = t * sx_t + h * sx_h, dst = ((int64_t)t * H + h) * Dh;
-            for (int i = 0; i < half; i++) {
-                const float x1 = ft_load_act(x, kind, src + i), x2 = ft_load_act(x, kind, src + half + i);
-                put(out, kind, dst + i, x1 * c[i] - x2 * s[i]);
-                put(out, kind, dst + half + i, x2 * c[i] + x1 * s[i]);
-            }
+            rope_row(x, kind, src, out, dst, half, c, s);
             for (int i = rotary; i < Dh; i++) put(out, kind, dst + i, ft_load_act(x, kind, src + i));
         }
     }
@@ -104,12 +133,15 @@ int ft_rope(const void *x, int32_t kind, int64_t sx_t, int64_t sx_h, int32_t T, 
 }
 
 /* logits [T, E] -> the K largest softmax probabilities (ties: the lower id first) and their ids; renormalised to sum
- * to one if asked, times scale */
+ * to one if asked, times scale. Tokens in parallel (threads); the K best kept sorted while the E probabilities pass
+ * once (a later id displaces only a strictly larger one: ties stay with the lower id). */
 int ft_softmax_topk(const void *logits, int32_t kind, int32_t T, int32_t E, int32_t K, int32_t renormalize,
-                    float scale, float *weights, int32_t *ids) {
-    float p[4096];
-    if (E > 4096 || K > E) return FT_ESHAPE;
+                    float scale, float *weights, int32_t *ids, int32_t threads) {
+    if (E > 4096 || K > E || K < 1) return FT_ESHAPE;
+    const int nt = T >= 8 && threads > 1 ? threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static)
     for (int t = 0; t < T; t++) {
+        float p[4096];
         float mx = -INFINITY, sum = 0.0f;
         for (int e = 0; e < E; e++) {
             p[e] = ft_load_act(logits, kind, (int64_t)t * E + e);
@@ -119,18 +151,21 @@ int ft_softmax_topk(const void *logits, int32_t kind, int32_t T, int32_t E, int3
         for (int e = 0; e < E; e++) p[e] /= sum;
         float *w = weights + (int64_t)t * K;
         int32_t *id = ids + (int64_t)t * K;
-        float picked = 0.0f;
-        for (int k = 0; k < K; k++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int j = 0; j < k; j++) taken |= id[j] == e;
-                if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        int n = 0;  /* w[0..n) the best so far, largest first */
+        for (int e = 0; e < E; e++) {
+            const float v = p[e];
+            if (n == K && !(v > w[K - 1])) continue;  /* (a NaN displaces nothing) */
+            int j = n < K ? n++ : K - 1;
+            while (j > 0 && v > w[j - 1]) {
+                w[j] = w[j - 1];
+                id[j] = id[j - 1];
+                j--;
             }
-            id[k] = best;
-            w[k] = p[best];
-            picked += p[best];
+            w[j] = v;
+            id[j] = e;
         }
+        float picked = 0.0f;
+        for (int k = 0; k < K; k++) picked += w[k];
         for (int k = 0; k < K; k++) w[k] = (renormalize ? w[k] / picked : w[k]) * scale;
     }
     return FT_OK;
