@@ -28,6 +28,19 @@ def test_dense_rows_equal_torch(T, dtype, generic):
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < tol
 
 
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("K", [7, 16, 100, 1000])
+def test_fp32_rows_of_any_length_equal_torch(K, generic):
+    """fp32 dot products in vector chains: the 64-wide body, the 16-wide one, the tail (masked, or scalar)."""
+    native_or_skip()
+    gen = torch.Generator().manual_seed(K)
+    w, x = torch.randn(33, K, generator=gen), torch.randn(3, K, generator=gen)
+    ref = x.double() @ w.double().T
+    out = hk.linear(x, w, generic=generic)
+    assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6
+    assert torch.equal(hk.linear(x[1:2], w, generic=generic), out[1:2])  # a row's dots do not depend on the others
+
+
 @pytest.mark.parametrize("fmt", pr.FORMATS)
 @pytest.mark.parametrize("T", [1, 6])
 def test_packed_rows_equal_torch_on_the_dequantized_weights(fmt, T):
