@@ -30,11 +30,14 @@ def test_dense_rows_equal_torch(T, dtype, generic):
 
 @pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("K", [7, 16, 100, 1000])
-def test_fp32_rows_of_any_length_equal_torch(K, generic):
-    """fp32 dot products in vector chains: the 64-wide body, the 16-wide one, the tail (masked, or scalar)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp32_and_fp16_rows_of_any_length_equal_torch(dtype, K, generic):
+    """Path B's fp32 dot products in vector chains (the 64-wide body, the 16-wide one, the tail: masked, or
+    scalar), fp16 rows converted eight at a time and the rest one by one; fp32 activations, so the reference is
+    exact on the same weights."""
     native_or_skip()
     gen = torch.Generator().manual_seed(K)
-    w, x = torch.randn(33, K, generator=gen), torch.randn(3, K, generator=gen)
+    w, x = torch.randn(33, K, generator=gen).to(dtype), torch.randn(3, K, generator=gen)
     ref = x.double() @ w.double().T
     out = hk.linear(x, w, generic=generic)
     assert ((out.double() - ref).abs().max() / ref.abs().max()).item() < 1e-6
