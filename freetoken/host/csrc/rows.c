@@ -20,9 +20,14 @@ static float e4m3_value(uint8_t b) {
     return (b & 0x80) ? -v : v;
 }
 
-static float E4M3[256]; /* e4m3_value of every byte, filled on the library's load */
-__attribute__((constructor)) static void fill_e4m3(void) {
-    for (int b = 0; b < 256; b++) E4M3[b] = e4m3_value((uint8_t)b);
+/* every byte's value as an fp8 e4m3 weight or scale, and as an e8m0 scale (2^(b - 127), 0xff NaN), filled on the
+ * library's load: one load per scale instead of an ldexpf (the scales of an MXFP4 / NVFP4 row were most of its time) */
+static float E4M3[256], E8M0[256];
+__attribute__((constructor)) static void fill_tables(void) {
+    for (int b = 0; b < 256; b++) {
+        E4M3[b] = e4m3_value((uint8_t)b);
+        E8M0[b] = b == 0xff ? NAN : ldexpf(1.0f, b - 127);
+    }
 }
 
 static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
@@ -34,8 +39,8 @@ float ft_scale(const ft_matrix *m, const uint8_t *s, int64_t i) {
     case FT_SC_F32: return ((const float *)s)[i];
     case FT_SC_BF16: return ft_bf16_to_f32(((const uint16_t *)s)[i]);
     case FT_SC_F16: return ft_f16_to_f32(((const uint16_t *)s)[i]);
-    case FT_SC_E8M0: return s[i] == 0xff ? NAN : ldexpf(1.0f, (int)s[i] - 127);
-    case FT_SC_E4M3: return e4m3_value(s[i]);
+    case FT_SC_E8M0: return E8M0[s[i]];
+    case FT_SC_E4M3: return E4M3[s[i]];
     default: return 1.0f;
     }
 }
@@ -103,6 +108,8 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc) {
         for (; i < n; i++) sc[i] = ft_f16_to_f32(((const uint16_t *)s)[i]);
         break;
     }
+    case FT_SC_E8M0: for (int64_t i = 0; i < n; i++) sc[i] = E8M0[s[i]]; break;
+    case FT_SC_E4M3: for (int64_t i = 0; i < n; i++) sc[i] = E4M3[s[i]]; break;
     default: for (int64_t i = 0; i < n; i++) sc[i] = ft_scale(m, s, i);
     }
     if (m->kind == FT_FP4 && m->global_op != FT_GLOBAL_NONE) {
