@@ -30,6 +30,7 @@ __attribute__((constructor)) static void fill_tables(void) {
     }
 }
 
+static const float NIBBLE[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}; /* an int4's value */
 static const float E2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
@@ -133,6 +134,17 @@ void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1) {
     }
 }
 
+/* w[k] = lut[nibble k of d] for k in [0, K) (nibble k: byte k / 2, low half first), a byte at a time */
+static inline void nibbles(const uint8_t *d, int K, const float *lut, float *w) {
+    int k = 0;
+    for (; k + 1 < K; k += 2) {
+        const uint8_t b = d[k >> 1];
+        w[k] = lut[b & 0xf];
+        w[k + 1] = lut[b >> 4];
+    }
+    if (k < K) w[k] = lut[d[k >> 1] & 0xf];
+}
+
 /* Path B: row `row` of expert e decoded to fp32 [cols]; sc: room for the row's scales [scale_cols] */
 static void decode_row(const ft_matrix *m, int e, int row, float *w, float *sc) {
     const uint8_t *d = m->data + (int64_t)e * m->data_stride + (int64_t)row * m->row_bytes;
@@ -165,20 +177,7 @@ static void decode_row(const ft_matrix *m, int e, int row, float *w, float *sc) 
         return;
     }
     ft_scales_block(m, e, row, row + 1, sc);
-    if (m->kind == FT_FP4) { /* (groups of an even size: the nibbles of a byte share a scale) */
-        for (int k0 = 0; k0 < K; k0 += G) {
-            const float c = sc[k0 / G];
-            const int k1 = k0 + G < K ? k0 + G : K;
-            for (int k = k0; k + 1 < k1; k += 2) { /* a byte at a time: its two nibbles */
-                const uint8_t b = d[k >> 1];
-                w[k] = E2M1[b & 0xf] * c;
-                w[k + 1] = E2M1[b >> 4] * c;
-            }
-            if ((k1 - k0) & 1) w[k1 - 1] = E2M1[(d[(k1 - 1) >> 1] >> (((k1 - 1) & 1) * 4)) & 0xf] * c;
-        }
-        return;
-    }
-    const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)row * m->scale_cols;
+    const uint8_t *z = m->zeros ? m->zeros + (int64_t)e * m->zeros_stride + (int64_t)row * m->scale_cols : NULL;
     if (m->kind == FT_INT8) { /* (q - zero) * scale, group k / group */
         for (int k0 = 0; k0 < K; k0 += G) {
             const float c = sc[k0 / G], zz = (float)z[k0 / G];
@@ -187,26 +186,21 @@ static void decode_row(const ft_matrix *m, int e, int row, float *w, float *sc) 
         }
         return;
     }
-    /* int4: (q - zero) * scale, group g_idx[k] (act order) or k / group */
-    if (m->g_idx) {
+    /* FP4 (E2M1 x scale) and int4 ((q - zero) x scale): the nibbles' values, then each group's scale (and zero) */
+    nibbles(d, K, m->kind == FT_FP4 ? E2M1 : NIBBLE, w);
+    if (m->g_idx) { /* int4, act order: the group of weight k is g_idx[k] */
         const int32_t *gi = m->g_idx + (int64_t)e * m->g_idx_stride;
-        for (int k = 0; k < K; k++) {
-            const int g = gi[k];
-            w[k] = ((float)((d[k >> 1] >> ((k & 1) * 4)) & 0xf) - (float)z[g]) * sc[g];
-        }
+        for (int k = 0; k < K; k++) w[k] = (w[k] - (float)z[gi[k]]) * sc[gi[k]];
         return;
     }
+    /* group k / group, in a pass the compiler vectorises */
     for (int k0 = 0; k0 < K; k0 += G) {
-        const float c = sc[k0 / G], zz = (float)z[k0 / G];
+        const float c = sc[k0 / G], zz = z ? (float)z[k0 / G] : 0.0f;
         const int k1 = k0 + G < K ? k0 + G : K;
-        int k = k0;
-        if (!(k0 & 1))
-            for (; k + 1 < k1; k += 2) { /* a byte at a time: its two nibbles */
-                const uint8_t b = d[k >> 1];
-                w[k] = ((float)(b & 0xf) - zz) * c;
-                w[k + 1] = ((float)(b >> 4) - zz) * c;
-            }
-        for (; k < k1; k++) w[k] = ((float)((d[k >> 1] >> ((k & 1) * 4)) & 0xf) - zz) * c;
+        if (m->kind == FT_FP4)
+            for (int k = k0; k < k1; k++) w[k] *= c;
+        else
+            for (int k = k0; k < k1; k++) w[k] = (w[k] - zz) * c;
     }
 }
 
