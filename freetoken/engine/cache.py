@@ -92,6 +92,11 @@ class ExpertCache:
         prefetch_slots = [self.policy.slot(l, e) for l, e in plan.prefetch]
         return self.executor.run(plan, x, weights, ids, phase, prefetch_slots, self._stream_next(layer, phase))
 
+    def account(self, layer: int, ids: np.ndarray, phase: int, request: int) -> None:
+        """A call a CPU-only engine computed already (host_decode.py: every routed expert from the store, as
+        executor.run's host-only path does): planned and counted as __call__ would."""
+        self.executor.tally(self.policy.plan(make_call(layer, ids, phase, request), self.config.split), ids, phase)
+
     def _stream_next(self, layer: int, phase: int) -> list[int] | None:
         """Layer l+1's non-resident experts for the prefill double buffer: only where every prefill miss is fetched
         (offload) and none is admitted (so the set cannot change before layer l+1's call), within the forward."""

@@ -22,6 +22,7 @@ import torch
 from freetoken.engine.cache import CacheConfig, ExpertCache
 from freetoken.engine.draft import DraftConfig, DraftStats, generate_drafted
 from freetoken.engine.decode_graphs import LaneParts, MoEGraphs, decode_line
+from freetoken.engine import host_decode
 from freetoken.engine.host_counters import HostCounters, counted
 from freetoken.engine.kernelset import kernel_set
 from freetoken.engine.penalties import history_shaped
@@ -116,6 +117,7 @@ class Engine:
         self._turns: dict[int, int] = {}
         self._phase, self._request = PREFILL, 0
         self._routed: list[np.ndarray] = []  # [T, K] per MoE layer of the current forward (carry, unrecorded)
+        self.one_call = None  # host_decode.HostDecode once built; False: decode layer by layer (None: not asked)
         if self.cache.carry is not None and self.cache.device_moe is not None:
             raise ValueError("options: carry='drafts' runs on the host placement path: use placement 'auto' or 'host'")
         self.graphs = None
@@ -126,7 +128,8 @@ class Engine:
             self.graphs = MoEGraphs(self._moe_device, self.device, self.host, parts=parts)
         if self.graphs is not None and cfg.v4 is not None and cfg.v4.hash_layers:
             self.graphs.blocker = "hash-routed layers read each step's token ids"
-        self.decode_line = decode_line(self.cache, self.graphs, eager)
+        self.decode_line = (host_decode.decode_line(self) if ks.name == "host" and self.cache.device_moe is None
+                            else decode_line(self.cache, self.graphs, eager))
         self.count_launches = False  # generate() counts one decode token's kernels and syncs into step_count
         self.step_count: StepCount | None = None
         if eager or (self.graphs is not None and self.graphs.reason(self.cache) is not None):
@@ -176,17 +179,22 @@ class Engine:
             return self._moe_device(layer, h)
         weights, ids = self.route(layer, h)  # [T, K] fp32, int32
         ids_host = (ids if ids.is_cpu else ids.cpu()).numpy()
+        self.routed_to_host(layer, ids_host, weights)
+        if self.hinting:
+            self._hint_next(layer, x)
+        return self.cache(layer, h, weights, ids_host, self._phase, self._request)
+
+    def routed_to_host(self, layer: int, ids_host: np.ndarray, weights: torch.Tensor | np.ndarray) -> None:
+        """A MoE layer's routing read back: counted, kept for the carry, recorded (weights [T, K])."""
         self.host.syncs += 1
         self.host.copies += 1
         if self.cache.carry is not None and self.recorder is None:  # the verify forward's routing, for the carry
             self._routed.append(ids_host)
         if self.recorder is not None:
-            self.recorder.layer(layer, ids_host, weights.float().cpu().numpy())
+            self.recorder.layer(layer, ids_host, weights if isinstance(weights, np.ndarray) else
+                                weights.float().cpu().numpy())
             self.host.syncs += 1
             self.host.copies += 1
-        if self.hinting:
-            self._hint_next(layer, x)
-        return self.cache(layer, h, weights, ids_host, self._phase, self._request)
 
     def predict_next(self, layer: int, x: torch.Tensor) -> torch.Tensor | None:
         """The router hint: MoE layer layer + 1's router, after its own pre-MoE norm, on the residual x [T, D] that
@@ -231,7 +239,11 @@ class Engine:
         self._routed = []
         if self.recorder is not None:
             self.recorder.begin(token_ids, phase, request, turn)
-        logits = self.decoder.forward(token_ids, kv, start_pos, self._moe, all_logits)
+        native = host_decode.for_step(self, [kv]) if len(token_ids) == 1 else None
+        if native is not None:  # the whole token in one host call, then each layer's placement and counts
+            logits = native.run(self, token_ids, [kv], [start_pos], phase, request)
+        else:
+            logits = self.decoder.forward(token_ids, kv, start_pos, self._moe, all_logits)
         if self.recorder is not None:
             self._record_end()
         return logits
@@ -267,7 +279,9 @@ class Engine:
         self._phase, self._request = DECODE, requests[0]
         if self.recorder is not None:
             self.recorder.begin(tokens, DECODE, requests, [self._turns.get(r, 0) for r in requests])
-        logits = self.decoder.forward_batch(tokens, kvs, self._moe)
+        native = host_decode.for_step(self, kvs)
+        logits = (native.run(self, tokens, kvs, [kv.length for kv in kvs], DECODE, requests[0]) if native is not None
+                  else self.decoder.forward_batch(tokens, kvs, self._moe))
         if self.recorder is not None:
             self._record_end()
         if settle:

@@ -132,7 +132,7 @@ class LiveExecutor:
             y = y + self._cpu_lane_result(cpu_part, y.dtype)
             self.host.syncs += 1  # the activations reach the host
             self.host.copies += 2  # ... and the lane's result goes back
-        self._tally(plan, ids, phase)
+        self.tally(plan, ids, phase)
         return y
 
     def _run_host(self, plan: Plan, x: torch.Tensor, weights: torch.Tensor, ids: np.ndarray,
@@ -140,10 +140,10 @@ class LiveExecutor:
         """Every expert the call routes to, from the host store in one call: where a CPU-only engine's lanes all
         meet (the split only changes what is counted)."""
         y = self.store.host_moe(plan.layer, x, ids, weights, None, cast=True)
-        self._tally(plan, ids, phase)
+        self.tally(plan, ids, phase)
         return y
 
-    def _tally(self, plan: Plan, ids: np.ndarray, phase: int) -> None:
+    def tally(self, plan: Plan, ids: np.ndarray, phase: int) -> None:
         call = (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
                 routed_to(ids, plan.cpu) if plan.cpu else 0)
         self._totals[phase] = [total + n for total, n in zip(self._totals[phase], call)]

@@ -165,7 +165,7 @@ class Decoder:
 
         cfg = self.cfg
         if lw.wqkv is None or lw.out_gate is not None or cfg.clip_qkv is not None or not hk.available() \
-                or cfg.qk_norm not in (None, "head", "full") or self.rotary_dim % 2 or self.rotary_dim > 1024:
+                or cfg.qk_norm not in ("none", "head", "full") or self.rotary_dim % 2 or self.rotary_dim > 1024:
             return None
         inv_freq = self.rope.get("inv_freq")
         inv_freq = _inv_freq(cfg.rope_theta, self.rotary_dim, "cpu") if inv_freq is None else inv_freq

@@ -191,6 +191,14 @@ class MoEMatrices:
                    keep=(gate_up, down), **kw)
 
 
+def moe_args(m: MoEMatrices) -> MoEArgs:
+    """The layer's call arguments, built once; each call sets its tensors."""
+    if m.args is None:
+        m.args = MoEArgs(ctypes.pointer(m.gate), ctypes.pointer(m.up), ctypes.pointer(m.down), ptr(m.b_gate_up),
+                         ptr(m.b_down), GLU_KINDS[m.glu], m.alpha, m.limit, E=m.experts)
+    return m.args
+
+
 def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: torch.Tensor | None,
         generic: bool = False, out: torch.Tensor | None = None, cast: bool = False) -> torch.Tensor:
     """x [T, D] (fp32 / bf16 / fp16), ids [T, K] int32 (any id not taken is skipped), weights [T, K] fp32, take [E]
@@ -203,10 +211,7 @@ def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     rounded = torch.empty(T, m.down.rows, dtype=x.dtype) if cast else None
     if out is None and not cast:
         out = torch.empty(T, m.down.rows, dtype=torch.float32)
-    args = m.args
-    if args is None:
-        args = m.args = MoEArgs(ctypes.pointer(m.gate), ctypes.pointer(m.up), ctypes.pointer(m.down),
-                                ptr(m.b_gate_up), ptr(m.b_down), GLU_KINDS[m.glu], m.alpha, m.limit, E=m.experts)
+    args = moe_args(m)
     args.x, args.x_kind, args.T, args.ids, args.weights, args.K = (x.data_ptr(), act_kind(x.dtype), T, ids.data_ptr(),
                                                                   weights.data_ptr(), K)
     args.take, args.out, args.threads, args.generic = ptr(take), ptr(out), threads(), int(generic)
@@ -247,10 +252,12 @@ def moe_ref(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: tor
 
 
 # dense projection
-_LINEARS: dict[tuple, tuple] = {}  # per (weight, bias): the call's arguments, built once
+_LINEARS: dict[tuple, LinearArgs] = {}  # per (weight, bias): the call's arguments, built once
 
 
-def _linear_args(w, bias: torch.Tensor | None) -> LinearArgs:
+def linear_args(w, bias: torch.Tensor | None) -> LinearArgs:
+    """The projection's call arguments, built once per (weight, bias); each call sets its tensors. They hold what
+    they point into (`keep`), so a caller may keep them past the cache's clearing."""
     packed = isinstance(w, PackedWeight)
     key = ((w.data if packed else w).data_ptr(), w.shape, None if bias is None else bias.data_ptr())
     got = _LINEARS.get(key)
@@ -259,8 +266,10 @@ def _linear_args(w, bias: torch.Tensor | None) -> LinearArgs:
             _LINEARS.clear()
         m = packed_matrix(w) if packed else dense_matrix(w)
         b = None if bias is None else bias.float().contiguous()
-        got = _LINEARS[key] = (LinearArgs(ctypes.pointer(m), ptr(b)), m, b, w, bias)  # keeps what it points into
-    return got[0]
+        args = LinearArgs(ctypes.pointer(m), ptr(b))
+        args.keep = (m, b, w, bias)
+        got = _LINEARS[key] = args
+    return got
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool = False) -> torch.Tensor:
@@ -271,7 +280,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty(T, w.shape[0], dtype=x.dtype)  # (sizes as ints: torch parses a tuple slower)
-    args = _linear_args(w, bias)
+    args = linear_args(w, bias)
     kind = act_kind(x.dtype)
     args.x, args.x_kind, args.T, args.x_stride = x.data_ptr(), kind, T, x.stride(0)
     args.out, args.out_kind, args.out_stride, args.threads, args.generic = (out.data_ptr(), kind, out.shape[1],
@@ -284,7 +293,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
 _POINTER_ARRAYS: dict[tuple, object] = {}  # per tuple of addresses: the C array of them (a KV cache's are fixed)
 
 
-def _pointers(tensors: list[torch.Tensor]):
+def pointers(tensors: list[torch.Tensor]):
     """The tensors' data pointers as a C array (void **), made once per set of addresses."""
     addresses = tuple([t.data_ptr() for t in tensors])
     got = _POINTER_ARRAYS.get(addresses)
@@ -308,8 +317,8 @@ def attention_decode(q: torch.Tensor, k_caches: list[torch.Tensor], v_caches: li
     q = q.contiguous()
     fp8 = k_caches[0].dtype == torch.uint8
     kv_kind = FP8 if fp8 else act_kind(k_caches[0].dtype)
-    ks, vs = _pointers(k_caches), _pointers(v_caches)
-    kss, vss = (_pointers(k_scales), _pointers(v_scales)) if fp8 else (None, None)
+    ks, vs = pointers(k_caches), pointers(v_caches)
+    kss, vss = (pointers(k_scales), pointers(v_scales)) if fp8 else (None, None)
     lens = torch.tensor(lengths, dtype=torch.int32)
     s = None if sinks is None else sinks.float().contiguous()
     out = torch.empty_like(q)
@@ -380,6 +389,16 @@ class StepLayer:
     args: StepArgs | None = None  # the call's arguments, built once; each call sets its tensors
 
 
+def step_args(layer: StepLayer) -> StepArgs:
+    """New call arguments for the layer (what a call sets, its tensors and positions, left unset)."""
+    qn, kn = layer.q_norm, layer.k_norm
+    return StepArgs(H=layer.heads, Hkv=layer.kv_heads, Dh=layer.head_dim, q_norm=ptr(qn), k_norm=ptr(kn),
+                    norm_kind=act_kind(qn.dtype) if qn is not None else 0, norm_full=int(layer.norm_full),
+                    eps=layer.eps, round_normed=int(layer.round_normed), inv_freq=layer.inv_freq.data_ptr(),
+                    rotary=layer.rotary, rope_scale=layer.rope_scale, sm_scale=layer.sm_scale, sinks=ptr(layer.sinks),
+                    window=layer.window or 0)
+
+
 def attention_step(qkv: torch.Tensor, layer: StepLayer, positions: list[int], k_caches: list[torch.Tensor],
                    v_caches: list[torch.Tensor]) -> torch.Tensor:
     """qkv [B, (H + 2 Hkv) Dh] of B sequences' decode tokens (sequence b at positions[b]) -> attention [B, H, Dh]:
@@ -392,16 +411,10 @@ def attention_step(qkv: torch.Tensor, layer: StepLayer, positions: list[int], k_
     out = torch.empty(B, H, Dh, dtype=qkv.dtype)
     args = layer.args
     if args is None:
-        qn, kn = layer.q_norm, layer.k_norm
-        args = layer.args = StepArgs(H=H, Hkv=Hkv, Dh=Dh, q_norm=ptr(qn), k_norm=ptr(kn),
-                                     norm_kind=act_kind(qn.dtype) if qn is not None else 0,
-                                     norm_full=int(layer.norm_full), eps=layer.eps,
-                                     round_normed=int(layer.round_normed), inv_freq=layer.inv_freq.data_ptr(),
-                                     rotary=layer.rotary, rope_scale=layer.rope_scale, sm_scale=layer.sm_scale,
-                                     sinks=ptr(layer.sinks), window=layer.window or 0)
+        args = layer.args = step_args(layer)
     pos = (ctypes.c_int64 * B)(*positions)
     args.B, args.qkv, args.kind, args.qkv_stride = B, qkv.data_ptr(), act_kind(qkv.dtype), qkv.stride(0)
-    args.positions, args.k_cache, args.v_cache = ctypes.addressof(pos), _pointers(k_caches), _pointers(v_caches)
+    args.positions, args.k_cache, args.v_cache = ctypes.addressof(pos), pointers(k_caches), pointers(v_caches)
     args.kv_kind, args.q_buf, args.out, args.threads = (act_kind(k_caches[0].dtype), q_buf.data_ptr(),
                                                         out.data_ptr(), threads())
     check(library().ft_attention_step(ctypes.byref(args)), "attention_step")

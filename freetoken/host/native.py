@@ -59,9 +59,23 @@ class StepArgs(ctypes.Structure):
                 ("sm_scale", _f32), ("sinks", _p), ("window", _i32), ("q_buf", _p), ("out", _p), ("threads", _i32)]
 
 
+class DecodeLayer(ctypes.Structure):
+    _fields_ = [("qkv", ctypes.POINTER(LinearArgs)), ("o", ctypes.POINTER(LinearArgs)),
+                ("router", ctypes.POINTER(LinearArgs)), ("attn", ctypes.POINTER(StepArgs)),
+                ("moe", ctypes.POINTER(MoEArgs)), ("input_norm", _p), ("post_norm", _p), ("ids", _p), ("weights", _p)]
+
+
+class DecodeArgs(ctypes.Structure):
+    _fields_ = [("B", _i32), ("L", _i32), ("D", _i32), ("E", _i32), ("K", _i32), ("kind", _i32), ("norm_kind", _i32),
+                ("round_normed", _i32), ("renormalize", _i32), ("eps", _f32), ("route_scale", _f32),
+                ("layers", ctypes.POINTER(DecodeLayer)), ("x", _p), ("y", _p), ("h", _p), ("qkv", _p), ("q_buf", _p),
+                ("attn", _p), ("logits", _p), ("final_norm", _p), ("head", ctypes.POINTER(LinearArgs)), ("out", _p),
+                ("threads", _i32)]
+
+
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     for name, arg in (("ft_moe", MoEArgs), ("ft_linear", LinearArgs), ("ft_attention_decode", AttnArgs),
-                      ("ft_attention_step", StepArgs)):
+                      ("ft_attention_step", StepArgs), ("ft_decode", DecodeArgs)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = [ctypes.POINTER(arg)], ctypes.c_int
     lib.ft_caps.argtypes, lib.ft_caps.restype = [], ctypes.c_int

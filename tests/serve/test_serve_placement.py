@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+# the demo model's decode on the host kernels (engine/host_decode.py)
+HOST_DECODE = "decode: one host call per token (every layer's kernels in C; then each MoE call's placement and counts)"
+
 HOST_LINE = "placement: lru decides on the host (compiled; its device form runs on CUDA or --placement device)"
 DEVICE_LINE = "placement: lru decides on the device (one Triton program per MoE call, no host round trip)"
 
@@ -21,7 +24,7 @@ def _load(**kw):
 def test_host_placement_and_eager_reach_the_engine_and_the_startup_lines():
     engine, lines = _load(placement="host", eager=True)
     assert engine.cache.device_moe is None and engine.graphs is None
-    assert lines[-2:] == [HOST_LINE, "decode: eager (CUDA graphs hold the device placement only)"]
+    assert lines[-2:] == [HOST_LINE, HOST_DECODE]
 
 
 def test_device_placement_on_cpu_decides_on_the_device_and_says_why_decode_is_eager():
@@ -75,8 +78,8 @@ def test_device_placement_serves_what_the_host_placement_serves():
 
 
 @pytest.mark.parametrize("asked, decides_on, decode", [
-    ("auto", "host", "decode: eager (CUDA graphs hold the device placement only)"),  # auto without CUDA: the host
-    ("host", "host", "decode: eager (CUDA graphs hold the device placement only)"),
+    ("auto", "host", HOST_DECODE),  # auto without CUDA: the host
+    ("host", "host", HOST_DECODE),
     ("device", "device", "decode: eager (CUDA graphs need CUDA)"),
 ])
 def test_health_reports_the_placement(asked, decides_on, decode):
