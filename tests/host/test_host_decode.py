@@ -122,3 +122,35 @@ def test_a_decode_batch_in_one_call_equals_the_per_layer_batch(checkpoints, dtyp
     assert ref.cache.executor.phase_counters == engine.cache.executor.phase_counters
     a, b = ref.trace(), engine.trace()
     assert np.array_equal(a.experts, b.experts) and np.array_equal(a.request, b.request)
+
+
+@pytest.fixture(scope="module")
+def gptq(tmp_path_factory):
+    """A GPTQ int4 checkpoint (experts and attention packed) of a random bf16 Qwen3-MoE, and one with its head too."""
+    from freetoken.calibrate.checkpoints import RandomMoE, build_random
+    from freetoken.calibrate.gptq import write_gptq
+
+    root = tmp_path_factory.mktemp("gptq")
+    src = build_random(RandomMoE(hidden=128, layers=2, experts=4, top_k=2, moe_intermediate=128, heads=4, kv_heads=2,
+                                 head_dim=32, vocab=512), root / "bf16")
+    return write_gptq(src, root / "gptq"), write_gptq(src, root / "gptq-head", lm_head=True)
+
+
+@pytest.mark.parametrize("which,lm_head", [(0, "checkpoint"), (0, "int8"), (1, "checkpoint")])
+def test_packed_weights_and_heads_in_one_call(gptq, which, lm_head):
+    """GPTQ experts and projections read packed, a bf16, int8 or int4 LM head: the same logits as layer by layer."""
+    native_or_skip()
+    outs = []
+    for one_call in (False, True):
+        engine = Engine.from_pretrained(gptq[which], CACHES["cpu-moe"], kernels="host", device="cpu", record=False,
+                                        lm_head=lm_head)
+        engine.one_call = None if one_call else False
+        kv = engine.new_kv(32)
+        token = int(engine.prefill(PROMPT, kv)[-1].argmax())
+        got = []
+        for _ in range(4):
+            out = engine.decode(token, kv)
+            token = int(out[-1].argmax())
+            got.append(out)
+        outs.append(torch.cat(got))
+    assert engine.one_call and engine.store.packed and torch.equal(outs[0], outs[1])
