@@ -1,10 +1,11 @@
-/* One decode step of B sequences (a token each) through a stack of plain MoE layers in one call: per layer the residual add and
- * input RMSNorm, the qkv projection, attention_step, the output projection, the add and post-attention RMSNorm, the
- * router's projection and softmax top-k, and the layer's experts (ft_moe, rounded to the activation dtype); then the
- * add, the final RMSNorm and the LM head. Each step calls the entry point the op-by-op path (freetoken/engine/model.py)
- * calls, with the same arguments, so the logits are the same bit for bit. What it saves is the Python between the
- * calls, which runs with cold caches: every weight stream evicts the interpreter's working set. Each layer's routing
- * is left in its own [K] slots for the engine's bookkeeping (placement, counters, recorder) after the call. */
+/* One decode step of B sequences (a token each) through a stack of plain MoE layers in one call: per layer the
+ * residual add and input RMSNorm, the qkv projection, attention_step, the output projection, the add and
+ * post-attention RMSNorm, the router's projection and softmax top-k, and the layer's experts (ft_moe, rounded to the
+ * activation dtype); then the add, the final RMSNorm and the LM head. Each step calls the entry point the op-by-op
+ * path (freetoken/engine/model.py) calls, with the same arguments, so the logits are the same bit for bit. What it
+ * saves is the Python between the calls, which runs with cold caches: every weight stream evicts the interpreter's
+ * working set. Each layer's routing is left in its own [B, K] slots for the engine's bookkeeping (placement,
+ * counters, recorder) after the call. */
 #include <string.h>
 #include "ftk.h"
 
