@@ -23,7 +23,7 @@ from freetoken.host.native import DecodeArgs, DecodeLayer, act_kind, check
 
 
 def reason(engine) -> str | None:
-    """None when `engine`'s single-sequence decode can run as one host call, else why not."""
+    """None when `engine`'s decode steps can run as one host call each, else why not."""
     from freetoken.engine.model import Decoder
 
     dec, cfg, cache = engine.decoder, engine.config, engine.cache
@@ -40,11 +40,14 @@ def reason(engine) -> str | None:
     r = cfg.routing
     if r.score != "softmax" or r.n_group != 1 or cfg.num_experts > 4096:
         return "routing other than a plain softmax top-k"
+    if dec.norm is None:
+        return "no final norm"
     norms = {dec.norm.dtype}
     for l, lw in enumerate(dec.layers):
-        if (dec.steps[l] is None or lw.deltanet is not None or lw.mla is not None or lw.router is None
+        if (dec.steps[l] is None or lw.deltanet is not None or lw.mla is not None
+                or not isinstance(lw.router, torch.Tensor) or lw.router.dtype != dec.dtype
                 or lw.shared_gate_up is not None or lw.router_bias is not None or lw.correction_bias is not None
-                or lw.hash_table is not None or lw.router.dtype != dec.dtype):
+                or lw.hash_table is not None or lw.input_norm is None or lw.post_norm is None):
             return f"layer {l} is not a plain attention + routed-experts layer"
         norms |= {lw.input_norm.dtype, lw.post_norm.dtype}
     if len(norms) != 1:
