@@ -39,12 +39,6 @@ static inline void kv_row(const void *base, const float *scale, int kind, int64_
     }
 }
 
-static void store(void *out, int32_t kind, int64_t i, float v) {
-    if (kind == FT_BF16) ((uint16_t *)out)[i] = ft_f32_to_bf16(v);
-    else if (kind == FT_F16) ((uint16_t *)out)[i] = ft_f32_to_f16(v);
-    else ((float *)out)[i] = v;
-}
-
 /* portable: scores s[i * ld + j] and the weighted V sum acc [G, Dh] of one (sequence, kv head) */
 static void scores_generic(const void *k, const float *ks, int kind, int lo, int L, int Hkv, int g, int Dh,
                            const float *q, int G, float scale, float *s, int64_t ld, float *row) {
@@ -250,7 +244,7 @@ int ft_attention_decode(const ft_attn_args *a) {
             values_generic(a->v[b], vs, a->kv_kind, lo, L, Hkv, g, Dh, s, G, maxlen, acc, row);
         for (int i = 0; i < G; i++)
             for (int d = 0; d < Dh; d++)
-                store(a->out, a->out_kind, ((int64_t)b * H + g * G + i) * Dh + d, acc[i * Dh + d] / denom[i]);
+                ft_store_act(a->out, a->out_kind, ((int64_t)b * H + g * G + i) * Dh + d, acc[i * Dh + d] / denom[i]);
     }
     return FT_OK;
 }

@@ -40,12 +40,7 @@ typedef struct {
 
 /* x += y over n values, rounded to the activation dtype (torch's x + y) */
 static void add_into(void *x, const void *y, int32_t kind, int64_t n) {
-    for (int64_t i = 0; i < n; i++) {
-        const float v = ft_load_act(x, kind, i) + ft_load_act(y, kind, i);
-        if (kind == FT_BF16) ((uint16_t *)x)[i] = ft_f32_to_bf16(v);
-        else if (kind == FT_F16) ((uint16_t *)x)[i] = ft_f32_to_f16(v);
-        else ((float *)x)[i] = v;
-    }
+    for (int64_t i = 0; i < n; i++) ft_store_act(x, kind, i, ft_load_act(x, kind, i) + ft_load_act(y, kind, i));
 }
 
 static int linear(const ft_linear_args *w, const void *x, int T, void *out, int32_t kind, int32_t threads) {

@@ -129,6 +129,13 @@ static inline float ft_load_act(const void *x, int32_t kind, int64_t i) {
     return ((const float *)x)[i];
 }
 
+/* v stored at out[i] in the activation dtype (rounded to nearest even) */
+static inline void ft_store_act(void *out, int32_t kind, int64_t i, float v) {
+    if (kind == FT_BF16) ((uint16_t *)out)[i] = ft_f32_to_bf16(v);
+    else if (kind == FT_F16) ((uint16_t *)out)[i] = ft_f32_to_f16(v);
+    else ((float *)out)[i] = v;
+}
+
 static inline float ft_round_act(float v, int32_t kind) {
     if (kind == FT_BF16) return ft_bf16_to_f32(ft_f32_to_bf16(v));
     if (kind == FT_F16) return ft_f16_to_f32(ft_f32_to_f16(v));

@@ -5,12 +5,6 @@
 #include "arena.h"
 #include "ftk.h"
 
-static void store(void *out, int32_t kind, int64_t i, float v) {
-    if (kind == FT_BF16) ((uint16_t *)out)[i] = ft_f32_to_bf16(v);
-    else if (kind == FT_F16) ((uint16_t *)out)[i] = ft_f32_to_f16(v);
-    else ((float *)out)[i] = v;
-}
-
 int ft_linear(const ft_linear_args *a) {
     const ft_matrix *W = a->w;
     const int T = a->T, N = W->rows;
@@ -33,7 +27,8 @@ int ft_linear(const ft_linear_args *a) {
             ft_rows_dot(W, 0, (int)r0, (int)r1, &acts, NULL, T, y, T, scr);
             for (int64_t r = r0; r < r1; r++) {
                 const float b = a->bias ? a->bias[r] : 0.0f;
-                for (int t = 0; t < T; t++) store(a->out, a->out_kind, (int64_t)t * a->out_stride + r, y[(r - r0) * T + t] + b);
+                for (int t = 0; t < T; t++)
+                    ft_store_act(a->out, a->out_kind, (int64_t)t * a->out_stride + r, y[(r - r0) * T + t] + b);
             }
         }
     }

@@ -179,12 +179,8 @@ int ft_moe(const ft_moe_args *a) {
         }
         if (a->out_cast) /* each thread rounds its own rows */
             for (int t = 0; t < T; t++)
-                for (int64_t r = lo; r < hi; r++) {
-                    const float v = out[(int64_t)t * D + r];
-                    if (a->out_kind == FT_BF16) ((uint16_t *)a->out_cast)[(int64_t)t * D + r] = ft_f32_to_bf16(v);
-                    else if (a->out_kind == FT_F16) ((uint16_t *)a->out_cast)[(int64_t)t * D + r] = ft_f32_to_f16(v);
-                    else ((float *)a->out_cast)[(int64_t)t * D + r] = v;
-                }
+                for (int64_t r = lo; r < hi; r++)
+                    ft_store_act(a->out_cast, a->out_kind, (int64_t)t * D + r, out[(int64_t)t * D + r]);
     }
     return FT_OK;
 }

@@ -6,12 +6,6 @@
 #include "fastmath.h"
 #include "ftk.h"
 
-static inline void put(void *out, int32_t kind, int64_t i, float v) {
-    if (kind == FT_BF16) ((uint16_t *)out)[i] = ft_f32_to_bf16(v);
-    else if (kind == FT_F16) ((uint16_t *)out)[i] = ft_f32_to_f16(v);
-    else ((float *)out)[i] = v;
-}
-
 /* rows of x [T, D] (row stride x_stride) -> out [T, D]: normalise in fp32, (round to the dtype), times w, rounded.
  * Rows in parallel (threads), each row's loops vectorised: the prefill of a long prompt normalises T x D values. */
 static void load_row(const void *x, int32_t kind, int64_t off, int D, float *dst) {
@@ -100,8 +94,8 @@ static inline void rope_row(const void *x, int32_t kind, int64_t src, void *out,
     } else {
         for (int i = 0; i < half; i++) {
             const float x1 = ft_load_act(x, kind, src + i), x2 = ft_load_act(x, kind, src + half + i);
-            put(out, kind, dst + i, x1 * c[i] - x2 * s[i]);
-            put(out, kind, dst + half + i, x2 * c[i] + x1 * s[i]);
+            ft_store_act(out, kind, dst + i, x1 * c[i] - x2 * s[i]);
+            ft_store_act(out, kind, dst + half + i, x2 * c[i] + x1 * s[i]);
         }
     }
 }
@@ -126,7 +120,7 @@ int ft_rope(const void *x, int32_t kind, int64_t sx_t, int64_t sx_h, int32_t T, 
         for (int h = 0; h < H; h++) {
             const int64_t src = t * sx_t + h * sx_h, dst = ((int64_t)t * H + h) * Dh;
             rope_row(x, kind, src, out, dst, half, c, s);
-            for (int i = rotary; i < Dh; i++) put(out, kind, dst + i, ft_load_act(x, kind, src + i));
+            for (int i = rotary; i < Dh; i++) ft_store_act(out, kind, dst + i, ft_load_act(x, kind, src + i));
         }
     }
     return FT_OK;

@@ -6,12 +6,6 @@
 #include <string.h>
 #include "ftk.h"
 
-static inline void put(void *out, int32_t kind, int64_t i, float v) {
-    if (kind == FT_BF16) ((uint16_t *)out)[i] = ft_f32_to_bf16(v);
-    else if (kind == FT_F16) ((uint16_t *)out)[i] = ft_f32_to_f16(v);
-    else ((float *)out)[i] = v;
-}
-
 /* n values at src (activation dtype) -> dst fp32, RMS-normalised with weight w (offset w_off) if given, each value
  * rounded to the dtype as the reference's output is */
 static void norm_span(const void *src, int32_t kind, int64_t off, int n, const void *w, int32_t w_kind,
@@ -42,10 +36,10 @@ static void rope_store(const float *v, int nh, int Dh, int64_t pos, const float 
         const float *x = v + h * Dh;
         const int64_t o = off + (int64_t)h * Dh;
         for (int i = 0; i < half; i++) {
-            put(dst, kind, o + i, x[i] * c[i] - x[half + i] * s[i]);
-            put(dst, kind, o + half + i, x[half + i] * c[i] + x[i] * s[i]);
+            ft_store_act(dst, kind, o + i, x[i] * c[i] - x[half + i] * s[i]);
+            ft_store_act(dst, kind, o + half + i, x[half + i] * c[i] + x[i] * s[i]);
         }
-        for (int i = 2 * half; i < Dh; i++) put(dst, kind, o + i, x[i]);
+        for (int i = 2 * half; i < Dh; i++) ft_store_act(dst, kind, o + i, x[i]);
     }
 }
 
@@ -75,11 +69,12 @@ int ft_attention_step(const ft_step_args *a) {
         else { /* rounded to the activation dtype first (the k tensor), then to the cache's */
             float tmp[16384];
             rope_store(buf, Hkv, Dh, pos, a->inv_freq, a->rotary, a->rope_scale, tmp, FT_F32, 0);
-            for (int i = 0; i < nk; i++) put(a->k_cache[b], a->kv_kind, pos * nk + i, ft_round_act(tmp[i], a->kind));
+            for (int i = 0; i < nk; i++)
+                ft_store_act(a->k_cache[b], a->kv_kind, pos * nk + i, ft_round_act(tmp[i], a->kind));
         }
         /* v, into the cache at pos */
         for (int i = 0; i < nk; i++)
-            put(a->v_cache[b], a->kv_kind, pos * nk + i, ft_load_act(a->qkv, a->kind, row + nq + nk + i));
+            ft_store_act(a->v_cache[b], a->kv_kind, pos * nk + i, ft_load_act(a->qkv, a->kind, row + nq + nk + i));
     }
     int32_t lens[256];
     const void *ks[256], *vs[256];
