@@ -9,14 +9,6 @@
 #include <string.h>
 #include "ftk.h"
 
-int ft_rms_norm(const void *x, int32_t kind, int64_t x_stride, int32_t T, int32_t D, const void *w, int32_t w_kind,
-                float eps, int32_t round_normed, void *out, int64_t out_stride, int32_t threads);
-int ft_softmax_topk(const void *logits, int32_t kind, int32_t T, int32_t E, int32_t K, int32_t renormalize,
-                    float scale, float *weights, int32_t *ids, int32_t threads);
-int ft_attention_step(const ft_step_args *a);
-int ft_linear(const ft_linear_args *a);
-int ft_moe(const ft_moe_args *a);
-
 typedef struct {
     const ft_linear_args *qkv, *o, *router; /* the weights' descriptors; the loop sets activations and threads */
     const ft_step_args *attn;               /* head counts, norms, rope, this sequence's caches and position */

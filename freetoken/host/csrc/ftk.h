@@ -60,6 +60,7 @@ typedef struct {
     void *out_cast; int32_t out_kind;        /* optional: out rounded to the activation dtype, [T, D] */
     int32_t threads, generic;                /* generic: portable path only */
 } ft_moe_args;
+int ft_moe(const ft_moe_args *a);
 
 typedef struct {
     const ft_matrix *w;                      /* expert 0 of it: [N, K] */
@@ -70,6 +71,7 @@ typedef struct {
     int64_t out_stride;
     int32_t threads, generic;
 } ft_linear_args;
+int ft_linear(const ft_linear_args *a);
 
 /* rows.c: path selection and one row of W against n prepared activation rows */
 int ft_path_a_built(void);
@@ -175,3 +177,10 @@ typedef struct {
     int32_t threads;
 } ft_step_args;
 int ft_attention_decode(const ft_attn_args *a);
+int ft_attention_step(const ft_step_args *a);
+
+/* small.c: a decode step's small ops */
+int ft_rms_norm(const void *x, int32_t kind, int64_t x_stride, int32_t T, int32_t D, const void *w, int32_t w_kind,
+                float eps, int32_t round_normed, void *out, int64_t out_stride, int32_t threads);
+int ft_softmax_topk(const void *logits, int32_t kind, int32_t T, int32_t E, int32_t K, int32_t renormalize,
+                    float scale, float *weights, int32_t *ids, int32_t threads);
