@@ -25,7 +25,7 @@ MIN_BLOCKS = 4
 
 def by_blocks(x: torch.Tensor) -> bool:
     """Whether x [V] takes this module's route: on the CPU, at least MIN_BLOCKS blocks long."""
-    return x.device.type == "cpu" and x.numel() >= MIN_BLOCKS * BLOCK
+    return x.is_cpu and x.shape[-1] >= MIN_BLOCKS * BLOCK
 
 
 def _block_view(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
@@ -35,15 +35,20 @@ def _block_view(x: torch.Tensor, block: int) -> tuple[torch.Tensor, int]:
 
 
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
-    """x [V] -> torch.argmax(x) (the first largest; NaN counts as largest), 0-d int64 on x's device."""
+    """x [V] or [B, V] -> torch.argmax(x, -1) (the first largest; NaN counts as largest): int64 on x's device, 0-d
+    or [B]."""
     if not by_blocks(x):
-        return torch.argmax(x)
-    rows, n = _block_view(x, BLOCK)
-    tops = rows.amax(1)  # [V // BLOCK]
-    if n < x.numel():
-        tops = torch.cat([tops, x[n:].amax().view(1)])
-    lo = int(torch.argmax(tops)) * BLOCK  # the first block holding the largest (the CPU: nothing to wait for)
-    return torch.argmax(x[lo:lo + BLOCK]) + lo
+        return torch.argmax(x, -1)
+    rows = x.view(-1, x.shape[-1])  # [B, V]
+    V = rows.shape[1]
+    n = V - V % BLOCK
+    tops = rows[:, :n].view(rows.shape[0], -1, BLOCK).amax(2)  # [B, V // BLOCK]
+    if n < V:
+        tops = torch.cat([tops, rows[:, n:].amax(1, keepdim=True)], 1)
+    lo = torch.argmax(tops, 1) * BLOCK  # [B] the first block holding each row's largest
+    cols = (lo[:, None] + torch.arange(BLOCK)).clamp_max_(V - 1)  # [B, BLOCK]: a short last block repeats its end,
+    best = torch.argmax(rows.gather(1, cols), 1) + lo  # [B]          after it, so the first largest stays first
+    return best.view(x.shape[:-1])
 
 
 def top_candidates(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -57,13 +57,18 @@ class Penalties:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] fp32 -> shaped: bias, then the repetition penalty, then presence and frequency."""
+        shaped = logits.clone()
+        self.apply_(shaped)
+        return shaped
+
+    def apply_(self, logits: torch.Tensor) -> None:
+        """__call__ in place."""
         if self.bias is not None:
-            logits = logits + self.bias
+            logits += self.bias
         if self.seen is not None:
-            logits = penalize_repeats(logits, self.seen, self.repetition)
+            logits.copy_(penalize_repeats(logits, self.seen, self.repetition))
         if self.counts is not None:
-            logits = logits - ((self.counts > 0) * self.presence + self.counts * self.frequency)
-        return logits
+            logits -= (self.counts > 0) * self.presence + self.counts * self.frequency
 
     def accept(self, token: int) -> None:
         """The token chosen at this step joins the history."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from freetoken.engine.penalties import Penalties
+from freetoken.engine.host_sampling import first_argmax
 from freetoken.engine.sampling import Sampler, SamplingParams, min_p_cut
 from freetoken.serve.chat import Params
 from freetoken.serve.errors import APIError
@@ -82,16 +83,20 @@ class Decoder:
 
     def propose(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [V] -> [3] int64 on their device: the sampled token (0 when one is forced), whether the logits
-        hold NaN, whether shaping left no token; nothing read back (a decode batch reads every row's at once)."""
+        hold NaN, whether shaping left no token; nothing read back. A decode batch runs the same two halves, each
+        sequence's shape_() and then one choose() for all."""
         logits = logits.detach().float()  # [V]
+        shaped = logits.clone()
+        self.shape_(logits, shaped)
+        return choose([self], logits, shaped)
+
+    def shape_(self, logits: torch.Tensor, shaped: torch.Tensor) -> None:
+        """The step's part that is this sequence's own (what fails here fails it alone): logits [V] fp32, the
+        model's (kept for commit's logprobs), shaped [V] a copy of them, shaped in place."""
         if self.tables is None:
             self.tables = Tables.make(self.params, self.stop_ids, self.prompt_ids, logits.numel(), logits.device)
-        shaped = self.shape(logits)
-        token = shaped.new_zeros((), dtype=torch.long) if self.forced else self.sample.pick(shaped)
         self._proposed = logits
-        # amax propagates NaN and is -inf only where every token is masked: two vectorised reductions (isnan(x).any()
-        # and isfinite(x).any() took ~0.4 and ~0.8 ms over 151,936 logits on one CPU thread, amax ~0.02)
-        return torch.stack([token, torch.isnan(logits.amax()).long(), (shaped.amax() == float("-inf")).long()])
+        self.shape(shaped)
 
     def commit(self, token: int, nan: int, dead: int) -> int:
         """propose()'s three values, read back -> the next token id (the forced one, if any); failures raise."""
@@ -115,10 +120,10 @@ class Decoder:
         self.tables.accept(token)
         return token
 
-    def shape(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits [V] -> a shaped copy, on their device (elementwise ops and index writes; nothing read back)."""
+    def shape(self, shaped: torch.Tensor) -> None:
+        """shaped [V] fp32, a copy of the logits, shaped in place on its device (elementwise ops and index writes;
+        nothing read back)."""
         p, t, ninf = self.params, self.tables, float("-inf")
-        shaped = logits.clone()
         if len(self.out) < p.min_tokens and len(t.stop_ids):
             shaped[t.stop_ids] = ninf
         if t.allowed is not None:
@@ -127,18 +132,36 @@ class Decoder:
             if len(word) == 1 or self.out[-(len(word) - 1):] == word[:-1]:
                 shaped[word[-1]] = ninf
         if t.penalties is not None:  # bias; repetition over the prompt's and the output's tokens; presence, frequency
-            shaped = t.penalties(shaped)
+            t.penalties.apply_(shaped)
         if p.min_p > 0 and not self.sampling.is_greedy:  # p_i >= min_p * p_max after temperature, in logits
-            shaped = min_p_cut(shaped, p.min_p, self.sampling.temperature)
+            shaped.copy_(min_p_cut(shaped, p.min_p, self.sampling.temperature))
         if self.grammar:
             self.grammar.mask(shaped)
-        return shaped
 
     def _dead_end(self) -> str:
         if self.grammar is not None:
             return (f"{self.params.constraint.param}: the constraint allows no token after "
                     f"{len(self.out)} tokens (with this request's other token limits)")
         return "no token is allowed at this step (allowed_token_ids, bad_words, logit_bias and min_tokens together)"
+
+
+def choose(decoders: list[Decoder], logits: torch.Tensor, shaped: torch.Tensor) -> torch.Tensor:
+    """logits [B, V] fp32 and shaped [B, V] (row b: decoders[b]'s shape_() done; [V] each for one decoder) -> [B, 3]
+    ([3]) int64 on their device, row b what decoders[b].propose() gives: the greedy rows' argmax and every row's NaN /
+    dead-end check are one op each over the batch (per-row ops cost a decode batch more than the model's step on a
+    small model); sampled rows draw from their own generators, forced rows say 0."""
+    greedy = [d.sampling.is_greedy and not d.forced for d in decoders]
+    if all(greedy):
+        tokens = first_argmax(shaped)  # [B]
+    else:
+        rows = shaped.view(len(decoders), -1)  # [B, V]
+        zero = shaped.new_zeros((), dtype=torch.long)
+        best = first_argmax(rows) if any(greedy) else None  # [B]
+        tokens = torch.stack([best[b] if g else zero if d.forced else d.sample.pick(rows[b])
+                              for b, (d, g) in enumerate(zip(decoders, greedy))]).view(shaped.shape[:-1])
+    # amax propagates NaN and is -inf only where every token is masked: two vectorised reductions (isnan(x).any()
+    # and isfinite(x).any() took ~0.4 and ~0.8 ms over 151,936 logits on one CPU thread, amax ~0.02)
+    return torch.stack([tokens, torch.isnan(logits.amax(-1)).long(), (shaped.amax(-1) == float("-inf")).long()], -1)
 
 
 def bad_word_ids(encode, words: list[str]) -> list[list[int]]:

@@ -222,14 +222,14 @@ class EngineBackend:
         return CachedGeneration(seq, self.prefix_cache, prompt, decoder, max_new, stops,
                                 self.engine.prefill_chunk)  # the engine's own chunks: the same numbers as solo
 
-    def decode_logits(self, gens: list[CachedGeneration]) -> list[torch.Tensor]:
-        """One decode step of several started sequences together: each one's logits [V] (sampling is the
-        caller's, per sequence). If the step fails, every sequence's KV is cut back to where it was, so each can
+    def decode_logits(self, gens: list[CachedGeneration]) -> torch.Tensor:
+        """One decode step of several started sequences together: their logits [B, V] (sampling is the
+        caller's). If the step fails, every sequence's KV is cut back to where it was, so each can
         be stepped again alone (a hybrid model's recurrent states are written back only once the step succeeded)."""
         lengths = [g.seq.length for g in gens]
         try:
-            return list(self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
-                                                 [g.seq.request for g in gens], settle=False))  # [B, V]: left open
+            return self.engine.decode_batch([g.generated[-1] for g in gens], [g.seq.kv for g in gens],
+                                            [g.seq.request for g in gens], settle=False)  # [B, V]: left open
             # as a single step is: reading the tokens sampled from them waits for the step
         except BaseException:
             for g, n in zip(gens, lengths):

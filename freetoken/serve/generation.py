@@ -8,7 +8,7 @@ from typing import Protocol
 import torch
 
 from freetoken.serve.chat import Prompt
-from freetoken.serve.decoding import Decoder, TokenLogprob, top_logprobs
+from freetoken.serve.decoding import Decoder, TokenLogprob, choose, top_logprobs
 from freetoken.serve.prefix_cache import PrefixCache
 
 
@@ -86,6 +86,17 @@ class CachedGeneration:
         """take() up to the read-back: the decoder's [3] values on the logits' device."""
         self._logits = logits
         return self.decoder.propose(logits)
+
+    def shape_(self, logits: torch.Tensor, shaped: torch.Tensor) -> None:
+        """A decode batch's propose(), this sequence's part: logits [V] fp32 (its row of the step's), shaped [V] a
+        copy shaped in place; choose() then finishes the batch."""
+        self._logits = logits
+        self.decoder.shape_(logits, shaped)
+
+    @staticmethod
+    def choose(gens: list["CachedGeneration"], logits: torch.Tensor, shaped: torch.Tensor) -> torch.Tensor:
+        """logits, shaped [B, V] (row b: gens[b].shape_() done) -> [B, 3], row b what gens[b].propose() gives."""
+        return choose([g.decoder for g in gens], logits, shaped)
 
     def commit(self, values: list[int]) -> int:
         """take() from propose()'s values, read back."""

@@ -2,8 +2,9 @@
 cancelled ones (closing them caches their KV, then tells their request), runs one prefill chunk of each new one
 (the engine's own chunk size, so the numbers equal a solo run's), then one decode step for all the others together
 (one batched forward where the backend has decode_logits, so a MoE layer call is the union of their experts), and
-hands each sampled token to its request. A batched step reads its choices back once: every sequence shapes and
-samples on the logits' device (propose), one stacked read brings the step's choices back, then each commits.
+hands each sampled token to its request. A batched step reads its choices back once: every sequence shapes its row
+of the logits on their device (shape_), one choose() samples and checks the batch, one read brings the step's
+choices back, then each commits.
 
 Faults stay with their sequence: sampling (grammar, NaN logits, a request's own limits) runs per sequence after the
 shared forward, so a sequence that fails there fails alone; a batched forward that fails is undone (the backend
@@ -93,11 +94,23 @@ class Scheduler:
                 self._solo(job)
             return
         self.observe_batch(len(jobs))
-        proposed = [(job, p) for job, row in zip(jobs, rows)
-                    if (p := self._attempt(job, lambda job=job, row=row: job.gen.propose(row))) is not None]
-        values = torch.stack([p for _, p in proposed]).tolist() if proposed else []  # the step's one read-back
-        for (job, _), v in zip(proposed, values):
-            self._run(job, lambda job=job, v=v: job.gen.commit(v))
+        logits = rows.detach().float()  # [B, V]
+        shaped = logits.clone()  # each sequence shapes its own row, then one choose() samples and checks them all
+        ok = [b for b, job in enumerate(jobs)  # (True unless the sequence failed)
+              if self._attempt(job, lambda job=job, b=b: job.gen.shape_(logits[b], shaped[b]) or True)]
+        if not ok:
+            return
+        if len(ok) < len(jobs):
+            logits, shaped = logits[ok], shaped[ok]
+        gens = [jobs[b].gen for b in ok]
+        try:
+            values = gens[0].choose(gens, logits, shaped).tolist()  # [B, 3]: the step's one read-back
+        except Exception:  # a sequence's own draw failed: each chooses alone, so that one fails alone
+            values = [self._attempt(jobs[b], lambda g=g, i=i: g.choose([g], logits[i], shaped[i]).tolist())
+                      for i, (b, g) in enumerate(zip(ok, gens))]
+        for b, v in zip(ok, values):
+            if v is not None:
+                self._run(jobs[b], lambda job=jobs[b], v=v: job.gen.commit(v))
 
     def _solo(self, job: Job) -> None:
         self._run(job, lambda: next(job.gen))

@@ -73,7 +73,8 @@ class Backend(Protocol):
     def stats(self) -> dict:
         """Counters for /health (reused vs computed prompt tokens, ...)."""
 
-    # optional: decode_logits(gens) -> each one's logits, one decode step of several started sequences together
+    # optional: decode_logits(gens) -> their logits [B, V], one decode step of several started sequences together
+    # (their Generations then take shape_() and choose(), generation.py)
 
 
 @dataclass(slots=True)

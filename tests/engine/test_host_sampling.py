@@ -35,6 +35,12 @@ def test_first_argmax_is_torch_argmax():
     for x in _argmax_cases():
         assert hs.by_blocks(x)
         assert int(hs.first_argmax(x)) == int(torch.argmax(x))
+    by_length: dict[int, list] = {}
+    for x in _argmax_cases():
+        by_length.setdefault(x.numel(), []).append(x)
+    for cases in by_length.values():  # [B, V] (a decode batch's rows): each row's own answer
+        rows = torch.stack(cases)
+        assert torch.equal(hs.first_argmax(rows), torch.argmax(rows, 1))
 
 
 @pytest.mark.parametrize("k", [1, 5, 20, 50])

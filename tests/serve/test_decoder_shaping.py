@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from freetoken.engine.sampling import SamplingParams
+from freetoken.engine.sampling import Sampler, SamplingParams
 from freetoken.serve.chat import Params
-from freetoken.serve.decoding import Decoder, Tables
+from freetoken.serve.decoding import Decoder, Tables, choose
 from freetoken.serve.grammar import unpack_bitmask
 
 
@@ -55,7 +55,9 @@ def test_shaping_equals_the_host_reference_step_by_step():
         logits = torch.randn(V, generator=gen) * 3
         if decoder.tables is not None:  # the first call makes the tables
             want = _ref_shape(logits, params, sampling, decoder.out, prompt, stops, bad)
-            torch.testing.assert_close(decoder.shape(logits), want, rtol=1e-6, atol=1e-6)
+            shaped = logits.clone()
+            decoder.shape(shaped)
+            torch.testing.assert_close(shaped, want, rtol=1e-6, atol=1e-6)
         token = decoder(logits)
         assert token % 2 == 0 or token == 17
         assert step >= 3 or token not in stops
@@ -69,7 +71,8 @@ def test_shaping_reads_nothing_back():
                       bad_words=[[12]])
     logits = torch.empty(200, device="meta")
     decoder.tables = Tables.make(params, decoder.stop_ids, decoder.prompt_ids, 200, logits.device)
-    assert decoder.shape(logits).shape == (200,)
+    decoder.shape(logits)
+    assert logits.shape == (200,)
     decoder.tables.accept(5)
 
 
@@ -84,3 +87,35 @@ def test_torch_bitmask_unpacking_equals_xgrammar():
     xgr.apply_token_bitmask_inplace(want[None], bitmask)
     got = logits.masked_fill(~unpack_bitmask(bitmask[0], V), float("-inf"))
     assert torch.equal(got, want)
+
+
+def test_a_batch_chooses_what_each_sequence_would_alone():
+    """choose() over a decode batch's rows (one argmax and one NaN / dead-end check for all) = per row: the reference
+    shaping, then torch.argmax (greedy) or a twin Sampler's draw (same seed), 0 where a token is forced."""
+    for V in (300, 5000):  # 5000: the CPU's block route (host_sampling.by_blocks)
+        gen = torch.Generator().manual_seed(V)
+        rows = [(Params(logit_bias={5: 4.0}), SamplingParams(temperature=0.0), ()),
+                (Params(presence_penalty=0.5), SamplingParams(temperature=0.8, top_k=20, seed=3), ()),
+                (Params(allowed_token_ids=[4, 9, 17]), SamplingParams(temperature=0.0), ()),
+                (Params(min_p=0.1, repetition_penalty=1.2), SamplingParams(temperature=1.0, seed=5), ()),
+                (Params(), SamplingParams(temperature=0.0), ()),  # forced tokens
+                (Params(allowed_token_ids=[4]), SamplingParams(temperature=0.0), [[4]])]  # nothing allowed: dead
+        decoders = [Decoder(p, s, prompt=[3, 8], bad_words=bad) for p, s, bad in rows]
+        decoders[4].forced = [7, 8]
+        twins = [Sampler(d.sampling) for d in decoders]
+        for step in range(4):
+            logits = torch.randn(len(rows), V, generator=gen) * 3  # [B, V]
+            if step == 3:
+                logits[2, 11] = float("nan")
+            shaped = logits.clone()
+            for b, d in enumerate(decoders):
+                d.shape_(logits[b], shaped[b])
+            got = choose(decoders, logits, shaped).tolist()
+            for b, d in enumerate(decoders):
+                ref = _ref_shape(logits[b], d.params, d.sampling, d.out, [3, 8] if d.tables.penalties else [], [],
+                                 rows[b][2])
+                token = 0 if d.forced else int(torch.argmax(ref)) if d.sampling.is_greedy else int(twins[b].pick(ref))
+                assert got[b] == [token, int(torch.isnan(logits[b]).any()), int(bool((ref == float("-inf")).all()))]
+                if not any(got[b][1:]):
+                    d.commit(*got[b])
+        assert decoders[4].out[:2] == [7, 8] and len(decoders[4].out) == 4 and decoders[5].out == []
