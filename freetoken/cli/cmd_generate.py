@@ -117,7 +117,7 @@ def host_line(kernels: str, threads: int) -> str | None:
         return f"torch: {hk.unavailable_reason()}"
     path = "AVX512-BF16" if hk.path_a() else "portable"
     if hk.path_q():
-        path += " + int4 x int8 VNNI"
+        path += f" + int4 x int8 {hk.path_q()}"
     return f"C {path}, {threads} thread{'s' if threads > 1 else ''}"
 
 

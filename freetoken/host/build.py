@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("rows.c", "rows_avx512.c", "rows_int8.c", "moe.c", "linear.c", "attention.c", "small.c", "step.c", "decode.c")
+SOURCES = ("rows.c", "rows_avx512.c", "rows_int8.c", "rows_int8_avx2.c", "moe.c", "linear.c", "attention.c", "small.c", "step.c", "decode.c")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=gnu11")
 VARIANTS = {"native": ("-march=native",), "generic": ("-march=native", "-DFT_NO_AVX512")}
 
@@ -50,7 +50,7 @@ def _cpu_flags() -> str:
 
 def _key(cc: str, variant: str) -> str:
     h = hashlib.sha256()
-    for name in SOURCES + ("ftk.h", "rows_avx512.h", "rows_int8.h", "arena.h", "fastmath.h"):
+    for name in SOURCES + ("ftk.h", "rows_avx512.h", "rows_int8.h", "rows_int8_driver.h", "arena.h", "fastmath.h"):
         h.update((CSRC / name).read_bytes())
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout

@@ -64,7 +64,17 @@ def threads() -> int:
 _LIBS: dict[bool, ctypes.CDLL | None] = {}
 
 
-def library(generic: bool = False) -> ctypes.CDLL | None:
+AVX2 = "avx2"  # moe / linear(generic=AVX2): the portable build's own fast paths (path Q on AVX2 where the CPU has it)
+
+
+def _generic_flag(generic: bool | str) -> int:
+    """The kernels' `generic` argument: 0 native paths, 1 path B only, 2 the portable build's AVX2 paths (so a CPU
+    with AVX-512 runs the code that CPUs without it take)."""
+    return 2 if generic == AVX2 else int(bool(generic))
+
+
+def library(generic: bool | str = False) -> ctypes.CDLL | None:
+    generic = bool(generic)
     lib = _LIBS.get(generic)
     if lib is None and generic not in _LIBS:
         lib = build.load("generic" if generic else "native")
@@ -120,8 +130,8 @@ def int8_acts() -> bool:
 
 
 def set_int8_acts(on: bool) -> None:
-    """int4 weights against int8 activations (AVX512-VNNI, per unit of min(group, 128) columns: int8_acts_ref; the
-    default where the CPU has it) or bf16 ones (path A: exact products, instruction-bound on int4)."""
+    """int4 weights against int8 activations (AVX512-VNNI or AVX2, per unit of min(group, 128) columns:
+    int8_acts_ref; the default where the CPU has either) or bf16 ones (path A: exact products, instruction-bound on int4)."""
     _INT8_ACTS[0] = bool(on)
     for lib in _LIBS.values():
         if lib is not None:
@@ -137,9 +147,12 @@ def int8_acts_ref(x: torch.Tensor, unit: int) -> torch.Tensor:
     return ((xf * inv).round().clamp(-127, 127) * d).reshape(x.shape)
 
 
-def int8_acts_unit(w) -> int | None:
-    """The activation unit path Q uses for this weight on this machine (None: it reads bf16 activations)."""
-    lib = library()
+def int8_acts_unit(w, generic: bool | str = False) -> int | None:
+    """The activation unit path Q uses for this weight on this machine (None: it reads bf16 activations);
+    generic=AVX2: in the portable build's AVX2 path Q."""
+    lib = library(generic)
+    if generic == AVX2 and (lib is None or lib.ft_path_q_built() != 2):
+        return None
     if lib is None or not int8_acts() or not isinstance(w, PackedWeight) or w.kind not in ("int4", "int8"):
         return None
     return lib.ft_path_q_unit(ctypes.byref(packed_matrix(w))) or None
@@ -160,10 +173,12 @@ def path_a() -> bool:
     return lib is not None and bool(lib.ft_caps())
 
 
-def path_q() -> bool:
-    """int4 weights meet int8 activations here (AVX512-VNNI built in, FT_HOST_INT8_ACTS on)."""
+def path_q() -> str | None:
+    """The instruction set int4 weights meet int8 activations with here ("AVX512-VNNI" or "AVX2"; None: no path Q
+    built, or FT_HOST_INT8_ACTS off)."""
     lib = library()
-    return lib is not None and int8_acts() and bool(lib.ft_path_q_built())
+    isa = lib.ft_path_q_built() if lib is not None and int8_acts() else 0
+    return {1: "AVX512-VNNI", 2: "AVX2"}.get(isa)
 
 
 # MoE layer
@@ -200,7 +215,7 @@ def moe_args(m: MoEMatrices) -> MoEArgs:
 
 
 def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, take: torch.Tensor | None,
-        generic: bool = False, out: torch.Tensor | None = None, cast: bool = False) -> torch.Tensor:
+        generic: bool | str = False, out: torch.Tensor | None = None, cast: bool = False) -> torch.Tensor:
     """x [T, D] (fp32 / bf16 / fp16), ids [T, K] int32 (any id not taken is skipped), weights [T, K] fp32, take [E]
     uint8 (None: every expert) -> fp32 [T, D]: sum over each token's taken picks of w * down(glu(gate x, up x));
     cast: that sum rounded to x's dtype instead (one rounding, in the kernel)."""
@@ -214,7 +229,7 @@ def moe(m: MoEMatrices, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tenso
     args = moe_args(m)
     args.x, args.x_kind, args.T, args.ids, args.weights, args.K = (x.data_ptr(), act_kind(x.dtype), T, ids.data_ptr(),
                                                                   weights.data_ptr(), K)
-    args.take, args.out, args.threads, args.generic = ptr(take), ptr(out), threads(), int(generic)
+    args.take, args.out, args.threads, args.generic = ptr(take), ptr(out), threads(), _generic_flag(generic)
     args.out_cast, args.out_kind = ptr(rounded), args.x_kind
     check(lib.ft_moe(ctypes.byref(args)), "moe")
     return out if rounded is None else rounded
@@ -272,7 +287,7 @@ def linear_args(w, bias: torch.Tensor | None) -> LinearArgs:
     return got
 
 
-def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool = False) -> torch.Tensor:
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool | str = False) -> torch.Tensor:
     """x [T, K], w [N, K] (fp32 / bf16 / fp16 rows, or a one-slot PackedWeight read as stored), bias [N] -> [T, N]
     in x's dtype, accumulated in fp32: each thread streams a slice of w's rows once for every row of x."""
     lib = library(generic)
@@ -284,7 +299,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, generic: bool =
     kind = act_kind(x.dtype)
     args.x, args.x_kind, args.T, args.x_stride = x.data_ptr(), kind, T, x.stride(0)
     args.out, args.out_kind, args.out_stride, args.threads, args.generic = (out.data_ptr(), kind, out.shape[1],
-                                                                            threads(), int(generic))
+                                                                            threads(), _generic_flag(generic))
     check(lib.ft_linear(ctypes.byref(args)), "linear")
     return out
 

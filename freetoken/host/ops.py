@@ -78,7 +78,8 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return linear(x, w.to_float(0).to(x.dtype), bias)
     if 0 < T <= NATIVE_ROWS and w.dtype in _DENSE and x.dtype in _DENSE and w.is_contiguous() and hk.available():
         return hk.linear(x, w, bias)
-    if x.dtype != w.dtype:  # keep x's precision: compute in fp32
+    if x.dtype != w.dtype or (w.dtype != torch.float32 and not grouped.half_gemm_fast()):
+        # keep x's precision, or torch's bf16 / fp16 GEMM is a slow fallback on this CPU: compute in fp32
         return F.linear(x.float(), w.float(), None if bias is None else bias.float()).to(x.dtype)
     return F.linear(x, w, None if bias is None else bias.to(w.dtype))
 

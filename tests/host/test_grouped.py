@@ -38,13 +38,15 @@ def test_grouped_experts_equal_the_fp32_reference_with_biases_a_take_mask_and_sk
     assert out.dtype == torch.float32 and _rel(out, ref) < 1e-2
 
 
-def test_the_shared_expert_op_of_a_long_prompt_takes_the_gemm_and_keeps_its_result():
+@pytest.mark.parametrize("half_fast", [True, False])  # torch's bf16 GEMM at GEMM speed; a slow fallback (AVX2)
+def test_the_shared_expert_op_of_a_long_prompt_takes_the_gemm_and_keeps_its_result(half_fast, monkeypatch):
+    monkeypatch.setattr(grouped, "_HALF_FAST", [half_fast])
     gen = torch.Generator().manual_seed(1)
     I, D, T = 48, 64, 256
     gu, dn = _experts(gen, 1, I, D)
     x = torch.randn(T, D, generator=gen).bfloat16()
     slot0, scale = torch.zeros(T, 1, dtype=torch.int32), torch.rand(T, 1, generator=gen)
-    assert grouped.gemm_sized(slot0.numpy(), None, 1)
+    assert grouped.gemm_sized(slot0.numpy(), None, 1) == half_fast  # else the C kernels take it
     ref = moe_ref(x, slot0, scale, torch.ones(1, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(), dn.float())
     assert _rel(ops.expert_ffn(x, slot0, scale, gu, dn), ref) < 1e-2
 

@@ -1,4 +1,4 @@
-"""Path Q (int4 weights x int8 activations, AVX512-VNNI): the activations' rounding checked by hand through identity
+"""Path Q (int4 weights x int8 activations, AVX512-VNNI or AVX2): the activations' rounding checked by hand through identity
 weights, the kernels against the dequantized weights times int8_acts_ref for every unit size, the switch back to
 bf16 activations, NaN carried through."""
 
@@ -15,11 +15,15 @@ from tests.host import packed_random as pr
 from tests.host.conftest import native_or_skip
 
 
-def _path_q_or_skip(w: PackedWeight) -> int:
+BUILDS = [False, hk.AVX2]  # this CPU's own path Q; the portable build's AVX2 one (what CPUs without AVX-512 run)
+
+
+def _path_q_or_skip(w: PackedWeight, build=False) -> int:
     native_or_skip()
-    unit = hk.int8_acts_unit(w)
+    unit = hk.int8_acts_unit(w, build)
     if unit is None:
-        pytest.skip("this CPU (or build) has no AVX512-VNNI: int4 reads bf16 activations")
+        pytest.skip("this CPU (or build) has neither AVX512-VNNI nor AVX2: int4 reads bf16 activations" if not build
+                    else "this CPU has no AVX2 (or the portable build no path Q)")
     return unit
 
 
@@ -33,39 +37,42 @@ def _identity(K: int, group: int) -> PackedWeight:
     return PackedWeight("int4", (K, K), data, scales, zeros=zeros, group=group)
 
 
-def test_activations_round_to_even_steps_of_max_over_127():
+@pytest.mark.parametrize("build", BUILDS)
+def test_activations_round_to_even_steps_of_max_over_127(build):
     w = _identity(128, 128)
-    _path_q_or_skip(w)
+    _path_q_or_skip(w, build)
     d = 2.0 ** -6  # max |x| = 127 d: every value below is exact in bf16
     x = torch.zeros(1, 128)
     x[0, :6] = torch.tensor([127 * d, -0.5, 1.5 * d, 2.5 * d, -2.5 * d, 0.3 * d])
     want = torch.zeros(1, 128)
     want[0, :6] = torch.tensor([127 * d, -0.5, 2 * d, 2 * d, -2 * d, 0.0])  # ties to even: 1.5 -> 2, 2.5 -> 2
-    got = hk.linear(x.bfloat16(), w.select(0)).float()
+    got = hk.linear(x.bfloat16(), w.select(0), generic=build).float()
     assert torch.equal(got, want)
     assert torch.equal(int8_acts_ref(x, 128), want)
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("group", [16, 32, 64, 128, 256])
-def test_linear_equals_int8_acts_ref_times_the_dequantized_weights(group):
+def test_linear_equals_int8_acts_ref_times_the_dequantized_weights(group, build):
     gen = torch.Generator().manual_seed(group)
     w = pr.int4(1, 96, 512, group, gen=gen).select(0)
-    unit = _path_q_or_skip(w)
+    unit = _path_q_or_skip(w, build)
     assert unit == min(group, 128)
     x = torch.randn(5, 512, generator=gen).bfloat16()
     ref = int8_acts_ref(x, unit) @ w.to_float(0).T
     for rows in (x[:1], x):  # the decode tile (one row) and the batch one
-        out = hk.linear(rows, w).float()
+        out = hk.linear(rows, w, generic=build).float()
         err = (out - ref[: len(rows)]).abs() / ref[: len(rows)].abs().clamp_min(ref.abs().max() * 1e-3)
         assert err.max().item() < 2 ** -8  # the output's bf16 rounding
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("group", [32, 128, 256])
-def test_moe_equals_its_reference_with_int8_activations_and_bf16_ones_when_switched_off(group):
+def test_moe_equals_its_reference_with_int8_activations_and_bf16_ones_when_switched_off(group, build):
     gen = torch.Generator().manual_seed(5)
     E, I, D, T, K = 5, 128, 256, 6, 2
     gate, up, down = pr.int4(E, I, D, group, gen=gen), pr.int4(E, I, D, group, gen=gen), pr.int4(E, D, I, 128, gen=gen)
-    _path_q_or_skip(gate)
+    _path_q_or_skip(gate, build)
     m = MoEMatrices(packed_matrix(gate), packed_matrix(up), packed_matrix(down), E, keep=(gate, up, down))
     x = torch.randn(T, D, generator=gen).bfloat16()
     ids = torch.stack([torch.randperm(E, generator=gen)[:K] for _ in range(T)]).int()
@@ -78,20 +85,21 @@ def test_moe_equals_its_reference_with_int8_activations_and_bf16_ones_when_switc
     def rel(a, b):
         return ((a - b).abs().max() / b.abs().max()).item()
 
-    got = moe(m, x, ids, wts, take)
+    got = moe(m, x, ids, wts, take, generic=build)
     assert rel(got, quant) < 2e-3  # one bf16 ulp of h where it sits on a rounding boundary
     assert 2e-3 < rel(got, exact) < 5e-2  # the int8 rounding itself: visible, and small
     hk.set_int8_acts(False)
-    assert rel(moe(m, x, ids, wts, take), exact) < 2e-3
+    assert rel(moe(m, x, ids, wts, take, generic=build), exact) < 2e-3
 
 
-def test_a_nan_activation_makes_nan_outputs():
+@pytest.mark.parametrize("build", BUILDS)
+def test_a_nan_activation_makes_nan_outputs(build):
     gen = torch.Generator().manual_seed(9)
     w = pr.int4(1, 32, 256, 128, gen=gen).select(0)
-    _path_q_or_skip(w)
+    _path_q_or_skip(w, build)
     x = torch.randn(2, 256, generator=gen).bfloat16()
     x[1, 200] = float("nan")
-    out = hk.linear(x, w).float()
+    out = hk.linear(x, w, generic=build).float()
     assert out[0].isfinite().all() and out[1].isnan().all()
 
 

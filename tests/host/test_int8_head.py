@@ -39,11 +39,14 @@ def test_host_linear_equals_the_dequantized_head_times_int8_activations(rows):
     x = torch.randn(rows, 384, generator=gen).bfloat16()
     unit = hk.int8_acts_unit(p)
     if unit is None:
-        pytest.skip("this CPU (or build) has no AVX512-VNNI: int8 rows are decoded to fp32 (path B, below)")
+        pytest.skip("this CPU (or build) has neither AVX512-VNNI nor AVX2: int8 rows are decoded to fp32 (path B, below)")
     assert unit == 128
     ref = int8_acts_ref(x, 128) @ p.to_float(0).T
-    out = hk.linear(x, p).float()
-    assert ((out - ref).abs() / ref.abs().clamp_min(ref.abs().max() * 1e-3)).max() < 2 ** -8  # bf16 rounding
+    for build in (False, hk.AVX2):  # this CPU's path Q, and the portable build's AVX2 one where the CPU has AVX2
+        if build and hk.int8_acts_unit(p, build) is None:
+            continue
+        out = hk.linear(x, p, generic=build).float()
+        assert ((out - ref).abs() / ref.abs().clamp_min(ref.abs().max() * 1e-3)).max() < 2 ** -8  # bf16 rounding
     exact = x.float() @ p.to_float(0).T
     generic = hk.linear(x, p, generic=True).float()  # path B: the row decoded, fp32 activations
     assert ((generic - exact).abs() / exact.abs().clamp_min(exact.abs().max() * 1e-3)).max() < 2 ** -8

@@ -58,7 +58,7 @@ typedef struct {
     const uint8_t *take; int32_t E;          /* [E]: 1 = this call computes the expert; NULL: every expert */
     float *out;                              /* [T, D] fp32, overwritten (NULL: out_cast only) */
     void *out_cast; int32_t out_kind;        /* optional: out rounded to the activation dtype, [T, D] */
-    int32_t threads, generic;                /* generic: portable path only */
+    int32_t threads, generic;                /* generic: 1 path B only, 2 this build's own paths */
 } ft_moe_args;
 int ft_moe(const ft_moe_args *a);
 

@@ -20,21 +20,19 @@ static int ft_int8_acts = 1;
 
 void ft_set_int8_acts(int32_t on) { ft_int8_acts = on != 0; }
 
-static inline int unit_of(const ft_matrix *m) { return m->group < 128 ? m->group : 128; }
-
 int ft_path_q_unit(const ft_matrix *m) {
     if (!ft_path_q_built() || !ft_int8_acts || m->g_idx || m->cols % 128) return 0;
     if (m->kind == FT_INT8) return m->group % 128 == 0 ? 128 : 0;
     if (m->kind != FT_INT4) return 0;
-    return m->group == 16 || m->group == 32 || m->group == 64 || m->group % 128 == 0 ? unit_of(m) : 0;
+    return m->group == 16 || m->group == 32 || m->group == 64 || m->group % 128 == 0 ? ft_q_unit_of(m) : 0;
 }
 
 int64_t ft_acts_q_bytes(const ft_matrix *m, int n) {
-    const int64_t units = m->cols / unit_of(m);
+    const int64_t units = m->cols / ft_q_unit_of(m);
     return (int64_t)n * m->cols + 2 * ((int64_t)n * units + 32) * 4 + 128;
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512VBMI__) && defined(__AVX512BW__) && !defined(FT_NO_AVX512)
+#ifdef FT_Q_AVX512
 #include <immintrin.h>
 
 int ft_path_q_built(void) { return 1; }
@@ -83,7 +81,7 @@ static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *
 void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
                   int first, int count, void *buf, ft_acts *a) {
     (void)x_kind; /* bf16: ft_path_for takes path Q for bf16 activations only */
-    const int K = m->cols, U = unit_of(m), nu = K / U, per_chunk = 128 / U;
+    const int K = m->cols, U = ft_q_unit_of(m), nu = K / U, per_chunk = 128 / U;
     int8_t *xq = (int8_t *)buf;
     float *xd = (float *)(((uintptr_t)(xq + (int64_t)n * K) + 63) & ~(uintptr_t)63);
     float *xza = xd + (int64_t)n * nu + 16;
@@ -185,86 +183,28 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
     }
 }
 
-static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m, int e, int r0, int r1,
-                                                             const ft_acts *a, const int32_t *idx, int n, float *y,
-                                                             int ldy, float *scratch, const int W8) {
-    const int K = m->cols, U = unit_of(m), nu = K / U, ng = m->scale_cols, per_group = m->group / U;
-    const uint8_t *base = m->data + (int64_t)e * m->data_stride;
-    const int8_t *xq = (const int8_t *)a->xb;
-    float *sc = scratch, *su = sc + (int64_t)FT_ROW_BLOCK * ng + 16, *zs = su + (int64_t)FT_ROW_BLOCK * nu + 32;
-    float *sd = zs + (int64_t)FT_ROW_BLOCK * nu + 32;
-    for (int b0 = r0; b0 < r1; b0 += FT_ROW_BLOCK) {
-        const int b1 = b0 + FT_ROW_BLOCK < r1 ? b0 + FT_ROW_BLOCK : r1;
-        ft_prefetch_scales(m, e, b1, b1 + FT_ROW_BLOCK); /* the next block's, past r1 too: the MoE layer asks one
-                                                           * block per call */
-        ft_scales_block(m, e, b0, b1, sc);
-        const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * ng;
-        const int64_t cells = (int64_t)(b1 - b0) * nu;
-        if (per_group == 1) { /* units are the groups: the scales as they are */
-            su = sc;
-            int64_t i = 0;
-            for (; i + 16 <= cells; i += 16) /* (the compiler's loop: 4% of the layer) */
-                _mm512_storeu_ps(zs + i, _mm512_mul_ps(_mm512_loadu_ps(sc + i), _mm512_cvtepi32_ps(
-                    _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + i))))));
-            for (; i < cells; i++) zs[i] = sc[i] * (float)z[i];
-        } else {
-            su = sc + (int64_t)FT_ROW_BLOCK * ng + 16;
-            for (int64_t j = 0, i = 0; j < b1 - b0; j++)
-                for (int g = 0; g < ng; g++)
-                    for (int p = 0; p < per_group; p++, i++) su[i] = sc[j * ng + g], zs[i] = sc[j * ng + g] * (float)z[j * ng + g];
-        }
-        memset(su + cells, 0, 16 * 4); /* chunk_factors reads up to 16 units past a row's last */
-        int r = b0;
-        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, four rows at a time (int8 rows
-                               * stream one at a time below, as bf16 rows do: the 32000 x 1024 head read in 1.4-1.6
-                               * ms that way against 2.0 four at a time, and with software prefetch 1.6-1.8) */
-            const int64_t t0 = idx ? idx[0] : 0;
-            const int8_t *x[1] = {xq + t0 * K};
-            const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
-            for (int u = 0; u < nu; u += 16) { /* a row's units 16 at a time (a scalar loop over nu: 13% of the layer) */
-                const __mmask16 k = nu - u >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nu - u)) - 1);
-                const __m512 d = _mm512_maskz_loadu_ps(k, xd0 + u);
-                for (int64_t j = 0; j < b1 - b0; j++)
-                    _mm512_mask_storeu_ps(sd + j * nu + u, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, su + j * nu + u), d));
-            }
-            memset(sd + cells, 0, 16 * 4);
-            for (; r + 4 <= b1; r += 4) {
-                const float *s4[4], *z4[4];
-                for (int j = 0; j < 4; j++) s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
-                q8_tile(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, s4, z4, x, NULL, xza,
-                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1, W8);
-            }
-        }
-        for (; r < b1; r++) {
-            const float *s1[1] = {su + (int64_t)(r - b0) * nu}, *z1[1] = {zs + (int64_t)(r - b0) * nu};
-            for (int i = 0; i < n; i += 4) {
-                const int nt = n - i < 4 ? n - i : 4;
-                const int8_t *x[4];
-                const float *xd[4], *xza[4];
-                for (int t = 0; t < nt; t++) {
-                    const int64_t row = idx ? idx[i + t] : i + t;
-                    x[t] = xq + row * K, xd[t] = a->xd + row * nu, xza[t] = a->xsum + row * nu;
-                }
-                float *yr = y + (int64_t)(r - r0) * ldy + i;
-                const uint8_t *q = base + (int64_t)r * m->row_bytes;
-                switch (nt) {
-                case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0, W8); break;
-                case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0, W8); break;
-                case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0, W8); break;
-                default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0, W8);
-                }
-            }
-        }
+/* the driver's (rows_int8_driver.h) per-block loops: zs = sc * z (the compiler's loop: 4% of the layer), and sd =
+ * su * the activation's d, a row's units 16 at a time (a scalar loop over nu: 13% of the layer) */
+static inline void q_zero_products(const float *sc, const uint8_t *z, float *zs, int64_t cells) {
+    int64_t i = 0;
+    for (; i + 16 <= cells; i += 16)
+        _mm512_storeu_ps(zs + i, _mm512_mul_ps(_mm512_loadu_ps(sc + i), _mm512_cvtepi32_ps(
+            _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(z + i))))));
+    for (; i < cells; i++) zs[i] = sc[i] * (float)z[i];
+}
+
+static inline void q_fold_d(const float *su, const float *xd0, float *sd, int64_t rows, int nu) {
+    for (int u = 0; u < nu; u += 16) {
+        const __mmask16 k = nu - u >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nu - u)) - 1);
+        const __m512 d = _mm512_maskz_loadu_ps(k, xd0 + u);
+        for (int64_t j = 0; j < rows; j++)
+            _mm512_mask_storeu_ps(sd + j * nu + u, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, su + j * nu + u), d));
     }
 }
 
-void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
-                   float *y, int ldy, float *scratch) {
-    if (m->kind == FT_INT8) rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch, 1);
-    else rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch, 0);
-}
+#include "rows_int8_driver.h"
 
-#else /* no AVX512-VNNI at build time */
+#elif !(defined(__AVX2__) && defined(__FMA__)) /* neither AVX512-VNNI nor AVX2 (rows_int8_avx2.c) */
 
 int ft_path_q_built(void) { return 0; }
 void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
@@ -278,6 +218,6 @@ void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, 
 #endif
 
 int64_t ft_rows_scratch_q_floats(const ft_matrix *m) {
-    const int64_t nu = m->cols / unit_of(m);
+    const int64_t nu = m->cols / ft_q_unit_of(m);
     return (int64_t)FT_ROW_BLOCK * (m->scale_cols + 3 * nu) + 128;
 }

@@ -1,0 +1,197 @@
+/* Path Q on CPUs with AVX2 but no AVX512-VNNI (AMD Zen 2 / 3, Intel before Ice Lake): the same int8 activations,
+ * layout and rule as rows_int8.c, with the products made by vpmaddubsw (unsigned nibble x signed int8, pairs summed
+ * to int16: at most 4 x 15 x 127 per lane, no saturation) and vpmaddwd against ones (to int32), llama.cpp's AVX2
+ * Q4_0 x Q8_0 dot. Without it int4 rows took path B, a nibble at a time through a lookup table (0.8 GB/s on a
+ * Zen 3 core). A 128-column chunk is two 32-byte halves of nibbles: int32 lane j of half h sums columns
+ * 64h + 8j .. 64h + 8j + 7, so a unit of U columns is lanes j >> log2(U / 8) of a half (U = 128: both halves).
+ * The result equals the dequantized weights times int8_acts_ref up to fp32 summation order, and every activation
+ * row gets the same instruction sequence whatever the batch. */
+#include <math.h>
+#include <string.h>
+#include "rows_int8.h"
+
+#if !defined(FT_Q_AVX512) && defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* int4 rows are prefetched this many bytes ahead into L1: on a Zen 3 core the hardware prefetcher alone left the
+ * 8-expert GPTQ layer at 0.62-0.68 ms from DRAM (0.33 from L3); 2-8 KB ahead, 0.46-0.56 */
+#define Q_PREFETCH_BYTES 4096
+
+int ft_path_q_built(void) { return 2; } /* (rows_int8.c's AVX512-VNNI build: 1) */
+
+/* one 128-column chunk of bf16 activations -> int8 (even columns, then odd; natural: in column order) with the
+ * per-unit d and d * sum(a): rows_int8.c's arithmetic, eight lanes at a time */
+static void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, float *xza, int natural) {
+    const __m256 ABS = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i ORDER = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256 v[16];
+    __m256i a[16];
+    for (int j = 0; j < 16; j++)
+        v[j] = _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + 8 * j))), 16));
+    const int regs = U / 8; /* registers per unit */
+    for (int u = 0; u < 16 / regs; u++) {
+        __m256 m = _mm256_setzero_ps();
+        int nan = 0;
+        for (int j = u * regs; j < (u + 1) * regs; j++) {
+            m = _mm256_max_ps(m, _mm256_and_ps(v[j], ABS));
+            nan |= _mm256_movemask_ps(_mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float amax = _mm_cvtss_f32(h), d = nan ? NAN : amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        __m256i sum = _mm256_setzero_si256();
+        for (int j = u * regs; j < (u + 1) * regs; j++) {
+            __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(id))); /* nearest, ties to even */
+            a[j] = q = _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+            sum = _mm256_add_epi32(sum, q);
+        }
+        __m128i s = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+        s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+        xd[u] = d;
+        xza[u] = d * (float)_mm_cvtsi128_si32(s);
+    }
+    int8_t q[128];
+    for (int j = 0; j < 16; j += 4) { /* 32 int32 -> 32 int8 in column order */
+        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(a[j], a[j + 1]), _mm256_packs_epi32(a[j + 2], a[j + 3]));
+        _mm256_storeu_si256((__m256i *)(q + 8 * j), _mm256_permutevar8x32_epi32(b, ORDER));
+    }
+    if (natural) {
+        memcpy(dst, q, 128);
+        return;
+    }
+    for (int k = 0; k < 64; k++) dst[k] = q[2 * k], dst[64 + k] = q[2 * k + 1];
+}
+
+void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
+                  int first, int count, void *buf, ft_acts *a) {
+    (void)x_kind; /* bf16: ft_path_for takes path Q for bf16 activations only */
+    const int K = m->cols, U = ft_q_unit_of(m), nu = K / U, per_chunk = 128 / U;
+    int8_t *xq = (int8_t *)buf;
+    float *xd = (float *)(((uintptr_t)(xq + (int64_t)n * K) + 63) & ~(uintptr_t)63);
+    float *xza = xd + (int64_t)n * nu + 16;
+    a->kpad = K;
+    a->ngroups = nu;
+    a->xb = (const uint16_t *)xq;
+    a->xd = xd;
+    a->xsum = xza;
+    for (int i = first; i < first + count; i++) {
+        const uint16_t *src = (const uint16_t *)x + (int64_t)(rows ? rows[i] : i) * x_stride;
+        for (int c = 0; c < K / 128; c++)
+            quantize_chunk(src + 128 * c, U, xq + (int64_t)i * K + 128 * c, xd + (int64_t)i * nu + c * per_chunk,
+                           xza + (int64_t)i * nu + c * per_chunk, m->kind == FT_INT8);
+    }
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* the int32 sums of one half (32 bytes of nibbles against its 32 even and 32 odd int8 activations) */
+static inline __m256i half_dot(__m256i src, __m256i xe, __m256i xo) {
+    const __m256i LO = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(src, LO), hi = _mm256_and_si256(_mm256_srli_epi16(src, 4), LO);
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xe), _mm256_maddubs_epi16(hi, xo)),
+                             _mm256_set1_epi16(1));
+}
+
+/* unsigned bytes (int8 weights, 0..255) against signed int8 activations, four products per int32 lane: as two
+ * nibble halves, w = lo + 16 hi (vpmaddubsw on whole bytes would saturate its int16 pair sums) */
+static inline __m256i byte_dot(__m256i w, __m256i x) {
+    const __m256i LO = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(w, LO), hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), LO);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, x), _mm256_set1_epi16(1)),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, x), _mm256_set1_epi16(16)));
+}
+
+/* per-lane factors of half h of chunk c from per-unit values v (U < 128) */
+static inline __m256 half_factors(const float *v, int c, int h, int per_chunk, __m256i lanes) {
+    return _mm256_permutevar8x32_ps(_mm256_loadu_ps(v + c * per_chunk + h * (per_chunk / 2)), lanes);
+}
+
+/* R weight rows against NT activation rows (rows_int8.c's q8_tile: su, zs, PRE, W8 as there) */
+static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int64_t row_bytes, int K, int U,
+                                                          const float **su, const float **zs, const int8_t **x,
+                                                          const float **xd, const float **xza, float *y, int ldy,
+                                                          int ldt, const int R, const int NT, const int PRE,
+                                                          const int W8) {
+    const __m256i lanes = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), U == 16 ? 1 : U == 32 ? 2 : 3);
+    const int nu = K / U, per_chunk = 128 / U, pf = W8 ? ft_row_prefetch : 0;
+    __m256 tot[4][4];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) tot[r][t] = _mm256_setzero_ps();
+    for (int c = 0; c < K / 128; c++) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *qr = q + r * row_bytes + (W8 ? 128 : 64) * c;
+            if (pf) _mm_prefetch((const char *)qr + pf, _MM_HINT_T1), _mm_prefetch((const char *)qr + pf + 64, _MM_HINT_T1);
+            if (!W8) _mm_prefetch((const char *)qr + Q_PREFETCH_BYTES, _MM_HINT_T0);
+            const __m256i s0 = _mm256_loadu_si256((const __m256i *)qr), s1 = _mm256_loadu_si256((const __m256i *)(qr + 32));
+            const __m256i s2 = W8 ? _mm256_loadu_si256((const __m256i *)(qr + 64)) : s0;
+            const __m256i s3 = W8 ? _mm256_loadu_si256((const __m256i *)(qr + 96)) : s1;
+            for (int t = 0; t < NT; t++) {
+                const int8_t *xc = x[t] + 128 * c;
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc), x1 = _mm256_loadu_si256((const __m256i *)(xc + 32));
+                const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xc + 64)), x3 = _mm256_loadu_si256((const __m256i *)(xc + 96));
+                __m256i a0, a1;
+                if (W8) { /* a byte per weight, natural order: one unit of 128 columns (group % 128 == 0) */
+                    a0 = _mm256_add_epi32(byte_dot(s0, x0), byte_dot(s1, x1));
+                    a1 = _mm256_add_epi32(byte_dot(s2, x2), byte_dot(s3, x3));
+                } else if (per_chunk == 1) { /* one unit: the four int16 pair sums added first (at most 4 x 3810) */
+                    const __m256i LO = _mm256_set1_epi8(0x0F);
+                    const __m256i p0 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(_mm256_and_si256(s0, LO), x0),
+                        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(s0, 4), LO), x2));
+                    const __m256i p1 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(_mm256_and_si256(s1, LO), x1),
+                        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(s1, 4), LO), x3));
+                    a0 = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+                    a1 = _mm256_setzero_si256();
+                } else {
+                    a0 = half_dot(s0, x0, x2); /* columns 0..63: even ones in x0, odd ones in x2 */
+                    a1 = half_dot(s1, x1, x3);
+                }
+                if (per_chunk == 1) {
+                    const float f = PRE ? su[r][c] : su[r][c] * xd[t][c];
+                    tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(W8 ? _mm256_add_epi32(a0, a1) : a0), _mm256_set1_ps(f),
+                                                tot[r][t]);
+                } else {
+                    __m256 f0 = half_factors(su[r], c, 0, per_chunk, lanes), f1 = half_factors(su[r], c, 1, per_chunk, lanes);
+                    if (!PRE) {
+                        f0 = _mm256_mul_ps(f0, half_factors(xd[t], c, 0, per_chunk, lanes));
+                        f1 = _mm256_mul_ps(f1, half_factors(xd[t], c, 1, per_chunk, lanes));
+                    }
+                    tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), f0, tot[r][t]);
+                    tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1), f1, tot[r][t]);
+                }
+            }
+        }
+    }
+    for (int u = 0; u < nu; u += 8) { /* the zero points: s z d sum(a) per unit, eight units at a time */
+        const int left = nu - u < 8 ? nu - u : 8;
+        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int t = 0; t < NT; t++) {
+            const __m256 za = _mm256_maskload_ps(xza[t] + u, k);
+            for (int r = 0; r < R; r++)
+                tot[r][t] = _mm256_fnmadd_ps(_mm256_maskload_ps(zs[r] + u, k), za, tot[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = hsum8(tot[r][t]);
+}
+
+/* the driver's per-block loops (the compiler vectorises them) */
+static inline void q_zero_products(const float *sc, const uint8_t *z, float *zs, int64_t cells) {
+    for (int64_t i = 0; i < cells; i++) zs[i] = sc[i] * (float)z[i];
+}
+
+static inline void q_fold_d(const float *su, const float *xd0, float *sd, int64_t rows, int nu) {
+    for (int64_t j = 0; j < rows; j++)
+        for (int u = 0; u < nu; u++) sd[j * nu + u] = su[j * nu + u] * xd0[u];
+}
+
+#include "rows_int8_driver.h"
+#endif

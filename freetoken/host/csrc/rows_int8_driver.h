@@ -1,0 +1,75 @@
+/* Path Q's driver, included by rows_int8.c (AVX512-VNNI) and rows_int8_avx2.c (AVX2) after each defines its
+ * q8_tile, q_zero_products and q_fold_d: per block of rows the scales, the zero products s * z and (decode) the
+ * scales times the activation's d, then the tiles; rows_int8.c's comments say why each piece is as it is. */
+#pragma once
+
+static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m, int e, int r0, int r1,
+                                                             const ft_acts *a, const int32_t *idx, int n, float *y,
+                                                             int ldy, float *scratch, const int W8) {
+    const int K = m->cols, U = ft_q_unit_of(m), nu = K / U, ng = m->scale_cols, per_group = m->group / U;
+    const uint8_t *base = m->data + (int64_t)e * m->data_stride;
+    const int8_t *xq = (const int8_t *)a->xb;
+    float *sc = scratch, *su = sc + (int64_t)FT_ROW_BLOCK * ng + 16, *zs = su + (int64_t)FT_ROW_BLOCK * nu + 32;
+    float *sd = zs + (int64_t)FT_ROW_BLOCK * nu + 32;
+    for (int b0 = r0; b0 < r1; b0 += FT_ROW_BLOCK) {
+        const int b1 = b0 + FT_ROW_BLOCK < r1 ? b0 + FT_ROW_BLOCK : r1;
+        ft_prefetch_scales(m, e, b1, b1 + FT_ROW_BLOCK); /* the next block's, past r1 too: the MoE layer asks one
+                                                           * block per call */
+        ft_scales_block(m, e, b0, b1, sc);
+        const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * ng;
+        const int64_t cells = (int64_t)(b1 - b0) * nu;
+        if (per_group == 1) { /* units are the groups: the scales as they are */
+            su = sc;
+            q_zero_products(sc, z, zs, cells);
+        } else {
+            su = sc + (int64_t)FT_ROW_BLOCK * ng + 16;
+            for (int64_t j = 0, i = 0; j < b1 - b0; j++)
+                for (int g = 0; g < ng; g++)
+                    for (int p = 0; p < per_group; p++, i++) su[i] = sc[j * ng + g], zs[i] = sc[j * ng + g] * (float)z[j * ng + g];
+        }
+        memset(su + cells, 0, 16 * 4); /* the tiles read factors up to 16 units past a row's last */
+        int r = b0;
+        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, four rows at a time (int8 rows
+                               * stream one at a time below, as bf16 rows do: the 32000 x 1024 head read in 1.4-1.6
+                               * ms that way against 2.0 four at a time, and with software prefetch 1.6-1.8) */
+            const int64_t t0 = idx ? idx[0] : 0;
+            const int8_t *x[1] = {xq + t0 * K};
+            const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
+            q_fold_d(su, xd0, sd, b1 - b0, nu);
+            memset(sd + cells, 0, 16 * 4);
+            for (; r + 4 <= b1; r += 4) {
+                const float *s4[4], *z4[4];
+                for (int j = 0; j < 4; j++) s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
+                q8_tile(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, s4, z4, x, NULL, xza,
+                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1, W8);
+            }
+        }
+        for (; r < b1; r++) {
+            const float *s1[1] = {su + (int64_t)(r - b0) * nu}, *z1[1] = {zs + (int64_t)(r - b0) * nu};
+            for (int i = 0; i < n; i += 4) {
+                const int nt = n - i < 4 ? n - i : 4;
+                const int8_t *x[4];
+                const float *xd[4], *xza[4];
+                for (int t = 0; t < nt; t++) {
+                    const int64_t row = idx ? idx[i + t] : i + t;
+                    x[t] = xq + row * K, xd[t] = a->xd + row * nu, xza[t] = a->xsum + row * nu;
+                }
+                float *yr = y + (int64_t)(r - r0) * ldy + i;
+                const uint8_t *q = base + (int64_t)r * m->row_bytes;
+                switch (nt) {
+                case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0, W8); break;
+                case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0, W8); break;
+                case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0, W8); break;
+                default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0, W8);
+                }
+            }
+        }
+    }
+}
+
+void ft_rows_dot_q(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
+                   float *y, int ldy, float *scratch) {
+    if (m->kind == FT_INT8) rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch, 1);
+    else rows_dot_q(m, e, r0, r1, a, idx, n, y, ldy, scratch, 0);
+}
+
