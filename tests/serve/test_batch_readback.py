@@ -56,48 +56,9 @@ class Backend:
         return torch.full((len(gens), 5), 10 * self.steps, dtype=torch.long)
 
 
-def test_a_batched_step_proposes_every_sequence_then_reads_back_once(monkeypatch):
-    log, reads = [], []
-    real = torch.Tensor.tolist
-
-    def tolist(t):
-        reads.append(tuple(t.shape))
-        return real(t)
-
-    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
-    gens = [Gen(k, log, fail_at=1 if k == 2 else None) for k in range(4)]
-    tokens, errors, done = [[] for _ in gens], [None] * 4, threading.Semaphore(0)
-
-    def emit(item, k):
-        if isinstance(item, BaseException):
-            errors[k] = item
-        elif item is not END:
-            tokens[k].append(item[0])
-
-    jobs = [Job(g, lambda item, k=k: emit(item, k), lambda: None, threading.Event(), done.release)
-            for k, g in enumerate(gens)]
-    backend = Backend()
-    scheduler = Scheduler(backend, lambda n: None)
-    try:
-        scheduler.submit(*jobs)
-        for _ in jobs:
-            assert done.acquire(timeout=30)
-    finally:
-        scheduler.shutdown()
-    assert tokens[0] == [10, 20, 30] and tokens[3] == [13, 23, 33]  # row[0] + k, step after step
-    assert tokens[2] == [12] and errors[2].code == "no_token_allowed" and errors[:2] + errors[3:] == [None] * 3
-    proposes = lambda ks: [("propose", k) for k in ks]  # noqa: E731
-    commits = lambda ks: [("commit", k) for k in ks]  # noqa: E731
-    assert log == (proposes(range(4)) + commits(range(4)) + proposes(range(4)) + commits((0, 1, 3)) +
-                   proposes((0, 1, 3)) + commits((0, 1, 3)))  # every proposal of a step before its commits
-    assert reads == [(4, 3), (3, 3), (3, 3)]  # one [B, 3] read per step, none per sequence
-
-
-def test_a_failed_draw_fails_its_own_sequence_alone():
-    """choose() raising for the batch: each sequence chooses again alone; only the one whose draw fails fails."""
-    log = []
-    gens = [Gen(k, log, draw_fails_at=1 if k == 1 else None) for k in range(3)]
-    tokens, errors, done = [[] for _ in gens], [None] * 3, threading.Semaphore(0)
+def _serve(gens) -> tuple[list[list[int]], list]:
+    """The sequences through a Scheduler over Backend until each ends: (tokens, error) per sequence."""
+    tokens, errors, done = [[] for _ in gens], [None] * len(gens), threading.Semaphore(0)
 
     def emit(item, k):
         if isinstance(item, BaseException):
@@ -114,5 +75,33 @@ def test_a_failed_draw_fails_its_own_sequence_alone():
             assert done.acquire(timeout=30)
     finally:
         scheduler.shutdown()
+    return tokens, errors
+
+
+def test_a_batched_step_proposes_every_sequence_then_reads_back_once(monkeypatch):
+    log, reads = [], []
+    real = torch.Tensor.tolist
+
+    def tolist(t):
+        reads.append(tuple(t.shape))
+        return real(t)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    gens = [Gen(k, log, fail_at=1 if k == 2 else None) for k in range(4)]
+    tokens, errors = _serve(gens)
+    assert tokens[0] == [10, 20, 30] and tokens[3] == [13, 23, 33]  # row[0] + k, step after step
+    assert tokens[2] == [12] and errors[2].code == "no_token_allowed" and errors[:2] + errors[3:] == [None] * 3
+    proposes = lambda ks: [("propose", k) for k in ks]  # noqa: E731
+    commits = lambda ks: [("commit", k) for k in ks]  # noqa: E731
+    assert log == (proposes(range(4)) + commits(range(4)) + proposes(range(4)) + commits((0, 1, 3)) +
+                   proposes((0, 1, 3)) + commits((0, 1, 3)))  # every proposal of a step before its commits
+    assert reads == [(4, 3), (3, 3), (3, 3)]  # one [B, 3] read per step, none per sequence
+
+
+def test_a_failed_draw_fails_its_own_sequence_alone():
+    """choose() raising for the batch: each sequence chooses again alone; only the one whose draw fails fails."""
+    log = []
+    gens = [Gen(k, log, draw_fails_at=1 if k == 1 else None) for k in range(3)]
+    tokens, errors = _serve(gens)
     assert tokens == [[10, 20, 30], [11], [12, 22, 32]]
     assert isinstance(errors[1], RuntimeError) and errors[0] is None and errors[2] is None

@@ -78,25 +78,6 @@ static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *
     _mm512_storeu_si512(dst + 64, _mm512_permutex2var_epi8(t0, odd, t1));
 }
 
-void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
-                  int first, int count, void *buf, ft_acts *a) {
-    (void)x_kind; /* bf16: ft_path_for takes path Q for bf16 activations only */
-    const int K = m->cols, U = ft_q_unit_of(m), nu = K / U, per_chunk = 128 / U;
-    int8_t *xq = (int8_t *)buf;
-    float *xd = (float *)(((uintptr_t)(xq + (int64_t)n * K) + 63) & ~(uintptr_t)63);
-    float *xza = xd + (int64_t)n * nu + 16;
-    a->kpad = K;
-    a->ngroups = nu;
-    a->xb = (const uint16_t *)xq;
-    a->xd = xd;
-    a->xsum = xza;
-    for (int i = first; i < first + count; i++) {
-        const uint16_t *src = (const uint16_t *)x + (int64_t)(rows ? rows[i] : i) * x_stride;
-        for (int c = 0; c < K / 128; c++)
-            quantize_chunk(src + 128 * c, U, xq + (int64_t)i * K + 128 * c, xd + (int64_t)i * nu + c * per_chunk,
-                           xza + (int64_t)i * nu + c * per_chunk, m->kind == FT_INT8);
-    }
-}
 
 #ifndef FT_PREFETCH_BYTES
 #define FT_PREFETCH_BYTES 8192

@@ -1,7 +1,29 @@
 /* Path Q's driver, included by rows_int8.c (AVX512-VNNI) and rows_int8_avx2.c (AVX2) after each defines its
- * q8_tile, q_zero_products and q_fold_d: per block of rows the scales, the zero products s * z and (decode) the
- * scales times the activation's d, then the tiles; rows_int8.c's comments say why each piece is as it is. */
+ * quantize_chunk, q8_tile, q_zero_products and q_fold_d: the activations quantized chunk by chunk; per block of rows
+ * the scales, the zero products s * z and (decode) the scales times the activation's d, then the tiles;
+ * rows_int8.c's comments say why each piece is as it is. */
 #pragma once
+
+void ft_prepare_q(const ft_matrix *m, const void *x, int32_t x_kind, int64_t x_stride, const int32_t *rows, int n,
+                  int first, int count, void *buf, ft_acts *a) {
+    (void)x_kind; /* bf16: ft_path_for takes path Q for bf16 activations only */
+    const int K = m->cols, U = ft_q_unit_of(m), nu = K / U, per_chunk = 128 / U;
+    int8_t *xq = (int8_t *)buf;
+    float *xd = (float *)(((uintptr_t)(xq + (int64_t)n * K) + 63) & ~(uintptr_t)63);
+    float *xza = xd + (int64_t)n * nu + 16;
+    a->kpad = K;
+    a->ngroups = nu;
+    a->xb = (const uint16_t *)xq;
+    a->xd = xd;
+    a->xsum = xza;
+    for (int i = first; i < first + count; i++) {
+        const uint16_t *src = (const uint16_t *)x + (int64_t)(rows ? rows[i] : i) * x_stride;
+        for (int c = 0; c < K / 128; c++)
+            quantize_chunk(src + 128 * c, U, xq + (int64_t)i * K + 128 * c, xd + (int64_t)i * nu + c * per_chunk,
+                           xza + (int64_t)i * nu + c * per_chunk, m->kind == FT_INT8);
+    }
+}
+
 
 static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m, int e, int r0, int r1,
                                                              const ft_acts *a, const int32_t *idx, int n, float *y,
