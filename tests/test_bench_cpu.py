@@ -254,3 +254,17 @@ def test_llama_cpp_comparison_starts_from_bf16_weights(capsys, monkeypatch, tmp_
     assert capsys.readouterr().err == (f"ft bench: error: --model {DEMO_MODEL}: --against llama.cpp starts from "
                                        f"bf16 weights (the bf16 rows compare them as they are, the other rows are "
                                        f"made from them)\n")
+
+
+def test_a_llama_cpp_child_killed_by_a_signal_says_so():
+    """A wheel built for another CPU dies with SIGILL after llama.cpp's loader log: the message names the signal and
+    the fix, not the log's last line."""
+    import subprocess
+
+    from freetoken.calibrate.llamacpp import child_failure
+
+    log = "llama_model_loader: - type bf16:   86 tensors"
+    assert "SIGILL" in child_failure(subprocess.CompletedProcess([], -4, "", log))
+    assert "GGML_NATIVE" in child_failure(subprocess.CompletedProcess([], -4, "", log))
+    assert child_failure(subprocess.CompletedProcess([], -9, "", log)) == "killed by SIGKILL"
+    assert child_failure(subprocess.CompletedProcess([], 1, "", "a\nbad file")) == "bad file"

@@ -12,6 +12,7 @@ otherwise flood the terminal).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -119,6 +120,19 @@ def convert(src: Path, model: Path, out: Path, outtype: str = "bf16") -> Path:
     return out
 
 
+def child_failure(done: subprocess.CompletedProcess) -> str:
+    """Why a llama.cpp child failed: the signal that killed it (SIGILL: a build for another CPU), else its last
+    stderr line (a killed child's last line is only llama.cpp's loader log)."""
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        if name == "SIGILL":
+            return ("killed by SIGILL (an illegal instruction): this llama-cpp-python was built for a CPU with "
+                    "instructions this one lacks; build it here: CMAKE_ARGS=-DGGML_NATIVE=ON pip install "
+                    "llama-cpp-python --no-binary llama-cpp-python")
+        return f"killed by {name}"
+    return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+
+
 def quantize(src: Path, out: Path, kind: str, threads: int) -> Path:
     """llama_model_quantize(src -> out) to Q8_0 / Q4_0 / Q4_K_M, in a child process."""
     if kind not in QUANTS:
@@ -132,8 +146,7 @@ def quantize(src: Path, out: Path, kind: str, threads: int) -> Path:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if done.returncode != 0 or not tmp.is_file():
         tmp.unlink(missing_ok=True)
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise ValueError(f"llama_model_quantize {kind} of {src} failed: {last}")
+        raise ValueError(f"llama_model_quantize {kind} of {src} failed: {child_failure(done)}")
     tmp.rename(out)
     return out
 
