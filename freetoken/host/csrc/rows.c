@@ -1,6 +1,7 @@
 /* One row of an expert matrix against n prepared activation rows, in the matrix's stored format.
  * Path B (here): the row is decoded to fp32 exactly as freetoken.quant.packed.dequantize_packed does, then one fp32
- * dot per activation row (bf16 rows on AVX2: widened in registers, no fp32 copy). Path A (rows_avx512.c): bf16 dot products on the packed bits, where the CPU has them.
+ * dot per activation row (bf16 rows on AVX2: widened in registers, no fp32 copy). Path A (rows_avx512.c): bf16
+ * dot products on the packed bits, where the CPU has them.
  * The choice is per matrix (ft_path_for); both give each activation row the same arithmetic whatever n is, so a
  * token's result does not depend on the batch it came in. */
 #include <math.h>

@@ -1,9 +1,10 @@
 /* Path Q on CPUs with AVX2 but no AVX512-VNNI (AMD Zen 2 / 3, Intel before Ice Lake): the same int8 activations,
  * layout and rule as rows_int8.c, with the products made by vpmaddubsw (unsigned nibble x signed int8, pairs summed
- * to int16: at most 4 x 15 x 127 per lane, no saturation) and vpmaddwd against ones (to int32), llama.cpp's AVX2
- * Q4_0 x Q8_0 dot. Without it int4 rows took path B, a nibble at a time through a lookup table (0.8 GB/s on a
- * Zen 3 core). A 128-column chunk is two 32-byte halves of nibbles: int32 lane j of half h sums columns
- * 64h + 8j .. 64h + 8j + 7, so a unit of U columns is lanes j >> log2(U / 8) of a half (U = 128: both halves).
+ * to int16; at most 8 products per int16 lane, 8 x 15 x 127 < 2^15: no saturation) and vpmaddwd against ones (to
+ * int32), llama.cpp's AVX2 Q4_0 x Q8_0 dot. Without it int4 rows took path B, a nibble at a time through a lookup
+ * table (0.8 GB/s on a Zen 3 core). A 128-column chunk is two 32-byte halves of nibbles: int32 lane j of half h
+ * sums columns 64h + 8j .. 64h + 8j + 7, so a unit of U columns is lanes j >> log2(U / 8) of a half (U = 128: both
+ * halves).
  * The result equals the dequantized weights times int8_acts_ref up to fp32 summation order, and every activation
  * row gets the same instruction sequence whatever the batch. */
 #include <math.h>
