@@ -18,7 +18,8 @@ import threading
 from pathlib import Path
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("rows.c", "rows_avx512.c", "rows_int8.c", "rows_int8_avx2.c", "moe.c", "linear.c", "attention.c", "small.c", "step.c", "decode.c")
+SOURCES = ("rows.c", "rows_avx512.c", "rows_int8.c", "rows_int8_avx2.c", "moe.c", "linear.c", "attention.c", "small.c",
+           "step.c", "decode.c")
 FLAGS = ("-O3", "-fPIC", "-shared", "-fopenmp", "-std=gnu11")
 VARIANTS = {"native": ("-march=native",), "generic": ("-march=native", "-DFT_NO_AVX512")}
 

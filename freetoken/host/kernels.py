@@ -131,7 +131,8 @@ def int8_acts() -> bool:
 
 def set_int8_acts(on: bool) -> None:
     """int4 weights against int8 activations (AVX512-VNNI or AVX2, per unit of min(group, 128) columns:
-    int8_acts_ref; the default where the CPU has either) or bf16 ones (path A: exact products, instruction-bound on int4)."""
+    int8_acts_ref; the default where the CPU has either) or bf16 ones (path A: exact products, instruction-bound on
+    int4)."""
     _INT8_ACTS[0] = bool(on)
     for lib in _LIBS.values():
         if lib is not None:

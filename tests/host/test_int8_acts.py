@@ -1,6 +1,6 @@
-"""Path Q (int4 weights x int8 activations, AVX512-VNNI or AVX2): the activations' rounding checked by hand through identity
-weights, the kernels against the dequantized weights times int8_acts_ref for every unit size, the switch back to
-bf16 activations, NaN carried through."""
+"""Path Q (int4 weights x int8 activations, AVX512-VNNI or AVX2): the activations' rounding checked by hand through
+identity weights, the kernels against the dequantized weights times int8_acts_ref for every unit size, the switch
+back to bf16 activations, NaN carried through; in this CPU's build and in the portable build's AVX2 one."""
 
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ def test_host_linear_equals_the_dequantized_head_times_int8_activations(rows):
     x = torch.randn(rows, 384, generator=gen).bfloat16()
     unit = hk.int8_acts_unit(p)
     if unit is None:
-        pytest.skip("this CPU (or build) has neither AVX512-VNNI nor AVX2: int8 rows are decoded to fp32 (path B, below)")
+        pytest.skip("this CPU (or build) has neither AVX512-VNNI nor AVX2: int8 rows are decoded to fp32 "
+                    "(path B, below)")
     assert unit == 128
     ref = int8_acts_ref(x, 128) @ p.to_float(0).T
     for build in (False, hk.AVX2):  # this CPU's path Q, and the portable build's AVX2 one where the CPU has AVX2

@@ -184,3 +184,14 @@ int ft_rms_norm(const void *x, int32_t kind, int64_t x_stride, int32_t T, int32_
                 float eps, int32_t round_normed, void *out, int64_t out_stride, int32_t threads);
 int ft_softmax_topk(const void *logits, int32_t kind, int32_t T, int32_t E, int32_t K, int32_t renormalize,
                     float scale, float *weights, int32_t *ids, int32_t threads);
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+/* the 8 lanes' sum, in one fixed order (the AVX2 row kernels' last step: a token's result keeps its batch-free
+ * arithmetic) */
+static inline float ft_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif

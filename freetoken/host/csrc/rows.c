@@ -246,8 +246,8 @@ static float dot_f32(const float *w, const float *x, int K) {
 /* bf16 rows on path B (CPUs without AVX512-BF16): the row widened to fp32 in registers (a bf16 is the top half of
  * its fp32) against up to three activation rows, instead of decode_row's fp32 copy and a second pass over it: on a
  * Zen 3 core the 8-expert bf16 layer went from 1.63-1.79 to 1.21-1.23 ms (48-53% -> 66-72% of the read bandwidth,
- * benchmarks/host_hugepages.py). Four 8-lane sums per activation
- * row, added in one order whatever NT is (a token's result does not depend on its batch). */
+ * benchmarks/host_hugepages.py). Four 8-lane sums per activation row, added in one order whatever NT is (a token's
+ * result does not depend on its batch). */
 static inline __m256 bf16x8(const uint16_t *w) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
 }
@@ -270,10 +270,7 @@ static inline __attribute__((always_inline)) void bf16_row_dot(const uint16_t *w
         for (int t = 0; t < NT; t++) acc[t][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x[t] + k), acc[t][0]);
     }
     for (int t = 0; t < NT; t++) {
-        const __m256 v = _mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3]));
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        float sum = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+        float sum = ft_hsum8(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3])));
         for (int kk = k; kk < K; kk++) sum += ft_bf16_to_f32(w[kk]) * x[t][kk];
         *y[t] = sum;
     }

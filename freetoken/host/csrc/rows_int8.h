@@ -1,5 +1,5 @@
-/* Path Q: int4 weights against int8-quantized activations (AVX512-VNNI or AVX2), where the compiler targets a CPU that has
- * it and int8 activations are on (ft_set_int8_acts; the default). */
+/* Path Q: int4 weights against int8-quantized activations (AVX512-VNNI or AVX2), where the compiler targets a CPU
+ * that has it and int8 activations are on (ft_set_int8_acts; the default). */
 #pragma once
 #include "ftk.h"
 

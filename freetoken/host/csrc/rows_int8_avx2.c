@@ -56,7 +56,8 @@ static void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, flo
     }
     int8_t q[128];
     for (int j = 0; j < 16; j += 4) { /* 32 int32 -> 32 int8 in column order */
-        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(a[j], a[j + 1]), _mm256_packs_epi32(a[j + 2], a[j + 3]));
+        const __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(a[j], a[j + 1]),
+                                             _mm256_packs_epi32(a[j + 2], a[j + 3]));
         _mm256_storeu_si256((__m256i *)(q + 8 * j), _mm256_permutevar8x32_epi32(b, ORDER));
     }
     if (natural) {
@@ -66,12 +67,6 @@ static void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, flo
     for (int k = 0; k < 64; k++) dst[k] = q[2 * k], dst[64 + k] = q[2 * k + 1];
 }
 
-
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
 
 /* the int32 sums of one half (32 bytes of nibbles against its 32 even and 32 odd int8 activations) */
 static inline __m256i half_dot(__m256i src, __m256i xe, __m256i xo) {
@@ -109,15 +104,19 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
     for (int c = 0; c < K / 128; c++) {
         for (int r = 0; r < R; r++) {
             const uint8_t *qr = q + r * row_bytes + (W8 ? 128 : 64) * c;
-            if (pf) _mm_prefetch((const char *)qr + pf, _MM_HINT_T1), _mm_prefetch((const char *)qr + pf + 64, _MM_HINT_T1);
+            if (pf) /* int8 rows: one at a time, as bf16 rows (ft_row_prefetch) */
+                _mm_prefetch((const char *)qr + pf, _MM_HINT_T1), _mm_prefetch((const char *)qr + pf + 64, _MM_HINT_T1);
             if (!W8) _mm_prefetch((const char *)qr + Q_PREFETCH_BYTES, _MM_HINT_T0);
-            const __m256i s0 = _mm256_loadu_si256((const __m256i *)qr), s1 = _mm256_loadu_si256((const __m256i *)(qr + 32));
+            const __m256i s0 = _mm256_loadu_si256((const __m256i *)qr);
+            const __m256i s1 = _mm256_loadu_si256((const __m256i *)(qr + 32));
             const __m256i s2 = W8 ? _mm256_loadu_si256((const __m256i *)(qr + 64)) : s0;
             const __m256i s3 = W8 ? _mm256_loadu_si256((const __m256i *)(qr + 96)) : s1;
             for (int t = 0; t < NT; t++) {
                 const int8_t *xc = x[t] + 128 * c;
-                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc), x1 = _mm256_loadu_si256((const __m256i *)(xc + 32));
-                const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xc + 64)), x3 = _mm256_loadu_si256((const __m256i *)(xc + 96));
+                const __m256i x0 = _mm256_loadu_si256((const __m256i *)xc);
+                const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xc + 32));
+                const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xc + 64));
+                const __m256i x3 = _mm256_loadu_si256((const __m256i *)(xc + 96));
                 __m256i a0, a1;
                 if (W8) { /* a byte per weight, natural order: one unit of 128 columns (group % 128 == 0) */
                     a0 = _mm256_add_epi32(byte_dot(s0, x0), byte_dot(s1, x1));
@@ -138,10 +137,11 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
                 }
                 if (per_chunk == 1) {
                     const float f = PRE ? su[r][c] : su[r][c] * xd[t][c];
-                    tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(W8 ? _mm256_add_epi32(a0, a1) : a0), _mm256_set1_ps(f),
-                                                tot[r][t]);
+                    const __m256i acc = W8 ? _mm256_add_epi32(a0, a1) : a0;
+                    tot[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(f), tot[r][t]);
                 } else {
-                    __m256 f0 = half_factors(su[r], c, 0, per_chunk, lanes), f1 = half_factors(su[r], c, 1, per_chunk, lanes);
+                    __m256 f0 = half_factors(su[r], c, 0, per_chunk, lanes);
+                    __m256 f1 = half_factors(su[r], c, 1, per_chunk, lanes);
                     if (!PRE) {
                         f0 = _mm256_mul_ps(f0, half_factors(xd[t], c, 0, per_chunk, lanes));
                         f1 = _mm256_mul_ps(f1, half_factors(xd[t], c, 1, per_chunk, lanes));
@@ -162,7 +162,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = hsum8(tot[r][t]);
+        for (int t = 0; t < NT; t++) y[(int64_t)r * ldy + (int64_t)t * ldt] = ft_hsum8(tot[r][t]);
 }
 
 /* the driver's per-block loops (the compiler vectorises them) */
