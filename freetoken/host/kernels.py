@@ -324,11 +324,12 @@ def pointers(tensors: list[torch.Tensor]):
 def attention_decode(q: torch.Tensor, k_caches: list[torch.Tensor], v_caches: list[torch.Tensor],
                      lengths: list[int], sm_scale: float, sinks: torch.Tensor | None = None,
                      window: int | None = None, k_scales: list[torch.Tensor] | None = None,
-                     v_scales: list[torch.Tensor] | None = None) -> torch.Tensor:
+                     v_scales: list[torch.Tensor] | None = None, generic: bool = False) -> torch.Tensor:
     """q [B, H, Dh]: sequence b's one query at position lengths[b] - 1 against k_caches[b], v_caches[b]
     [>= lengths[b], Hkv, Dh] (fp32 / bf16 / fp16, or uint8 e4m3 with k_scales / v_scales [>= len, Hkv]) -> [B, H, Dh]
-    in q's dtype. Sinks [H] join the softmax denominator; window keeps the last `window` positions."""
-    lib = library()
+    in q's dtype. Sinks [H] join the softmax denominator; window keeps the last `window` positions.
+    generic: the portable build (its AVX2 form where the CPU has AVX2, what CPUs without AVX-512 run)."""
+    lib = library(generic)
     B, H, Dh = q.shape
     q = q.contiguous()
     fp8 = k_caches[0].dtype == torch.uint8

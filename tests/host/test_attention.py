@@ -14,10 +14,15 @@ from freetoken.kernels.rope import _inv_freq
 from tests.host.conftest import native_or_skip
 
 
-@pytest.mark.parametrize("H,Hkv,Dh", [(8, 2, 64), (4, 4, 32), (6, 2, 24)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_batch_equals_the_reference_per_sequence(H, Hkv, Dh, dtype):
+@pytest.mark.parametrize("H,Hkv,Dh", [(8, 2, 64), (4, 4, 32), (6, 2, 24), (10, 2, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("generic", [False, True], ids=["native", "portable"])
+def test_decode_batch_equals_the_reference_per_sequence(H, Hkv, Dh, dtype, generic):
+    """Both builds: the native one (AVX-512 where the CPU has it) and the portable one (AVX2, as CPUs without
+    AVX-512 run it); the head dims reach the vector paths' whole and part tiles and the scalar path (24, 40)."""
     native_or_skip()
+    if generic and hk.library(generic=True) is None:
+        pytest.skip("the portable host build is unavailable")
     gen = torch.Generator().manual_seed(H + Dh)
     lengths = [1, 9, 33]
     ks = [torch.randn(n + 4, Hkv, Dh, generator=gen).to(dtype) for n in lengths]
@@ -25,7 +30,7 @@ def test_decode_batch_equals_the_reference_per_sequence(H, Hkv, Dh, dtype):
     q = torch.randn(len(lengths), H, Dh, generator=gen).to(dtype)
     sinks = torch.randn(H, generator=gen)
     for opts in ({}, {"sinks": sinks}, {"window": 5}, {"sinks": sinks, "window": 3}):
-        out = hk.attention_decode(q, ks, vs, lengths, Dh ** -0.5, **opts)
+        out = hk.attention_decode(q, ks, vs, lengths, Dh ** -0.5, generic=generic, **opts)
         for b, n in enumerate(lengths):
             ref = attention_ref(q[b:b + 1], ks[b], vs[b], n - 1, Dh ** -0.5, **opts)
             tol = 1e-5 if dtype == torch.float32 else 8e-3
