@@ -11,13 +11,15 @@ from freetoken.quant.head import int8_head
 from tests.host.conftest import native_or_skip
 
 INTEL = "vendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Processor\n"
-AMD = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\n"
+AMD_ZEN4 = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9R14\nflags\t\t: fpu avx2 fma avx512f avx512bw\n"
+AMD_ZEN3 = "vendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx2 fma f16c\n"
 
 
-def test_auto_follows_the_vendor(monkeypatch):
+def test_auto_follows_the_cpu(monkeypatch):
     monkeypatch.delenv("FT_HOST_ROW_PREFETCH", raising=False)
     assert hk.row_prefetch(INTEL) == hk.ROW_PREFETCH_INTEL > 0
-    assert hk.row_prefetch(AMD) == 0
+    assert hk.row_prefetch(AMD_ZEN4) == 0
+    assert hk.row_prefetch(AMD_ZEN3) == hk.ROW_PREFETCH_AMD_AVX2 > 0
 
 
 @pytest.mark.parametrize("value, expected", [("off", 0), ("0", 0), ("8192", 8192), (" AUTO ", None)])
