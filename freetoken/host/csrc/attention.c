@@ -77,10 +77,9 @@ typedef __m512 kv_vec;
 #define kv_storeu _mm512_storeu_ps
 #define kv_set1 _mm512_set1_ps
 static inline kv_vec kv_load(const void *base, int kind, int64_t off) {
-    const __m256i *h = (const __m256i *)((const uint16_t *)base + off); /* bf16 / fp16 */
-    if (kind == FT_BF16)
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(h)), 16));
-    if (kind == FT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256(h));
+    const uint16_t *h = (const uint16_t *)base + off; /* bf16 / fp16 */
+    if (kind == FT_BF16) return ft_bf16x16(h);
+    if (kind == FT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
     return _mm512_loadu_ps((const float *)base + off);
 }
 
@@ -105,9 +104,9 @@ typedef __m256 kv_vec;
 #define kv_storeu _mm256_storeu_ps
 #define kv_set1 _mm256_set1_ps
 static inline kv_vec kv_load(const void *base, int kind, int64_t off) {
-    const __m128i *h = (const __m128i *)((const uint16_t *)base + off); /* bf16 / fp16 */
-    if (kind == FT_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(h)), 16));
-    if (kind == FT_F16) return _mm256_cvtph_ps(_mm_loadu_si128(h));
+    const uint16_t *h = (const uint16_t *)base + off; /* bf16 / fp16 */
+    if (kind == FT_BF16) return ft_bf16x8(h);
+    if (kind == FT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
     return _mm256_loadu_ps((const float *)base + off);
 }
 

@@ -187,6 +187,16 @@ int ft_softmax_topk(const void *logits, int32_t kind, int32_t T, int32_t E, int3
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+/* 8 bf16 values -> fp32 (a bf16 is the top half of its fp32) */
+static inline __m256 ft_bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#if defined(__AVX512F__)
+static inline __m512 ft_bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
 /* the 8 lanes' sum, in one fixed order (the AVX2 row kernels' last step: a token's result keeps its batch-free
  * arithmetic) */
 static inline float ft_hsum8(__m256 v) {

@@ -248,10 +248,6 @@ static float dot_f32(const float *w, const float *x, int K) {
  * Zen 3 core the 8-expert bf16 layer went from 1.63-1.79 to 1.21-1.23 ms (48-53% -> 66-72% of the read bandwidth,
  * benchmarks/host_hugepages.py). Four 8-lane sums per activation row, added in one order whatever NT is (a token's
  * result does not depend on its batch). */
-static inline __m256 bf16x8(const uint16_t *w) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)w)), 16));
-}
-
 static inline __attribute__((always_inline)) void bf16_row_dot(const uint16_t *w, const float *const x[3], int K,
                                                                const int NT, float *y[3]) {
     __m256 acc[3][4]; /* (12 of the 16 registers: three rows at most) */
@@ -261,12 +257,12 @@ static inline __attribute__((always_inline)) void bf16_row_dot(const uint16_t *w
     for (; k + 32 <= K; k += 32) {
         if (ft_row_prefetch) _mm_prefetch((const char *)(w + k) + ft_row_prefetch, _MM_HINT_T0);
         for (int j = 0; j < 4; j++) {
-            const __m256 wj = bf16x8(w + k + 8 * j);
+            const __m256 wj = ft_bf16x8(w + k + 8 * j);
             for (int t = 0; t < NT; t++) acc[t][j] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(x[t] + k + 8 * j), acc[t][j]);
         }
     }
     for (; k + 8 <= K; k += 8) {
-        const __m256 wk = bf16x8(w + k);
+        const __m256 wk = ft_bf16x8(w + k);
         for (int t = 0; t < NT; t++) acc[t][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x[t] + k), acc[t][0]);
     }
     for (int t = 0; t < NT; t++) {

@@ -43,8 +43,7 @@ static inline void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *
     const __m512 ABS = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     __m512 v[8];
     for (int j = 0; j < 8; j++)
-        v[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + 16 * j))), 16));
+        v[j] = ft_bf16x16(x + 16 * j);
     const int regs = U / 16; /* registers per unit */
     __m128i q[8];
     for (int u = 0; u < 8 / regs; u++) {

@@ -28,8 +28,7 @@ static void quantize_chunk(const uint16_t *x, int U, int8_t *dst, float *xd, flo
     __m256 v[16];
     __m256i a[16];
     for (int j = 0; j < 16; j++)
-        v[j] = _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + 8 * j))), 16));
+        v[j] = ft_bf16x8(x + 8 * j);
     const int regs = U / 8; /* registers per unit */
     for (int u = 0; u < 16 / regs; u++) {
         __m256 m = _mm256_setzero_ps();
