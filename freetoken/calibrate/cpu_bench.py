@@ -81,4 +81,4 @@ def machine() -> dict:
 
     return {"cpus": os.cpu_count(), "physical_cores": hk.physical_cores(),
             "load_average": [round(x, 2) for x in os.getloadavg()],
-            "int4_activations": f"int8 ({hk.path_q()})" if hk.path_q() else "bf16"}
+            "int4_activations": f"int8 ({q})" if (q := hk.path_q()) else "bf16"}

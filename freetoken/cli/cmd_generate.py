@@ -116,8 +116,8 @@ def host_line(kernels: str, threads: int) -> str | None:
     if not hk.available():
         return f"torch: {hk.unavailable_reason()}"
     path = "AVX512-BF16" if hk.path_a() else "portable"
-    if hk.path_q():
-        path += f" + int4 x int8 {hk.path_q()}"
+    if q := hk.path_q():
+        path += f" + int4 x int8 {q}"
     return f"C {path}, {threads} thread{'s' if threads > 1 else ''}"
 
 
