@@ -265,7 +265,9 @@ _KEPT_PACKED = re.compile(r"(model\.layers\.\d+\.self_attn\.[qkvo]_proj|lm_head)
 
 
 def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:
-    return t.pin_memory() if pin else t.contiguous()
+    """Contiguous first: pin_memory() keeps a transposed view's strides, and the device gather copies whole rows."""
+    t = t.contiguous()
+    return t.pin_memory() if pin else t
 
 
 def _deinterleave(t: torch.Tensor, dim: int) -> torch.Tensor:

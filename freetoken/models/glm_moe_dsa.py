@@ -23,14 +23,19 @@ def _types(c: ConfigReader, name: str, allowed: tuple[str, ...], layers: int, de
     return types
 
 
+# one layer kind under two names: transformers 5.17 writes the first into config.json, later releases the second
+DSA_LAYER_NAMES = ("deepseek_sparse_attention", "indexed_attention")
+
+
 def read_config(c: ConfigReader) -> ModelConfig:
     layers = c.get("num_hidden_layers", kind=int)
     first_dense = min(c.get("first_k_dense_replace", default=3, kind=int), layers)
     mlp = _types(c, "mlp_layer_types", MLP_TYPES, layers, ["dense"] * first_dense + ["sparse"] * (layers - first_dense))
     indexers = _types(c, "indexer_types", INDEXER_TYPES, layers, ["full"] * layers)
     kinds = c.get("layer_types", default=None)
-    if kinds is not None and any(k != "indexed_attention" for k in kinds):
-        raise CheckpointError(f"{c.path}: layer_types {kinds!r}: only 'indexed_attention' layers are supported")
+    if kinds is not None and any(k not in DSA_LAYER_NAMES for k in kinds):
+        raise CheckpointError(f"{c.path}: layer_types {kinds!r}: only {' / '.join(map(repr, DSA_LAYER_NAMES))} "
+                              "layers are supported")
     mla = deepseek._mla(c, interleave=True)
     if not mla.q_lora_rank:
         raise CheckpointError(f"{c.path}: q_lora_rank must be positive (the indexer reads the q LoRA residual)")

@@ -1,7 +1,8 @@
 """GPU only (marker `gpu`: skipped without CUDA): the engine on CUDA with Triton kernels, its placement decided on the
 device and each decode MoE block replayed as a CUDA graph, generates what the host-placement engine generates
-eagerly on the same GPU: the same tokens, recorded routing, Plans and counters (tests/engine/test_device_decode.py
-checks the same on a CPU with the graphs' stand-in)."""
+eagerly on the same GPU: the same tokens, recorded routing and counters, and (run eagerly, since keep_plans reads
+each decision back) the same Plans (tests/engine/test_device_decode.py checks the same on a CPU with the graphs'
+stand-in)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ def ckpt(checkpoints):
     return checkpoints["qwen3_moe"]
 
 
-def run(ckpt, cache: CacheConfig, placement: str, eager: bool) -> tuple[Engine, list[int]]:
+def run(ckpt, cache: CacheConfig, placement: str, eager: bool, keep_plans: bool) -> tuple[Engine, list[int]]:
     engine = Engine(ckpt, cache, kernels="triton", device="cuda", prefill_chunk=4, placement=placement, eager=eager,
-                    keep_plans=True)
+                    keep_plans=keep_plans)
     return engine, list(engine.generate(PROMPT, SamplingParams(greedy=True), max_tokens=STEPS, stop_token_ids=[]))
 
 
@@ -32,10 +33,11 @@ def run(ckpt, cache: CacheConfig, placement: str, eager: bool) -> tuple[Engine, 
                                                    ("static_layers", 8, Split("offload"))])
 def test_device_placement_with_graphs_equals_host_placement(ckpt, name, capacity, split):
     cache = CacheConfig(name, capacity=capacity, split=split)
-    host, host_out = run(ckpt, cache, "host", eager=True)
-    dev, dev_out = run(ckpt, cache, "device", eager=False)
+    host, host_out = run(ckpt, cache, "host", eager=True, keep_plans=True)
+    dev, dev_out = run(ckpt, cache, "device", eager=False, keep_plans=False)  # keep_plans reads back: eager only
     assert dev.cache.device_moe is not None and dev.graphs is not None and dev.graphs.replays > 0
     assert dev_out == host_out
     np.testing.assert_array_equal(dev.trace().experts, host.trace().experts)
-    assert dev.cache.plans == host.cache.plans and dev.counters == host.counters
-    assert dev.counters.fetched > 0
+    assert dev.counters == host.counters and dev.counters.fetched > 0
+    eager, eager_out = run(ckpt, cache, "device", eager=True, keep_plans=True)  # the device's decisions one by one
+    assert eager_out == host_out and eager.cache.plans == host.cache.plans

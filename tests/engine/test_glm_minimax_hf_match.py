@@ -40,7 +40,9 @@ CONFIGS = {
     "glm4_moe": dict(COMMON, n_routed_experts=E, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
                      n_group=4, topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True,
                      attention_bias=True),  # partial_rotary_factor: HF's default 0.5
-    "minimax_m2": dict(COMMON, num_local_experts=E, rotary_dim=8),
+    # rotary_dim as released checkpoints carry it; the same partial rotary as a factor too, since transformers
+    # 5.17 and earlier reads only the factor (its MiniMax-M2 rotated every head dim)
+    "minimax_m2": dict(COMMON, num_local_experts=E, rotary_dim=8, partial_rotary_factor=0.5),
     "glm_moe_dsa": dict(COMMON, num_key_value_heads=4, n_routed_experts=E, moe_intermediate_size=32,
                         n_shared_experts=1, first_k_dense_replace=1, n_group=4, topk_group=2,
                         routed_scaling_factor=2.5, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -289,6 +291,11 @@ def test_published_glm5_config_reads():
     assert cfg.routing.scale == 2.5 and cfg.routing.correction_bias
     with pytest.raises(CheckpointError, match="indexer_types"):
         read_model_config(raw | {"indexer_types": ["full"] * 77 + ["sparse"]}, "config.json")
+    # transformers 5.17 names the layer kind deepseek_sparse_attention, later releases indexed_attention: same model
+    for kind in ("deepseek_sparse_attention", "indexed_attention"):
+        assert read_model_config(raw | {"layer_types": [kind] * 78}, "config.json")[1] == cfg
+    with pytest.raises(CheckpointError, match="layer_types .*'sliding_attention'"):
+        read_model_config(raw | {"layer_types": ["indexed_attention"] * 77 + ["sliding_attention"]}, "config.json")
 
 
 @pytest.mark.parametrize("name", ["glm4_moe", "minimax_m2"])

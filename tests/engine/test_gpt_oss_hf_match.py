@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 from freetoken.models import CheckpointError
@@ -44,6 +45,8 @@ def build_dense(out: Path) -> Model:
                    sliding_window=WINDOW, swiglu_limit=1.0, rope_parameters=dict(YARN), max_position_embeddings=64,
                    initializer_range=0.1, eos_token_id=None, bos_token_id=None, pad_token_id=None)
     assert hf.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
+    if hf.model.layers[0].mlp.experts.limit != 1.0:  # transformers 5.17 and earlier clamp at 7.0 whatever it says
+        pytest.skip(f"transformers {transformers.__version__} ignores swiglu_limit: its GptOss is no reference here")
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in hf.named_parameters():
