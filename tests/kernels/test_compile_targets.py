@@ -113,6 +113,16 @@ def _variants():
         out.append((f"expert gather {raw}", _gather_kernel,
                     dict(src_ptr=raw, dst_ptr=raw, copy_expert_ptr="*i32", copy_slot_ptr="*i32", counts_ptr="*i64"),
                     dict(BLOCK=4096), 4, 1))
+    from freetoken.kernels.expert_gather import _gather2_kernel
+    from freetoken.kernels.router_linear import _router_linear_topk_kernel
+
+    out.append(("expert gather, two tensors", _gather2_kernel,
+                dict(src0_ptr="*i16", dst0_ptr="*i16", src1_ptr="*i16", dst1_ptr="*i16", copy_expert_ptr="*i32",
+                     copy_slot_ptr="*i32", counts_ptr="*i64"), dict(BLOCK=4096), 4, 1))
+    for split in (False, True):  # prefill: a program per token; decode: features split, the last program picks
+        out.append((f"router linear top-k split={split}", _router_linear_topk_kernel,
+                    dict(h_ptr=P, w_ptr=P, part_ptr=F, done_ptr="*i32", weights_ptr=F, ids_ptr="*i32"),
+                    dict(RENORMALIZE=True, SPLIT=split, BLOCK_E=128, BLOCK_D=64, BLOCK_K=8), 2, 1))
     return out + _newer_variants()
 
 

@@ -29,3 +29,17 @@ def test_gather_refuses_mismatched_rows():
     with pytest.raises(ValueError, match="rows differ"):
         gather_experts(torch.zeros(2, 4), torch.zeros(2, 5), torch.zeros(1, dtype=torch.int32),
                        torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("live", [0, 1, 4])
+def test_fixed_programs_share_every_block(live):
+    """4 programs (the CPU grid) share live x 9 blocks of 32: each loops over every 4th (entry, block) item."""
+    g = torch.Generator().manual_seed(live)
+    src = torch.randn(5, 280, generator=g)  # 280 = 8 full blocks of 32 + a part block
+    copy_expert = torch.tensor([3, 1, 4, 0], dtype=torch.int32)
+    copy_slot = torch.tensor([2, 0, 3, 1], dtype=torch.int32)
+    counts = torch.tensor([live, 0, 4])
+    got, want = torch.zeros(4, 280), torch.zeros(4, 280)
+    gather_experts(src, got, copy_expert, copy_slot, counts, block=32)
+    gather_experts_ref(src, want, copy_expert, copy_slot, counts)
+    assert torch.equal(got, want) and int((got != 0).any(-1).sum()) == live
