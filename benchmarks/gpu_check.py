@@ -1,7 +1,7 @@
 """GPU device check: compile every kernel, then decode on a random-weight model shaped like Qwen3-30B-A3B with
 the expert cache at 37% of all experts, for lru+offload, lru+hybrid, static_layers+cpu and frequency+cpu.
 
-    python benchmarks/gpu_check.py             # one CUDA GPU, < 8 minutes on an H200
+    python benchmarks/gpu_check.py             # one CUDA GPU, about 2 minutes on an H100
     python benchmarks/gpu_check.py --dry-run   # anywhere: the same code on a tiny shape on CPU
 
 First the fully resident baseline's decode tok/s (every expert in a slot: the ceiling the configurations approach).
@@ -9,16 +9,18 @@ Per configuration: decode tok/s, hit rate, and the achieved fraction of the roof
 fetched bytes / PCIe BW + bytes the GPU reads (resident and fetched experts, dense weights) / HBM BW
 (+ CPU-lane expert bytes / host BW, shown apart), each bandwidth measured in this run.
 Verdict: every configuration's teacher-forced logits (the fully resident baseline's greedy continuation fed back
-token by token) are compared with that baseline's (max |delta|, argmax agreement, thresholds in TOLERANCE); any
-kernel failure or a configuration outside them exits 1, and the summary goes to $OUT/gpu_check.json when $OUT is set
-(or --json PATH).
+token by token) are compared with that baseline's (max |delta|, argmax agreement, thresholds in TOLERANCE) on an
+fp32 model of the same widths at LOGITS_LAYERS layers (the bf16 48-layer rows report their drift: bf16 rounding
+through 48 random layers moves logits past any fixed bound between any two summation orders); any kernel failure or
+a configuration outside them exits 1, and the summary goes to $OUT/gpu_check.json when $OUT is set (or --json PATH).
 Paths: every configuration decides on the device (`placement="device"`: one Triton program per MoE call, experts
 gathered from pinned host memory, the MoE blocks replayed as CUDA graphs, in parts around a CPU lane); lru+offload
-runs once more on the host path, eager, and its logits must match the device path's (PATH_TOLERANCE), its syncs per
-decode step are reported beside the device path's, and once more on the device path eagerly (--eager): tok/s with and
-without the CUDA graphs, same placement, same logits; a graph-capable configuration whose graphs never replayed fails.
-Weights are built directly in memory (no HF, no disk); by default every MoE layer shares one random host expert
-tensor (so the host needs one layer's experts, not 48): copies and CPU-lane reads still move real bytes.
+runs once more on the host path, eager, and its logits must match the device path's (PATH_TOLERANCE, fp32), its
+syncs per decode step are reported beside the device path's, and once more on the device path eagerly (--eager):
+tok/s with and without the CUDA graphs, same placement, same logits; a graph-capable configuration whose graphs never
+replayed fails.
+Weights: benchmarks/random_model.py (in memory, one host expert tensor shared by every layer unless
+--distinct-layers).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,24 +38,12 @@ if __package__ in (None, ""):  # run as a script: make the repo and benchmarks/ 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    layers: int
-    experts: int
-    top_k: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
+from random_model import QWEN3_30B_A3B, TINY, Shape, free_device_memory, random_checkpoint  # noqa: E402
 
 
-QWEN3_30B_A3B = Shape(48, 128, 8, 2048, 768, 32, 4, 128, 151936)
-TINY = Shape(2, 8, 2, 64, 32, 4, 2, 16, 128)
 CONFIGS = (("lru", "offload"), ("lru", "hybrid"), ("static_layers", "cpu"), ("frequency", "cpu"))
 FRACTION = 0.37
+LOGITS_LAYERS = 4  # depth of the fp32 model the logits verdict runs on (the GPU check's widths)
 # (max |logit delta| relative to the baseline's largest |logit|, least argmax agreement) per compute dtype: fp32 lanes
 # differ only in summation order; bf16 rounds each lane's partial sums, which can flip near-tied random logits
 TOLERANCE = {"float32": (1e-4, 1.0), "bfloat16": (2e-2, 0.95)}
@@ -60,42 +51,9 @@ PATH_TOLERANCE = dict(TOLERANCE)  # host path vs device path, same config: summa
 HOST_PATH = ("lru", "offload")
 
 
-def random_checkpoint(shape: Shape, dtype: torch.dtype, device: str, distinct_layers: bool = False):
-    from freetoken.models import FAMILIES
-    from freetoken.models.checkpoint import Checkpoint
-    from freetoken.models.config import ModelConfig
-
-    s = shape
-    cfg = ModelConfig(family="qwen3_moe", architecture="Qwen3MoeForCausalLM", vocab_size=s.vocab,
-                      hidden_size=s.hidden, num_layers=s.layers, num_heads=s.heads, num_kv_heads=s.kv_heads,
-                      head_dim=s.head_dim, rope_theta=1e6, rms_norm_eps=1e-6, num_experts=s.experts,
-                      top_k=s.top_k, expert_intermediate=s.intermediate, norm_topk_prob=True,
-                      moe_layers=tuple(range(s.layers)), qk_norm="head", max_position_embeddings=4096)
-    family = FAMILIES["qwen3_moe"]
-    g = torch.Generator(device=device).manual_seed(0)
-    dense = {}
-    for name, dims in family.dense_tensors(cfg).items():
-        if len(dims) == 1:
-            dense[name] = torch.ones(dims, dtype=dtype, device=device)
-        else:  # 1/sqrt(fan_in): activations keep their scale through 48 layers
-            dense[name] = (torch.randn(dims, generator=g, device=device) / dims[-1] ** 0.5).to(dtype)
-    pin = torch.cuda.is_available()
-    E, I, D = s.experts, s.intermediate, s.hidden
-
-    def layer_experts():
-        gu = torch.empty((E, 2 * I, D), dtype=dtype, pin_memory=pin)
-        down = torch.empty((E, D, I), dtype=dtype, pin_memory=pin)
-        gu.copy_(torch.randn((E, 2 * I, D), generator=g, device=device) / D ** 0.5)
-        down.copy_(torch.randn((E, D, I), generator=g, device=device) / I ** 0.5)
-        return gu, down
-
-    shared = None if distinct_layers else layer_experts()
-    experts = [layer_experts() if distinct_layers else shared for _ in range(s.layers)]
-    return Checkpoint(Path("<random>"), family, cfg, dense, experts)
-
-
 def bandwidths(store, device: str) -> dict[str, float]:
-    """GB/s: pinned host -> device expert copies, device memory (read + write of a copy), CPU-lane expert reads."""
+    """GB/s: pinned host -> device expert copies by the copy engine (pcie) and by the fetch path's gather kernel
+    reading pinned memory (gather), device memory (read + write of a copy), CPU-lane expert reads."""
     eb = store.expert_bytes
     n = min(store.num_experts, 32)
     out = {}
@@ -108,6 +66,12 @@ def bandwidths(store, device: str) -> dict[str, float]:
             dst_d.copy_(store.down[0][:n], non_blocking=True)
 
         out["pcie"] = n * eb / _cuda_time(h2d) / 1e9
+        from freetoken.kernels.expert_gather import gather_pairs  # the fetch path's zero-copy gather, same bytes
+
+        ids = torch.arange(n, dtype=torch.int32, device=device)
+        count = torch.full((1,), n, dtype=torch.int64, device=device)
+        pairs = [(store.gate_up[0], dst_gu), (store.down[0], dst_d)]
+        out["gather"] = n * eb / _cuda_time(lambda: gather_pairs(pairs, ids, ids, count)) / 1e9
         buf = torch.empty(1 << 30, dtype=torch.uint8, device=device)
         other = torch.empty_like(buf)
         out["hbm"] = 2 * buf.numel() / _cuda_time(lambda: other.copy_(buf)) / 1e9
@@ -160,6 +124,7 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
                forced: tuple[list[int], list[int]] | None = None, fraction: float = FRACTION,
                placement: str = "device", eager: bool = False) -> dict:
     from freetoken.engine import CacheConfig, Engine, SamplingParams
+    from freetoken.engine.engine import COUNTED_STEP
     from freetoken.placement import Split
 
     bp, bh = bw.get("pcie", 1.0), bw["host"]
@@ -169,11 +134,14 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
                     placement=placement, eager=eager)
     prompt = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(1))
     sampling = SamplingParams(greedy=True)
-    list(engine.generate(prompt.tolist(), sampling, max_tokens=2, stop_token_ids=[]))  # warm-up: compile, fill
+    # warm-up: compile, fill, capture the graphs, and count one decode token's kernels (engine/launch_count.py),
+    # whose eager counted step stays out of the timed run
+    engine.count_launches = engine.kernels.name == "triton"
+    list(engine.generate(prompt.tolist(), sampling, max_tokens=COUNTED_STEP + 3, stop_token_ids=[]))
+    engine.count_launches = False
     before = engine.cache.decode_counters.to_dict()
     syncs0, replays0 = engine.host.syncs, engine.graphs.replays if engine.graphs is not None else 0
     engine.stats = type(engine.stats)()
-    engine.count_launches = engine.kernels.name == "triton"  # one decode token's kernels (engine/launch_count.py)
     out_tokens = list(engine.generate(prompt.tolist()[::-1], sampling, max_tokens=args.tokens, stop_token_ids=[],
                                       request=1))
     n = len(out_tokens)
@@ -189,7 +157,7 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
     cpu_b = d["cpu"] * eb / steps
     t_gpu = fetched_b / (bw.get("pcie", 0) * 1e9 or float("inf")) + gpu_b / (bw.get("hbm", 0) * 1e9 or float("inf"))
     t_cpu = cpu_b / (bh * 1e9)
-    return {"policy": policy, "split": split_mode, "tokens": n, "tok_s": s.decode_tok_s,
+    row = {"policy": policy, "split": split_mode, "tokens": n, "tok_s": s.decode_tok_s,
             "hit_rate": d["hits"] / max(d["accesses"], 1), "decode_hits": d["hits"], "decode_accesses": d["accesses"], "capacity": engine.cache.capacity,
             "roofline_gpu": t_gpu / t_tok if t_tok else 0.0, "roofline_all": (t_gpu + t_cpu) / t_tok if t_tok else 0.0,
             "placement": engine.cache.placement_line, "decode_mode": engine.decode_line,
@@ -199,6 +167,9 @@ def decode_run(ckpt, policy: str, split_mode: str, bw: dict, options: dict, args
             "kernels_per_token": c.kernels if c else None, "host_syncs_per_token": c.token_syncs if c else None,
             "trace": engine.trace(), "continuation": out_tokens,
             "logits": None if forced is None else teacher_forced_logits(engine, *forced)}
+    del engine
+    free_device_memory()
+    return row
 
 
 def quant_memory_check(device: str, dry_run: bool) -> list:
@@ -215,61 +186,93 @@ def quant_memory_check(device: str, dry_run: bool) -> list:
 
 def run_check(dry_run: bool = False, kernels: str = "triton", tokens: int = 32, prompt: int = 16,
               check_kernel_suite: bool = True, distinct_layers: bool = False, failures: list | None = None,
-              paths: dict | None = None, report: dict | None = None) -> list[dict]:
+              paths: dict | None = None, report: dict | None = None, rows: list | None = None) -> list[dict]:
     """Rows per configuration; what failed is appended to `failures` (one line each); `paths` gets the host-path
-    run beside its device-path twin; `report` the resident baseline's figures and graphs vs eager."""
+    run beside its device-path twin; `report` the resident baseline's figures, graphs vs eager and, on a GPU, the
+    fp32 logits verdict (`fp32_logits`)."""
     failures = [] if failures is None else failures
     paths = {} if paths is None else paths
     report = {} if report is None else report
-    from freetoken.trace.stats import expert_counts
-
+    rows = [] if rows is None else rows
     device = "cpu" if dry_run else "cuda"
     if not dry_run and not torch.cuda.is_available():
         raise ValueError("no CUDA device here: run with --dry-run on a CPU machine")
-    dtype = torch.float32 if dry_run else torch.bfloat16
-    args = argparse.Namespace(kernels=kernels, tokens=tokens, prompt=prompt)
+    args = argparse.Namespace(kernels=kernels, tokens=tokens, prompt=prompt, distinct_layers=distinct_layers)
     if check_kernel_suite:
         from gpu_check_kernels import check_kernels
 
-        results = check_kernels(device, dtype, dry_run=dry_run)
+        results = check_kernels(device, torch.float32 if dry_run else torch.bfloat16, dry_run=dry_run)
         bad = [r.name for r in results if not r.ok]
         print(f"kernels: {len(results) - len(bad)}/{len(results)} ok" + (f"; FAIL: {', '.join(bad)}" if bad else ""))
         failures += [f"kernel {name}" for name in bad]
     quant_memory_check(device, dry_run)
-    t0 = time.perf_counter()
-    ckpt = random_checkpoint(TINY if dry_run else QWEN3_30B_A3B, dtype, device, distinct_layers)
-    from freetoken.engine.slots import ExpertStore
+    if dry_run:  # fp32 already: these rows carry the logits verdict
+        return run_phase(TINY, torch.float32, args, device, failures, paths, report, rows, verdict=True)
+    # bf16 at full depth measures speed; its rounding, amplified through 48 random layers, moves teacher-forced
+    # logits by ~6% of their scale between any two summation orders (host vs device path included), so the logits
+    # verdict comes from the same widths in fp32 at LOGITS_LAYERS, where only summation order differs
+    run_phase(QWEN3_30B_A3B, torch.bfloat16, args, device, failures, paths, report, rows, verdict=False)
+    exact: dict = {"layers": LOGITS_LAYERS, "host_path": {}}
+    exact["configs"] = run_phase(replace(QWEN3_30B_A3B, layers=LOGITS_LAYERS), torch.float32, args, device, failures,
+                                 exact["host_path"], exact, [], verdict=True)
+    report["fp32_logits"] = exact
+    return rows
 
+
+def run_phase(shape: Shape, dtype: torch.dtype, args, device: str, failures: list, paths: dict, report: dict,
+              rows: list, verdict: bool) -> list[dict]:
+    """The resident baseline, then every configuration: tok/s, hit rate, roofline, logits vs the baseline; only a
+    `verdict` phase turns logits outside TOLERANCE into failures (the others report them)."""
+    from freetoken.engine.slots import ExpertStore
+    from freetoken.trace.stats import expert_counts
+
+    checked = failures if verdict else []
+    t0 = time.perf_counter()
+    ckpt = random_checkpoint(shape, dtype, device, args.distinct_layers)
     bw = bandwidths(ExpertStore(ckpt.experts), device)
-    print(f"model built in {time.perf_counter() - t0:.1f} s; bandwidths GB/s: "
+    what = f"{shape.layers} layers, {str(dtype).removeprefix('torch.')}"
+    print(f"model ({what}) built in {time.perf_counter() - t0:.1f} s; bandwidths GB/s: "
           + ", ".join(f"{k} {v:.1f}" for k, v in bw.items()))
     base = decode_run(ckpt, "lru", "offload", bw, {}, args, device, fraction=1.0)  # every expert resident
-    report["baseline"] = {k: base[k] for k in ("tok_s", "capacity", "syncs_per_step", "graph_replays", "decode_mode")}
-    print(f"resident baseline (every expert in a slot): {base['tok_s']:.2f} tok/s, {base['syncs_per_step']:.1f} "
-          f"syncs/step ({base['decode_mode']})", flush=True)
+    report["baseline"] = {k: base[k] for k in ("tok_s", "capacity", "syncs_per_step", "graph_replays", "decode_mode",
+                                               "roofline_gpu", "kernels_per_layer", "kernels_per_token",
+                                               "host_syncs_per_token")}
+    print(f"resident baseline (every expert in a slot): {base['tok_s']:.2f} tok/s = {base['roofline_gpu']:.1%} of "
+          f"the HBM roofline, {base['syncs_per_step']:.1f} syncs/step ({base['decode_mode']})", flush=True)
     prompt_ids = torch.randint(0, ckpt.config.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(2))
     forced = (prompt_ids.tolist(), base["continuation"])
     base_logits = teacher_forced_logits_of(ckpt, bw, args, device, forced)
     rel_tol, min_agree = TOLERANCE[str(dtype).removeprefix("torch.")]
-    rows, profile = [], None
+    profile = None
     print(f"{'policy':14s} {'split':8s} {'slots':>6s} {'tok/s':>8s} {'hit rate':>9s} {'roofline':>9s} {'+cpu':>6s}")
     for policy, split in CONFIGS:
         options = {"profile": profile} if policy == "frequency" else {}
-        row = decode_run(ckpt, policy, split, bw, options, args, device, forced)
+        try:
+            row = decode_run(ckpt, policy, split, bw, options, args, device, forced)
+        except Exception as e:  # one broken configuration must not hide the others' figures
+            traceback.print_exc()
+            failures.append(f"{what}: {policy}+{split}: {type(e).__name__}: {e}")
+            continue
         if profile is None:
             profile = expert_counts(row["trace"])  # frequency pins what the first run used most
         logits = row.pop("logits")
         row.update(compare_logits(logits, base_logits))
         del row["trace"], row["continuation"]
         if row["graph_capable"] and row["graph_replays"] == 0:
-            failures.append(f"{policy}+{split}: CUDA graphs captured but never replayed")
+            failures.append(f"{what}: {policy}+{split}: CUDA graphs captured but never replayed")
         if (policy, split) == HOST_PATH:
-            paths.update(host_path_check(ckpt, bw, args, device, forced, logits, row, failures))
-            report["graph_vs_eager"] = graph_eager_check(ckpt, bw, args, device, forced, logits, row, failures)
+            for name, check in (("host_path", host_path_check), ("graph_vs_eager", graph_eager_check)):
+                try:
+                    out = check(ckpt, bw, args, device, forced, logits, row, checked)
+                except Exception as e:
+                    traceback.print_exc()
+                    failures.append(f"{what}: {name}: {type(e).__name__}: {e}")
+                    continue
+                paths.update(out) if name == "host_path" else report.__setitem__(name, out)
         if row["max_abs_delta"] > rel_tol * row["scale"] or row["argmax_agreement"] < min_agree:
-            failures.append(f"{policy}+{split}: logits vs resident max |delta| {row['max_abs_delta']:.3g} "
-                            f"(limit {rel_tol * row['scale']:.3g}), argmax agreement {row['argmax_agreement']:.3f} "
-                            f"(limit {min_agree})")
+            checked.append(f"{what}: {policy}+{split}: logits vs resident max |delta| {row['max_abs_delta']:.3g} "
+                           f"(limit {rel_tol * row['scale']:.3g}), argmax agreement {row['argmax_agreement']:.3f} "
+                           f"(limit {min_agree})")
         rows.append(row)
         print(f"{policy:14s} {split:8s} {row['capacity']:6d} {row['tok_s']:8.2f} {row['hit_rate']:9.1%} "
               f"{row['roofline_gpu']:9.1%} {row['roofline_all']:6.1%}  logits |d| {row['max_abs_delta']:.2g} "
@@ -283,7 +286,7 @@ def host_path_check(ckpt, bw: dict, args, device: str, forced, device_logits: to
     """The same configuration on the host path (host placement, eager): logits vs the device path's, syncs."""
     row = decode_run(ckpt, *HOST_PATH, bw, {}, args, device, forced, placement="host", eager=True)
     cmp = compare_logits(row.pop("logits"), device_logits)
-    rel_tol, min_agree = PATH_TOLERANCE["float32" if device == "cpu" else "bfloat16"]  # run_check's dtypes
+    rel_tol, min_agree = PATH_TOLERANCE[str(ckpt.experts[0][0].dtype).removeprefix("torch.")]
     if cmp["max_abs_delta"] > rel_tol * cmp["scale"] or cmp["argmax_agreement"] < min_agree:
         failures.append(f"{'+'.join(HOST_PATH)}: host path vs device path max |delta| {cmp['max_abs_delta']:.3g}, "
                         f"argmax agreement {cmp['argmax_agreement']:.3f}")
@@ -302,7 +305,7 @@ def graph_eager_check(ckpt, bw: dict, args, device: str, forced, graph_logits: t
     and that they change no logit beyond summation order (PATH_TOLERANCE)."""
     row = decode_run(ckpt, *HOST_PATH, bw, {}, args, device, forced, eager=True)
     cmp = compare_logits(row.pop("logits"), graph_logits)
-    rel_tol, min_agree = PATH_TOLERANCE["float32" if device == "cpu" else "bfloat16"]  # run_check's dtypes
+    rel_tol, min_agree = PATH_TOLERANCE[str(ckpt.experts[0][0].dtype).removeprefix("torch.")]
     if cmp["max_abs_delta"] > rel_tol * cmp["scale"] or cmp["argmax_agreement"] < min_agree:
         failures.append(f"{'+'.join(HOST_PATH)}: graphs vs eager max |delta| {cmp['max_abs_delta']:.3g}, "
                         f"argmax agreement {cmp['argmax_agreement']:.3f}")
@@ -354,12 +357,16 @@ def main(argv: list[str] | None = None) -> int:
     failures: list[str] = []
     paths: dict = {}
     report: dict = {}
+    rows: list[dict] = []
     try:
         rows = run_check(a.dry_run, a.kernels, a.tokens, a.prompt, not a.skip_kernel_check, a.distinct_layers,
-                         failures, paths, report)
+                         failures, paths, report, rows)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # the summary still records what ran before it
+        traceback.print_exc()
+        failures.append(f"run stopped: {type(e).__name__}: {e}")
     path = summary_path(a.json)
     if path is not None:  # atomic: an interrupted run leaves the last summary whole
         import json
