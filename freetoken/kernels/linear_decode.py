@@ -76,8 +76,9 @@ def shape_class(N: int) -> str:
     return "narrow" if N < NARROW else "wide"
 
 
-def _tile_counters(device: torch.device, stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
-    """Zeroed int32 counters, one buffer per device and stream (kernels on two streams never share a counter);
+def tile_counters(device: torch.device, stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
+    """Zeroed int32 counters, one buffer per device and stream (kernels on two streams never share a counter; the
+    split-K linear and the split router take them in turn on one stream);
     each launch leaves them zero again. A graph's capture stream gets its buffer from reserve_tile_counters before
     the capture begins (an allocation and fill inside a capture would come from the graph's private pool)."""
     if device.type == "cuda":
@@ -90,7 +91,7 @@ def _tile_counters(device: torch.device, stream: "torch.cuda.Stream | None" = No
 
 def reserve_tile_counters(device: torch.device, stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
     """The counters a launch on `stream` will use, allocated now (call it before capturing on that stream)."""
-    return _tile_counters(torch.device(device), stream)
+    return tile_counters(torch.device(device), stream)
 
 
 def linear_decode(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -114,7 +115,7 @@ def linear_decode(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = 
         partial = counters = out  # never read
     else:
         partial = torch.empty((splits, T, D_out), dtype=torch.float32, device=x.device)
-        counters = _tile_counters(x.device)
+        counters = tile_counters(x.device)
     # 3. launch
     _linear_decode_kernel[(tiles, splits)](
         x, w, bias if bias is not None else w, out, partial, counters,

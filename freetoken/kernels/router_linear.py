@@ -12,6 +12,7 @@ import torch
 from freetoken.kernels.checks import check_same_device, check_tensor
 from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.linear import linear_ref
+from freetoken.kernels.linear_decode import tile_counters
 from freetoken.kernels.router import pick_topk, router_scores, router_topk_ref, routing_outputs
 
 MAX_TILE = 8192  # elements of the [BLOCK_E, BLOCK_D] weight tile one step of a program reads
@@ -76,8 +77,6 @@ def _pick(acc, valid, offs_e, t, w_ptr, weights_ptr, ids_ptr, K, stride_ow, stri
 
 
 MAX_SPLIT_TOKENS = 8  # decode batch sizes: fewer tokens than SMs, so the features are split across programs
-_DONE: dict[tuple[str, int], torch.Tensor] = {}  # per (device, T): split counters, zero between launches; never
-# replaced, so a captured graph's counter stays valid
 
 
 def router_splits(T: int, D: int, block_d: int, device: torch.device) -> int:
@@ -87,13 +86,6 @@ def router_splits(T: int, D: int, block_d: int, device: torch.device) -> int:
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     return max(1, min(triton.cdiv(D, block_d), sms // T))
-
-
-def _done_counter(device: torch.device, T: int) -> torch.Tensor:
-    key = (str(device), T)
-    if key not in _DONE:
-        _DONE[key] = torch.zeros(T, dtype=torch.int32, device=device)
-    return _DONE[key]
 
 
 def router_linear_topk(h: torch.Tensor, w: torch.Tensor, k: int,
@@ -119,7 +111,7 @@ def router_linear_topk(h: torch.Tensor, w: torch.Tensor, k: int,
     d_per = triton.cdiv(triton.cdiv(D, BLOCK_D), splits) * BLOCK_D
     splits = triton.cdiv(D, d_per)  # every split holds at least one tile
     part = torch.empty((T, splits, BLOCK_E), dtype=torch.float32, device=h.device) if splits > 1 else weights
-    done = _done_counter(h.device, T) if splits > 1 else ids
+    done = tile_counters(h.device)[:T] if splits > 1 else ids  # linear_decode's, zero between launches per stream
     # 3. launch
     _router_linear_topk_kernel[(T, splits)](
         h, w, part, done, weights, ids, E, D, k, d_per, h.stride(0), w.stride(0), weights.stride(0), ids.stride(0),

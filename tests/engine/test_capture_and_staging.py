@@ -55,8 +55,8 @@ def test_capture_reserves_counters_first_and_skips_housekeeping(monkeypatch):
 
 def test_reserved_counters_are_the_ones_a_launch_uses():
     cpu = torch.device("cpu")
-    assert linear_decode.reserve_tile_counters(cpu) is linear_decode._tile_counters(cpu)
-    assert not linear_decode._tile_counters(cpu).any()
+    assert linear_decode.reserve_tile_counters(cpu) is linear_decode.tile_counters(cpu)
+    assert not linear_decode.tile_counters(cpu).any()
 
 
 def test_staging_without_cuda_copies_into_kept_decode_buffers():
