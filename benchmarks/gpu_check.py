@@ -45,7 +45,7 @@ CONFIGS = (("lru", "offload"), ("lru", "hybrid"), ("static_layers", "cpu"), ("fr
 FRACTION = 0.37
 LOGITS_LAYERS = 4  # depth of the fp32 model the logits verdict runs on (the GPU check's widths)
 # (max |logit delta| relative to the baseline's largest |logit|, least argmax agreement) per compute dtype: fp32 lanes
-# differ only in summation order; bf16 rounds each lane's partial sums, which can flip near-tied random logits
+# differ only in summation order (the verdict); bf16's bound marks drift in the report only (run_check says why)
 TOLERANCE = {"float32": (1e-4, 1.0), "bfloat16": (2e-2, 0.95)}
 PATH_TOLERANCE = dict(TOLERANCE)  # host path vs device path, same config: summation order only
 HOST_PATH = ("lru", "offload")
