@@ -4,8 +4,9 @@
 # configuration), then the engine's tests that run on CUDA (every family's logits vs HF transformers through the
 # compiled Triton kernels, device placement + CUDA graphs vs host placement, the placement kernels vs the policies).
 #   bash benchmarks/gpu_all.sh [OUT_DIR]     (default: $OUT, else ./gpu_out)
-# Limits in seconds: GPU_CHECK_S (290), GPU_TESTS_S (140); GPU_TUNE_S > 0 adds tune_kernels.py --quick into
-# OUT_DIR/tuned_configs.json. gptq's auto-round packer is a test-only package: its case is left out here.
+# Limits in seconds: GPU_CHECK_S (290), GPU_TESTS_S (140), GPU_PROFILE_S (60: benchmarks/decode_profile.py; 0 skips
+# it); GPU_TUNE_S > 0 adds tune_kernels.py --quick into OUT_DIR/tuned_configs.json. gptq's auto-round packer is a
+# test-only package: its case is left out here. At most 8 files land in OUT_DIR.
 # Wheels the machine lacks (the tests' quant packers need compressed-tensors) are installed from .whl/ if present.
 set -u
 out=${1:-${OUT:-gpu_out}}
@@ -31,6 +32,12 @@ timeout "${GPU_TESTS_S:-140}" python3 -m pytest -p no:cacheprovider -n "${GPU_TE
   >"$out/gpu_tests.log" 2>&1
 echo "gpu tests: rc $? in $((SECONDS - t0)) s"
 tail -25 "$out/gpu_tests.log"
+if [ "${GPU_PROFILE_S:-60}" -gt 0 ]; then  # wall vs kernel time per decode token, the top kernels
+  t0=$SECONDS
+  timeout "${GPU_PROFILE_S:-60}" python3 benchmarks/decode_profile.py --fractions 1.0,0.37 \
+    --json "$out/decode_profile.json" >"$out/decode_profile.log" 2>&1
+  echo "decode_profile: rc $? in $((SECONDS - t0)) s"; grep -E "^fraction|^ +[0-9.]+ ms" "$out/decode_profile.log"
+fi
 if [ "${GPU_TUNE_S:-0}" -gt 0 ]; then  # the quick grid into a copy of the table (the package's file stays as it is)
   t0=$SECONDS
   cp freetoken/kernels/tuned_configs.json "$out/tuned_configs.json"
