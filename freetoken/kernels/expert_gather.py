@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.kernels.lazy import tl, triton
+from freetoken.kernels.tuning import num_sms
 
 _RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # element size -> a raw view dtype
 
@@ -76,7 +77,7 @@ def gather_programs(n: int, row: int, block: int, device: torch.device) -> int:
     graph still ran 12,288 programs per layer, 33 us on an H100.)"""
     work = n * triton.cdiv(row, block)
     if device.type == "cuda":
-        return max(1, min(work, 4 * torch.cuda.get_device_properties(device).multi_processor_count))
+        return max(1, min(work, 4 * num_sms(device)))
     return max(1, min(work, 4))
 
 

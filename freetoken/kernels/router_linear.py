@@ -14,6 +14,7 @@ from freetoken.kernels.lazy import tl, triton
 from freetoken.kernels.linear import linear_ref
 from freetoken.kernels.linear_decode import tile_counters
 from freetoken.kernels.router import pick_topk, router_scores, router_topk_ref, routing_outputs
+from freetoken.kernels.tuning import num_sms
 
 MAX_TILE = 8192  # elements of the [BLOCK_E, BLOCK_D] weight tile one step of a program reads
 
@@ -84,7 +85,7 @@ def router_splits(T: int, D: int, block_d: int, device: torch.device) -> int:
     37 us per layer on an H100, 2048 x 128 bf16); one for prefill-sized T."""
     if T > MAX_SPLIT_TOKENS:
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = num_sms(device) if device.type == "cuda" else 4  # (the interpreter: a few programs, run one by one)
     return max(1, min(triton.cdiv(D, block_d), sms // T))
 
 

@@ -208,7 +208,7 @@ static void values_simd(const void *v, int kind, int lo, int L, int Hkv, int g, 
         for (int d0 = 0; d0 < Dh; d0 += KV_W * KV_NC) {
             const int nc = (Dh - d0) / KV_W < KV_NC ? (Dh - d0) / KV_W : KV_NC;
             if (n == 4 && nc == KV_NC) values_tile(v, kind, lo, L, Hkv, g, Dh, d0, s, i0, ld, acc, 4, KV_NC);
-            else if (n == 4 && nc == 2) values_tile(v, kind, lo, L, Hkv, g, Dh, d0, s, i0, ld, acc, 4, 2);
+            else if (KV_NC > 2 && n == 4 && nc == 2) values_tile(v, kind, lo, L, Hkv, g, Dh, d0, s, i0, ld, acc, 4, 2);
             else
                 for (int h = 0; h < n; h++)
                     for (int c = 0; c < nc; c++) values_tile(v, kind, lo, L, Hkv, g, Dh, d0 + KV_W * c, s, i0 + h, ld,
