@@ -206,9 +206,10 @@ static void decode_row(const ft_matrix *m, int e, int row, float *w, float *sc) 
 }
 
 /* fp32 rows (path B): `omp simd reduction` compiled to a scalar loop here, one FMA's latency per product (8-37x
- * slower than torch's fp32 GEMV). Four 16-float FMA chains instead: AVX-512 (the tail masked, one horizontal sum),
- * else 64 partial sums in lanes the compiler maps to vector registers. */
+ * slower than torch's fp32 GEMV). Four 16-float FMA chains instead: AVX-512 (the tail masked, one horizontal sum);
+ * AVX2 takes row_dot below; elsewhere 64 partial sums in lanes the compiler may map to vector registers. */
 #if defined(__AVX512F__) && !defined(FT_NO_AVX512)
+#define FT_DOT_F32 1
 static float dot_f32(const float *w, const float *x, int K) {
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     int k = 0;
@@ -225,7 +226,8 @@ static float dot_f32(const float *w, const float *x, int K) {
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
 }
-#else
+#elif !(defined(__AVX2__) && defined(__FMA__))
+#define FT_DOT_F32 1
 static float dot_f32(const float *w, const float *x, int K) {
     float acc[64] = {0.0f};
     int k = 0;
@@ -243,50 +245,55 @@ static float dot_f32(const float *w, const float *x, int K) {
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
-/* bf16 rows on path B (CPUs without AVX512-BF16): the row widened to fp32 in registers (a bf16 is the top half of
- * its fp32) against up to three activation rows, instead of decode_row's fp32 copy and a second pass over it: on a
- * Zen 3 core the 8-expert bf16 layer went from 1.63-1.79 to 1.21-1.23 ms (48-53% -> 66-72% of the read bandwidth,
- * benchmarks/host_hugepages.py). Four 8-lane sums per activation row, added in one order whatever NT is (a token's
- * result does not depend on its batch). */
-static inline __attribute__((always_inline)) void bf16_row_dot(const uint16_t *w, const float *const x[3], int K,
-                                                               const int NT, float *y[3]) {
+/* bf16 and fp32 rows on path B (CPUs without AVX512-BF16): a bf16 row widened to fp32 in registers (a bf16 is the
+ * top half of its fp32) against up to three activation rows, instead of decode_row's fp32 copy and a second pass
+ * over it: on a Zen 3 core the 8-expert bf16 layer went from 1.63-1.79 to 1.21-1.23 ms (48-53% -> 66-72% of the read
+ * bandwidth, benchmarks/host_hugepages.py). fp32 rows (as stored, or as decode_row made them) take the same loop:
+ * dot_f32's 64 partial sums lived on the stack there, each add waiting on the store before it. Four 8-lane sums per
+ * activation row, added in one order whatever NT is (a token's result does not depend on its batch). */
+static inline __attribute__((always_inline)) void row_dot(const void *wv, const float *const x[3], int K, const int NT,
+                                                          const int W32, float *y[3]) {
+    const uint16_t *w = (const uint16_t *)wv;
+    const float *wf = (const float *)wv;
+    const int pf = W32 ? 0 : ft_row_prefetch;  /* (fp32 rows: no gain measured from 1 KB ahead on Zen 3) */
     __m256 acc[3][4]; /* (12 of the 16 registers: three rows at most) */
     for (int t = 0; t < NT; t++)
         for (int j = 0; j < 4; j++) acc[t][j] = _mm256_setzero_ps();
     int k = 0;
     for (; k + 32 <= K; k += 32) {
-        if (ft_row_prefetch) _mm_prefetch((const char *)(w + k) + ft_row_prefetch, _MM_HINT_T0);
+        if (pf) _mm_prefetch((const char *)(w + k) + pf, _MM_HINT_T0);
         for (int j = 0; j < 4; j++) {
-            const __m256 wj = ft_bf16x8(w + k + 8 * j);
+            const __m256 wj = W32 ? _mm256_loadu_ps(wf + k + 8 * j) : ft_bf16x8(w + k + 8 * j);
             for (int t = 0; t < NT; t++) acc[t][j] = _mm256_fmadd_ps(wj, _mm256_loadu_ps(x[t] + k + 8 * j), acc[t][j]);
         }
     }
     for (; k + 8 <= K; k += 8) {
-        const __m256 wk = ft_bf16x8(w + k);
+        const __m256 wk = W32 ? _mm256_loadu_ps(wf + k) : ft_bf16x8(w + k);
         for (int t = 0; t < NT; t++) acc[t][0] = _mm256_fmadd_ps(wk, _mm256_loadu_ps(x[t] + k), acc[t][0]);
     }
     for (int t = 0; t < NT; t++) {
         float sum = ft_hsum8(_mm256_add_ps(_mm256_add_ps(acc[t][0], acc[t][1]), _mm256_add_ps(acc[t][2], acc[t][3])));
-        for (int kk = k; kk < K; kk++) sum += ft_bf16_to_f32(w[kk]) * x[t][kk];
+        for (int kk = k; kk < K; kk++) sum += (W32 ? wf[kk] : ft_bf16_to_f32(w[kk])) * x[t][kk];
         *y[t] = sum;
     }
 }
 
-/* row r of a bf16 matrix against the n activation rows, three at a time */
-static void bf16_rows(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, const int32_t *idx, int n,
-                      float *y, int ldy) {
-    for (int r = r0; r < r1; r++) {
-        const uint16_t *w = (const uint16_t *)(m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes);
-        float *yr = y + (int64_t)(r - r0) * ldy;
-        for (int i = 0; i < n; i += 3) {
-            const float *x[3] = {NULL, NULL, NULL};
-            float *out[3] = {NULL, NULL, NULL};
-            const int nt = n - i < 3 ? n - i : 3;
-            for (int t = 0; t < nt; t++)
-                x[t] = a->xf + (int64_t)(idx ? idx[i + t] : i + t) * a->cols, out[t] = yr + i + t;
-            if (nt == 3) bf16_row_dot(w, x, m->cols, 3, out);
-            else if (nt == 2) bf16_row_dot(w, x, m->cols, 2, out);
-            else bf16_row_dot(w, x, m->cols, 1, out);
+/* one weight row (bf16, or fp32: W32) against the n activation rows, three at a time */
+static void row_against(const void *w, const ft_acts *a, const int32_t *idx, int n, int K, const int W32, float *yr) {
+    for (int i = 0; i < n; i += 3) {
+        const float *x[3] = {NULL, NULL, NULL};
+        float *out[3] = {NULL, NULL, NULL};
+        const int nt = n - i < 3 ? n - i : 3;
+        for (int t = 0; t < nt; t++)
+            x[t] = a->xf + (int64_t)(idx ? idx[i + t] : i + t) * a->cols, out[t] = yr + i + t;
+        if (W32) {
+            if (nt == 3) row_dot(w, x, K, 3, 1, out);
+            else if (nt == 2) row_dot(w, x, K, 2, 1, out);
+            else row_dot(w, x, K, 1, 1, out);
+        } else {
+            if (nt == 3) row_dot(w, x, K, 3, 0, out);
+            else if (nt == 2) row_dot(w, x, K, 2, 0, out);
+            else row_dot(w, x, K, 1, 0, out);
         }
     }
 }
@@ -302,17 +309,21 @@ void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, co
         ft_rows_dot_a(m, e, r0, r1, a, idx, n, y, ldy, scratch);
         return;
     }
-#if defined(__AVX2__) && defined(__FMA__)
-    if (m->kind == FT_BF16) {
-        bf16_rows(m, e, r0, r1, a, idx, n, y, ldy);
-        return;
-    }
-#endif
     for (int r = r0; r < r1; r++) {
+        float *yr = y + (int64_t)(r - r0) * ldy;
+#if defined(__AVX2__) && defined(__FMA__)
+        if (m->kind == FT_BF16) {
+            row_against(m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes, a, idx, n, m->cols, 0, yr);
+            continue;
+        }
+#endif
         const float *w = scratch;
         if (m->kind == FT_F32) w = (const float *)(m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes);
         else decode_row(m, e, r, scratch, scratch + m->cols + 64);  /* (ft_rows_scratch_floats: room after cols) */
-        for (int i = 0; i < n; i++)
-            y[(int64_t)(r - r0) * ldy + i] = dot_f32(w, a->xf + (int64_t)(idx ? idx[i] : i) * a->cols, a->cols);
+#ifdef FT_DOT_F32
+        for (int i = 0; i < n; i++) yr[i] = dot_f32(w, a->xf + (int64_t)(idx ? idx[i] : i) * a->cols, a->cols);
+#else
+        row_against(w, a, idx, n, m->cols, 1, yr);
+#endif
     }
 }
