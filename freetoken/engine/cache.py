@@ -17,7 +17,8 @@ from freetoken.engine.device_placement import placement_line
 from freetoken.engine.executor import LiveExecutor
 from freetoken.engine.kernelset import KernelSet
 from freetoken.engine.slots import ExpertStore, SlotPool
-from freetoken.placement import PREFILL, CacheConfig, PlacementPolicy, build_policy, make_call
+from freetoken.placement import PREFILL, CacheConfig, CompiledPolicy, PlacementPolicy, build_policy, make_call
+from freetoken.placement.callstream import layer_calls
 from freetoken.placement.carry import DRAFTS, LiveCarry
 from freetoken.placement.router_hint import ROUTER, LiveRouterHint
 
@@ -96,6 +97,20 @@ class ExpertCache:
         """A call a CPU-only engine computed already (host_decode.py: every routed expert from the store, as
         executor.run's host-only path does): planned and counted as __call__ would."""
         self.executor.tally(self.policy.plan(make_call(layer, ids, phase, request), self.config.split), ids, phase)
+
+    def account_step(self, ids: np.ndarray, phase: int, request: int) -> None:
+        """A CPU-only engine's whole step (ids [L, B, K]: every MoE layer's routing, layer order), planned and
+        counted as account() per layer would: a compiled policy replays the step's L calls in one compiled run (the
+        simulator's stream replay, equal to plan() call by call), where planning layer by layer from Python cost
+        ~30-60 us per layer; kept Plans and reference policies take account() per layer."""
+        if self.executor.plans is not None or not isinstance(self.policy, CompiledPolicy):
+            for layer in range(len(ids)):
+                self.account(layer, ids[layer], phase, request)
+            return
+        stream = layer_calls(ids, self.policy.num_experts, phase, request)
+        log = np.empty((10, stream.num_calls), np.int64)  # (rows 8, 9: a stream replay's own columns)
+        self.policy.replay(stream, self.config.split, 0, stream.num_calls, log)
+        self.executor.tally_log(log, phase)
 
     def _stream_next(self, layer: int, phase: int) -> list[int] | None:
         """Layer l+1's non-resident experts for the prefill double buffer: only where every prefill miss is fetched

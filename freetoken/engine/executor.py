@@ -150,6 +150,13 @@ class LiveExecutor:
         if self.plans is not None:
             self.plans.append(plan)
 
+    def tally_log(self, log: np.ndarray, phase: int) -> None:
+        """tally() for the calls of a compiled replay's log [8+, C] (hits, fetched, cpu, evictions, prefetched, hit,
+        fetch and cpu tokens per call)."""
+        sums = log[:8].sum(axis=1).tolist()
+        call = (log.shape[1], sums[0], sums[1], sums[2], sums[3], sums[4], sums[7])
+        self._totals[phase] = [total + n for total, n in zip(self._totals[phase], call)]
+
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
         """Slot ids up to the device: from pinned memory on CUDA (a truly asynchronous copy; torch's caching host
         allocator keeps the buffer until the copy is done), not from pageable memory (which may synchronise)."""

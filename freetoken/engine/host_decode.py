@@ -3,8 +3,9 @@
 roundings as the op-by-op Decoder.forward / forward_batch, so the same logits bit for bit, without the Python
 between the ~10 calls of each layer. That Python runs with cold caches (each layer's weight stream evicts the
 interpreter's working set: a placement plan takes 6.4 us warm, ~40 us there), and at short contexts it was a sixth
-of a token's time. The layers' routing comes back in [L, B, K] buffers; the engine then plans, counts and records
-each MoE call in layer order as its per-layer path does (HostDecode.run).
+of a token's time. The layers' routing comes back in [L, B, K] buffers; the engine then records each layer's and
+plans and counts the step's L calls in layer order, as its per-layer path would (HostDecode.run): a compiled policy
+in one replay of the L calls (ExpertCache.account_step).
 
 `reason(engine)` says in one line why an engine keeps the per-layer path (None: it takes this one); `ft generate`
 and `ft serve` print it (decode_line).
@@ -150,10 +151,10 @@ class HostDecode:
 
     def run(self, engine, tokens: list[int], kvs: list, starts: list[int], phase: int, request: int) -> torch.Tensor:
         """The sequences' tokens through `engine` (whose decoder this is): logits [B, V]; then each MoE call (the B
-        tokens of a layer) planned, counted and recorded in layer order, as the per-layer path does after each
+        tokens of a layer) recorded, planned and counted in layer order, as the per-layer path does after each
         layer's routing."""
         logits, ids, weights = self(tokens, kvs, starts)
         for layer in range(len(ids)):
             engine.routed_to_host(layer, ids[layer], weights[layer])
-            engine.cache.account(layer, ids[layer], phase, request)
+        engine.cache.account_step(ids, phase, request)
         return logits

@@ -170,6 +170,22 @@ def call_stream(experts: np.ndarray, num_experts: int, request: np.ndarray, turn
                       np.asarray(request, np.int64)[lo][seg], int(num_experts), int(L))
 
 
+def layer_calls(ids: np.ndarray, num_experts: int, phase: int, request: int = 0) -> CallStream:
+    """ids [L, T, K] of one forward step (T tokens, stepping together, on every one of L MoE layers) -> its L calls,
+    one per layer over all T tokens (the live engine's call: make_call's, for every layer in one pass). The ids go
+    through the trace's int16 form, so the call builder runs the code compiled for traces."""
+    L, T, K = ids.shape
+    experts = np.ascontiguousarray(ids.transpose(1, 0, 2), np.int16)  # [T, L, K]
+    bound = L * min(num_experts, T * K)
+    keys, tokens = np.empty(bound, KEY_DTYPE), np.empty(bound, KEY_DTYPE)
+    offsets, layer, seg = np.empty(L + 1, np.int64), np.empty(L, np.int64), np.empty(L, np.int64)
+    one = np.zeros(1, np.int64)  # one segment of the T tokens, read as a prefill chunk of T: one call per layer
+    N = _build(experts, one, one + T, np.ones(1, np.bool_), T, np.full(num_experts, -1, np.int64),
+               np.zeros(num_experts, np.int64), keys, tokens, offsets, layer, seg)
+    return CallStream(keys[:N], tokens[:N], offsets, layer, np.full(L, phase, np.int8), np.full(L, request, np.int64),
+                      num_experts, L)
+
+
 def make_call(layer: int, topk: np.ndarray, phase: int, request: int = 0) -> Call:
     """The live engine's call for one MoE layer: topk [T, K] expert ids of T tokens (T = 1 in decode), built by the
     same fill_call as the simulator's stream."""

@@ -9,18 +9,20 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from freetoken.placement.call import PREFILL
-from freetoken.placement.callstream import call_stream, make_call
+from freetoken.placement.call import DECODE, PREFILL
+from freetoken.placement.callstream import call_stream, layer_calls, make_call
 from freetoken.placement.stream import KeyStream
 
 L, E, C = 2, 4, 3  # compiled code is specialised on types, not sizes: a tiny instance compiles what a real one runs
 
 
 def warm_calls() -> None:
-    """The call builder: a trace's CallStream (the simulator) and one call of a prefill chunk (the engine)."""
+    """The call builder: a trace's CallStream (the simulator), one call of a prefill chunk and a CPU-only decode
+    step's calls (the engine)."""
     experts = np.array([[[0, 1], [2, 3]], [[1, 0], [3, 2]]], np.int16)  # [T, L, K]
     call_stream(experts, E, np.zeros(2, np.int32), np.zeros(2, np.int32), np.zeros(2, np.int8), 2)
     make_call(0, np.array([[0, 1], [1, 2]]), PREFILL)
+    layer_calls(np.array([[[0, 1]], [[2, 3]]], np.int32), E, DECODE)
 
 
 def warm_policy(policy) -> None:

@@ -99,6 +99,37 @@ def test_sequences_taking_turns_each_read_their_own_cache(checkpoints):
     assert engine.one_call and torch.equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("cache", [*CACHES, "s3fifo"])
+def test_the_steps_calls_planned_in_one_replay_count_as_layer_by_layer(checkpoints, cache):
+    """Without kept Plans the one-call step plans its L calls in one compiled replay (ExpertCache.account_step):
+    the same counters and the same residency after single and batched steps as the per-layer path's plan() calls."""
+    native_or_skip()
+    config = CACHES.get(cache) or CacheConfig(cache, fraction=0.4)
+    runs = []
+    for one_call in (False, True):
+        engine = Engine.from_pretrained(checkpoints["qwen3_moe"], config, kernels="host", device="cpu", threads=1)
+        engine.one_call = None if one_call else False
+        kvs = [engine.new_kv(48) for _ in range(3)]
+        tokens = [int(engine.prefill(p, kv, request=i)[-1].argmax())
+                  for i, (p, kv) in enumerate(zip([PROMPT, [4, 5], [11, 2, 2]], kvs))]
+        outs = []
+        for step in range(8):  # solo steps, then batches of three
+            if step < 4:
+                out = engine.decode(tokens[0], kvs[0])
+                tokens[0] = int(out[-1].argmax())
+            else:
+                out = engine.decode_batch(tokens, kvs, requests=[0, 1, 2])
+                tokens = out.argmax(-1).tolist()
+            outs.append(out)
+        runs.append((engine, torch.cat(outs)))
+    (ref, want), (engine, got) = runs
+    assert engine.one_call and engine.cache.executor.plans is None and torch.equal(got, want)
+    assert ref.cache.executor.phase_counters == engine.cache.executor.phase_counters
+    decode = ref.cache.executor.phase_counters[1]
+    assert (decode.cpu if cache == "cpu-moe" else decode.hits) > 0  # (something to count)
+    assert ref.cache.policy.slot_of == engine.cache.policy.slot_of
+
+
 @pytest.mark.parametrize("dtype", [None, torch.bfloat16])
 def test_a_decode_batch_in_one_call_equals_the_per_layer_batch(checkpoints, dtype):
     native_or_skip()
