@@ -21,6 +21,7 @@ from freetoken.placement import PREFILL, CacheConfig, CompiledPolicy, PlacementP
 from freetoken.placement.callstream import layer_calls
 from freetoken.placement.carry import DRAFTS, LiveCarry
 from freetoken.placement.router_hint import ROUTER, LiveRouterHint
+from freetoken.trace.format import MAX_EXPERTS
 
 
 PLACEMENTS = ("auto", "device", "host")
@@ -102,8 +103,10 @@ class ExpertCache:
         """A CPU-only engine's whole step (ids [L, B, K]: every MoE layer's routing, layer order), planned and
         counted as account() per layer would: a compiled policy replays the step's L calls in one compiled run (the
         simulator's stream replay, equal to plan() call by call), where planning layer by layer from Python cost
-        ~30-60 us per layer; kept Plans and reference policies take account() per layer."""
-        if self.executor.plans is not None or not isinstance(self.policy, CompiledPolicy):
+        11-30 us per layer; kept Plans, reference policies and expert ids past a trace's int16 take account() per
+        layer."""
+        if (self.executor.plans is not None or not isinstance(self.policy, CompiledPolicy)
+                or self.policy.num_experts > MAX_EXPERTS):
             for layer in range(len(ids)):
                 self.account(layer, ids[layer], phase, request)
             return
