@@ -36,8 +36,10 @@ class Job:
 
 class Scheduler:
     def __init__(self, backend, observe_batch: Callable[[int], None], after_step: Callable[[], None] = lambda: None):
-        """after_step: called on the engine thread after each iteration's tokens are emitted (the service delivers
-        them to their requests then, with one event-loop wakeup)."""
+        """after_step: called on the engine thread to deliver the items emitted so far (the service hands them to
+        their requests with one event-loop wakeup): as the next forward begins, so that the event loop's work on
+        them overlaps the forward's native call (which frees the GIL; right after the step it contended with the
+        engine thread's own Python), before a prefill chunk, and before the engine thread waits for work."""
         self.backend, self.observe_batch, self.after_step = backend, observe_batch, after_step
         self.batched = hasattr(backend, "decode_logits")
         self._cv = threading.Condition()
@@ -62,6 +64,8 @@ class Scheduler:
     def _loop(self) -> None:
         active = self.active
         while True:
+            if not self._new and not active:  # (read unlocked: at worst one flush too many)
+                self.after_step()  # nothing left to run: deliver the last step's items before waiting
             with self._cv:
                 while not self._new and not active and not self._stop:
                     self._cv.wait()
@@ -72,17 +76,21 @@ class Scheduler:
             for job in [j for j in active if j.done or j.cancel.is_set() or j.gen.finished]:
                 active.remove(job)
                 self._end(job)
-            for job in [j for j in active if not j.gen.started]:  # a prefill chunk each, between decode steps
+            starting = [j for j in active if not j.gen.started]
+            if starting:
+                self.after_step()  # (a prefill chunk can be long: what the last step emitted goes out first)
+            for job in starting:  # a prefill chunk each, between decode steps
                 self._solo(job)
             ready = [j for j in active if j.gen.started and not j.done and not j.cancel.is_set()
                      and not j.gen.finished]
+            self.after_step()  # the last step's tokens to their requests now, as this step's forward begins
             if len(ready) > 1 and self.batched:
                 self._batch(ready)
             else:
                 for job in ready:
                     self.observe_batch(1)
                     self._solo(job)
-            self.after_step()
+        self.after_step()
 
     def _batch(self, jobs: list[Job]) -> None:
         try:
