@@ -99,17 +99,14 @@ def client_round(url: str, model: str, n: int, max_tokens: int, bias: dict) -> d
     return asyncio.run(_round(url, model, n, max_tokens, bias))
 
 
-def engine_decode_tok_s(engine, n: int, steps: int, repeat: int) -> float:
-    """The engine alone (no HTTP, no event loop): decode tok/s of n sequences stepping together, best of repeat."""
-    best = 0.0
-    for _ in range(repeat):
-        kvs = [engine.new_kv(16 + steps) for _ in range(n)]
-        tokens = [int(engine.prefill([5 + i, 9, 14, 20], kv)[-1].argmax()) for i, kv in enumerate(kvs)]
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tokens = engine.decode_batch(tokens, kvs).argmax(-1).tolist()
-        best = max(best, n * steps / (time.perf_counter() - t0))
-    return best
+def engine_decode_tok_s(engine, n: int, steps: int) -> float:
+    """The engine alone (no HTTP, no event loop): decode tok/s of n sequences stepping together, one round."""
+    kvs = [engine.new_kv(16 + steps) for _ in range(n)]
+    tokens = [int(engine.prefill([5 + i, 9, 14, 20], kv)[-1].argmax()) for i, kv in enumerate(kvs)]
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        tokens = engine.decode_batch(tokens, kvs).argmax(-1).tolist()
+    return n * steps / (time.perf_counter() - t0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -163,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     alone = {row["concurrency"]: None for row in rows}
     for _ in range(args.repeat if engine is not None else 0):  # interleaved too, the best of --repeat counting
         for n in alone:
-            alone[n] = max(alone[n] or 0.0, engine_decode_tok_s(engine, n, args.max_tokens, 1))
+            alone[n] = max(alone[n] or 0.0, engine_decode_tok_s(engine, n, args.max_tokens))
     for row in rows:
         row["engine_decode_tok_s"] = alone[row["concurrency"]]
     base = rows[0] if rows[0]["concurrency"] == 1 else None

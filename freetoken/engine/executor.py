@@ -144,9 +144,8 @@ class LiveExecutor:
         return y
 
     def tally(self, plan: Plan, ids: np.ndarray, phase: int) -> None:
-        call = (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
-                routed_to(ids, plan.cpu) if plan.cpu else 0)
-        self._totals[phase] = [total + n for total, n in zip(self._totals[phase], call)]
+        self._add(phase, (1, len(plan.hits), len(plan.fetch), len(plan.cpu), len(plan.evict), len(plan.prefetch),
+                          routed_to(ids, plan.cpu) if plan.cpu else 0))
         if self.plans is not None:
             self.plans.append(plan)
 
@@ -154,8 +153,11 @@ class LiveExecutor:
         """tally() for the calls of a compiled replay's log [8+, C] (hits, fetched, cpu, evictions, prefetched, hit,
         fetch and cpu tokens per call)."""
         sums = log[:8].sum(axis=1).tolist()
-        call = (log.shape[1], sums[0], sums[1], sums[2], sums[3], sums[4], sums[7])
-        self._totals[phase] = [total + n for total, n in zip(self._totals[phase], call)]
+        self._add(phase, (log.shape[1], sums[0], sums[1], sums[2], sums[3], sums[4], sums[7]))
+
+    def _add(self, phase: int, counts: tuple) -> None:
+        """counts (calls, hits, fetched, cpu, evictions, prefetched, cpu tokens) into the phase's totals."""
+        self._totals[phase] = [total + n for total, n in zip(self._totals[phase], counts)]
 
     def _slots(self, slots: np.ndarray) -> torch.Tensor:
         """Slot ids up to the device: from pinned memory on CUDA (a truly asynchronous copy; torch's caching host

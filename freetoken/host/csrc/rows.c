@@ -278,23 +278,18 @@ static inline __attribute__((always_inline)) void row_dot(const void *wv, const 
     }
 }
 
-/* one weight row (bf16, or fp32: W32) against the n activation rows, three at a time */
-static void row_against(const void *w, const ft_acts *a, const int32_t *idx, int n, int K, const int W32, float *yr) {
+/* one weight row (bf16, or fp32: W32, a constant at each call site) against the n activation rows, three at a time */
+static inline __attribute__((always_inline)) void row_against(const void *w, const ft_acts *a, const int32_t *idx,
+                                                              int n, int K, const int W32, float *yr) {
     for (int i = 0; i < n; i += 3) {
         const float *x[3] = {NULL, NULL, NULL};
         float *out[3] = {NULL, NULL, NULL};
         const int nt = n - i < 3 ? n - i : 3;
         for (int t = 0; t < nt; t++)
             x[t] = a->xf + (int64_t)(idx ? idx[i + t] : i + t) * a->cols, out[t] = yr + i + t;
-        if (W32) {
-            if (nt == 3) row_dot(w, x, K, 3, 1, out);
-            else if (nt == 2) row_dot(w, x, K, 2, 1, out);
-            else row_dot(w, x, K, 1, 1, out);
-        } else {
-            if (nt == 3) row_dot(w, x, K, 3, 0, out);
-            else if (nt == 2) row_dot(w, x, K, 2, 0, out);
-            else row_dot(w, x, K, 1, 0, out);
-        }
+        if (nt == 3) row_dot(w, x, K, 3, W32, out);
+        else if (nt == 2) row_dot(w, x, K, 2, W32, out);
+        else row_dot(w, x, K, 1, W32, out);
     }
 }
 #endif
