@@ -5,10 +5,16 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
+# pip byte-compiles every file of every package it installs (~55 s of this script on a 2-core machine; most of those
+# files are never imported): --no-compile, and what freetoken runs on is compiled below by importing it once, with
+# bytecode written whatever PYTHONDONTWRITEBYTECODE says (modules imported later are compiled as Python always does)
 if ! python -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1; then pip install -q "torch>=2.4"; else pip install -q torch==2.13.0; fi
+  if command -v nvidia-smi >/dev/null 2>&1; then pip install -q --no-compile "torch>=2.4"
+  else pip install -q --no-compile torch==2.13.0; fi
 fi
-pip install -q -e ".[dev]"
+pip install -q --no-compile -e ".[dev]"
+export PYTHONDONTWRITEBYTECODE=
+python scripts/precompile.py
 # the host kernels built now for this CPU (a few seconds), not on the first run (torch if no C compiler: said there)
 python -c "from freetoken.host import kernels; kernels.library()" || true
 ft warmup --all  # compile the placement policies now (cached on disk), not in the first `ft sim` or test

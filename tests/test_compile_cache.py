@@ -51,3 +51,29 @@ def test_editing_one_policy_recompiles_that_one_only(tmp_path):
     compiled, stderr = _run(tmp_path)
     assert compiled == {"toy_a": 1, "toy_b": 0}  # only the edited one compiles again
     assert "compiling toy_a (first use" in stderr and "toy_b" not in stderr
+
+
+def test_warm_groups_policies_sharing_a_compiled_half():
+    from freetoken.placement import BUILTIN
+    from freetoken.placement.warmup import _groups
+
+    groups = _groups(BUILTIN)
+    assert groups[0] == ["layer_sweep", "lookahead", "hinted_sweep"]  # one half, compiled once, started first
+    assert ["static_layers", "frequency"] in groups
+    assert sorted(n for g in groups for n in g) == sorted(BUILTIN)
+
+
+@pytest.mark.slow
+def test_warmup_jobs_compiles_each_half_once_in_its_own_worker(tmp_path):
+    env = {**os.environ, "FT_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("NUMBA_CACHE_DIR", None)
+    cmd = [sys.executable, "-m", "freetoken.cli", "warmup", "--policy", "static_layers", "--policy", "frequency",
+           "--policy", "belady", "--jobs", "2"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert {line.split()[0] for line in out.stdout.splitlines()} == {"the", "static_layers", "frequency", "belady"}
+    assert out.stderr.count("compiling pinned (static_layers, frequency) (first use") == 1
+    assert out.stderr.count("compiling belady (first use") == 1
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    assert "compiling" not in again.stderr  # the workers' compiled code is on disk, for any process
+    bad = subprocess.run([*cmd[:-1], "0"], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "--jobs: 0" in bad.stderr and "Traceback" not in bad.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -12,6 +13,8 @@ def register(sub) -> None:
                                                       "the simulator's one-pass miss-ratio curve")
     p.add_argument("--policy", action="append", default=[], metavar="NAME",
                    help="this policy (repeatable); a policy with a compiled half")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="compile in N worker processes at once (default: one per core, up to 4; 1: in this one)")
     p.set_defaults(run=run)
 
 
@@ -25,9 +28,13 @@ def run(args: argparse.Namespace) -> int:
     unknown = [name for name in args.policy if name not in POLICIES]
     if unknown:
         raise ValueError(f"--policy: unknown {', '.join(unknown)}; valid: {', '.join(sorted(POLICIES))}")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs: {args.jobs} (must be at least 1)")
     names = list(BUILTIN) if args.all else args.policy or ["lru"]
+    jobs = args.jobs or min(4, len(os.sched_getaffinity(0)))
     wall = time.perf_counter()
-    spent = warm(dict.fromkeys(names), log=lambda name, s: print(f"  {name:24s} {s:6.2f} CPU s", flush=True))
+    spent = warm(dict.fromkeys(names), log=lambda name, s: print(f"  {name:24s} {s:6.2f} CPU s", flush=True),
+                 jobs=jobs)
     if args.all:
         import numpy as np
 

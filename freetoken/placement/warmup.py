@@ -32,23 +32,55 @@ def warm_policy(policy) -> None:
         warm_calls()
 
 
-def warm(names: Iterable[str], log=lambda name, seconds: None) -> dict[str, float]:
+def warm(names: Iterable[str], log=lambda name, seconds: None, jobs: int = 1) -> dict[str, float]:
     """The call builder and each named policy (a key of POLICIES with a compiled half); returns CPU seconds each
-    took (a fraction of a second: loaded from the cache)."""
-    from freetoken.placement import POLICIES, is_compiled, make_policy
+    took (a fraction of a second: loaded from the cache). jobs > 1: the policies' compiled halves are compiled in
+    that many worker processes at once, each half in one worker (a family sharing one, as the layer-sweep family
+    does, is not compiled twice)."""
+    from freetoken.placement import POLICIES, is_compiled
 
-    spent = {}
-    t0 = time.process_time()
-    warm_calls()
-    spent["the call builder"] = time.process_time() - t0
-    log("the call builder", spent["the call builder"])
     for name in names:
         if not is_compiled(name):
             raise ValueError(f"policy {name!r} has no compiled half to warm (it runs interpreted)")
+    groups = _groups({name: POLICIES[name] for name in names})
+    t0 = time.process_time()
+    warm_calls()
+    spent = {"the call builder": time.process_time() - t0}
+    log("the call builder", spent["the call builder"])
+    if jobs <= 1 or len(groups) <= 1:
+        results = map(_warm_group, groups)
+    else:  # spawned workers: fork would copy numba's compiler state mid-use
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        pool = ProcessPoolExecutor(min(jobs, len(groups)), mp_context=multiprocessing.get_context("spawn"))
+        with pool:
+            results = [f.result() for f in as_completed([pool.submit(_warm_group, g) for g in groups])]
+    for got in results:
+        for name, seconds in got.items():
+            spent[name] = seconds
+            log(name, seconds)
+    return spent
+
+
+def _groups(classes: dict) -> list[list[str]]:
+    """The names, grouped by the compiled half their classes share; the largest group first (the layer-sweep
+    family's, the costliest to compile: a worker starts on it while others take the rest)."""
+    groups: dict[str, list[str]] = {}
+    for name, cls in classes.items():
+        groups.setdefault(cls.compiled.name, []).append(name)
+    return sorted(groups.values(), key=len, reverse=True)
+
+
+def _warm_group(names: list[str]) -> dict[str, float]:
+    """Compile (or load) each policy of one group, in this process; CPU seconds each."""
+    from freetoken.placement import POLICIES, make_policy
+
+    spent = {}
+    for name in names:
         t0 = time.process_time()
         make_policy(name, C, L, E, **_options(POLICIES[name])).warm()
         spent[name] = time.process_time() - t0
-        log(name, spent[name])
     return spent
 
 
