@@ -87,9 +87,9 @@ class CompileFirst(Callback):
     from the disk cache."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        from freetoken.placement.warmup import warm
+        from freetoken.placement.warmup import default_jobs, warm
 
-        warm(sweep_policies(config))
+        warm(sweep_policies(config), jobs=default_jobs())
 
 
 def sweep_policies(config: DictConfig) -> list[str]:

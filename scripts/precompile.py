@@ -10,7 +10,9 @@ is first imported, as Python always does. Run it with bytecode writing on (setup
 
 from __future__ import annotations
 
+import compileall
 import importlib
+import importlib.util
 import sys
 import time
 
@@ -24,8 +26,15 @@ MODULES = (
     "hydra", "omegaconf", "rich.progress", "fastapi", "uvicorn", "httpx", "pydantic", "jsonschema", "xgrammar",
     "libcachesim", "openai", "anthropic", "pytest", "xdist", "psutil", "prometheus_client",
     "freetoken.cli", "freetoken.engine", "freetoken.serve", "freetoken.sim.run", "freetoken.placement",
+    "matplotlib.backends.backend_agg", "matplotlib.backends.backend_pdf", "hydra._internal.utils",
+    "hydra._internal.hydra", "hydra.core.utils", "hydra_plugins.hydra_joblib_launcher.joblib_launcher", "joblib",
+    "httpcore", "anyio", "requests", "aiohttp", "execnet", "xdist.remote", "xdist.looponfail", "pyarrow.parquet",
+    "triton.experimental.gluon", "uvicorn.protocols.http.httptools_impl", "uvicorn.loops.uvloop",
     *(f"transformers.models.{f}.modeling_{f}" for f in FAMILIES),
 )
+# packages whose modules run in processes they start (ray's workers and dashboard, a Hydra ray sweep's), or are
+# loaded deep inside a call (fontTools by a PDF figure): compiled whole, when installed
+WHOLE = ("ray", "opentelemetry", "opencensus", "fontTools", "hydra", "hydra_plugins", "joblib")
 
 
 def main() -> int:
@@ -40,8 +49,13 @@ def main() -> int:
             importlib.import_module(name)
         except Exception:  # an optional package absent, or a family this transformers lacks: compiled on first use
             missing.append(name)
+    for name in WHOLE:
+        spec = importlib.util.find_spec(name)
+        for folder in spec.submodule_search_locations or () if spec else ():
+            compileall.compile_dir(folder, quiet=2, workers=0)  # (a file that fails to compile is left as it is)
     note = f"; not importable here: {', '.join(missing)}" if missing else ""
-    print(f"precompiled {len(sys.modules)} modules in {time.perf_counter() - t0:.1f} s{note}")
+    print(f"precompiled {len(sys.modules)} modules, and {', '.join(WHOLE)} whole where installed, in "
+          f"{time.perf_counter() - t0:.1f} s{note}")
     return 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -23,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
 
     from freetoken.placement import BUILTIN, POLICIES
     from freetoken.placement.compiled.cache import cache_dir
-    from freetoken.placement.warmup import warm
+    from freetoken.placement.warmup import default_jobs, warm
 
     unknown = [name for name in args.policy if name not in POLICIES]
     if unknown:
@@ -31,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs: {args.jobs} (must be at least 1)")
     names = list(BUILTIN) if args.all else args.policy or ["lru"]
-    jobs = args.jobs or min(4, len(os.sched_getaffinity(0)))
+    jobs = args.jobs or default_jobs()
     wall = time.perf_counter()
     spent = warm(dict.fromkeys(names), log=lambda name, s: print(f"  {name:24s} {s:6.2f} CPU s", flush=True),
                  jobs=jobs)

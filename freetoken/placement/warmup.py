@@ -32,6 +32,14 @@ def warm_policy(policy) -> None:
         warm_calls()
 
 
+def default_jobs() -> int:
+    """Worker processes for a warm-up: one per core this process may run on, up to 4."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(4, cores)
+
+
 def warm(names: Iterable[str], log=lambda name, seconds: None, jobs: int = 1) -> dict[str, float]:
     """The call builder and each named policy (a key of POLICIES with a compiled half); returns CPU seconds each
     took (a fraction of a second: loaded from the cache). jobs > 1: the policies' compiled halves are compiled in
