@@ -29,12 +29,14 @@ MODULES = (
     "matplotlib.backends.backend_agg", "matplotlib.backends.backend_pdf", "hydra._internal.utils",
     "hydra._internal.hydra", "hydra.core.utils", "hydra_plugins.hydra_joblib_launcher.joblib_launcher", "joblib",
     "httpcore", "anyio", "requests", "aiohttp", "execnet", "xdist.remote", "xdist.looponfail", "pyarrow.parquet",
-    "triton.experimental.gluon", "uvicorn.protocols.http.httptools_impl", "uvicorn.loops.uvloop",
+    "triton.experimental.gluon", "openai.lib.streaming", "PIL.PngImagePlugin", "numpy.ctypeslib",
     *(f"transformers.models.{f}.modeling_{f}" for f in FAMILIES),
 )
 # packages whose modules run in processes they start (ray's workers and dashboard, a Hydra ray sweep's), or are
-# loaded deep inside a call (fontTools by a PDF figure): compiled whole, when installed
-WHOLE = ("ray", "opentelemetry", "opencensus", "fontTools", "hydra", "hydra_plugins", "joblib")
+# loaded deep inside a call (fontTools by a PDF figure, pydantic.v1, uvicorn's protocols): compiled whole, when
+# installed
+WHOLE = ("ray", "opentelemetry", "opencensus", "google.protobuf", "grpc", "aiohttp", "aiohttp_cors", "colorful",
+         "msgpack", "fontTools", "hydra", "hydra_plugins", "joblib", "pydantic", "uvicorn")
 
 
 def main() -> int:
