@@ -39,22 +39,29 @@ WHOLE = ("ray", "opentelemetry", "opencensus", "google.protobuf", "grpc", "aioht
          "msgpack", "fontTools", "hydra", "hydra_plugins", "joblib", "pydantic", "uvicorn")
 
 
-def main() -> int:
-    if sys.flags.dont_write_bytecode:
-        print("precompile: bytecode writing is off in this process (PYTHONDONTWRITEBYTECODE, -B); nothing written",
-              file=sys.stderr)
-        return 1
-    t0 = time.perf_counter()
+def precompile(modules=MODULES, whole=WHOLE) -> list[str]:
+    """Import `modules` and compile the packages `whole` (those installed); returns the modules that did not import
+    (an optional package absent, or a family this transformers lacks: compiled on first use, if ever)."""
     missing = []
-    for name in MODULES:
+    for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # an optional package absent, or a family this transformers lacks: compiled on first use
+        except Exception:
             missing.append(name)
-    for name in WHOLE:
+    for name in whole:
         spec = importlib.util.find_spec(name)
         for folder in spec.submodule_search_locations or () if spec else ():
             compileall.compile_dir(folder, quiet=2, workers=0)  # (a file that fails to compile is left as it is)
+    return missing
+
+
+def main() -> int:
+    if sys.flags.dont_write_bytecode:
+        print("precompile: bytecode writing is off in this process (PYTHONDONTWRITEBYTECODE, -B); nothing written "
+              "(modules are then compiled on each import)", file=sys.stderr)
+        return 0
+    t0 = time.perf_counter()
+    missing = precompile()
     note = f"; not importable here: {', '.join(missing)}" if missing else ""
     print(f"precompiled {len(sys.modules)} modules, and {', '.join(WHOLE)} whole where installed, in "
           f"{time.perf_counter() - t0:.1f} s{note}")
