@@ -14,8 +14,11 @@ if ! python -c "import torch" 2>/dev/null; then
 fi
 pip install -q --no-compile -e ".[dev]"
 export PYTHONDONTWRITEBYTECODE=
+# the host kernels built now for this CPU (a C compiler's few seconds, beside the bytecode), not on the first run
+# (without a C compiler the engine runs torch there and says why; not a failure of the set-up)
+python -c "from freetoken.host import build; build.load() or print('host kernels:', build.unavailable_reason())" &
+kernels=$!
 python scripts/precompile.py
-# the host kernels built now for this CPU (a few seconds), not on the first run (torch if no C compiler: said there)
-python -c "from freetoken.host import kernels; kernels.library()" || true
+wait "$kernels" || true
 ft warmup --all  # compile the placement policies now (cached on disk), not in the first `ft sim` or test
 echo "freetoken installed in $(pwd)/.venv"
