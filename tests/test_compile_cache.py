@@ -29,8 +29,9 @@ print(json.dumps(compiled))
 """
 
 
-def _run(tmp_path: Path) -> tuple[dict, str]:
-    env = {**os.environ, "FT_CACHE_DIR": str(tmp_path / "cache"),
+def _run(tmp_path: Path, cache: Path | None = None) -> tuple[dict, str]:
+    """The toy modules in folder tmp_path, compiled or loaded with `cache` (default: tmp_path / cache)."""
+    env = {**os.environ, "FT_CACHE_DIR": str(cache or tmp_path / "cache"),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO_ROOT)])}
     out = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
@@ -51,6 +52,25 @@ def test_editing_one_policy_recompiles_that_one_only(tmp_path):
     compiled, stderr = _run(tmp_path)
     assert compiled == {"toy_a": 1, "toy_b": 0}  # only the edited one compiles again
     assert "compiling toy_a (first use" in stderr and "toy_b" not in stderr
+
+
+@pytest.mark.slow
+def test_the_same_code_in_another_folder_loads_the_first_folders_compile(tmp_path):
+    """A cache is keyed by module name and content, not path: a second checkout or a wheel install of the same code
+    compiles nothing; an edit there compiles its own version without evicting the first folder's."""
+    toy = (REPO_ROOT / "tests" / "toy_policy.py").read_text()
+    first, second = tmp_path / "checkout", tmp_path / "elsewhere" / "install"
+    for folder in (first, second):
+        folder.mkdir(parents=True)
+        for name in ("toy_a", "toy_b"):
+            (folder / f"{name}.py").write_text(toy.replace('Compiled("fifo"', f'Compiled("{name}"'))
+    cache = tmp_path / "cache"
+    assert _run(first, cache)[0] == {"toy_a": 1, "toy_b": 1}
+    compiled, stderr = _run(second, cache)
+    assert compiled == {"toy_a": 0, "toy_b": 0} and "compiling" not in stderr
+    (second / "toy_a.py").write_text((second / "toy_a.py").read_text() + "\n# an edit\n")
+    assert _run(second, cache)[0] == {"toy_a": 1, "toy_b": 0}
+    assert _run(first, cache)[0] == {"toy_a": 0, "toy_b": 0}  # its version is still there
 
 
 def test_warm_groups_policies_sharing_a_compiled_half():

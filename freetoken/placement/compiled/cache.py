@@ -32,6 +32,7 @@ PLACEMENT = Path(__file__).resolve().parent.parent
 ENGINE_ROOM = (*sorted(PLACEMENT.joinpath("compiled").glob("*.py")), PLACEMENT / "call.py")
 POLICIES = PLACEMENT / "policies"
 FLAGS = dict(cache=True, _nrt=False, error_model="numpy", no_cfunc_wrapper=True)
+KEEP = 4  # compiled versions (stamps) kept per module
 MARK = "_ft_cached"  # set on every function `jit` hands to numba: the locator below takes those
 
 
@@ -116,9 +117,10 @@ def _file_hash(path: Path, mtime_ns: int, size: int) -> bytes:
 
 
 class Locator(_CacheLocator):
-    """numba's cache locator for the functions `jit` marked: a folder per source file and stamp (a changed source
-    gets a fresh folder, so no index that names a class since removed is ever read; the file's previous one is
-    dropped)."""
+    """numba's cache locator for the functions `jit` marked: a folder per module name and stamp, not per path, so
+    every checkout and install of the same code (a wheel in a venv, a fresh clone) shares one compile. A changed
+    source gets a fresh folder (no index that names a class since removed is ever read); a module keeps the KEEP
+    latest (two checkouts at different commits do not evict each other's)."""
 
     def __init__(self, py_func):
         self._lineno = py_func.__code__.co_firstlineno
@@ -126,9 +128,10 @@ class Locator(_CacheLocator):
 
     def ensure_cache_path(self):
         if not self._path.is_dir():
-            for stale in self._path.parent.glob("*"):
-                shutil.rmtree(stale, ignore_errors=True)
             self._path.mkdir(parents=True, exist_ok=True)
+            others = sorted((p for p in self._path.parent.iterdir() if p != self._path), key=_modified, reverse=True)
+            for stale in others[KEEP - 1:]:
+                shutil.rmtree(stale, ignore_errors=True)
 
     def get_cache_path(self):
         return str(self._path)
@@ -149,7 +152,14 @@ def _where(module: str) -> tuple[str, str, Path]:
     """(source file, stamp, cache folder) of a module's compiled functions, once per process."""
     source = Path(sys.modules[module].__file__).resolve()
     stamp = digest(stamped_files(module))
-    return str(source), stamp, cache_dir() / Locator.get_suitable_cache_subpath(str(source)) / source.stem / stamp[:16]
+    return str(source), stamp, cache_dir() / module / stamp[:16]
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # removed meanwhile by another process
+        return 0.0
 
 
 if Locator not in CacheImpl._locator_classes:
