@@ -49,8 +49,12 @@ def precompile(modules=MODULES, whole=WHOLE) -> list[str]:
         except Exception:
             missing.append(name)
     for name in whole:
-        spec = importlib.util.find_spec(name)
-        for folder in spec.submodule_search_locations or () if spec else ():
+        try:
+            spec = importlib.util.find_spec(name)
+        except ModuleNotFoundError:  # a dotted name whose parent is not installed (google.protobuf without google)
+            spec = None
+        folders = spec.submodule_search_locations if spec is not None else None
+        for folder in folders or ():
             compileall.compile_dir(folder, quiet=2, workers=0)  # (a file that fails to compile is left as it is)
     return missing
 

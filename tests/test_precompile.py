@@ -1,5 +1,6 @@
 """scripts/precompile.py, which scripts/setup.sh runs after installing with pip's --no-compile: the modules it imports
-and the packages it compiles whole get their bytecode written; one that does not import is reported, not fatal."""
+and the packages it compiles whole get their bytecode written; one that does not import is reported, and a package
+to compile whole that is not installed (or whose parent is not) is skipped: neither fails the set-up."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import importlib.util, json, sys
 spec = importlib.util.spec_from_file_location("precompile", sys.argv[1])
 mod = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(mod)
-print(json.dumps(mod.precompile(("imported_one", "not_installed_anywhere"), ("whole_pkg", "absent_pkg"))))
+print(json.dumps(mod.precompile(("imported_one", "not_installed_anywhere"), ("whole_pkg", "absent_pkg", "absent_parent.child"))))
 """
 
 
