@@ -16,14 +16,17 @@
 #include "ftk.h"
 
 static inline float glu(float g, float u, int kind, float alpha, float limit) {
-    if (kind == FT_GLU_CLAMPED) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
+    if (kind == FT_GLU_CLAMPED) { /* plain compares (fminf / fmaxf are libm calls the loop would not vectorise
+                                   * past), with fminf's answer for a NaN: the limit */
+        g = g < limit ? g : limit;
+        u = u > -limit ? u : -limit;
+        u = u < limit ? u : limit;
         return g / (1.0f + ft_expf(-g * alpha)) * (u + 1.0f);
     }
     if (kind == FT_GLU_SILU_LIMIT) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
+        g = g < limit ? g : limit;
+        u = u > -limit ? u : -limit;
+        u = u < limit ? u : limit;
     }
     return g / (1.0f + ft_expf(-g)) * u;
 }
@@ -102,7 +105,8 @@ int ft_moe(const ft_moe_args *a) {
     uint16_t *hb = ft_arena_take(ar, (size_t)P * I * 2);
     uint8_t *thread_mem = ft_arena_take(ar, per_thread * nt);
     float *out = a->out ? a->out : ft_arena_take(ar, (size_t)T * D * 4); /* only the rounded result wanted */
-    const int D2 = 2 * I;
+    const int D2 = 2 * I, glu_kind = a->glu;
+    const float alpha = a->alpha, limit = a->limit;
 
 #pragma omp parallel num_threads(nt)
     {
@@ -139,7 +143,7 @@ int ft_moe(const ft_moe_args *a) {
                     for (int64_t j = j0; j < j1; j++)
                         for (int i = 0; i < n; i++) gv[(j - j0) * n + i] += bg[j], uv[(j - j0) * n + i] += bg[I + j];
 #pragma omp simd
-                for (int64_t q = 0; q < m; q++) gv[q] = glu(gv[q], uv[q], a->glu, a->alpha, a->limit);
+                for (int64_t q = 0; q < m; q++) gv[q] = glu(gv[q], uv[q], glu_kind, alpha, limit);
                 for (int64_t j = j0; j < j1; j++)
                     for (int i = 0; i < n; i++) h[(int64_t)(start[e] + i) * I + j] = gv[(j - j0) * n + i];
             }

@@ -17,6 +17,10 @@
 /* int4 rows are prefetched this many bytes ahead into L1: on a Zen 3 core the hardware prefetcher alone left the
  * 8-expert GPTQ layer at 0.62-0.68 ms from DRAM (0.33 from L3); 2-8 KB ahead, 0.46-0.56 */
 #define Q_PREFETCH_BYTES 4096
+/* Decode streams int4 rows one at a time: tiles of four rows (or two, 32 rows apart) compute faster from L3 but
+ * interleave streams the hardware prefetcher does not follow. The 8-expert GPTQ g128 layer on a Zen 3 core: four rows
+ * a tile 0.45-0.49 ms from DRAM (0.27-0.28 from L3), a row at a time (q4_row_u128) 0.36-0.37 (0.31-0.33) */
+#define Q_DECODE_ROWS 1
 
 int ft_path_q_built(void) { return 2; } /* (rows_int8.c's AVX512-VNNI build: 1) */
 
@@ -89,6 +93,56 @@ static inline __m256 half_factors(const float *v, int c, int h, int per_chunk, _
     return _mm256_permutevar8x32_ps(_mm256_loadu_ps(v + c * per_chunk + h * (per_chunk / 2)), lanes);
 }
 
+/* the int32 sums of one 128-column chunk of int4 weights as one unit (64 bytes, byte b: columns 2b and 2b + 1 in its
+ * low and high nibble) against its int8 activations in quantize_chunk's order (even columns, then odd): the four
+ * int16 pair sums added first (at most 4 x 3810) */
+static inline __m256i q4_chunk(const uint8_t *qc, const int8_t *xc) {
+    const __m256i LO = _mm256_set1_epi8(0x0F);
+    const __m256i s0 = _mm256_loadu_si256((const __m256i *)qc), s1 = _mm256_loadu_si256((const __m256i *)(qc + 32));
+    const __m256i p0 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(_mm256_and_si256(s0, LO), _mm256_loadu_si256((const __m256i *)xc)),
+        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(s0, 4), LO),
+                             _mm256_loadu_si256((const __m256i *)(xc + 64))));
+    const __m256i p1 = _mm256_add_epi16(
+        _mm256_maddubs_epi16(_mm256_and_si256(s1, LO), _mm256_loadu_si256((const __m256i *)(xc + 32))),
+        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(s1, 4), LO),
+                             _mm256_loadu_si256((const __m256i *)(xc + 96))));
+    return _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+}
+
+/* Decode of int4 rows with one unit per 128-column chunk (group 128: the usual GPTQ / AWQ / AutoRound layout): q8_tile's
+ * operations for one row against one activation row (its d folded into s), in the same order, with the unit's
+ * branch out of the loop and two chunks a turn. */
+static inline __m256 q4_row_u128(const uint8_t *q, int K, const float *s, const float *zs, const int8_t *x,
+                                 const float *xza) {
+    const int nu = K / 128;
+    __m256 tot = _mm256_setzero_ps();
+#pragma GCC unroll 2
+    for (int c = 0; c < nu; c++) {
+        _mm_prefetch((const char *)q + 64 * c + Q_PREFETCH_BYTES, _MM_HINT_T0);
+        tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_chunk(q + 64 * c, x + 128 * c)), _mm256_set1_ps(s[c]), tot);
+    }
+    for (int u = 0; u < nu; u += 8) { /* the zero points, as q8_tile */
+        const int left = nu - u < 8 ? nu - u : 8;
+        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        tot = _mm256_fnmadd_ps(_mm256_maskload_ps(zs + u, k), _mm256_maskload_ps(xza + u, k), tot);
+    }
+    return tot;
+}
+
+/* the driver's decode hook: rows [0, rows) of a block (s, zs: the block's), or 0 rows where the layout is not the
+ * one above */
+static inline int q_decode_rows(const uint8_t *q, int64_t row_bytes, int K, int U, int rows, const float *s,
+                                const float *zs, const int8_t *x, const float *xza, float *y, int ldy) {
+    if (U != 128) return 0;
+    const int nu = K / 128;
+    for (int r = 0; r < rows; r++)
+        y[(int64_t)r * ldy] = ft_hsum8(q4_row_u128(q + (int64_t)r * row_bytes, K, s + (int64_t)r * nu,
+                                                   zs + (int64_t)r * nu, x, xza));
+    return rows;
+}
+#define Q_DECODE_BLOCK q_decode_rows /* (rows_int8_driver.h) */
+
 /* R weight rows against NT activation rows (rows_int8.c's q8_tile: su, zs, PRE, W8 as there) */
 static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int64_t row_bytes, int K, int U,
                                                           const float **su, const float **zs, const int8_t **x,
@@ -120,15 +174,8 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
                 if (W8) { /* a byte per weight, natural order: one unit of 128 columns (group % 128 == 0) */
                     a0 = _mm256_add_epi32(byte_dot(s0, x0), byte_dot(s1, x1));
                     a1 = _mm256_add_epi32(byte_dot(s2, x2), byte_dot(s3, x3));
-                } else if (per_chunk == 1) { /* one unit: the four int16 pair sums added first (at most 4 x 3810) */
-                    const __m256i LO = _mm256_set1_epi8(0x0F);
-                    const __m256i p0 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(_mm256_and_si256(s0, LO), x0),
-                        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(s0, 4), LO), x2));
-                    const __m256i p1 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(_mm256_and_si256(s1, LO), x1),
-                        _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(s1, 4), LO), x3));
-                    a0 = _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
+                } else if (per_chunk == 1) { /* one unit */
+                    a0 = q4_chunk(qr, xc);
                     a1 = _mm256_setzero_si256();
                 } else {
                     a0 = half_dot(s0, x0, x2); /* columns 0..63: even ones in x0, odd ones in x2 */

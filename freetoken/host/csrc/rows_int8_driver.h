@@ -1,5 +1,6 @@
 /* Path Q's driver, included by rows_int8.c (AVX512-VNNI) and rows_int8_avx2.c (AVX2) after each defines its
- * quantize_chunk, q8_tile, q_zero_products and q_fold_d: the activations quantized chunk by chunk; per block of rows
+ * quantize_chunk, q8_tile, q_zero_products, q_fold_d, Q_DECODE_ROWS (the decode tile's height) and, where it has one,
+ * Q_DECODE_BLOCK (its own decode of a block of rows): the activations quantized chunk by chunk; per block of rows
  * the scales, the zero products s * z and (decode) the scales times the activation's d, then the tiles;
  * rows_int8.c's comments say why each piece is as it is. */
 #pragma once
@@ -51,19 +52,24 @@ static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m,
         }
         memset(su + cells, 0, 16 * 4); /* the tiles read factors up to 16 units past a row's last */
         int r = b0;
-        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, four rows at a time (int8 rows
-                               * stream one at a time below, as bf16 rows do: the 32000 x 1024 head read in 1.4-1.6
+        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, Q_DECODE_ROWS rows a tile (int8
+                               * rows stream one at a time below, as bf16 rows do: the 32000 x 1024 head read in 1.4-1.6
                                * ms that way against 2.0 four at a time, and with software prefetch 1.6-1.8) */
             const int64_t t0 = idx ? idx[0] : 0;
             const int8_t *x[1] = {xq + t0 * K};
             const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
             q_fold_d(su, xd0, sd, b1 - b0, nu);
             memset(sd + cells, 0, 16 * 4);
-            for (; r + 4 <= b1; r += 4) {
+#ifdef Q_DECODE_BLOCK /* the file's own decode of the block, where it has one for this layout */
+            r += Q_DECODE_BLOCK(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, b1 - b0, sd, zs, x[0], xza[0],
+                                y + (int64_t)(r - r0) * ldy, ldy);
+#endif
+            for (; r + Q_DECODE_ROWS <= b1; r += Q_DECODE_ROWS) {
                 const float *s4[4], *z4[4];
-                for (int j = 0; j < 4; j++) s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
+                for (int j = 0; j < Q_DECODE_ROWS; j++)
+                    s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
                 q8_tile(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, s4, z4, x, NULL, xza,
-                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1, W8);
+                        y + (int64_t)(r - r0) * ldy, ldy, 1, Q_DECODE_ROWS, 1, 1, W8);
             }
         }
         for (; r < b1; r++) {
