@@ -53,6 +53,12 @@ class LazyKernel:
     def materialise(self):
         """The real JITFunction (or InterpretedFunction under TRITON_INTERPRET=1), built once."""
         if self._real is None:
+            from freetoken.kernels.checks import interpreting
+
+            if interpreting():
+                from freetoken.kernels.interpreter import install
+
+                install()
             self._real = importlib.import_module("triton").jit(self.fn, **self.options)
             bind(self.fn.__globals__)
         return self._real
