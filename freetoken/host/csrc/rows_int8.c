@@ -182,7 +182,6 @@ static inline void q_fold_d(const float *su, const float *xd0, float *sd, int64_
     }
 }
 
-#define Q_DECODE_ROWS 4
 #include "rows_int8_driver.h"
 
 #elif !(defined(__AVX2__) && defined(__FMA__)) /* neither AVX512-VNNI nor AVX2 (rows_int8_avx2.c) */

@@ -17,10 +17,6 @@
 /* int4 rows are prefetched this many bytes ahead into L1: on a Zen 3 core the hardware prefetcher alone left the
  * 8-expert GPTQ layer at 0.62-0.68 ms from DRAM (0.33 from L3); 2-8 KB ahead, 0.46-0.56 */
 #define Q_PREFETCH_BYTES 4096
-/* Decode streams int4 rows one at a time: tiles of four rows (or two, 32 rows apart) compute faster from L3 but
- * interleave streams the hardware prefetcher does not follow. The 8-expert GPTQ g128 layer on a Zen 3 core: four rows
- * a tile 0.45-0.49 ms from DRAM (0.27-0.28 from L3), a row at a time (q4_row_u128) 0.36-0.37 (0.31-0.33) */
-#define Q_DECODE_ROWS 1
 
 int ft_path_q_built(void) { return 2; } /* (rows_int8.c's AVX512-VNNI build: 1) */
 
@@ -110,36 +106,42 @@ static inline __m256i q4_chunk(const uint8_t *qc, const int8_t *xc) {
     return _mm256_madd_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi16(1));
 }
 
-/* Decode of int4 rows with one unit per 128-column chunk (group 128: the usual GPTQ / AWQ / AutoRound layout): q8_tile's
- * operations for one row against one activation row (its d folded into s), in the same order, with the unit's
- * branch out of the loop and two chunks a turn. */
-static inline __m256 q4_row_u128(const uint8_t *q, int K, const float *s, const float *zs, const int8_t *x,
-                                 const float *xza) {
+/* Decode of int4 rows with one unit per 128-column chunk (group 128: the usual GPTQ / AWQ / AutoRound layout), a row
+ * at a time: tiles of four rows (or two, 32 rows apart) compute faster from L3 but interleave streams the hardware
+ * prefetcher does not follow. q8_tile's operations for one row against one activation row, in the same order and
+ * with the same products (the factors s * d and zero products s * z made here per unit, not in passes over the block
+ * before it), the unit's branch out of the loop, two chunks a turn. s, z: the row's scales and zeros; d, za: the
+ * activation's per-unit d and d * sum(a). The 8-expert GPTQ g128 layer on a Zen 3 core, one thread, from DRAM: four
+ * rows a tile 0.45-0.49 ms (0.27-0.28 from L3); a row at a time 0.36-0.37, and 0.32-0.35 without the two passes. */
+static inline __m256 q4_row_u128(const uint8_t *q, int K, const float *s, const uint8_t *z, const int8_t *x,
+                                 const float *d, const float *za) {
     const int nu = K / 128;
     __m256 tot = _mm256_setzero_ps();
 #pragma GCC unroll 2
     for (int c = 0; c < nu; c++) {
         _mm_prefetch((const char *)q + 64 * c + Q_PREFETCH_BYTES, _MM_HINT_T0);
-        tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_chunk(q + 64 * c, x + 128 * c)), _mm256_set1_ps(s[c]), tot);
+        tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4_chunk(q + 64 * c, x + 128 * c)), _mm256_set1_ps(s[c] * d[c]), tot);
     }
-    for (int u = 0; u < nu; u += 8) { /* the zero points, as q8_tile */
+    for (int u = 0; u < nu; u += 8) { /* the zero points, as q8_tile: lanes past the row's last unit 0 x 0 */
         const int left = nu - u < 8 ? nu - u : 8;
         const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        tot = _mm256_fnmadd_ps(_mm256_maskload_ps(zs + u, k), _mm256_maskload_ps(xza + u, k), tot);
+        uint64_t zb = 0; /* (8 bytes from z + u only where the row has them: the last row's zeros may end a page) */
+        if (left == 8) memcpy(&zb, z + u, 8);
+        else for (int i = 0; i < left; i++) zb |= (uint64_t)z[u + i] << (8 * i);
+        const __m256 zf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)zb)));
+        tot = _mm256_fnmadd_ps(_mm256_mul_ps(_mm256_maskload_ps(s + u, k), zf), _mm256_maskload_ps(za + u, k), tot);
     }
     return tot;
 }
 
-/* the driver's decode hook: rows [0, rows) of a block (s, zs: the block's), or 0 rows where the layout is not the
- * one above */
-static inline int q_decode_rows(const uint8_t *q, int64_t row_bytes, int K, int U, int rows, const float *s,
-                                const float *zs, const int8_t *x, const float *xza, float *y, int ldy) {
-    if (U != 128) return 0;
+/* the driver's decode of a block of rows in that layout (s, z: the block's scales and zeros, a row's nu apart) */
+static inline void q_decode_rows(const uint8_t *q, int64_t row_bytes, int K, int rows, const float *s,
+                                 const uint8_t *z, const int8_t *x, const float *d, const float *za, float *y,
+                                 int ldy) {
     const int nu = K / 128;
     for (int r = 0; r < rows; r++)
         y[(int64_t)r * ldy] = ft_hsum8(q4_row_u128(q + (int64_t)r * row_bytes, K, s + (int64_t)r * nu,
-                                                   zs + (int64_t)r * nu, x, xza));
-    return rows;
+                                                   z + (int64_t)r * nu, x, d, za));
 }
 #define Q_DECODE_BLOCK q_decode_rows /* (rows_int8_driver.h) */
 

@@ -1,6 +1,6 @@
 /* Path Q's driver, included by rows_int8.c (AVX512-VNNI) and rows_int8_avx2.c (AVX2) after each defines its
- * quantize_chunk, q8_tile, q_zero_products, q_fold_d, Q_DECODE_ROWS (the decode tile's height) and, where it has one,
- * Q_DECODE_BLOCK (its own decode of a block of rows): the activations quantized chunk by chunk; per block of rows
+ * quantize_chunk, q8_tile, q_zero_products, q_fold_d and, where it has one, Q_DECODE_BLOCK (its own decode of a
+ * block of rows of one layout): the activations quantized chunk by chunk; per block of rows
  * the scales, the zero products s * z and (decode) the scales times the activation's d, then the tiles;
  * rows_int8.c's comments say why each piece is as it is. */
 #pragma once
@@ -41,6 +41,15 @@ static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m,
         ft_scales_block(m, e, b0, b1, sc);
         const uint8_t *z = m->zeros + (int64_t)e * m->zeros_stride + (int64_t)b0 * ng;
         const int64_t cells = (int64_t)(b1 - b0) * nu;
+#ifdef Q_DECODE_BLOCK
+        if (n == 1 && !W8 && per_group == 1 && U == 128) { /* decode, one unit per group of 128: the file's own, from
+                                                           * the scales and zeros as they are */
+            const int64_t t0 = idx ? idx[0] : 0;
+            Q_DECODE_BLOCK(base + (int64_t)b0 * m->row_bytes, m->row_bytes, K, b1 - b0, sc, z, xq + t0 * K,
+                           a->xd + t0 * nu, a->xsum + t0 * nu, y + (int64_t)(b0 - r0) * ldy, ldy);
+            continue;
+        }
+#endif
         if (per_group == 1) { /* units are the groups: the scales as they are */
             su = sc;
             q_zero_products(sc, z, zs, cells);
@@ -52,24 +61,19 @@ static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m,
         }
         memset(su + cells, 0, 16 * 4); /* the tiles read factors up to 16 units past a row's last */
         int r = b0;
-        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, Q_DECODE_ROWS rows a tile (int8
-                               * rows stream one at a time below, as bf16 rows do: the 32000 x 1024 head read in 1.4-1.6
+        if (n == 1 && !W8) { /* decode: the activation's d folded into the scales, four rows at a time (int8 rows
+                               * stream one at a time below, as bf16 rows do: the 32000 x 1024 head read in 1.4-1.6
                                * ms that way against 2.0 four at a time, and with software prefetch 1.6-1.8) */
             const int64_t t0 = idx ? idx[0] : 0;
             const int8_t *x[1] = {xq + t0 * K};
             const float *xd0 = a->xd + t0 * nu, *xza[1] = {a->xsum + t0 * nu};
             q_fold_d(su, xd0, sd, b1 - b0, nu);
             memset(sd + cells, 0, 16 * 4);
-#ifdef Q_DECODE_BLOCK /* the file's own decode of the block, where it has one for this layout */
-            r += Q_DECODE_BLOCK(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, b1 - b0, sd, zs, x[0], xza[0],
-                                y + (int64_t)(r - r0) * ldy, ldy);
-#endif
-            for (; r + Q_DECODE_ROWS <= b1; r += Q_DECODE_ROWS) {
+            for (; r + 4 <= b1; r += 4) {
                 const float *s4[4], *z4[4];
-                for (int j = 0; j < Q_DECODE_ROWS; j++)
-                    s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
+                for (int j = 0; j < 4; j++) s4[j] = sd + (int64_t)(r + j - b0) * nu, z4[j] = zs + (int64_t)(r + j - b0) * nu;
                 q8_tile(base + (int64_t)r * m->row_bytes, m->row_bytes, K, U, s4, z4, x, NULL, xza,
-                        y + (int64_t)(r - r0) * ldy, ldy, 1, Q_DECODE_ROWS, 1, 1, W8);
+                        y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1, W8);
             }
         }
         for (; r < b1; r++) {
