@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from freetoken.defaults import usable_cores
+
 try:
     import torch
 
@@ -17,14 +19,6 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the first `import triton`
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (a container's CPU set, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 if "PYTEST_XDIST_WORKER" in os.environ and "torch" in globals():

@@ -9,7 +9,6 @@ its routed experts packed (quantized.py).
 from __future__ import annotations
 
 import json
-import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Callable
 import torch
 
 from freetoken import hugepages
+from freetoken.defaults import usable_cores
 from freetoken.models import read_model_config
 from freetoken.models.config import CheckpointError, ModelConfig
 from freetoken.models.family import Family
@@ -280,8 +280,7 @@ def _readers() -> ThreadPoolExecutor:
     """Threads that read experts in parallel: loading is bound by the kernel faulting the stacks' fresh pages in
     (zeroing them), not by the page cache, so it scales with cores (measured, 48-layer 7.6 GB bf16 random
     Qwen3-MoE on 2 cores, a fresh process each: 10.4-13.1 s -> 6.9-8.8 s)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return ThreadPoolExecutor(max_workers=min(8, cores), thread_name_prefix="ft-load")
+    return ThreadPoolExecutor(max_workers=min(8, usable_cores()), thread_name_prefix="ft-load")
 
 
 def _layer_experts(reader: _Reader, family: Family, cfg: ModelConfig, layer: int, dtype, pin: bool,

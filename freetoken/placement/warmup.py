@@ -34,10 +34,9 @@ def warm_policy(policy) -> None:
 
 def default_jobs() -> int:
     """Worker processes for a warm-up: one per core this process may run on, up to 4."""
-    import os
+    from freetoken.defaults import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(4, cores)
+    return min(4, usable_cores())
 
 
 def warm(names: Iterable[str], log=lambda name, seconds: None, jobs: int = 1) -> dict[str, float]:

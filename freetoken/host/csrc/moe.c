@@ -16,18 +16,13 @@
 #include "ftk.h"
 
 static inline float glu(float g, float u, int kind, float alpha, float limit) {
-    if (kind == FT_GLU_CLAMPED) { /* plain compares (fminf / fmaxf are libm calls the loop would not vectorise
-                                   * past), with fminf's answer for a NaN: the limit */
-        g = g < limit ? g : limit;
-        u = u > -limit ? u : -limit;
-        u = u < limit ? u : limit;
-        return g / (1.0f + ft_expf(-g * alpha)) * (u + 1.0f);
-    }
-    if (kind == FT_GLU_SILU_LIMIT) {
+    if (kind != FT_GLU_SILU) { /* plain compares (fminf / fmaxf are libm calls the loop would not vectorise past),
+                                * with fminf's answer for a NaN: the limit */
         g = g < limit ? g : limit;
         u = u > -limit ? u : -limit;
         u = u < limit ? u : limit;
     }
+    if (kind == FT_GLU_CLAMPED) return g / (1.0f + ft_expf(-g * alpha)) * (u + 1.0f);
     return g / (1.0f + ft_expf(-g)) * u;
 }
 

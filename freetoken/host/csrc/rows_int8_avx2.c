@@ -89,6 +89,11 @@ static inline __m256 half_factors(const float *v, int c, int h, int per_chunk, _
     return _mm256_permutevar8x32_ps(_mm256_loadu_ps(v + c * per_chunk + h * (per_chunk / 2)), lanes);
 }
 
+/* a mask of lanes 0 .. n - 1 (maskload's: the others read as 0) */
+static inline __m256i first_lanes(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* the int32 sums of one 128-column chunk of int4 weights as one unit (64 bytes, byte b: columns 2b and 2b + 1 in its
  * low and high nibble) against its int8 activations in quantize_chunk's order (even columns, then odd): the four
  * int16 pair sums added first (at most 4 x 3810) */
@@ -124,7 +129,7 @@ static inline __m256 q4_row_u128(const uint8_t *q, int K, const float *s, const 
     }
     for (int u = 0; u < nu; u += 8) { /* the zero points, as q8_tile: lanes past the row's last unit 0 x 0 */
         const int left = nu - u < 8 ? nu - u : 8;
-        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i k = first_lanes(left);
         uint64_t zb = 0; /* (8 bytes from z + u only where the row has them: the last row's zeros may end a page) */
         if (left == 8) memcpy(&zb, z + u, 8);
         else for (int i = 0; i < left; i++) zb |= (uint64_t)z[u + i] << (8 * i);
@@ -202,7 +207,7 @@ static inline __attribute__((always_inline)) void q8_tile(const uint8_t *q, int6
     }
     for (int u = 0; u < nu; u += 8) { /* the zero points: s z d sum(a) per unit, eight units at a time */
         const int left = nu - u < 8 ? nu - u : 8;
-        const __m256i k = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256i k = first_lanes(left);
         for (int t = 0; t < NT; t++) {
             const __m256 za = _mm256_maskload_ps(xza[t] + u, k);
             for (int r = 0; r < R; r++)
