@@ -61,6 +61,7 @@ def test_hf_run_writes_its_rows_as_csv(hf_run):
     assert [float(r["ft_decode_tok_s"]) for r in rows] == pytest.approx([r["ft_decode_tok_s"] for r in result["rows"]])
 
 
+@pytest.mark.slow
 def test_peak_rss_of_ft_generate_in_a_child(tmp_path):
     from freetoken.calibrate.child_rss import ft_generate_rss
     from freetoken.paths import DEMO_MODEL
@@ -72,6 +73,7 @@ def test_peak_rss_of_ft_generate_in_a_child(tmp_path):
         ft_generate_rss(str(tmp_path / "none"), ("--cpu-moe",), [5], 1, 1)
 
 
+@pytest.mark.slow
 def test_rss_against_the_checkpoint_whole_and_net_of_the_process_cost():
     """The fixed cost runs the demo model with the race's prompt ids folded into its vocabulary (ids past it would
     fail the child); the ratios by hand."""

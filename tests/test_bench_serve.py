@@ -13,6 +13,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("httpx")
 
 
+@pytest.mark.slow
 def test_bench_serve_streams_every_token_and_reports_its_ratios():
     done = subprocess.run([sys.executable, "-m", "freetoken.cli", "bench", "serve", "--concurrency", "1,3",
                            "--max-tokens", "5", "--threads", "1", "--repeat", "1", "--json"],

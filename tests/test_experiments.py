@@ -94,6 +94,7 @@ def test_sweep_policies_are_the_sweeps_or_every_builtin():
     assert sweep_policies(config([], study={"case": "x"})) == list(BUILTIN)
 
 
+@pytest.mark.slow
 def test_in_process_run_equals_ft_sim_for_every_policy(small_config, tiny_trace_file, capsys):
     from freetoken.experiments.replay import GROUPS, TABLE, compute
 

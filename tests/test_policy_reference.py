@@ -204,6 +204,7 @@ def belady_misses(calls, trace, capacity, bypass):
     return replay(calls, pol, Split("offload")).total.misses
 
 
+@pytest.mark.slow
 def test_belady_never_worse_than_online_policies():
     """Belady starts cold; static_layers and frequency start with their pinned keys loaded for free. So the
     fair bound is: belady misses <= the policy's misses + the pinned keys the trace ever asks for (an offline

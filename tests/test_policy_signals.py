@@ -80,6 +80,7 @@ def test_goal_check_names_the_pair_and_the_trace_status():
     assert "Met on 2 of 2 real traces (a, b); the goal (every trace) is met." in text
 
 
+@pytest.mark.slow
 def test_figures_draw_from_the_study_rows(tmp_path):
     from freetoken.paper_figs import figure
     from freetoken.paper_figs.policy_study import best_by_signal

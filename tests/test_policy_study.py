@@ -77,6 +77,7 @@ def _hydra_cfg(results, case, fraction, **values):
     return shrink(cfg, **{"results.dir": str(results), "results.progress": False, **values})
 
 
+@pytest.mark.slow
 def test_hydra_runs_write_rows_and_a_report_in_results_not_docs(tmp_path, monkeypatch):
     """One run per (case, fraction) through the Hydra config: its rows are run_case's, the report in the results dir
     keeps every finished case (the argparse study rewrote docs/ with only the cases of the last call), a finished

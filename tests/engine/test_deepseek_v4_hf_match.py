@@ -188,6 +188,7 @@ def test_logits_do_not_depend_on_the_prefill_chunk(model, chunk):
                  f"chunk {chunk}")
 
 
+@pytest.mark.slow
 def test_triton_kernels(model):
     """The Triton path (interpreted on CPU): hyper-connections, compression, compressed attention, hash weights,
     the clamped activation, with hits, fetches and the CPU lane. Two decode steps (the interpreter is slow)."""
@@ -231,6 +232,7 @@ def test_every_v4_feature_is_exercised(model, feature):
     assert_moves_logits(engine, model, feature)
 
 
+@pytest.mark.slow
 def test_sim_replay_makes_the_live_plans(model):
     """Sim = live on V4's recorded routing (hash and top-k layers), every policy."""
     from .test_sim_equals_live import assert_sim_replays_live

@@ -105,6 +105,7 @@ def _peaked(gen: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("case", [dict(temperature=1.0), dict(temperature=0.8, top_p=0.9),
                                   dict(temperature=0.7, top_k=5, top_p=0.95), dict(temperature=1.2, min_p=0.05)],
                          ids=str)
+@pytest.mark.slow
 def test_draws_follow_the_allowed_distribution(case):
     p = SamplingParams(seed=3, **case)
     logits = _peaked(torch.Generator().manual_seed(4))

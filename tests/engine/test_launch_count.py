@@ -82,10 +82,19 @@ def counted_run(ckpt, split: str, pipeline: bool) -> Engine:
     return engine
 
 
-@pytest.mark.parametrize("split, pipeline", [("offload", False), ("hybrid", False), ("offload", True)])
-def test_decode_kernel_budget(split, pipeline, ckpt):
+@pytest.mark.parametrize("split, pipeline", [("offload", False), pytest.param("hybrid", False, marks=pytest.mark.slow),
+                                             pytest.param("offload", True, marks=pytest.mark.slow)])
+def test_decode_kernel_budget_and_the_cost_models_count(split, pipeline, ckpt):
+    """One counted run per case (an interpreted engine run is most of the test's time) checked twice: against the
+    budget, and against the cost model's count of the same step."""
+    engine = counted_run(ckpt, split, pipeline)
+    check_budget(engine, ckpt, split, pipeline)
+    check_cost_model_count(engine, ckpt, split, pipeline)
+
+
+def check_budget(engine, ckpt, split: str, pipeline: bool) -> None:
     # pipeline (CUDA's default): the hits' FFN, then the fetched experts' FFN once the gather lands, and their sum
-    c = counted_run(ckpt, split, pipeline).step_count
+    c = engine.step_count
     L = ckpt.config.num_layers
     assert c.moe_layers == tuple(range(L))
     second_ffn = 3 if pipeline else 0
@@ -103,6 +112,7 @@ def test_decode_kernel_budget(split, pipeline, ckpt):
     assert c.token_syncs == c.step_syncs + 1 == sum(c.sync_sites.values())
 
 
+@pytest.mark.slow
 def test_ft_generate_json_reports_the_count(capsys):
     import json
 
@@ -118,8 +128,7 @@ def test_ft_generate_json_reports_the_count(capsys):
     assert json.loads(capsys.readouterr().out)["decode_kernels_per_layer"] is None
 
 
-@pytest.mark.parametrize("split, pipeline", [("offload", False), ("hybrid", False), ("offload", True)])
-def test_the_cost_models_gpu_kernels_per_layer_equal_the_count(split, pipeline, ckpt):
+def check_cost_model_count(engine, ckpt, split: str, pipeline: bool) -> None:
     # sim = live for the GPU kernels the cost model charges launch time for: the counted decode step's MoE layer
     # (not layer 0, which also carries the step's head) as sim.overhead counts it from the replayed trace, with the
     # engine's fusions, against the launch counter's count of the same layer
@@ -127,7 +136,6 @@ def test_the_cost_models_gpu_kernels_per_layer_equal_the_count(split, pipeline, 
     from sim.overhead import LayerShape, freetoken_work
     from sim.run import SimConfig, simulate
 
-    engine = counted_run(ckpt, split, pipeline)
     live, L = engine.step_count.per_layer, ckpt.config.num_layers
     log = simulate(engine.trace(), SimConfig("lru", SPLITS[split], capacity=capacity(split))).log
     decode = np.flatnonzero(log.phase == DECODE)[COUNTED_STEP * L:(COUNTED_STEP + 1) * L]  # [L] the counted step

@@ -19,6 +19,7 @@ def fresh(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_built_once_into_the_cache_and_rebuilt_after_an_edit(fresh, monkeypatch):
     if build.compiler() is None:
         pytest.skip("no C compiler on this machine")

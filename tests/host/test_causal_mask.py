@@ -19,6 +19,7 @@ def test_causal_after_is_torchs_lower_right_causal_bias(start_pos, T):
     assert torch.equal(causal_after(start_pos, T), causal_lower_right(T, start_pos + T)._materialize())
 
 
+@pytest.mark.slow
 def test_a_prefill_after_a_prefix_does_not_import_torch_dynamo():
     code = """
 import sys

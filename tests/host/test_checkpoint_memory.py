@@ -25,6 +25,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
 """
 
 
+@pytest.mark.slow
 def test_loading_costs_the_checkpoint_once(tmp_path):
     from tests.engine.conftest import build_checkpoint
 

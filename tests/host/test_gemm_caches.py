@@ -43,6 +43,7 @@ def kept(capacity: str | None) -> tuple[int, int]:
     return int(out[out.index("CAP") + 1]), int(out[out.index("KEPT") + 1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
 def test_the_bounded_cache_keeps_less_than_ideeps_default():
     cap_default, default = kept("1024")

@@ -29,6 +29,7 @@ def run_child(setting: str) -> tuple[str, int]:
     return out[out.index("SET") + 1], int(out[out.index("FAULTS") + 1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_freed_memory_is_reused_only_when_asked():
     on, faults_on = run_child("1")

@@ -21,6 +21,7 @@ print("TRITON", "triton" in sys.modules, "CODE", code)
 """
 
 
+@pytest.mark.slow
 def test_the_cpu_engine_on_host_kernels_never_imports_triton():
     out = subprocess.run([sys.executable, "-c", CHILD, str(DEMO_MODEL)], capture_output=True, text=True, check=True,
                          timeout=300).stdout.split()

@@ -88,6 +88,7 @@ def test_xgrammar_alone_admits_control_characters_and_broken_utf8(grammars):
     assert any(re.search(r"[\x00-\x1f]", t) for t in bad) and any("\ufffd" in t for t in bad)
 
 
+@pytest.mark.slow
 def test_200_json_schema_replies_of_the_random_demo_all_validate(served, model_id):
     client = openai_client(served.url)
     fmt = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA, "strict": True}}
