@@ -88,15 +88,8 @@ class MoEInfinity(PlacementPolicy):
         self.previous_phase = DECODE
 
     def victim(self, key: int, now: int, protected: set[int]) -> int | None:
-        pred, last = self.predicted, self.last_use
-        best = None
-        for k in self.slot_of:
-            if k in protected:
-                continue
-            rank = (int(pred[k]), last[k], k)
-            if best is None or rank < best:
-                best = rank
-        return None if best is None else best[2]
+        pred, last = self.predicted.tolist(), self.last_use  # (Python ints: numpy scalars compare ~5x slower)
+        return min((k for k in self.slot_of if k not in protected), key=lambda k: (pred[k], last[k], k), default=None)
 
     def prefetch_for(self, call: Call) -> list[int]:
         E = self.num_experts
