@@ -76,6 +76,21 @@ def test_top_p_threshold_is_the_sorted_one():
             assert torch.equal(hs.cut_below(probs, got), torch.where(probs >= got, probs, 0.0))
 
 
+def test_top_p_threshold_sorts_everything_where_rounding_keeps_every_candidate():
+    """top_p 1 - 1e-8 (1.0 in float32) over 2048 likely tokens whose float32 probabilities sum to under 1: every
+    one above the floor is kept, and so are tokens below it (at ~e^-60), so the cut is found in the whole sorted
+    vector, past the candidates."""
+    V, top_p = 4096, 1 - 1e-8
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.cat([torch.randn(V // 2, generator=gen), torch.randn(V // 2, generator=gen) - 60.0])
+    probs = torch.softmax(logits, -1)
+    p = probs.numpy()
+    candidates = p[p >= np.float32((1 - top_p) / (2 * V))]
+    assert hs._sorted_cut(candidates, top_p, whole=False) is None
+    got = hs.top_p_threshold(probs, top_p)
+    assert got == _sorted_threshold(torch.sort(probs, descending=True).values, top_p) and got < candidates.min()
+
+
 CASES = [dict(temperature=t, top_k=k, top_p=q) for t in (0.6, 1.3) for k in (0, 7, 50) for q in (1.0, 0.95, 0.5)]
 
 
