@@ -89,7 +89,7 @@ def top_p_threshold(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def _sorted_cut(p: np.ndarray, top_p: float, whole: bool) -> torch.Tensor | None:
     """p [m] -> the smallest kept of its probabilities sorted descending; None where p is not whole (the head of
     the sorted vector) and its last one is kept, so the cut may fall further on."""
-    s = torch.from_numpy(np.ascontiguousarray(np.sort(p)[::-1]))  # [m] descending
+    s = torch.from_numpy(np.sort(p)[::-1].copy())  # [m] descending (copied: one element keeps its -1 stride)
     kept = (torch.cumsum(s, 0) - s).numpy() < np.float32(top_p)  # [m] the mass strictly before each is under top_p
     if not whole and (kept.size == 0 or kept[-1]):
         return None

@@ -140,7 +140,9 @@ def allowed_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         if top is not None:
             threshold = _sorted_threshold(probs[top], p.top_p)
         else:
-            threshold = top_p_threshold(probs, p.top_p) if by_blocks(probs) else _radix_threshold(probs, p.top_p)
+            # the CPU sorts (numpy: ~0.05 ms for a short vector, where the radix select's 3 rounds of scatters
+            # cost ~0.6), a device selects without a host read
+            threshold = top_p_threshold(probs, p.top_p) if probs.is_cpu else _radix_threshold(probs, p.top_p)
         probs = cut_below(probs, threshold) if by_blocks(probs) else torch.where(probs >= threshold, probs, 0.0)
         probs = probs / probs.sum()
     return probs

@@ -76,6 +76,11 @@ def test_top_p_threshold_is_the_sorted_one():
             assert torch.equal(hs.cut_below(probs, got), torch.where(probs >= got, probs, 0.0))
 
 
+def test_top_p_threshold_of_one_likely_token():
+    probs = torch.softmax(torch.cat([torch.zeros(1), torch.full((V_LONG - 1,), -100.0)]), -1)  # one candidate
+    assert hs.top_p_threshold(probs, 0.9) == probs[0] == probs.max()
+
+
 def test_top_p_threshold_sorts_everything_where_rounding_keeps_every_candidate():
     """top_p 1 - 1e-8 (1.0 in float32) over 2048 likely tokens whose float32 probabilities sum to under 1: every
     one above the floor is kept, and so are tokens below it (at ~e^-60), so the cut is found in the whole sorted
