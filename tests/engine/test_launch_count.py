@@ -112,22 +112,6 @@ def check_budget(engine, ckpt, split: str, pipeline: bool) -> None:
     assert c.token_syncs == c.step_syncs + 1 == sum(c.sync_sites.values())
 
 
-@pytest.mark.slow
-def test_ft_generate_json_reports_the_count(capsys):
-    import json
-
-    from freetoken.cli import main
-
-    argv = ["generate", "--kernels", "triton", "--device", "cpu", "--placement", "device", "--token-ids", "5,6,7",
-            "--max-tokens", "4", "--json"]
-    assert main(argv) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["decode_kernels_per_layer"] == TRITON_PER_LAYER  # the demo model, offload: no glue left
-    assert out["host_syncs_per_step"] == 0 and out["host_syncs_per_token"] == 1
-    assert main(argv[:-2] + ["2", "--json"]) == 0  # too few tokens for a counted step: null, not a guess
-    assert json.loads(capsys.readouterr().out)["decode_kernels_per_layer"] is None
-
-
 def check_cost_model_count(engine, ckpt, split: str, pipeline: bool) -> None:
     # sim = live for the GPU kernels the cost model charges launch time for: the counted decode step's MoE layer
     # (not layer 0, which also carries the step's head) as sim.overhead counts it from the replayed trace, with the
@@ -147,3 +131,19 @@ def check_cost_model_count(engine, ckpt, split: str, pipeline: bool) -> None:
     unfused = freetoken_work(log, L, LayerShape(), pipeline=pipeline, cuda_graphs=False, device_placement=True,
                              cpu_split=split != "offload")
     assert ((unfused.pre_kernels + unfused.post_kernels)[decode][1:] > sim[1:]).all()  # the glue it charged before
+
+
+@pytest.mark.slow
+def test_ft_generate_json_reports_the_count(capsys):
+    import json
+
+    from freetoken.cli import main
+
+    argv = ["generate", "--kernels", "triton", "--device", "cpu", "--placement", "device", "--token-ids", "5,6,7",
+            "--max-tokens", "4", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["decode_kernels_per_layer"] == TRITON_PER_LAYER  # the demo model, offload: no glue left
+    assert out["host_syncs_per_step"] == 0 and out["host_syncs_per_token"] == 1
+    assert main(argv[:-2] + ["2", "--json"]) == 0  # too few tokens for a counted step: null, not a guess
+    assert json.loads(capsys.readouterr().out)["decode_kernels_per_layer"] is None
