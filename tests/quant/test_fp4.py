@@ -4,14 +4,6 @@ import dataclasses
 
 import pytest
 import torch
-from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
-from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
-from compressed_tensors.quantization import preset_name_to_scheme
-from compressed_tensors.quantization.utils.helpers import (
-    calculate_qparams,
-    generate_gparam,
-)
-from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from freetoken.quant import (
     QuantError,
@@ -26,7 +18,14 @@ NVFP4_CT = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantize
 NVFP4_MODELOPT = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16}
 
 
-def _ct_pack(preset, compressor, w, group, with_global):
+def _ct_pack(preset, w, group, with_global):
+    """compressed-tensors' packing of w under `preset` (its imports here: ~2 s of every test worker's collection)."""
+    from compressed_tensors.compressors.mxfp4.base import MXFP4PackedCompressor
+    from compressed_tensors.compressors.nvfp4.base import NVFP4PackedCompressor
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
+
+    compressor = {"MXFP4": MXFP4PackedCompressor, "NVFP4": NVFP4PackedCompressor}[preset]
     scheme = preset_name_to_scheme(preset, ["Linear"])
     gs = generate_gparam(w.min(), w.max()) if with_global else None
     g = w.reshape(w.shape[0], -1, group)
@@ -43,11 +42,13 @@ def _weights(seed, e, out_dim, in_dim):
 
 
 def test_mxfp4_gpt_oss_layout_matches_compressed_tensors_and_transformers():
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
     experts, out_dim, in_dim = 3, 8, 96
     w = _weights(0, experts, out_dim, in_dim)
     blocks, scales, refs = [], [], []
     for e in range(experts):
-        packed, ref = _ct_pack("MXFP4", MXFP4PackedCompressor, w[e], 32, with_global=False)
+        packed, ref = _ct_pack("MXFP4", w[e], 32, with_global=False)
         blocks.append(packed["weight_packed"].view(out_dim, in_dim // 32, 16))  # gpt-oss: [out, G, 16]
         scales.append(packed["weight_scale"])  # [out, G] uint8 exponents
         refs.append(ref)
@@ -66,7 +67,7 @@ def test_mxfp4_gpt_oss_layout_matches_compressed_tensors_and_transformers():
 
 def _nvfp4_ct(seed=1, out_dim=16, in_dim=64):
     w = _weights(seed, 1, out_dim, in_dim)[0]
-    packed, ref = _ct_pack("NVFP4", NVFP4PackedCompressor, w, 16, with_global=True)
+    packed, ref = _ct_pack("NVFP4", w, 16, with_global=True)
     return w, {f"{P}.{k}": v for k, v in packed.items()}, ref
 
 

@@ -4,7 +4,6 @@ gives every prompt token's log-softmax from the engine's prefill logits."""
 
 from __future__ import annotations
 
-import openai
 import pytest
 import torch
 
@@ -45,6 +44,8 @@ def test_echo_logprobs_are_the_prompts_log_softmax(tiny_client, tiny_model_id, t
 
 
 def test_generated_logprobs_and_refusals(tiny_client, tiny_model_id, tiny_served):
+    import openai
+
     r = tiny_client.completions.create(model=tiny_model_id, prompt=TEXT, max_tokens=4, temperature=0, logprobs=3)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")  # no stop token

@@ -9,7 +9,6 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import openai
 import pytest
 
 from conftest import TIMEOUT, openai_client, running
@@ -137,6 +136,8 @@ def test_a_batched_step_that_raises_is_undone_and_only_the_culprit_fails(backend
 def test_poison_over_http_with_three_batch_mates(greedy):
     """The same through the server: four clients at once, one poisoned; its 400 names the field, the others get
     their solo answers, and the server goes on serving."""
+    import openai
+
     expect = [greedy(p, N) for p in PROMPTS]
     with running(None, max_running=4) as (url, service):
         client = openai_client(url)

@@ -7,9 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-import anthropic
 import httpx
-import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -105,6 +103,9 @@ def keyed(tiny_served):
 
 
 def test_api_key_in_both_apis(keyed):
+    import anthropic
+    import openai
+
     url, model = keyed
     msgs = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.AuthenticationError) as e:
@@ -157,6 +158,8 @@ def test_metrics_count_what_was_served(tiny_served):
 
 
 def test_model_by_id_and_version(served, model_id):
+    import openai
+
     client = openai_client(served[0])
     assert client.models.retrieve(model_id).id == model_id
     with pytest.raises(openai.NotFoundError):
