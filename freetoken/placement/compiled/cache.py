@@ -10,6 +10,8 @@ function that does), numpy's error model (no zero-division checks: every divisor
 C-callable wrapper (first-class function use is not needed; each one costs compile time). And calls between these
 functions are typed with plain argument types (Dispatcher): numba would otherwise compile a copy of the callee per
 constant argument (a 0, a True) and, for a counter that starts at 0, one for the literal 0 on its way to int64.
+A function not called from Python (jit without entry=True, and every hook) is compiled to link-only IR
+(link_only.py): LLVM works on it once, inside each entry point that calls it.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ from numba.core.caching import CacheImpl, FunctionCache, _CacheLocator
 from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
 
+from freetoken.placement.compiled import link_only
+from freetoken.placement.compiled.link_only import LinkOnlyCompiler
+
 PLACEMENT = Path(__file__).resolve().parent.parent
 ENGINE_ROOM = (*sorted(PLACEMENT.joinpath("compiled").glob("*.py")), PLACEMENT / "call.py")
 POLICIES = PLACEMENT / "policies"
 FLAGS = dict(cache=True, _nrt=False, error_model="numpy", no_cfunc_wrapper=True)
+PIPELINE = {"pipeline_class": LinkOnlyCompiler} if link_only.install() else {}  # a function not called from Python
 KEEP = 4  # compiled versions (stamps) kept per module
 MARK = "_ft_cached"  # set on every function `jit` hands to numba: the locator below takes those
 
@@ -87,7 +93,8 @@ def jit(fn=None, *, entry: bool = False, inline: bool = False, allocates: bool =
         options = dict(FLAGS, nopython=True, _nrt=allocates, no_cpython_wrapper=not entry,
                        inline="always" if inline else "never")
         del options["cache"]
-        disp = Dispatcher(py_func=f, locals={}, targetoptions=options)
+        disp = Dispatcher(py_func=f, locals={}, targetoptions=options,
+                          **({} if entry else PIPELINE))  # (link-only where install() took)
         if not per_policy:
             disp.enable_caching()
         return disp

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from numba.extending import overload
 
-from freetoken.placement.compiled.cache import FLAGS
+from freetoken.placement.compiled.cache import FLAGS, PIPELINE
 
-HOOK_FLAGS = {k: v for k, v in FLAGS.items() if k != "cache"} | {"no_cpython_wrapper": True}
+HOOK_FLAGS = {k: v for k, v in FLAGS.items() if k != "cache"} | {"no_cpython_wrapper": True, **PIPELINE}
 _IMPLS: dict[tuple[type, object], object] = {}  # (State class, overridable) -> its function
 
 
