@@ -16,7 +16,7 @@ def _before(values, off, a, b, descending):
     return a < b
 
 
-@jit(entry=True)  # (tests call it from Python)
+@jit
 def stable_order(values, off, n, descending, order, tmp):
     """order[:n] = the indices 0..n-1 of values[off:off + n] sorted (ties to the lower index); tmp: scratch [>= n]."""
     for i in range(n):
