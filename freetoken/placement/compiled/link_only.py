@@ -6,7 +6,7 @@ codegens it all again, so a helper under three levels of callers went through LL
 (called from Python: `jit(entry=True)`) run; the machine code of the rest was thrown away. Compiled with
 LinkOnlyCompiler, a function's library keeps its per-function optimised IR for linking: no module pass (its entry's
 full pass runs over it, inlined), no machine code, and the disk cache keeps that IR (kind LINK_ONLY) in place of
-an object file. Every built-in policy compiled in turn (benchmarks/compile_time.py): 30-32 -> 23-24 CPU-s.
+an object file. `ft warmup --all --jobs 1` on a 2-core machine: 34.7-39.2 -> 27.5-32.9 CPU-s.
 
 install() patches numba's JIT code library for libraries so marked (every other library is left as numba builds it);
 it is a no-op, and every function is finalised the usual way, where this numba lacks what it patches.
