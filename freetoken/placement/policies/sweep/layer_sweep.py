@@ -28,6 +28,7 @@ call's later evictions (only the call's own keys change in between), so a call p
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Iterable
@@ -201,7 +202,7 @@ def sweep_parts(reference: LayerSweep) -> tuple:
     K, L, C = reference.num_layers * reference.num_experts, reference.num_layers, reference.capacity
     z = np.zeros
     rates = Rates(np.asarray(reference._p, np.float64), z(K, np.int64), z(L, np.int64), z(1, np.int64),
-                  z(1, np.int64), _powers(reference.decay, np.empty(POWERS)), reference.decay, reference._log_decay,
+                  z(1, np.int64), _powers(reference.decay), reference.decay, reference._log_decay,
                   L, reference.num_experts)
     residents = Residents(z(K), z(C + 1, np.int64), np.full(K, -1, np.int64), z(1, np.int64), z(K, np.int64),
                           z(K, np.int64), z(1, np.int64))
@@ -211,11 +212,12 @@ def sweep_parts(reference: LayerSweep) -> tuple:
     return rates, residents, new_walk(C), tuple(warm)
 
 
-@jit(entry=True)
-def _powers(decay, out):
-    """out[d] = decay ** d, the very pow the estimate would call."""
-    for d in range(out.size):
-        out[d] = decay ** float(d)
+@functools.lru_cache(maxsize=64)
+def _powers(decay: float) -> np.ndarray:
+    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's), read only: the policies
+    of one decay share it."""
+    out = np.array([decay ** d for d in range(POWERS)], np.float64)
+    out.flags.writeable = False
     return out
 
 
