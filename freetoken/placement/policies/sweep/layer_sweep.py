@@ -212,13 +212,15 @@ def sweep_parts(reference: LayerSweep) -> tuple:
     return rates, residents, new_walk(C), tuple(warm)
 
 
-@functools.lru_cache(maxsize=64)
 def _powers(decay: float) -> np.ndarray:
-    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's), read only: the policies
-    of one decay share it."""
-    out = np.array([decay ** d for d in range(POWERS)], np.float64)
-    out.flags.writeable = False
-    return out
+    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's); each policy its own copy
+    (a plain writable array, as every State array: one compiled type, pickled or not)."""
+    return _power_table(decay).copy()
+
+
+@functools.lru_cache(maxsize=64)
+def _power_table(decay: float) -> np.ndarray:
+    return np.array([decay ** d for d in range(POWERS)], np.float64)
 
 
 # the estimate
