@@ -202,7 +202,7 @@ def sweep_parts(reference: LayerSweep) -> tuple:
     K, L, C = reference.num_layers * reference.num_experts, reference.num_layers, reference.capacity
     z = np.zeros
     rates = Rates(np.asarray(reference._p, np.float64), z(K, np.int64), z(L, np.int64), z(1, np.int64),
-                  z(1, np.int64), _powers(reference.decay), reference.decay, reference._log_decay,
+                  z(1, np.int64), _powers(reference.decay).copy(), reference.decay, reference._log_decay,
                   L, reference.num_experts)
     residents = Residents(z(K), z(C + 1, np.int64), np.full(K, -1, np.int64), z(1, np.int64), z(K, np.int64),
                           z(K, np.int64), z(1, np.int64))
@@ -212,14 +212,10 @@ def sweep_parts(reference: LayerSweep) -> tuple:
     return rates, residents, new_walk(C), tuple(warm)
 
 
-def _powers(decay: float) -> np.ndarray:
-    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's); each policy its own copy
-    (a plain writable array, as every State array: one compiled type, pickled or not)."""
-    return _power_table(decay).copy()
-
-
 @functools.lru_cache(maxsize=64)
-def _power_table(decay: float) -> np.ndarray:
+def _powers(decay: float) -> np.ndarray:
+    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's), once per decay; each
+    policy takes a copy (a plain writable array, as every State array: one compiled type, pickled or not)."""
     return np.array([decay ** d for d in range(POWERS)], np.float64)
 
 
