@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from freetoken.placement import Split
-from freetoken.placement.policies.sweep.layer_sweep import FLOOR, LayerSweep
+from freetoken.placement.policies.sweep.layer_sweep import FLOOR, POWERS, LayerSweep, power_table
 from freetoken.placement.stream import NEVER, KeyStream, next_occurrence
 from freetoken.trace import RoutingTrace
 from freetoken.sim.run import SimConfig, simulate
@@ -101,17 +101,13 @@ class WindowedFuture(LayerSweep):
         L = self.num_layers
         layer = keys // self.num_experts  # [R]
         elapsed = np.asarray(self._visits, np.int64)[layer] - self._stamp_now[keys]
-        rate = self._p_now[keys] * self._powers(int(elapsed.max()))[elapsed]
+        powers = power_table(self.decay)[np.minimum(elapsed, POWERS - 1)]  # [R] (a copy)
+        for i in np.flatnonzero(elapsed >= POWERS):  # past the table: Python's pow, as _score's
+            powers[i] = self.decay ** int(elapsed[i])
+        rate = self._p_now[keys] * powers
         wait = (layer - self._layer - 1) % L + 1 + L * (1.0 / np.maximum(rate, FLOOR) - 1.0)
         gap = self._due[keys] - self._call
         return np.where(gap <= self.window, gap.astype(np.float64), self.window + wait)
-
-    def _powers(self, n: int) -> np.ndarray:
-        """[>= n + 1]: decay ** i for i = 0 .. n, each as Python computes it."""
-        table = getattr(self, "_power_table", None)
-        if table is None or table.size <= n:
-            table = self._power_table = np.array([self.decay ** i for i in range(max(2 * n, 64) + 1)], np.float64)
-        return table
 
 
 def probe(trace: RoutingTrace, window: int, fraction: float, chunk: int, decay: float, prior,

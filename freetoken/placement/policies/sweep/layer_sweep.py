@@ -202,7 +202,7 @@ def sweep_parts(reference: LayerSweep) -> tuple:
     K, L, C = reference.num_layers * reference.num_experts, reference.num_layers, reference.capacity
     z = np.zeros
     rates = Rates(np.asarray(reference._p, np.float64), z(K, np.int64), z(L, np.int64), z(1, np.int64),
-                  z(1, np.int64), _powers(reference.decay).copy(), reference.decay, reference._log_decay,
+                  z(1, np.int64), power_table(reference.decay).copy(), reference.decay, reference._log_decay,
                   L, reference.num_experts)
     residents = Residents(z(K), z(C + 1, np.int64), np.full(K, -1, np.int64), z(1, np.int64), z(K, np.int64),
                           z(K, np.int64), z(1, np.int64))
@@ -213,10 +213,13 @@ def sweep_parts(reference: LayerSweep) -> tuple:
 
 
 @functools.lru_cache(maxsize=64)
-def _powers(decay: float) -> np.ndarray:
-    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's), once per decay; each
-    policy takes a copy (a plain writable array, as every State array: one compiled type, pickled or not)."""
-    return np.array([decay ** d for d in range(POWERS)], np.float64)
+def power_table(decay: float) -> np.ndarray:
+    """[POWERS] decay ** d by the reference's own pow (C's pow, as the compiled fallback's), once per decay, read
+    only; each policy takes a copy (a plain writable array, as every State array: one compiled type, pickled or
+    not)."""
+    table = np.array([decay ** d for d in range(POWERS)], np.float64)
+    table.flags.writeable = False  # (shared by every caller)
+    return table
 
 
 # the estimate
