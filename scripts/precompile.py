@@ -2,8 +2,8 @@
 
 scripts/setup.sh installs with pip's --no-compile: pip compiles every file of every package it installs (~55 s of
 the set-up on a 2-core machine, and most of those files are never imported). This imports what the CLI, the
-engine, the server and the tests load, so their first runs find it compiled; a module left out is compiled when it
-is first imported, as Python always does. Run it with bytecode writing on (setup.sh clears PYTHONDONTWRITEBYTECODE).
+engine, the server and the tests load (in two processes: what imports torch, and the rest), so their first runs
+find it compiled; a module left out is compiled when it is first imported, as Python always does. Run it with bytecode writing on (setup.sh clears PYTHONDONTWRITEBYTECODE).
 
     python scripts/precompile.py
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import compileall
 import importlib
 import importlib.util
+import subprocess
 import sys
 import time
 
@@ -37,6 +38,15 @@ MODULES = (
 # installed
 WHOLE = ("ray", "opentelemetry", "opencensus", "google.protobuf", "grpc", "aiohttp", "aiohttp_cors", "colorful",
          "msgpack", "fontTools", "hydra", "hydra_plugins", "joblib", "pydantic", "uvicorn")
+
+# what imports torch (the bulk: torch, transformers, triton, freetoken) is imported by the first process; the rest,
+# and the packages compiled whole, by a second process beside it, on the machine's other core (importing without
+# bytecode is mostly compiling source, one core's work: 37 s of a 2-core machine in one process)
+TORCH_SIDE = ("torch", "triton", "transformers", "safetensors", "tokenizers", "xgrammar", "freetoken")
+
+
+def torch_side(name: str) -> bool:
+    return name.split(".")[0] in TORCH_SIDE
 
 
 def precompile(modules=MODULES, whole=WHOLE) -> list[str]:
@@ -64,11 +74,19 @@ def main() -> int:
         print("precompile: bytecode writing is off in this process (PYTHONDONTWRITEBYTECODE, -B); nothing written "
               "(modules are then compiled on each import)", file=sys.stderr)
         return 0
+    if sys.argv[1:] == ["--beside"]:  # its module count, then what did not import
+        missing = precompile(tuple(m for m in MODULES if not torch_side(m)))
+        print(len(sys.modules), *missing)
+        return 0
     t0 = time.perf_counter()
-    missing = precompile()
+    beside = subprocess.Popen([sys.executable, __file__, "--beside"], stdout=subprocess.PIPE, text=True)
+    missing = precompile(tuple(m for m in MODULES if torch_side(m)), ())
+    last = (beside.communicate()[0].strip().splitlines() or ["0"])[-1]  # (an import may print before it)
+    count, *more = last.split()
+    missing += more
     note = f"; not importable here: {', '.join(missing)}" if missing else ""
-    print(f"precompiled {len(sys.modules)} modules, and {', '.join(WHOLE)} whole where installed, in "
-          f"{time.perf_counter() - t0:.1f} s{note}")
+    print(f"precompiled {len(sys.modules)} + {count} modules (two processes), and {', '.join(WHOLE)} whole where "
+          f"installed, in {time.perf_counter() - t0:.1f} s{note}")
     return 0
 
 
