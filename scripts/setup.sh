@@ -21,11 +21,7 @@ export PYTHONDONTWRITEBYTECODE=
 # (without a C compiler the engine runs torch there and says why; not a failure of the set-up)
 python -c "from freetoken.host import build; build.load() or print('host kernels:', build.unavailable_reason())" &
 kernels=$!
-# the placement policies compiled now (cached on disk), not in the first `ft sim` or test; beside the bytecode pass,
-# which keeps one core busy
-ft warmup --all &
-warmup=$!
-python scripts/precompile.py
+python scripts/precompile.py  # (two processes: one per core of a 2-core machine)
 wait "$kernels" || true
-wait "$warmup"
+ft warmup --all  # compile the placement policies now (cached on disk), not in the first `ft sim` or test
 echo "freetoken installed in $(pwd)/.venv"
