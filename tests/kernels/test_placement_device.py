@@ -29,10 +29,9 @@ def check(trace, chunk, policy, options, cases, max_calls=None) -> tuple[int, in
     calls = list(stream.calls())[:max_calls]
     hits = evictions = 0
     caps = capacities(trace, stream)
-    for capacity, split_name in cases:
-        if isinstance(capacity, slice):  # (its start taken around the list: never an empty pick)
-            capacity = slice(capacity.start % len(caps), None, capacity.step)
-        for cap in caps[capacity] if isinstance(capacity, slice) else [capacity]:
+    for capacity, split_name in cases:  # (a slice's start taken around the list: never an empty pick)
+        picked = caps[capacity.start % len(caps)::capacity.step] if isinstance(capacity, slice) else [capacity]
+        for cap in picked:
             split = SPLITS[split_name]
             ref = replay(calls, build(policy, options, cap, trace, stream, True), split, keep_plans=True)
             dev = DevicePolicy(build(policy, options, cap, trace, stream, False))
