@@ -26,6 +26,7 @@ from freetoken.placement.compiled.cache import jit
 from freetoken.placement.compiled.core import CALLS, CLOCK, STAMP, USED
 from freetoken.placement.compiled.hooks import (admission_order, begin_call, on_admit, on_evict, on_hit, on_miss,
                                                 on_prefetch, prefetch_for, victim)
+from freetoken.placement.compiled.ref import by_ref
 from freetoken.placement.compiled.split import choose
 
 ADMITS, ORDERS_ADMISSION, PREFETCHES = 0, 1, 2  # flags
@@ -95,6 +96,7 @@ def replay_calls(p, st, keys, tokens, offsets, phase, c0, c1, split, flags, buf,
     """Calls c0..c1-1 of a CallStream (keys [N], tokens [N], offsets [C + 1], phase [C]); fills log[:, c0:c1].
     One function, not a loop around a per-call one: numba optimises each function it compiles on its own and again
     inside its callers, so every level of calls lengthens the compile of every policy."""
+    p, st, buf = by_ref(p), by_ref(st), by_ref(buf)  # (callees get addresses: compiled/ref.py)
     for call in range(c0, c1):
         lo, hi = offsets[call], offsets[call + 1]
         ks, ts = keys[lo:hi], tokens[lo:hi]  # the call's keys (one layer's) and tokens

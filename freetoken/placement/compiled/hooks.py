@@ -10,8 +10,9 @@ Python that numba compiles when the driver is first compiled for that State:
     admission_order(p, keys, n, order)   (orders_admission) order[:n]: the order keys[:n], the fetched, get slots
     prefetch_for(p, st, c, keys, out) -> n   (prefetches) out[:n]: keys to copy ahead, most wanted first
 
-p is the State, st the Core (read only: the driver owns residency and clocks). Hooks allocate nothing (the driver
-is compiled without reference counting): every array a policy needs is in its State, sized by its setup().
+p is the State, st the Core (read only: the driver owns residency and clocks), both passed by address (ref.py).
+Hooks allocate nothing (the driver is compiled without reference counting): every array a policy needs is in its
+State, sized by its setup().
 
 Each name is an `overridable`: compiled code calls it with a State first, and numba's overload resolves the call by
 that State's type to the function register() gave it, else to the default below (a no-op). So the driver is
