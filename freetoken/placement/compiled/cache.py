@@ -86,9 +86,9 @@ class Dispatcher(CPUDispatcher):
 def jit(fn=None, *, entry: bool = False, inline: bool = False, allocates: bool = False, per_policy: bool = False):
     """numba.njit with FLAGS, cached here. entry=True: called from Python (keeps the Python wrapper); inline=True:
     always inlined into its callers by LLVM (constant arguments folded there; numba types and lowers it once, not
-    once per caller as its own inlining would); allocates=True: a set-up
-    function that builds arrays (with reference counting; never called from the driver); per_policy=True: it calls
-    hooks, so it is not cached on its own (its code is part of each policy's cached entry, driver.entry)."""
+    once per caller as its own inlining would); allocates=True: a set-up function that builds arrays (with reference
+    counting; never called from the driver); per_policy=True: it calls hooks, so it is not cached on its own (its
+    code is part of each policy's cached entry, driver.entry)."""
     def wrap(f):
         setattr(f, MARK, True)
         options = dict(FLAGS, nopython=True, _nrt=allocates, no_cpython_wrapper=not entry, inline="never",
