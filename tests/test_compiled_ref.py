@@ -7,6 +7,7 @@ from typing import NamedTuple
 import llvmlite.binding as ll
 import numba
 import numpy as np
+from llvmlite import ir
 from numba.core import types
 from numba.core.registry import cpu_target
 
@@ -27,6 +28,13 @@ class Outer(NamedTuple):
     grid: np.ndarray  # int64 [r, c]
     small: np.int8
     mode: int
+
+
+class Same(NamedTuple):
+    """Fields of one type: numba lays it out as an LLVM array, not a struct (a pinned policy's State)."""
+
+    first: np.ndarray  # int64 [n]
+    second: np.ndarray  # int64 [n]
 
 
 def _outer() -> Outer:
@@ -63,12 +71,30 @@ def test_writes_through_a_ref_reach_the_arrays():
 def test_offsets_equal_llvms_data_layout():
     context = cpu_target.target_context
     target = ll.create_target_data(str(context.codegen()._data_layout))
-    for tup in (numba.typeof(_outer()), numba.typeof(_outer().inner)):
+    same = Same(np.zeros(2, np.int64), np.ones(3, np.int64))
+    for tup in (numba.typeof(_outer()), numba.typeof(_outer().inner), numba.typeof(same)):
         llty = context.get_value_type(tup)
-        module = ll.parse_assembly(f"@g = global {llty} zeroinitializer")
-        lltype = module.get_global_variable("g").global_value_type
-        want = [target.get_element_offset(lltype, i) for i in range(len(tup.types))]
+        if isinstance(llty, ir.ArrayType):  # one field type: element i at i x its allocation size
+            step = target.get_abi_size(_parsed(llty.element))
+            want = [i * step for i in range(len(tup.types))]
+        else:
+            want = [target.get_element_offset(_parsed(llty), i) for i in range(len(tup.types))]
         assert _offsets(context, tup) == want
+
+
+def _parsed(llty):
+    """`llty` as LLVM itself parses it (a binding type, for its data layout's answers)."""
+    return ll.parse_assembly(f"@g = global {llty} zeroinitializer").get_global_variable("g").global_value_type
+
+
+@numba.njit(cache=False)
+def _read_same(t):
+    r = by_ref(t)
+    return r.second[2] + r.first.size
+
+
+def test_a_tuple_of_one_field_type_reads_through_a_ref():
+    assert _read_same(Same(np.zeros(2, np.int64), np.array([5, 6, 7], np.int64))) == 9
 
 
 def test_a_ref_types_as_its_tuples_class():
