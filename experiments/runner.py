@@ -38,7 +38,11 @@ def build(cfg: DictConfig, key: str):
     try:
         return instantiate(node, _convert_="all")
     except InstantiationException as e:
+        from freetoken.placement.config import ConfigError
+
         cause = e.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None  # its fields worded as config keys where it is reported (guarded)
         if isinstance(cause, ValueError):
             msg = str(cause)
             raise ValueError(msg if msg.startswith(key) or f"{key}." in msg else f"{key}: {msg}") from None

@@ -31,7 +31,8 @@ ROWS = {  # name: (inputs as config fields, expected slots or error template, pe
     "neither": ({}, EXACTLY_ONE, {"ft sim": NEITHER_CLI, "ft generate": NEITHER_CLI, "ft serve": SKIP,
                                   "ft predict": SKIP}),
     "hybrid without bandwidths": ({"capacity": 4, "mode": "hybrid"},
-                                  "hybrid split needs bp > 0 and bh > 0 (GB/s), got bp=0.0, bh=0.0",
+                                  "{mode} hybrid needs {bp} > 0 and {bh} > 0 (GB/s: the pinned PCIe and host expert "
+                                  "lane bandwidths; `ft bench bw` measures both), got {bp} 0.0, {bh} 0.0",
                                   {"ft serve": SKIP, "ft predict": SKIP}),
     "bandwidth with offload": ({"capacity": 4, "bp": 10.0}, "{bp} does nothing for {mode} offload (hybrid only)",
                                {"ft serve": SKIP, "ft predict": SKIP}),
@@ -183,7 +184,7 @@ def test_one_row_through_every_entry_point(row, demo, capsys, tmp_path, monkeypa
         expect = exceptions.get(name, expected)
         if expect is SKIP:
             continue
-        spell = {**{k: k for k in ("fraction", "capacity", "bp", "mode", "rule", "max_fetch")},
+        spell = {**{k: k for k in ("fraction", "capacity", "bp", "bh", "mode", "rule", "max_fetch")},
                  **(HYDRA_NAMES if names is None else names)}
         want[name] = expect.format(**spell) if isinstance(expect, str) else expect
         got[name] = runner(inputs, demo, capsys, tmp_path / name.replace(" ", "_"), monkeypatch)

@@ -96,7 +96,7 @@ def test_max_fetch_rule_without_a_positive_max_fetch_is_refused(trace_file, caps
     argv = ["sim", "--trace", str(trace_file), "--capacity", "10", "--split", "hybrid", "--rule", "max_fetch"]
     assert main(argv + extra) == 2
     err = capsys.readouterr().err
-    assert "split rule max_fetch needs max_fetch >= 1 (--max-fetch N), got 0" in err
+    assert "--rule max_fetch needs --max-fetch >= 1, got 0; --split cpu sends every miss to the CPU" in err
     assert len(err.strip().splitlines()) == 1
     assert main(argv + ["--max-fetch", "1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -122,6 +122,7 @@ def test_synth_fit_takes_shape_from_the_trace(tmp_path, capsys):
     (["info", str(DEFAULT_TRACE), "--prefill-chunk", str(2**64)],  # was numba's overflow traceback
      f"--prefill-chunk must be a positive number of tokens, at most 2147483647, got {2**64}"),
     (["info", "{tmp}"], "{tmp}: is a folder, not a trace file"),
+    (["info", "/dev/null"], "/dev/null: not a regular file"),  # (was: no such trace file)
 ])
 def test_bad_input_is_exit_2_with_one_clear_line(tmp_path, capsys, argv, message):
     (tmp_path / "odd.txt").write_text("hello\n")

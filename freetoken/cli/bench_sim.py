@@ -197,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         args.race = [*args.race, *(str(p) for p in every_trace() if str(p) not in (args.trace, *args.race))]
     for flag, path in [("--trace", args.trace)] + [("--race", path) for path in args.race]:
         if not Path(path).is_file():
-            raise ValueError(f"{flag} {path}: no such file")
+            raise ValueError(f"{flag} {path}: " + ("not a regular file" if Path(path).exists() else "no such file"))
     trace = load_any(args.trace)
     log = (lambda s: None) if args.json else (lambda s: print(f"  {s}", flush=True))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None

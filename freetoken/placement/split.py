@@ -82,13 +82,17 @@ class Split:
         if self.fetch_order not in FETCH_ORDERS:
             raise ValueError(f"split fetch_order {self.fetch_order!r} is not one of {', '.join(FETCH_ORDERS)}")
         if self.mode == "hybrid":
+            from freetoken.placement.config import ConfigError  # (the error worded as each entry point spells it)
+
             if self.rule not in ("balanced", "paper", "max_fetch"):
                 raise ValueError(f"split rule {self.rule!r} is not one of balanced, paper, max_fetch")
             if self.rule == "max_fetch" and self.max_fetch < 1:  # 0 would quietly send every miss to the CPU
-                raise ValueError(f"split rule max_fetch needs max_fetch >= 1 (--max-fetch N), got {self.max_fetch}; "
-                                 f"split mode cpu sends every miss to the CPU")
+                raise ConfigError("{rule} max_fetch needs {max_fetch} >= 1, got {v}; {mode} cpu sends every miss to "
+                                  "the CPU", v=self.max_fetch)
             if self.rule != "max_fetch" and not (self.bp > 0 and self.bh > 0):
-                raise ValueError(f"hybrid split needs bp > 0 and bh > 0 (GB/s), got bp={self.bp}, bh={self.bh}")
+                raise ConfigError("{mode} hybrid needs {bp} > 0 and {bh} > 0 (GB/s: the pinned PCIe and host expert "
+                                  "lane bandwidths; `ft bench bw` measures both), got {bp} {p}, {bh} {h}",
+                                  p=self.bp, h=self.bh)
 
     def check_used(self) -> None:
         """A field set away from its default that this mode / rule never reads is an error (CacheConfig calls this;

@@ -233,7 +233,7 @@ def load(path: str | os.PathLike) -> RoutingTrace:
     if path.is_dir():
         raise TraceError(f"{path}: is a folder, not a trace file")
     if not path.is_file():
-        raise TraceError(f"{path}: no such trace file")
+        raise TraceError(f"{path}: not a regular file" if path.exists() else f"{path}: no such trace file")
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}

@@ -107,7 +107,7 @@ def test_ft_generate_chat_uses_the_template(capsys):
     (["--token-ids", "1,a"], "--token-ids: expected comma-separated integers"),
     (["--policy", "belady"], "--policy belady needs --future-trace"),
     (["--capacity", "99"], "capacity 99 exceeds the model's 16 routed experts"),
-    (["--split", "hybrid"], "hybrid split needs bp > 0 and bh > 0"),
+    (["--split", "hybrid"], "--split hybrid needs --bp > 0 and --bh > 0 (GB/s"),
     (["--device", "nope"], "--device 'nope' is not one of cpu, cuda, cuda:N"),  # was torch's RuntimeError
     pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here",  # was torch's AssertionError
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
