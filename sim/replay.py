@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from freetoken.placement import PREFILL, Call, CallStream, CompiledPolicy, PlacementPolicy, Plan, Split
-from freetoken.placement.counts import Counts, count
+from freetoken.placement.counts import Counts, count, count_by
 
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
            "hit_tokens", "fetch_tokens", "cpu_tokens")
@@ -63,8 +63,7 @@ class ReplayResult:
                 for p, name in ((0, "prefill"), (1, "decode")) if (self.log.phase == p).any()}
 
     def by_request(self) -> dict[int, Counts]:
-        return {int(r): count(self.log, self.log.request == r, self.expert_bytes)
-                for r in np.unique(self.log.request)}
+        return count_by(self.log, self.log.request, self.expert_bytes)
 
     def to_dict(self, breakdown: bool = True) -> dict:
         out = {"policy": self.policy, "split": self.split, "capacity": self.capacity, **self.total.to_dict()}

@@ -59,3 +59,21 @@ def test_counts_copy_is_every_field():
     record = Counts(*range(1, len(fields(Counts)) + 1))
     copied = record.copy()
     assert copied == record and copied is not record
+
+
+def test_per_request_counts_equal_a_masked_count_per_request():
+    """by_request groups the log in one pass per column; the reference is count() over each request's mask. Requests
+    interleave (batched continuous replay orders calls across requests) and ids need not be 0..R-1."""
+    from freetoken.sim.replay import ReplayLog, ReplayResult
+
+    rng = np.random.default_rng(3)
+    C = 500
+    cols = {c: rng.integers(0, 50, C) for c in ("hits", "fetched", "cpu", "evictions", "prefetched", "cpu_tokens",
+                                                "experts", "tokens", "hit_tokens", "fetch_tokens")}
+    request = rng.choice(np.array([7, 2, 40, 3]), C)  # [C] interleaved, not contiguous ids
+    log = ReplayLog(np.zeros(C, np.int64), np.zeros(C, np.int8), request, **cols)
+    result = ReplayResult("lru", "offload", 4, log, EXPERT_BYTES)
+    got = result.by_request()
+    assert list(got) == [2, 3, 7, 40]
+    assert got == {r: count(log, request == r, EXPERT_BYTES) for r in (2, 3, 7, 40)}
+    assert sum(c.hits for c in got.values()) == int(cols["hits"].sum())

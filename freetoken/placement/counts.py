@@ -43,11 +43,22 @@ class Counts:
         return d
 
 
+COUNTED = ("hits", "fetched", "cpu", "evictions", "prefetched", "cpu_tokens")  # Counts' per-call columns
+
+
+def count_by(log, group: np.ndarray, expert_bytes: int = 0) -> dict[int, Counts]:
+    """count() per distinct value of group ([calls], e.g. the log's request column), in one pass over each column
+    (a masked count per value is a pass per value: seconds for a trace of thousands of requests)."""
+    ids, inverse, calls = np.unique(group, return_inverse=True, return_counts=True)
+    sums = [np.bincount(inverse, np.asarray(getattr(log, c)), len(ids)).astype(np.int64).tolist() for c in COUNTED]
+    return {int(g): Counts(int(n), h, f, c, ev, pf, ct, (f + pf) * expert_bytes)
+            for g, n, h, f, c, ev, pf, ct in zip(ids.tolist(), calls.tolist(), *sums)}
+
+
 def count(log, mask: np.ndarray | None = None, expert_bytes: int = 0) -> Counts:
     """Sum per-call columns (hits, fetched, cpu, evictions, prefetched, cpu_tokens: [calls] arrays on `log`) over
     the calls where mask is true (all when None)."""
-    columns = (np.asarray(getattr(log, c)) for c in ("hits", "fetched", "cpu", "evictions", "prefetched",
-                                                      "cpu_tokens"))
+    columns = (np.asarray(getattr(log, c)) for c in COUNTED)
     hits, fetched, cpu, evictions, prefetched, cpu_tokens = (
         int(np.add.reduce(c if mask is None else c[mask])) for c in columns)
     return Counts(
