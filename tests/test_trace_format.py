@@ -129,3 +129,19 @@ def test_failed_save_leaves_no_partial_file_and_keeps_the_old_one(tmp_path, monk
         save(_trace(), tmp_path / "new.safetensors")
     assert target.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
+
+
+@pytest.mark.parametrize("block", [3, 64, 1 << 16])
+def test_first_repeat_finds_the_first_row_with_a_repeat_across_blocks(block):
+    """validate's duplicate check against a row-by-row reference, blocks smaller and larger than the rows."""
+    from freetoken.trace.format import _first_repeat
+
+    rng = np.random.default_rng(5)
+    rows = np.stack([rng.permutation(40)[:6] for _ in range(200)]).astype(np.int16)  # [200, 6] no repeats
+    assert _first_repeat(rows, block) is None
+    for where in ([150, 170], [5, 150], [199]):
+        bad = rows.copy()
+        for r in where:
+            bad[r, 4] = bad[r, 1]
+        reference = next(i for i, row in enumerate(bad.tolist()) if len(set(row)) < len(row))
+        assert _first_repeat(bad, block) == reference == min(where)
