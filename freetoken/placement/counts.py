@@ -1,5 +1,5 @@
-"""What a run of Plans moved: one record for the simulator's replay and the live engine's counters alike, and the
-one function that sums it from per-call columns (sim.replay.ReplayLog, the engine executor's call log)."""
+"""What a run of Plans moved: one record for the simulator's replay and the live engine's counters alike, and how it
+is summed from per-call columns (sim.replay.ReplayLog, the engine executor's call log): over a mask, or per group."""
 
 from __future__ import annotations
 

@@ -55,6 +55,7 @@ def test_gpu_check_dry_run_verdict_exit_code_and_json(tmp_path, capsys, monkeypa
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     monkeypatch.setitem(gpu_check.TOLERANCE, "float32", (-1.0, 1.0))  # a negative bound: every config fails
     monkeypatch.setattr(gpu_check, "CONFIGS", gpu_check.CONFIGS[1:2])
+    monkeypatch.setattr(gpu_check, "quant_memory_check", lambda *a: [])  # (ran above; no part of the verdict)
     assert gpu_check.main(argv) == 1
     bad = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert bad["verdict"] == "FAIL" and len(bad["failures"]) == 1 and "lru+hybrid" in bad["failures"][0]
