@@ -12,9 +12,10 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from freetoken.placement import PREFILL, Call, CallStream, CompiledPolicy, PlacementPolicy, Plan, Split
+from freetoken.placement import DECODE, PREFILL, Call, CallStream, CompiledPolicy, PlacementPolicy, Plan, Split
 from freetoken.placement.counts import Counts, count, count_by
 
+PHASE_NAMES = {PREFILL: "prefill", DECODE: "decode"}
 COLUMNS = ("layer", "phase", "request", "experts", "tokens", "hits", "fetched", "cpu", "evictions", "prefetched",
            "hit_tokens", "fetch_tokens", "cpu_tokens")
 
@@ -59,8 +60,7 @@ class ReplayResult:
         return count(self.log, None, self.expert_bytes)
 
     def by_phase(self) -> dict[str, Counts]:
-        return {name: count(self.log, self.log.phase == p, self.expert_bytes)
-                for p, name in ((0, "prefill"), (1, "decode")) if (self.log.phase == p).any()}
+        return {PHASE_NAMES[p]: c for p, c in count_by(self.log, self.log.phase, self.expert_bytes).items()}
 
     def by_request(self) -> dict[int, Counts]:
         return count_by(self.log, self.log.request, self.expert_bytes)

@@ -3,8 +3,9 @@
 numba passes a NamedTuple by value, flattened: a policy's State of ~40 arrays is ~280 machine arguments, written out
 in every hook's signature, unpacked at its entry and repacked at each call. That plumbing, not the hooks' own code,
 was most of the LLVM IR text numba generated, printed and parsed for a policy: 9.3 MB for the layer-sweep family,
-2.2 MB with its State, Core and scratch passed by address. Ref(T) is one pointer to the caller's copy (on the driver's stack: it outlives every call
-made under the driver). Its fields are read-only, as a NamedTuple's are; the arrays in them are written in place.
+2.2 MB with its State, Core and scratch passed by address. Ref(T) is one pointer to the caller's copy (on the
+driver's stack: it outlives every call made under the driver). Its fields are read-only, as a NamedTuple's are; the
+arrays in them are written in place.
 """
 
 from __future__ import annotations
