@@ -9,7 +9,6 @@ the test session has already imported the kernels as interpreted functions.
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -196,31 +195,13 @@ SPILLING = {  # (sm_90, sm_120)
 }
 
 
-def stack_bytes(cubin: bytes) -> str:
-    """' stack=N': the kernel's per-thread stack frame (register spills) from cuobjdump; '' without cuobjdump."""
-    import re
-    import tempfile
-
-    from triton import knobs
-
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        try:  # (the cuobjdump Triton ships)
-            out = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", f.name], capture_output=True,
-                                 text=True).stdout
-        except (AttributeError, OSError):
-            return ""
-    found = re.search(r"STACK:(\d+)", out)
-    return f" stack={found.group(1)}" if found else ""
-
-
 def compile_all(arch: int) -> int:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from freetoken.kernels.lazy import real
+    from tests.kernels.cubins import stack_bytes
 
     target = GPUTarget("cuda", arch, 32)
     failures = 0
@@ -240,17 +221,17 @@ def compile_all(arch: int) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_kernel_compiles(arch):
+    from tests.kernels.cubins import new_spills
+
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     res = subprocess.run([sys.executable, __file__, str(arch)], env=env, cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     lines = res.stdout.splitlines()
     assert res.returncode == 0 and not any(line.startswith("FAIL") for line in lines), res.stdout + res.stderr[-3000:]
     assert sum(line.startswith("OK ") for line in lines) == len(_variants())
-    stacks = {m.group(1): int(m.group(2)) for m in (re.match(r"OK (.*) stack=(\d+)$", line) for line in lines) if m}
-    spilling = {name: stack for name, stack in stacks.items() if stack > 0}
+    spilling, new = new_spills(lines, SPILLING, ARCHS.index(arch))
     print(f"sm_{arch} spills (bytes a thread): {spilling}")
-    known = {name for name, stacks in SPILLING.items() if stacks[ARCHS.index(arch)] > 0}
-    assert set(spilling) <= known, f"new spills on sm_{arch}: {set(spilling) - known}"
+    assert not new, f"new spills on sm_{arch}: {new}"
 
 
 if __name__ == "__main__":

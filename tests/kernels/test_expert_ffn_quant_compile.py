@@ -32,6 +32,13 @@ NUM_COMPILES = sum(2 if down else 1 for *_, down in VARIANTS)
 
 
 ARCHS = (90, 120)  # as test_compile_targets.py
+SPILLING = {  # the variants that spill, bytes a thread (sm_90, sm_120), as test_compile_targets.py's: prefill gate/up
+    "_gate_up_quant_kernel int4 {'GROUP': 128, 'HAS_G_IDX': True} one_pair=False": (592, 632),
+    "_gate_up_quant_kernel fp4 {'GROUP': 32, 'SCALE_CODE': 'e8m0'} one_pair=False": (408, 520),
+    "_gate_up_quant_kernel fp4 {'GROUP': 16, 'SCALE_CODE': 'e4m3', 'GLOBAL_OP': 'multiply'} one_pair=False": (432, 320),
+    "_down_quant_kernel int4 {'GROUP': 128, 'HAS_G_IDX': True} one_pair=False": (8, 0),
+    "_gate_up_quant_kernel fp8 {'BLOCK_ROWS': 1, 'BLOCK_COLS': 40} one_pair=True": (0, 8),
+}
 
 
 def compile_variants(arch: int) -> int:
@@ -40,6 +47,7 @@ def compile_variants(arch: int) -> int:
     from triton.compiler import ASTSource
 
     from freetoken.kernels.lazy import real
+    from tests.kernels.cubins import stack_bytes
 
     from freetoken.kernels.expert_ffn_quant import (
         _down_quant_kernel,
@@ -64,9 +72,9 @@ def compile_variants(arch: int) -> int:
             sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
             name = f"{fn.__name__} {kind} {layout} one_pair={one_pair}"
             try:
-                triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
-                               options={"num_warps": 4, "num_stages": 3})
-                print(f"OK {name}")
+                kernel = triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", arch, 32),
+                                        options={"num_warps": 4, "num_stages": 3})
+                print(f"OK {name}{stack_bytes(kernel.asm['cubin'])}")
             except Exception as e:  # noqa: BLE001  any compiler error: report every variant, then fail
                 failures += 1
                 print(f"FAIL {name}: {type(e).__name__}: {str(e)[:1500]}")
@@ -76,12 +84,17 @@ def compile_variants(arch: int) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_expert_ffn_quant_compiles(arch):
+    from tests.kernels.cubins import new_spills
+
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     res = subprocess.run([sys.executable, __file__, str(arch)], env=env, cwd=REPO, capture_output=True, text=True,
                          timeout=600, check=False)
     lines = res.stdout.splitlines()
     assert res.returncode == 0 and sum(line.startswith("OK ") for line in lines) == NUM_COMPILES, \
         res.stdout + res.stderr[-3000:]
+    spilling, new = new_spills(lines, SPILLING, ARCHS.index(arch))
+    print(f"sm_{arch} spills (bytes a thread): {spilling}")
+    assert not new, f"new spills on sm_{arch}: {new}"
 
 
 if __name__ == "__main__":
