@@ -136,7 +136,8 @@ def test_shipped_config_file_is_valid_and_bad_files_are_named(tmp_path):
 
 def test_shipped_defaults_fill_132_sms_at_model_shapes():
     # hand-derived from tuned_configs.json's defaults (no launch): programs per batch-1 call on a 132-SM GPU
-    narrow, wide = (tuning.tuned("linear_decode", c, CPU) for c in ("narrow", "wide"))
+    default = tuning.load_table()["default"]
+    narrow, wide = (default["linear_decode"][c] for c in ("narrow", "wide"))
     # Qwen3-30B-A3B k / v (512 x 2048): 64 tiles of 8 rows; 4 x 132 wanted -> 9 splits, capped at 2048 / 256 = 8
     assert split_k(512 // 8, 2048, narrow, CPU) == (8, 256)  # 512 programs (a tiled matmul: 16)
     # its router (128 x 2048): 16 tiles x 8 splits = 128 programs (a tiled matmul: 4)
@@ -144,5 +145,24 @@ def test_shipped_defaults_fill_132_sms_at_model_shapes():
     # fused qkv (5120 x 2048): 320 tiles of 16 rows, 2 splits of 1024
     assert split_k(5120 // 16, 2048, wide, CPU) == (2, 1024)
     # Mixtral-8x7B expert down (2 picks x 4096 / 64 tiles = 128, I = 14336): 3 splits of 4800 (the last 4736)
-    ffn = tuning.tuned("expert_ffn_decode", "any", CPU)
+    ffn = default["expert_ffn_decode"]["any"]
     assert split_k(2 * 4096 // ffn["DOWN_BLOCK_N"], 14336, ffn, CPU) == (3, 4800)
+
+
+@pytest.mark.parametrize("shape_class,T,D_out,splits", [("narrow", 3, 40, 3), ("wide", 1, 2100, 2)])
+def test_shipped_default_linear_decode_configs_under_the_interpreter(shape_class, T, D_out, splits):
+    # the interpreter runs its own wide, unsplit config (tuned_configs.json 'interpreter'); the GPU defaults' tiles,
+    # K steps and splits are checked here as a GPU launches them. K = 600 on 132 SMs: 5 narrow tiles of 8 rows ->
+    # 3 splits of 256 (the last 88 deep); 132 wide tiles of 16 rows -> 2 splits of 512 (the last 88 deep)
+    cfg = tuning.load_table()["default"]["linear_decode"][shape_class]
+    interpreted = tuning.tuned("linear_decode", shape_class, CPU)
+    assert interpreted["BLOCK_N"] > cfg["BLOCK_N"] and interpreted["split_k"] == 1
+    rows = 1 << (T - 1).bit_length()  # linear_decode narrows BLOCK_K for more rows
+    assert split_k(-(-D_out // cfg["BLOCK_N"]), 600, {**cfg, "BLOCK_K": max(cfg["BLOCK_K"] // rows, 32)}, CPU) == (
+        splits, 256 if shape_class == "narrow" else 512)
+    g = torch.Generator().manual_seed(T + D_out)
+    x = torch.randn(T, 600, generator=g).to(torch.bfloat16)
+    w = (torch.randn(D_out, 600, generator=g) / 600**0.5).to(torch.bfloat16)
+    with override("linear_decode", shape_class, cfg):
+        out = linear_decode(x, w)
+    assert_close(out, linear_decode_ref(x, w))
