@@ -59,6 +59,7 @@ def test_quick_run_writes_a_valid_cpu_profile(quick_run):
         assert r["gb_s"] <= r["peak_gb_s"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only report")
 def test_table_says_pcie_is_absent(tmp_path, capsys):
     assert main(["bench", "bw", "--quick", "--seconds", "0.2", "--threads", "1", "--cache-dir", str(tmp_path)]) == 0

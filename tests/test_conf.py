@@ -40,7 +40,7 @@ def test_every_option_instantiates(group):
             assert obj.name == name
 
 
-@pytest.mark.parametrize("group", ["model", "hardware"])
+@pytest.mark.parametrize("group", [pytest.param("model", marks=pytest.mark.slow), "hardware"])
 def test_every_card_and_profile_composes_and_loads(group):
     from freetoken.experiments.predict import card_and_profile
 

@@ -146,6 +146,7 @@ def test_scenario_rows_are_the_scenarios_replays():
     assert draft["belady"]["misses"] != solo["belady"]["misses"]  # a scenario's own calls, its own bound
 
 
+@pytest.mark.slow
 def test_hydra_study_scenario_settings_compose_and_validate(tmp_path):
     """conf/study/policy.yaml's scenario settings: the defaults are the grid's, an override changes the scenarios
     a run replays, and a bad value is one line naming its field."""

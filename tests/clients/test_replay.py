@@ -51,6 +51,7 @@ def test_fixtures_are_the_clients_own(agent_server):
                    if k in ("authorization", "x-api-key"))
 
 
+@pytest.mark.slow
 def test_claude_code_session(agent_server):
     import anthropic
 
@@ -82,6 +83,7 @@ def test_claude_code_session(agent_server):
     assert second.usage.cache_read_input_tokens > first.usage.input_tokens // 2  # the first turn's prefix reused
 
 
+@pytest.mark.slow
 def test_codex_session(agent_server):
     import openai
 
@@ -102,6 +104,7 @@ def test_codex_session(agent_server):
     assert finals[1].usage.input_tokens_details.cached_tokens > finals[0].usage.input_tokens // 2
 
 
+@pytest.mark.slow
 def test_opencode_session(agent_server):
     import openai
 

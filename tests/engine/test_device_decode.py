@@ -58,6 +58,7 @@ def test_device_placement_equals_host_policy(name, split, pipeline, ckpt):
     assert c.fetched > 0 and c.hits > 0 and (c.cpu > 0) == (split.mode == "hybrid")
 
 
+@pytest.mark.slow
 def test_reset_restores_the_device_state(ckpt):
     engine, first = run(ckpt, CacheConfig("lru", capacity=5), "device", keep_plans=False)
     counts = engine.counters
@@ -94,6 +95,7 @@ def test_syncs_per_decode_step_do_not_grow_with_layers(ckpt, tmp_path):
         assert host["copies"] >= 3 * layers
 
 
+@pytest.mark.slow
 def test_graph_path_skips_cleanly_without_cuda(ckpt):
     engine, out = run(ckpt, CacheConfig("lru", capacity=5), "device", keep_plans=False)
     assert engine.graphs is None and engine.decode_line == "decode: eager (CUDA graphs need CUDA)"

@@ -206,6 +206,7 @@ def test_demo_build_replaces_only_a_demo_checkpoint(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "mine", "note"]  # no temp folder left
 
 
+@pytest.mark.slow
 def test_ft_generate_progress_line_and_offline_policies(capsys, tmp_path):
     """Text on stdout, the progress line on stderr; belady with the future recorded by a first run of the same
     input is at least as good as lru (it is the offline optimum), frequency pins from a profile trace."""

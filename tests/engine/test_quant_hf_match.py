@@ -15,6 +15,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -37,21 +38,24 @@ ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 @dataclass(frozen=True)
 class Format:
-    config: dict
+    make_config: Callable[[], dict]  # the quantization_config, made when a model is built: compressed-tensors'
+    # schemes take ~4 s to import, which every test worker paid while collecting, whatever it ran
     pack: object  # (prefix, w [out, in]) -> (tensors, dequantized w); None for the fused mxfp4 layout
     attention: bool = False  # attention projections quantized as well
 
 
 FORMATS = {
-    "gptq": Format(packers.gptq_config(32, True) | {"modules_to_not_convert": ["gate", "lm_head"]},
+    "gptq": Format(lambda: packers.gptq_config(32, True) | {"modules_to_not_convert": ["gate", "lm_head"]},
                    lambda p, w: packers.gptq_auto_round(p, w, 32, True), attention=True),
-    "awq": Format(packers.CONFIGS["awq"](32), lambda p, w: packers.awq_auto_round(p, w, 32)),
-    "fp8_block": Format(packers.CONFIGS["fp8_block"]((32, 32)) | {"modules_to_not_convert": ["gate", "lm_head"]},
+    "awq": Format(lambda: packers.CONFIGS["awq"](32), lambda p, w: packers.awq_auto_round(p, w, 32)),
+    "fp8_block": Format(lambda: packers.CONFIGS["fp8_block"]((32, 32)) | {"modules_to_not_convert": ["gate",
+                                                                                                     "lm_head"]},
                         lambda p, w: packers.fp8_block_transformers(p, w, (32, 32)), attention=True),
-    "fp8_channel": Format(packers.CONFIGS["fp8_channel"]() | {"ignore": ["lm_head", "re:.*mlp.gate$"]},
+    "fp8_channel": Format(lambda: packers.CONFIGS["fp8_channel"]() | {"ignore": ["lm_head", "re:.*mlp.gate$"]},
                           packers.fp8_channel_ct),
-    "mxfp4": Format(packers.CONFIGS["mxfp4"](), None),
-    "nvfp4": Format(packers.CONFIGS["nvfp4_ct"]() | {"ignore": ["lm_head", "re:.*mlp.gate$"]}, packers.nvfp4_ct),
+    "mxfp4": Format(packers.CONFIGS["mxfp4"], None),
+    "nvfp4": Format(lambda: packers.CONFIGS["nvfp4_ct"]() | {"ignore": ["lm_head", "re:.*mlp.gate$"]},
+                    packers.nvfp4_ct),
 }
 KIND = {"gptq": "int4", "awq": "int4", "fp8_block": "fp8", "fp8_channel": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
 TRITON_CASES = ("gptq", "fp8_block", "nvfp4")  # one per packed kind
@@ -110,7 +114,7 @@ def build(fmt_name: str, out: Path) -> QuantModel:
                 weight.copy_(ref)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps(config | {"quantization_config": fmt.config}))
+    (out / "config.json").write_text(json.dumps(config | {"quantization_config": fmt.make_config()}))
     with torch.no_grad():
         gen = hf.generate(torch.tensor([PROMPT]), max_new_tokens=DECODE_STEPS + 1, do_sample=False,
                           min_new_tokens=DECODE_STEPS + 1)

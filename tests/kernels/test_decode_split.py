@@ -149,7 +149,8 @@ def test_shipped_defaults_fill_132_sms_at_model_shapes():
     assert split_k(2 * 4096 // ffn["DOWN_BLOCK_N"], 14336, ffn, CPU) == (3, 4800)
 
 
-@pytest.mark.parametrize("shape_class,T,D_out,splits", [("narrow", 3, 40, 3), ("wide", 1, 2100, 2)])
+@pytest.mark.parametrize("shape_class,T,D_out,splits", [("narrow", 3, 40, 3),
+                                                        pytest.param("wide", 1, 2100, 2, marks=pytest.mark.slow)])
 def test_shipped_default_linear_decode_configs_under_the_interpreter(shape_class, T, D_out, splits):
     # the interpreter runs its own wide, unsplit config (tuned_configs.json 'interpreter'); the GPU defaults' tiles,
     # K steps and splits are checked here as a GPU launches them. K = 600 on 132 SMs: 5 narrow tiles of 8 rows ->

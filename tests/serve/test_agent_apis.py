@@ -111,6 +111,7 @@ NAMESPACE = {"type": "namespace", "name": "agents", "description": "sub-agents",
                  "additionalProperties": False}}]}
 
 
+@pytest.mark.slow
 def test_codex_namespace_tools_come_back_with_their_namespace(served, model_id):
     c = openai_client(served.url)
     kw = dict(model=model_id, input="delegate", tools=[NAMESPACE], tool_choice="required", max_output_tokens=200,
@@ -146,6 +147,7 @@ EFFORT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.conten
                    "[flavor {{ flavor | default('none') }}]")
 
 
+@pytest.mark.slow
 def test_template_variables_reach_the_template(served, model_id, monkeypatch):
     """reasoning_effort and chat_template_kwargs (chat), reasoning.effort (Responses), output_config.effort
     (Anthropic) are chat-template variables: the prompt is what HF renders with them."""
