@@ -57,6 +57,29 @@ def test_hyper_connections_are_hf(hc):
     assert (comb_rows - 1).abs().max() < 1e-2 and (comb_cols - 1).abs().max() < 1e-5
 
 
+@pytest.mark.parametrize("T", [1, 70])
+def test_sinkhorn_on_both_paths_is_hf(T):
+    """hc_pre_ref = DeepseekV4HyperConnection at a decode token (its Sinkhorn in numpy) and past
+    SINKHORN_NUMPY_TOKENS (in torch)."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection
+
+    from freetoken.kernels.hyper_connection import SINKHORN_NUMPY_TOKENS
+
+    assert 1 <= SINKHORN_NUMPY_TOKENS < 70  # (the two cases take the two paths)
+    cfg = _hf_config(hc_mult=4)
+    g = torch.Generator().manual_seed(T)
+    mod = DeepseekV4HyperConnection(cfg)
+    with torch.no_grad():
+        for p in mod.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        x = torch.randn(1, T, 4, cfg.hidden_size, generator=g)
+        want = mod(x)
+    got = hc_pre_ref(x[0], mod.fn.detach(), mod.base.detach(), mod.scale.detach(), cfg.rms_norm_eps, cfg.hc_eps,
+                     cfg.hc_sinkhorn_iters)
+    for ours, theirs in zip(got, want):
+        assert_close(ours, theirs[0])
+
+
 def _hf_attention(q, kv, entries, picks, start, window, sinks, scale):
     """transformers' eager_attention_forward: keys = the cache rows up to the last query then the entries, the
     sliding causal mask, the compressor's block bias (a query sees only its picks), sinks."""
