@@ -1,10 +1,10 @@
 """Write the bytecode of the modules freetoken and its tests run on, by importing them once.
 
-scripts/setup.sh installs with pip's --no-compile: pip compiles every file of every package it installs (~55 s of
-the set-up on a 2-core machine, and most of those files are never imported). This imports what the CLI, the
-engine, the server and the tests load (in two processes: what imports torch, and the rest), so their first runs
-find it compiled; a module left out is compiled when it is first imported, as Python always does. Run it with
-bytecode writing on (setup.sh clears PYTHONDONTWRITEBYTECODE).
+scripts/setup.sh installs without bytecode (uv compiles nothing; pip with --no-compile, where it would compile every
+file of every package it installs: ~55 s of the set-up on a 2-core machine, most of those files never imported).
+This imports what the CLI, the engine, the server and the tests load (in two processes: what imports torch, and the
+rest), so their first runs find it compiled; a module left out is compiled when it is first imported, as Python
+always does. Run it with bytecode writing on (setup.sh clears PYTHONDONTWRITEBYTECODE).
 
     python scripts/precompile.py
 """

@@ -1,6 +1,7 @@
-"""scripts/precompile.py, which scripts/setup.sh runs after installing with pip's --no-compile: the modules it imports
-and the packages it compiles whole get their bytecode written; one that does not import is reported, and a package
-to compile whole that is not installed (or whose parent is not) is skipped: neither fails the set-up."""
+"""scripts/precompile.py, which scripts/setup.sh runs after installing without bytecode (uv, or pip's --no-compile):
+the modules it imports and the packages it compiles whole get their bytecode written; one that does not import is
+reported, and a package to compile whole that is not installed (or whose parent is not) is skipped: neither fails
+the set-up."""
 
 from __future__ import annotations
 
