@@ -104,6 +104,7 @@ def _close(real, syn) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_fitted_trace_has_the_real_traces_statistics(shared_traces):
     real = import_trace(shared_traces / "mixtral-8x7b" / "gsm8k_2_routing.jsonl")
     spec = fit_spec(real)
@@ -113,6 +114,7 @@ def test_fitted_trace_has_the_real_traces_statistics(shared_traces):
     assert not all(_close(real, synthesize(default)).values())
 
 
+@pytest.mark.slow
 def test_fitted_skew_tracks_each_layer(shared_traces):
     real = import_trace(shared_traces / "granite-3.0-1b-a400m" / "moe_expert_trace.json")
     syn = synthesize(fit_spec(real))

@@ -70,7 +70,8 @@ def check(text: str, schema: dict) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("name", list(WALK_SCHEMAS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "the test schema" else n
+                                  for n in WALK_SCHEMAS])  # (that walk: ~4 s)
 def test_random_walks_through_the_guarded_masks_always_validate(grammars, name):
     g, tok = grammars
     schema, rng = WALK_SCHEMAS[name], random.Random(0)
