@@ -179,17 +179,9 @@ def every_trace() -> list[Path]:
     return [*sorted(SHIPPED_TRACES.glob("*.safetensors")), *routing_logs(shared_traces_dir())]
 
 
-def load_any(path: str):
-    from freetoken.trace import load
-
-    if str(path).endswith(".safetensors"):
-        return load(path)
-    from freetoken.trace.importers import import_trace
-
-    return import_trace(path)
-
-
 def run(args: argparse.Namespace) -> int:
+    from freetoken.trace.importers import read_any
+
     check_prefill_chunk(args.prefill_chunk, "--prefill-chunk")
     if not 0 < args.fraction <= 1:
         raise ValueError(f"--fraction must lie in (0, 1], got {args.fraction}")
@@ -198,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, path in [("--trace", args.trace)] + [("--race", path) for path in args.race]:
         if not Path(path).is_file():
             raise ValueError(f"{flag} {path}: " + ("not a regular file" if Path(path).exists() else "no such file"))
-    trace = load_any(args.trace)
+    trace = read_any(args.trace)
     log = (lambda s: None) if args.json else (lambda s: print(f"  {s}", flush=True))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None
     out = run_bench(trace, args.capacities, args.prefill_chunk, args.fraction, not args.no_per_request,
@@ -212,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     out["races"] = {}
     for path in args.race:
         log(f"race on {path}")
-        out["races"][path] = race_on(load_any(path), args.prefill_chunk, args.fraction, args.repeat,
+        out["races"][path] = race_on(read_any(path), args.prefill_chunk, args.fraction, args.repeat,
                                        args.min_seconds)
     if args.json:
         print_json(out)

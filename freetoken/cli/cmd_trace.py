@@ -157,6 +157,7 @@ def run_synth(args: argparse.Namespace) -> int:
 
     from freetoken.sim.synth import FIT_CANDIDATES, SynthSpec, fit_spec, synthesize
     from freetoken.trace import save
+    from freetoken.trace.importers import read_any
 
     _check_out(args.out)
     shape = {"num_layers": args.layers, "num_experts": args.experts, "top_k": args.top_k,
@@ -166,7 +167,7 @@ def run_synth(args: argparse.Namespace) -> int:
     if args.skew is not None:
         given["skew"] = _parse_skew(args.skew)
     if args.fit:
-        real = _load_any(args.fit)
+        real = read_any(args.fit)
         with progress(FIT_CANDIDATES, f"fitting to {Path(args.fit).name}") as advance:
             spec = fit_spec(real, seed=args.seed, on_candidate=advance)
         if "num_layers" in given and given["num_layers"] != spec.num_layers and "skew" not in given:
@@ -194,14 +195,6 @@ def _parse_skew(text: str) -> float | tuple[float, ...]:
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"--skew must be finite, got {text!r}")
     return values[0] if len(values) == 1 else tuple(values)
-
-
-def _load_any(path: str) -> RoutingTrace:
-    """A saved trace, or any routing log an importer reads."""
-    from freetoken.trace import load
-    from freetoken.trace.importers import import_trace
-
-    return load(path) if path.endswith(".safetensors") else import_trace(path)
 
 
 def _check_out(out: str) -> None:

@@ -49,8 +49,8 @@ def detect_format(path: str | Path) -> str:
             return "granite_json"
     elif head.lstrip().startswith(b"{") and b'"prompts"' in head:  # a pretty-printed Granite dump
         return "granite_json"
-    raise TraceError(f"{path}: cannot tell the routing-log format from its content; pass the format "
-                     f"(--format) as one of: {valid}")
+    raise TraceError(f"{path}: cannot tell the routing-log format from its content; `ft trace import {path} OUT "
+                     f"--format FMT` reads it when told the format, one of: {valid}")
 
 
 def routing_logs(folder: str | Path) -> list[Path]:
@@ -65,6 +65,13 @@ def routing_logs(folder: str | Path) -> list[Path]:
         except TraceError:
             pass
     return found
+
+
+def read_any(path: str | Path) -> RoutingTrace:
+    """A saved trace (.safetensors), or any routing log an importer reads (its format told by its content)."""
+    from freetoken.trace import load
+
+    return load(path) if str(path).endswith(".safetensors") else import_trace(path)
 
 
 def import_trace(path: str | Path, fmt: str | None = None, *, model: str | None = None,
@@ -92,4 +99,4 @@ def import_trace(path: str | Path, fmt: str | None = None, *, model: str | None 
     return trace
 
 
-__all__ = ["IMPORTERS", "detect_format", "import_trace"]
+__all__ = ["IMPORTERS", "detect_format", "import_trace", "read_any"]
