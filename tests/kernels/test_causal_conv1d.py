@@ -93,3 +93,27 @@ def test_a_decode_batch_shifts_each_sequence_state():
             want = hf_update(x[b:b + 1].t()[None].contiguous(), hf_state, w, None, "silu")[0].t()
             assert_close(out[b:b + 1], want)
             torch.testing.assert_close(states[b], hf_state[0, :, 1:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("T", [1, 37])
+def test_bf16_references_are_hf_at_a_real_width(T):
+    """bf16 weights and inputs, 2,048 channels (the references sum the taps in fp32, where HF's fallbacks run bf16
+    F.conv1d): prefill from a carried state = HF's causal_conv1d_fn over the whole sequence, then one decode step =
+    its causal_conv1d_update."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_fn
+    from transformers.models.qwen3_next.modeling_qwen3_next import causal_conv1d_update as hf_update
+
+    g = torch.Generator().manual_seed(T)
+    width = 2048
+    x = torch.randn(5 + T + 1, width, generator=g).bfloat16()
+    w = (torch.randn(width, KW, generator=g) * 0.5).bfloat16()
+    state = torch.zeros(width, KW - 1, dtype=torch.bfloat16)
+    causal_conv1d_ref(x[:5], w, state)  # an earlier chunk
+    got = causal_conv1d_ref(x[5:5 + T], w, state)
+    want = causal_conv1d_fn(x[:5 + T].t()[None].contiguous(), w, None, activation="silu")[0].t()[5:]
+    assert got.dtype == torch.bfloat16
+    assert_close(got, want)
+    hf_state = torch.cat([torch.zeros(KW, width, dtype=torch.bfloat16), x[:5 + T]])[-KW:].t()[None].contiguous()
+    step = hf_update(x[-1:].t()[None].contiguous(), hf_state, w, None, "silu")[0].t()  # [1, C]
+    assert_close(causal_conv1d_update_ref(x[-1:], w, state), step)
+    torch.testing.assert_close(state, hf_state[0, :, 1:], rtol=0, atol=0)
