@@ -77,15 +77,16 @@ def test_decode_steps_continue_a_prefill_state():
         _close(state, want_state)
 
 
-def test_step_kernel_over_several_tokens_is_hf_recurrent_rule():
+def test_step_over_several_tokens_is_hf_recurrent_rule():
     from transformers.models.qwen3_next.modeling_qwen3_next import torch_recurrent_gated_delta_rule
 
     q, k, v, gate, beta = _inputs(4, 11)
     start = torch.randn(HV, DK, DV, generator=torch.Generator().manual_seed(1)) * 0.3
     want, want_state = _hf(torch_recurrent_gated_delta_rule, q, k, v, gate, beta, start.clone())
-    state = start.clone()
-    _close(gated_delta_step(q, k, v, gate, beta, state), want)
-    _close(state, want_state)
+    for fn in (gated_delta_step, gated_delta_step_ref):
+        state = start.clone()
+        _close(fn(q, k, v, gate, beta, state), want)
+        _close(state, want_state)
 
 
 def test_bad_state_is_named():
