@@ -149,14 +149,14 @@ def test_decode_probe_runs_both_splits_on_the_engine():
 def test_bad_counts_are_refused(capsys):
     for flag in ("--repeats", "--threads", "--seconds", "--misses-per-call"):
         assert main(["bench", "bw", "--quick", "--no-save", flag, "0"]) == 2
-        assert capsys.readouterr().err == f"ft bench: error: {flag} must be positive, got 0\n"
+        assert capsys.readouterr().err == f"ft bench bw: error: {flag} must be positive, got 0\n"
 
 
 def test_bad_geometry_is_refused(capsys):
     assert main(["bench", "bw", "--quick", "--format", "int3", "--no-save"]) == 2
     assert "expert format 'int3'" in capsys.readouterr().err
     assert main(["bench", "bw", "--quick", "--hidden", "0", "--no-save"]) == 2  # 0 was taken as "the default"
-    assert capsys.readouterr().err == "ft bench: error: expert geometry must be positive, got D=0, I=768\n"
+    assert capsys.readouterr().err == "ft bench bw: error: expert geometry must be positive, got D=0, I=768\n"
     with pytest.raises(ValueError, match="positive"):
         Geometry(0, 768)
 
@@ -200,5 +200,5 @@ def test_a_cache_dir_that_is_a_file_is_named_before_measuring(tmp_path, capsys):
     for cache, why in ((tmp_path / "cache", "it is a file"),
                        (tmp_path / "cache" / "sub", f"{tmp_path / 'cache'} is a file, not a folder")):
         assert main(["bench", "bw", "--quick", "--cache-dir", str(cache)]) == 2
-        assert capsys.readouterr().err == f"ft bench: error: --cache-dir {cache}: cannot write ({why})\n"
+        assert capsys.readouterr().err == f"ft bench bw: error: --cache-dir {cache}: cannot write ({why})\n"
     assert (tmp_path / "cache").read_text() == "mine\n"

@@ -108,20 +108,20 @@ def test_rss_against_the_checkpoint_whole_and_net_of_the_process_cost():
 def test_bad_flags_are_one_line_naming_the_flag(capsys, argv, message):
     assert main(["bench", "cpu", *argv]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"ft bench: error: {message}") and err.count("\n") == 1
+    assert err.startswith(f"ft bench cpu: error: {message}") and err.count("\n") == 1
 
 
 def test_a_work_dir_that_is_a_file_is_named(capsys, tmp_path):
     (tmp_path / "f").write_text("")
     assert main(["bench", "cpu", "--work-dir", str(tmp_path / "f")]) == 2
-    assert capsys.readouterr().err == f"ft bench: error: --work-dir {tmp_path / 'f'}: cannot write (it is a file)\n"
+    assert capsys.readouterr().err == f"ft bench cpu: error: --work-dir {tmp_path / 'f'}: cannot write (it is a file)\n"
 
 
 def test_llama_cpp_missing_is_one_clear_line(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
     assert main(["bench", "cpu", "--against", "llama.cpp", "--work-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("ft bench: error: --against llama.cpp needs llama-cpp-python, which cannot be imported")
+    assert err.startswith("ft bench cpu: error: --against llama.cpp needs llama-cpp-python, which cannot be imported")
     assert err.count("\n") == 1 and "pip install llama-cpp-python" in err
     assert not any(tmp_path.iterdir())  # refused before anything was built
 
@@ -253,7 +253,7 @@ def test_llama_cpp_comparison_starts_from_bf16_weights(capsys, monkeypatch, tmp_
     monkeypatch.setitem(sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))  # importable, never called here
     assert main(["bench", "cpu", "--against", "llama.cpp", "--model", str(DEMO_MODEL), "--work-dir",
                  str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"ft bench: error: --model {DEMO_MODEL}: --against llama.cpp starts from "
+    assert capsys.readouterr().err == (f"ft bench cpu: error: --model {DEMO_MODEL}: --against llama.cpp starts from "
                                        f"bf16 weights (the bf16 rows compare them as they are, the other rows are "
                                        f"made from them)\n")
 

@@ -77,5 +77,5 @@ def test_out_that_is_a_folder_is_named_before_measuring(tmp_path, capsys):
     from freetoken.cli import main
 
     assert main(["bench", "quant", "--device", "cpu", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr() == ("", f"ft bench: error: --out {tmp_path}: cannot write (it is a folder; give a "
+    assert capsys.readouterr() == ("", f"ft bench quant: error: --out {tmp_path}: cannot write (it is a folder; give a "
                                        f"file name)\n")

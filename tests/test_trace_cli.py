@@ -278,7 +278,8 @@ def test_synth_output_under_a_file_names_that_file(tmp_path, capsys):
     (tmp_path / "notes").write_text("mine\n")
     out = tmp_path / "notes" / "t.safetensors"
     assert main(["trace", "synth", str(out)] + SYNTH) == 2
-    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write ({tmp_path / 'notes'} is a file, not a folder)"
+    assert _error_line(capsys) == (f"ft trace synth: error: {out}: cannot write ({tmp_path / 'notes'} is a file, not a "
+                                   f"folder)")
     assert (tmp_path / "notes").read_text() == "mine\n"
 
 
@@ -291,7 +292,7 @@ def test_synth_in_a_folder_it_may_not_write_names_the_output_not_a_temp_file(tmp
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
     out = tmp_path / "t.safetensors"
     assert main(["trace", "synth", str(out)] + SYNTH) == 2
-    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (Permission denied)"
+    assert _error_line(capsys) == f"ft trace synth: error: {out}: cannot write (Permission denied)"
 
 
 def test_synth_interrupted_write_keeps_the_old_trace_whole_and_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
@@ -310,7 +311,7 @@ def test_synth_interrupted_write_keeps_the_old_trace_whole_and_leaves_no_temp_fi
 
     monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
     assert main(["trace", "synth", str(out), "--seed", "5"] + SYNTH) == 2
-    assert _error_line(capsys) == f"ft trace: error: {out}: cannot write (No space left on device)"
+    assert _error_line(capsys) == f"ft trace synth: error: {out}: cannot write (No space left on device)"
     assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["t.safetensors"]
 
 
@@ -322,8 +323,8 @@ def test_running_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(freetoken.sim.synth, "synthesize", too_big)
     assert main(["trace", "synth", str(tmp_path / "t.safetensors")] + SYNTH) == 2
-    assert _error_line(capsys) == ("ft trace: error: out of memory: Unable to allocate 745. GiB for an array with "
-                                   "shape (4, 25000000000, 2, 2); ask for less")
+    assert _error_line(capsys) == ("ft trace synth: error: out of memory: Unable to allocate 745. GiB for an array "
+                                   "with shape (4, 25000000000, 2, 2); ask for less")
 
 
 def test_deepseek_npz_that_is_not_a_zip_is_named(tmp_path, capsys):
@@ -333,5 +334,5 @@ def test_deepseek_npz_that_is_not_a_zip_is_named(tmp_path, capsys):
     for name in ("a.npz", "b.npz"):
         assert main(["trace", "import", str(tmp_path / name), str(tmp_path / "o.safetensors"), "--format",
                      "deepseek_npz"]) == 2
-        assert _error_line(capsys) == (f"ft trace: error: {tmp_path / name}: not a .npz archive (not a zip file; a "
-                                       f".npz holds experts, offsets, prompt_ids)")
+        assert _error_line(capsys) == (f"ft trace import: error: {tmp_path / name}: not a .npz archive (not a zip "
+                                       f"file; a .npz holds experts, offsets, prompt_ids)")

@@ -201,7 +201,7 @@ def test_demo_build_replaces_only_a_demo_checkpoint(tmp_path, capsys):
                          (tmp_path / "note", "is a file; give a folder for the demo checkpoint"),
                          (tmp_path / "note" / "demo", f"cannot write ({tmp_path / 'note'} is a file, not a folder)")):
         assert main(["demo", "build", "--out", str(out)]) == 2
-        assert capsys.readouterr().err == f"ft demo: error: {out}: {message}\n"
+        assert capsys.readouterr().err == f"ft demo build: error: {out}: {message}\n"
     assert (tmp_path / "mine" / "thesis.txt").read_text() == "precious\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["demo", "mine", "note"]  # no temp folder left
 
