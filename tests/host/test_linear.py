@@ -70,3 +70,21 @@ def test_strided_input_rows_and_the_op_dispatch():
     packed = pr.make("int4-g32", 1, 64, 96 + 32, gen).select(0)  # a packed projection, any row count
     xp = torch.randn(40, 128, generator=gen)
     assert ((ops.linear(xp, packed) - xp @ packed.to_float(0).T).abs().max()).item() < 1e-4
+
+
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
+def test_fp32_fallback_over_weight_blocks_equals_one_fp32_product(x_dtype, monkeypatch):
+    """Where torch's half GEMM is slow, a bf16 weight is converted FP32_BLOCK_ROWS rows at a time: the result (bias
+    included, the last block ragged) is one fp32 F.linear's, rounded to x's dtype."""
+    import torch.nn.functional as F
+
+    from freetoken.host import grouped
+
+    monkeypatch.setattr(grouped, "half_gemm_fast", lambda: False)
+    monkeypatch.setattr(ops, "FP32_BLOCK_ROWS", 48)
+    gen = torch.Generator().manual_seed(9)
+    w, bias = torch.randn(130, 64, generator=gen).bfloat16(), torch.randn(130, generator=gen).bfloat16()
+    x = torch.randn(ops.NATIVE_ROWS + 7, 64, generator=gen).to(x_dtype)
+    want = F.linear(x.float(), w.float(), bias.float()).to(x_dtype)
+    got = ops.linear(x, w, bias)
+    assert got.dtype == x_dtype and torch.equal(got, want)
