@@ -218,18 +218,13 @@ def sinkhorn(comb: torch.Tensor, hc_eps: float, iters: int) -> torch.Tensor:
     decode step runs 6 iters - 3 operations on 4 x 4 matrices twice per layer: on a CPU numpy does each in ~1.3 us
     against torch's ~3 us of dispatch (the same fp32 sums and divisions, bitwise equal wherever compared; one token,
     20 iters, one core: 361 -> 146 us)."""
-    if comb.device.type != "cpu" or comb.requires_grad or comb.shape[0] > SINKHORN_NUMPY_TOKENS:
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-        for _ in range(iters - 1):
-            comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_eps)
-            comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_eps)
-        return comb
-    c, eps = comb.numpy(), np.float32(hc_eps)
+    in_numpy = comb.device.type == "cpu" and not comb.requires_grad and comb.shape[0] <= SINKHORN_NUMPY_TOKENS
+    c, eps = (comb.numpy(), np.float32(hc_eps)) if in_numpy else (comb, hc_eps)  # (torch takes numpy's axis words)
     c = c / (c.sum(axis=-2, keepdims=True) + eps)
     for _ in range(iters - 1):
         c = c / (c.sum(axis=-1, keepdims=True) + eps)
         c = c / (c.sum(axis=-2, keepdims=True) + eps)
-    return torch.from_numpy(c)
+    return torch.from_numpy(c) if in_numpy else c
 
 
 def hc_head_ref(x: torch.Tensor, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, eps: float,
