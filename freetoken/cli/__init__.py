@@ -43,14 +43,22 @@ def no_abbreviations(parser: argparse.ArgumentParser) -> None:
                 no_abbreviations(child)
 
 
-def command_name(args: argparse.Namespace) -> str:
-    """The command as typed, its action included ("bench sim", "trace import"), as argparse names it in its errors."""
-    action = next((getattr(args, a) for a in ("bench", "trace_command", "demo") if getattr(args, a, None)), None)
-    return f"{args.command} {action}" if action else args.command
+def command_name(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The command as typed, down to its last sub-command ("bench sim", "trace import"), as argparse names it in its
+    own errors: read from the parser's sub-command levels, so a new one needs nothing here."""
+    words = []
+    while True:
+        level = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
+        chosen = getattr(args, level.dest, None) if level is not None else None
+        if chosen is None:
+            return " ".join(words)
+        words.append(chosen)
+        parser = level.choices[chosen]
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
     except BrokenPipeError:  # output piped into `head` and the like
@@ -67,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         message = e.render(CLI_NAMES) if isinstance(e, ConfigError) else e  # a cache field, spelled as its flag
         if isinstance(e, OSError) and e.strerror and e.filename is not None:  # not "[Errno 20] ...: 'x'"
             message = f"{e.filename}{f' -> {e.filename2}' if e.filename2 else ''}: {e.strerror}"
-        print(f"ft {command_name(args)}: error: {message}", file=sys.stderr)
+        print(f"ft {command_name(parser, args)}: error: {message}", file=sys.stderr)
         return 2
     except MemoryError as e:  # numpy's names the array it could not allocate: too many tokens, steps, ...
         if os.environ.get("FT_DEBUG"):
             raise
-        print(f"ft {command_name(args)}: error: out of memory{f': {e}' if str(e) else ''}; ask for less",
+        print(f"ft {command_name(parser, args)}: error: out of memory{f': {e}' if str(e) else ''}; ask for less",
               file=sys.stderr)
         return 2
