@@ -80,6 +80,35 @@ def test_sinkhorn_on_both_paths_is_hf(T):
         assert_close(ours, theirs[0])
 
 
+def test_references_over_several_token_blocks_are_hf():
+    """A prefill longer than HC_BLOCK_TOKENS runs the references a block at a time: (post, comb, collapsed), the
+    new streams and the head's collapse still equal transformers' modules over the whole prompt, the last block a
+    partial one."""
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4HyperConnection, DeepseekV4HyperHead
+
+    from freetoken.kernels.hyper_connection import HC_BLOCK_TOKENS
+
+    cfg = _hf_config(hc_mult=4)
+    g = torch.Generator().manual_seed(7)
+    T, D = 2 * HC_BLOCK_TOKENS + 44, cfg.hidden_size
+    mod, head = DeepseekV4HyperConnection(cfg), DeepseekV4HyperHead(cfg)
+    with torch.no_grad():
+        for p in (*mod.parameters(), *head.parameters()):
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        x = torch.randn(1, T, 4, D, generator=g).bfloat16()
+        post, comb, collapsed = mod(x)
+        y = torch.randn(1, T, D, generator=g).bfloat16()
+        streams = post.to(x.dtype).unsqueeze(-1) * y.unsqueeze(-2) + torch.matmul(comb.to(x.dtype).transpose(-1, -2), x)
+        final = head(x)
+    got = hc_pre_ref(x[0], mod.fn.detach(), mod.base.detach(), mod.scale.detach(), cfg.rms_norm_eps, cfg.hc_eps,
+                     cfg.hc_sinkhorn_iters)
+    for ours, theirs in zip(got, (post[0], comb[0], collapsed[0])):
+        assert_close(ours, theirs)
+    assert_close(hc_post_ref(x[0], y[0], got[0], got[1]), streams[0])
+    assert_close(hc_head_ref(x[0], head.hc_fn.detach(), head.hc_base.detach(), head.hc_scale.detach(),
+                             cfg.rms_norm_eps, cfg.hc_eps), final[0])
+
+
 def _hf_attention(q, kv, entries, picks, start, window, sinks, scale):
     """transformers' eager_attention_forward: keys = the cache rows up to the last query then the entries, the
     sliding causal mask, the compressor's block bias (a query sees only its picks), sinks."""
