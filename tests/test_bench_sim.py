@@ -48,7 +48,7 @@ def test_bench_prints_both_ratios(tmp_path, capsys):
 def test_bench_bad_input_is_one_line(tmp_path, capsys):
     assert main(["bench", "sim", "--trace", str(tmp_path / "nope.safetensors")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no such file" in err[0]
+    assert err == [f"ft bench sim: error: --trace {tmp_path / 'nope.safetensors'}: no such trace file"]
     path, _ = _top1_decode(tmp_path)
     assert main(["bench", "sim", "--trace", str(path), "--fraction", "1.5"]) == 2
     assert "--fraction" in capsys.readouterr().err
@@ -71,7 +71,9 @@ def test_bench_race_on_more_traces(tmp_path, capsys):
             assert race[f"{mode}ours_vs_{other}"] == race[f"{mode}{other}"]["seconds"] / race[f"{mode}ours"]["seconds"]
     assert main(["bench", "sim", "--trace", str(path), "--race", str(tmp_path / "nope.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--race" in err[0] and "no such file" in err[0]
+    assert err == [f"ft bench sim: error: --race {tmp_path / 'nope.jsonl'}: no such trace file"]
+    assert main(["bench", "sim", "--trace", str(path), "--race", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"ft bench sim: error: --race {tmp_path}: is a folder, not a trace file"
     assert main(["bench", "sim", "--trace", str(path), "--min-seconds", "-1"]) == 2
     assert "--min-seconds" in capsys.readouterr().err
 

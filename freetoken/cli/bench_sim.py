@@ -180,6 +180,7 @@ def every_trace() -> list[Path]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from freetoken.trace.format import trace_file
     from freetoken.trace.importers import read_any
 
     check_prefill_chunk(args.prefill_chunk, "--prefill-chunk")
@@ -188,8 +189,7 @@ def run(args: argparse.Namespace) -> int:
     if args.race_all:
         args.race = [*args.race, *(str(p) for p in every_trace() if str(p) not in (args.trace, *args.race))]
     for flag, path in [("--trace", args.trace)] + [("--race", path) for path in args.race]:
-        if not Path(path).is_file():
-            raise ValueError(f"{flag} {path}: " + ("not a regular file" if Path(path).exists() else "no such file"))
+        trace_file(path, flag)
     trace = read_any(args.trace)
     log = (lambda s: None) if args.json else (lambda s: print(f"  {s}", flush=True))
     policies = [p.strip() for p in args.policies.split(",") if p.strip()] if args.policies else None

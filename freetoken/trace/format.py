@@ -243,14 +243,21 @@ def canonical_header(blob: bytes) -> bytes:
     return len(text).to_bytes(8, "little") + text + blob[8 + n:]
 
 
+def trace_file(path: str | os.PathLike, flag: str = "") -> Path:
+    """`path` as a Path when it is a regular file; else a TraceError saying what it is (led by `flag`, the option
+    that gave it), the one wording every reader of a trace path uses."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    why = "is a folder, not a trace file" if path.is_dir() else "not a regular file" if path.exists() else \
+        "no such trace file"
+    raise TraceError(f"{flag} {path}: {why}" if flag else f"{path}: {why}")
+
+
 def load(path: str | os.PathLike) -> RoutingTrace:
     from safetensors import SafetensorError, safe_open
 
-    path = Path(path)
-    if path.is_dir():
-        raise TraceError(f"{path}: is a folder, not a trace file")
-    if not path.is_file():
-        raise TraceError(f"{path}: not a regular file" if path.exists() else f"{path}: no such trace file")
+    path = trace_file(path)
     try:
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from freetoken.trace.format import RoutingTrace, TraceError
+from freetoken.trace.format import RoutingTrace, TraceError, trace_file
 from freetoken.trace.importers.deepseek_npz import import_deepseek_npz
 from freetoken.trace.importers.granite_json import import_granite_json
 from freetoken.trace.importers.mixtral_jsonl import import_mixtral_jsonl
@@ -24,7 +24,7 @@ _PEEK = 1 << 20  # bytes read to recognise a text format
 
 def detect_format(path: str | Path) -> str:
     """The importer name for a file, from its content; TraceError saying why when no format fits."""
-    path = Path(path)
+    path = trace_file(path)
     valid = ", ".join(IMPORTERS)
     try:
         with open(path, "rb") as f:
@@ -79,9 +79,7 @@ def import_trace(path: str | Path, fmt: str | None = None, *, model: str | None 
     """Read a routing log; options go to the format's importer (e.g. incomplete='error' for mixtral_jsonl)."""
     import inspect
 
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: no such file")
+    path = trace_file(path)
     if fmt is None:
         fmt = detect_format(path)
     try:
