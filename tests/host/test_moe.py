@@ -90,8 +90,8 @@ def test_a_token_does_not_depend_on_its_batch_or_the_threads(fmt):
     ids, w = _routing(gen)
     hk.set_threads(1)
     batch = moe(m, x, ids, w, None)
-    solo = torch.cat([moe(m, x[t:t + 1], ids[t:t + 1], w[t:t + 1], None) for t in range(T)])
-    hk.set_threads(2)
+    solo = torch.cat([moe(m, x[t:t + 1], ids[t:t + 1], w[t:t + 1], None) for t in range(T)])  # (one token: whole
+    hk.set_threads(2)  # matrices a step; seven: FT_ROW_BLOCK rows a step, moe.c's two ways through the rows)
     two = moe(m, x, ids, w, None)
     hk.set_threads(3)  # slices of 42-43 rows: blocks that end mid-way through a tile
     three = torch.cat([moe(m, x[t:t + 1], ids[t:t + 1], w[t:t + 1], None) for t in range(T)])

@@ -36,6 +36,8 @@ static void prefetch_rows(const ft_matrix *m, int e, int64_t lo) {
     ft_prefetch_scales(m, e, (int)lo, (int)lo + FT_ROW_BLOCK);
 }
 
+#define DECODE_TOKENS 4 /* calls of up to this many tokens step through whole matrices (see step in ft_moe) */
+
 static int same_layout(const ft_matrix *a, const ft_matrix *b) {
     return a->kind == b->kind && a->cols == b->cols && a->group == b->group;
 }
@@ -70,7 +72,11 @@ int ft_moe(const ft_moe_args *a) {
     int64_t rs = ft_rows_scratch_floats(G);
     if (ft_rows_scratch_floats(U) > rs) rs = ft_rows_scratch_floats(U);
     if (ft_rows_scratch_floats(W2) > rs) rs = ft_rows_scratch_floats(W2);
-    const size_t per_thread = (size_t)(rs + 3 * (size_t)FT_ROW_BLOCK * T + (size_t)T + 64) * 4;
+    /* rows per step of the gate / up and down loops: a decode's few tokens take a thread's whole share of a matrix at
+     * once (gate rows, then up rows: one stream at a time, and the glue per expert, not per block of 64 rows); a
+     * prefill's many tokens FT_ROW_BLOCK rows at a time, so that their partial results stay in cache */
+    const int64_t step = T <= DECODE_TOKENS ? (I > D ? I : D) : FT_ROW_BLOCK;
+    const size_t per_thread = (size_t)(rs + 3 * (size_t)step * T + (size_t)T + 64) * 4;
     need += (size_t)P * 8 + acts_g + acts_u + acts_d + (size_t)P * I * 4 + (size_t)P * I * 2 + (size_t)nt * per_thread +
             (a->out ? 0 : (size_t)T * D * 4);
     ar = ft_arena_reset(need);
@@ -109,8 +115,8 @@ int ft_moe(const ft_moe_args *a) {
         ft_acts ag, au, ad; /* each thread's own view of the shared buffers (same fields in every thread): no thread
                              * ever reads a struct another one is writing */
         float *scr = (float *)(thread_mem + per_thread * tid);
-        float *gv = scr + rs, *uv = gv + (size_t)FT_ROW_BLOCK * T, *yv = uv + (size_t)FT_ROW_BLOCK * T;
-        int32_t *pidx = (int32_t *)(yv + (size_t)FT_ROW_BLOCK * T);
+        float *gv = scr + rs, *uv = gv + (size_t)step * T, *yv = uv + (size_t)step * T;
+        int32_t *pidx = (int32_t *)(yv + (size_t)step * T);
         int64_t lo, hi;
 
         /* activations of x for gate and up: each thread a slice of tokens */
@@ -130,8 +136,8 @@ int ft_moe(const ft_moe_args *a) {
             prefetch_rows(U, next < E ? next : -1, lo);
             const int32_t *toks = pair_tok + start[e];
             const float *bg = a->b_gate_up ? a->b_gate_up + (int64_t)e * D2 : NULL;
-            for (int64_t j0 = lo; j0 < hi; j0 += FT_ROW_BLOCK) {
-                const int64_t j1 = j0 + FT_ROW_BLOCK < hi ? j0 + FT_ROW_BLOCK : hi, m = (j1 - j0) * n;
+            for (int64_t j0 = lo; j0 < hi; j0 += step) {
+                const int64_t j1 = j0 + step < hi ? j0 + step : hi, m = (j1 - j0) * n;
                 ft_rows_dot(G, e, (int)j0, (int)j1, &ag, toks, n, gv, n, scr);
                 ft_rows_dot(U, e, (int)j0, (int)j1, &au, toks, n, uv, n, scr);
                 if (bg)
@@ -165,8 +171,8 @@ int ft_moe(const ft_moe_args *a) {
             prefetch_rows(W2, nx < E ? nx : -1, lo);
             for (int i = 0; i < n; i++) pidx[i] = start[e] + i;
             const float *bd = a->b_down ? a->b_down + (int64_t)e * D : NULL;
-            for (int64_t r0 = lo; r0 < hi; r0 += FT_ROW_BLOCK) {
-                const int64_t r1 = r0 + FT_ROW_BLOCK < hi ? r0 + FT_ROW_BLOCK : hi;
+            for (int64_t r0 = lo; r0 < hi; r0 += step) {
+                const int64_t r1 = r0 + step < hi ? r0 + step : hi;
                 ft_rows_dot(W2, e, (int)r0, (int)r1, &ad, pidx, n, yv, n, scr);
                 for (int i = 0; i < n; i++) {
                     const int64_t p = start[e] + i;
