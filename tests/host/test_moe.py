@@ -44,6 +44,27 @@ def test_dense_experts_equal_torch(dtype, generic):
 
 @pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_more_tokens_per_expert_than_one_pass_takes(dtype, generic):
+    """Dense rows meet an expert's tokens a chunk at a time (rows.c row_tokens: 3 tokens at a hidden size of 2,048, 6
+    at 1,024): with 16 tokens on each expert, every token's result equals the reference, and bitwise its result in a
+    call of its own."""
+    native_or_skip()
+    gen = torch.Generator().manual_seed(5)
+    E2, I2, D2, T2 = 2, 1024, 2048, 16
+    gu = (torch.randn(E2, 2 * I2, D2, generator=gen) / 32).to(dtype)
+    dn = (torch.randn(E2, D2, I2, generator=gen) / 32).to(dtype)
+    x = torch.randn(T2, D2, generator=gen).to(dtype)
+    ids, w = torch.tensor([[0, 1]] * T2, dtype=torch.int32), torch.rand(T2, 2, generator=gen)
+    m = MoEMatrices.dense(gu, dn)
+    batch = moe(m, x, ids, w, None, generic=generic)
+    solo = torch.cat([moe(m, x[t:t + 1], ids[t:t + 1], w[t:t + 1], None, generic=generic) for t in range(T2)])
+    assert torch.equal(batch, solo)
+    _check(batch, moe_ref(x, ids, w, torch.ones(E2, dtype=torch.uint8), gu[:, :I2].float(), gu[:, I2:].float(),
+                          dn.float()), dtype)
+
+
+@pytest.mark.parametrize("generic", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", pr.FORMATS)
 def test_packed_experts_equal_torch_on_the_dequantized_weights(fmt, dtype, generic, monkeypatch):
     native_or_skip()

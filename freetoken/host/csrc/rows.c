@@ -278,13 +278,27 @@ static inline __attribute__((always_inline)) void row_dot(const void *wv, const 
     }
 }
 
-/* one weight row (bf16, or fp32: W32, a constant at each call site) against the n activation rows, three at a time */
+/* Tokens per pass over a block of rows: as many fp32 activation rows as share 24 KB (of a 32-48 KB L1 data cache) with
+ * the weight row, a multiple of row_dot's three, so each row's dots read their activations from L1, not all n tokens
+ * from L2 per row. A token's arithmetic does not change (row_dot's sums per activation row). */
+#ifdef FT_DOT_F32
+#define F32_DOT 1 /* fp32 rows take dot_f32 */
+#else
+#define F32_DOT 0
+#endif
+static inline int row_tokens(int K) {
+    const int fit = (24 << 10) / (4 * (K > 0 ? K : 1)) / 3 * 3;
+    return fit > 3 ? fit : 3;
+}
+
+/* one weight row (bf16, or fp32: W32, a constant at each call site) against activation rows i0 .. i1 - 1, three at a
+ * time */
 static inline __attribute__((always_inline)) void row_against(const void *w, const ft_acts *a, const int32_t *idx,
-                                                              int n, int K, const int W32, float *yr) {
-    for (int i = 0; i < n; i += 3) {
+                                                              int i0, int i1, int K, const int W32, float *yr) {
+    for (int i = i0; i < i1; i += 3) {
         const float *x[3] = {NULL, NULL, NULL};
         float *out[3] = {NULL, NULL, NULL};
-        const int nt = n - i < 3 ? n - i : 3;
+        const int nt = i1 - i < 3 ? i1 - i : 3;
         for (int t = 0; t < nt; t++)
             x[t] = a->xf + (int64_t)(idx ? idx[i + t] : i + t) * a->cols, out[t] = yr + i + t;
         if (nt == 3) row_dot(w, x, K, 3, W32, out);
@@ -304,21 +318,29 @@ void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, co
         ft_rows_dot_a(m, e, r0, r1, a, idx, n, y, ldy, scratch);
         return;
     }
+#if defined(__AVX2__) && defined(__FMA__)
+    if (m->kind == FT_BF16 || (m->kind == FT_F32 && !F32_DOT)) { /* rows as stored: tokens a chunk at a time */
+        const int chunk = row_tokens(a->cols);
+        for (int i0 = 0; i0 < n; i0 += chunk) {
+            const int i1 = i0 + chunk < n ? i0 + chunk : n;
+            for (int r = r0; r < r1; r++) {
+                const uint8_t *w = m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes;
+                if (m->kind == FT_BF16) row_against(w, a, idx, i0, i1, m->cols, 0, y + (int64_t)(r - r0) * ldy);
+                else row_against(w, a, idx, i0, i1, m->cols, 1, y + (int64_t)(r - r0) * ldy);
+            }
+        }
+        return;
+    }
+#endif
     for (int r = r0; r < r1; r++) {
         float *yr = y + (int64_t)(r - r0) * ldy;
-#if defined(__AVX2__) && defined(__FMA__)
-        if (m->kind == FT_BF16) {
-            row_against(m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes, a, idx, n, m->cols, 0, yr);
-            continue;
-        }
-#endif
         const float *w = scratch;
         if (m->kind == FT_F32) w = (const float *)(m->data + (int64_t)e * m->data_stride + (int64_t)r * m->row_bytes);
         else decode_row(m, e, r, scratch, scratch + m->cols + 64);  /* (ft_rows_scratch_floats: room after cols) */
 #ifdef FT_DOT_F32
         for (int i = 0; i < n; i++) yr[i] = dot_f32(w, a->xf + (int64_t)(idx ? idx[i] : i) * a->cols, a->cols);
 #else
-        row_against(w, a, idx, n, m->cols, 1, yr);
+        row_against(w, a, idx, 0, n, m->cols, 1, yr);
 #endif
     }
 }
