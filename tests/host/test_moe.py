@@ -63,6 +63,26 @@ def test_more_tokens_per_expert_than_one_pass_takes(dtype, generic):
                           dn.float()), dtype)
 
 
+def test_packed_rows_meet_more_tokens_than_one_pass_takes():
+    """int4 rows against int8 activations take the tokens a chunk at a time too (rows_int8_driver.h: 12 at a hidden
+    size of 2,048): 16 tokens on each expert give the reference on the dequantized weights and, bitwise, each token's
+    result in a call of its own."""
+    native_or_skip()
+    gen = torch.Generator().manual_seed(6)
+    E2, I2, D2, T2 = 2, 256, 2048, 16
+    gate, up, down = pr.make("int4-g128", E2, I2, D2, gen), pr.make("int4-g128", E2, I2, D2, gen), \
+        pr.make("int4-g128", E2, D2, I2, gen)
+    x = torch.randn(T2, D2, generator=gen).bfloat16()
+    ids, w = torch.tensor([[0, 1]] * T2, dtype=torch.int32), torch.rand(T2, 2, generator=gen)
+    m = MoEMatrices(packed_matrix(gate), packed_matrix(up), packed_matrix(down), E2, keep=(gate, up, down))
+    batch = moe(m, x, ids, w, None)
+    solo = torch.cat([moe(m, x[t:t + 1], ids[t:t + 1], w[t:t + 1], None) for t in range(T2)])
+    assert torch.equal(batch, solo)
+    units = (hk.int8_acts_unit(gate), hk.int8_acts_unit(down)) if hk.int8_acts() else (None, None)
+    _check(batch, moe_ref(x, ids, w, torch.ones(E2, dtype=torch.uint8), pr.dequantized(gate), pr.dequantized(up),
+                          pr.dequantized(down), units=units), torch.bfloat16)
+
+
 @pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", pr.FORMATS)
