@@ -43,10 +43,10 @@ def half_gemm_fast() -> bool:
 _HALF_FAST: list[bool | None] = [None]
 
 
-def gemm_sized(ids: np.ndarray, take: np.ndarray | None, num_experts: int) -> bool:
-    """A long prefill chunk: its experts average enough tokens each that the blocked GEMM wins (where torch's half
-    GEMM is fast)."""
-    if ids.size < GEMM_TOKENS_PER_EXPERT or not half_gemm_fast():
+def gemm_sized(ids: np.ndarray, take: np.ndarray | None, num_experts: int, dtype: torch.dtype) -> bool:
+    """A long prefill chunk: its experts average enough tokens each that the blocked GEMM wins (where torch's GEMM in
+    the weights' dtype is fast: fp32 always, half types per half_gemm_fast)."""
+    if ids.size < GEMM_TOKENS_PER_EXPERT or not (dtype == torch.float32 or half_gemm_fast()):
         return False
     routed = ids[(ids >= 0) & (ids < num_experts)]
     if take is not None:

@@ -70,9 +70,10 @@ def test_a_long_prefill_chunk_takes_torchs_gemm_with_the_same_result(monkeypatch
     ids = np.stack([torch.randperm(E, generator=gen)[:K].numpy() for _ in range(T)]).astype(np.int32)
     w = torch.rand(T, K, generator=gen)
     monkeypatch.setattr(grouped, "_HALF_FAST", [False])  # an AVX2-only CPU: torch's bf16 GEMM is a slow fallback
-    assert not grouped.gemm_sized(ids, None, E)
+    assert not grouped.gemm_sized(ids, None, E, torch.bfloat16) and grouped.gemm_sized(ids, None, E, torch.float32)
     monkeypatch.setattr(grouped, "_HALF_FAST", [True])
-    assert grouped.gemm_sized(ids, None, E) and not grouped.gemm_sized(ids[:20], None, E)
+    bf16 = torch.bfloat16
+    assert grouped.gemm_sized(ids, None, E, bf16) and not grouped.gemm_sized(ids[:20], None, E, bf16)
     ref = moe_ref(x, torch.from_numpy(ids), w, torch.ones(E, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(),
                   dn.float())
     gemm = store.host_moe(0, x, ids, w, None)

@@ -46,7 +46,8 @@ def test_the_shared_expert_op_of_a_long_prompt_takes_the_gemm_and_keeps_its_resu
     gu, dn = _experts(gen, 1, I, D)
     x = torch.randn(T, D, generator=gen).bfloat16()
     slot0, scale = torch.zeros(T, 1, dtype=torch.int32), torch.rand(T, 1, generator=gen)
-    assert grouped.gemm_sized(slot0.numpy(), None, 1) == half_fast  # else the C kernels take it
+    assert grouped.gemm_sized(slot0.numpy(), None, 1, torch.bfloat16) == half_fast  # else the C kernels take it
+    assert grouped.gemm_sized(slot0.numpy(), None, 1, torch.float32)  # torch's fp32 GEMM: fast on every CPU
     ref = moe_ref(x, slot0, scale, torch.ones(1, dtype=torch.uint8), gu[:, :I].float(), gu[:, I:].float(), dn.float())
     assert _rel(ops.expert_ffn(x, slot0, scale, gu, dn), ref) < 1e-2
 
