@@ -141,7 +141,8 @@ class ExpertStore:
         kernels; dense experts of a long prefill chunk (grouped.GEMM_TOKENS_PER_EXPERT tokens each on average) go
         to torch's grouped GEMM instead (grouped.grouped_experts, computed in the dtype as HF transformers does), as
         they do where the host kernels are not built; packed experts without the host kernels, expert by expert."""
-        if host_kernels.available() and (self.packed or not grouped.gemm_sized(ids, take, self.num_experts, self.dtype)):
+        if host_kernels.available() and (self.packed or
+                                         not grouped.gemm_sized(ids, take, self.num_experts, self.dtype)):
             take_t = None if take is None else torch.from_numpy(np.ascontiguousarray(take, np.uint8))
             return host_kernels.moe(self.host_matrices(layer), x, torch.from_numpy(np.ascontiguousarray(ids, np.int32)),
                                     weights, take_t, cast=cast)

@@ -125,7 +125,7 @@ def expert_ffn(x: torch.Tensor, slot_ids: torch.Tensor, weights: torch.Tensor, w
     if not (hk.available() and w_gate_up.dtype in _DENSE and w_gate_up.is_contiguous() and w_down.is_contiguous()):
         return expert_ffn_host(x, slot_ids, weights, w_gate_up, w_down, b_gate_up, b_down, glu, alpha, limit)
     ids = slot_ids.numpy()
-    if grouped.available() and grouped.gemm_sized(ids, None, w_gate_up.shape[0], w_gate_up.dtype):  # a prefill-sized call: GEMMs
+    if grouped.available() and grouped.gemm_sized(ids, None, w_gate_up.shape[0], w_gate_up.dtype):  # prefill: GEMMs
         return grouped.grouped_experts(x, ids, weights, w_gate_up, w_down, None, b_gate_up, b_down,
                                        dict(glu=glu, alpha=alpha, limit=limit)).to(x.dtype)
     key = ("dense", w_gate_up.data_ptr(), w_down.data_ptr(), tuple(w_gate_up.shape), w_gate_up.dtype,

@@ -45,9 +45,9 @@ def test_dense_experts_equal_torch(dtype, generic):
 @pytest.mark.parametrize("generic", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_more_tokens_per_expert_than_one_pass_takes(dtype, generic):
-    """Dense rows meet an expert's tokens a chunk at a time (rows.c row_tokens: 3 tokens at a hidden size of 2,048, 6
-    at 1,024): with 16 tokens on each expert, every token's result equals the reference, and bitwise its result in a
-    call of its own."""
+    """Dense rows meet an expert's tokens a chunk at a time (ftk.h ft_tokens_per_pass: 3 tokens at a hidden size of
+    2,048, 6 at 1,024): with 16 tokens on each expert, every token's result equals the reference, and bitwise its
+    result in a call of its own."""
     native_or_skip()
     gen = torch.Generator().manual_seed(5)
     E2, I2, D2, T2 = 2, 1024, 2048, 16
@@ -64,7 +64,7 @@ def test_more_tokens_per_expert_than_one_pass_takes(dtype, generic):
 
 
 def test_packed_rows_meet_more_tokens_than_one_pass_takes():
-    """int4 rows against int8 activations take the tokens a chunk at a time too (rows_int8_driver.h: 12 at a hidden
+    """int4 rows against int8 activations take the tokens a chunk at a time too (ft_tokens_per_pass: 12 at a hidden
     size of 2,048): 16 tokens on each expert give the reference on the dequantized weights and, bitwise, each token's
     result in a call of its own."""
     native_or_skip()

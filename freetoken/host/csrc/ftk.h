@@ -90,6 +90,13 @@ void ft_scales_block(const ft_matrix *m, int e, int r0, int r1, float *sc);
  * them computes (separate arrays: each block start would otherwise wait on their first misses) */
 void ft_prefetch_scales(const ft_matrix *m, int e, int b0, int b1);
 #define FT_ROW_BLOCK 64
+/* Activation rows a block of weight rows meets per pass in a prefill: as many as share 24 KB (of a 32-48 KB L1 data
+ * cache) with the weight row, in multiples of the row kernel's tokens per call, so its dots read activations from L1
+ * rather than every token's from L2 for each row. Results do not change: each activation row's sums stay its own. */
+static inline int ft_tokens_per_pass(int64_t bytes_per_token, int multiple) {
+    const int64_t fit = (24 << 10) / (bytes_per_token > 0 ? bytes_per_token : 1) / multiple * multiple;
+    return fit > multiple ? (int)fit : multiple;
+}
 /* bytes ahead that the bf16 and int8 row kernels prefetch in software while they stream one row at a time (0: none,
  * the hardware prefetcher alone); ft_set_row_prefetch, chosen per CPU by freetoken.host.kernels */
 extern int32_t ft_row_prefetch;

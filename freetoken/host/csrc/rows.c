@@ -278,18 +278,11 @@ static inline __attribute__((always_inline)) void row_dot(const void *wv, const 
     }
 }
 
-/* Tokens per pass over a block of rows: as many fp32 activation rows as share 24 KB (of a 32-48 KB L1 data cache) with
- * the weight row, a multiple of row_dot's three, so each row's dots read their activations from L1, not all n tokens
- * from L2 per row. A token's arithmetic does not change (row_dot's sums per activation row). */
 #ifdef FT_DOT_F32
 #define F32_DOT 1 /* fp32 rows take dot_f32 */
 #else
 #define F32_DOT 0
 #endif
-static inline int row_tokens(int K) {
-    const int fit = (24 << 10) / (4 * (K > 0 ? K : 1)) / 3 * 3;
-    return fit > 3 ? fit : 3;
-}
 
 /* one weight row (bf16, or fp32: W32, a constant at each call site) against activation rows i0 .. i1 - 1, three at a
  * time */
@@ -320,7 +313,7 @@ void ft_rows_dot(const ft_matrix *m, int e, int r0, int r1, const ft_acts *a, co
     }
 #if defined(__AVX2__) && defined(__FMA__)
     if (m->kind == FT_BF16 || (m->kind == FT_F32 && !F32_DOT)) { /* rows as stored: tokens a chunk at a time */
-        const int chunk = row_tokens(a->cols);
+        const int chunk = ft_tokens_per_pass((int64_t)a->cols * 4, 3); /* fp32 activations, three per row_dot */
         for (int i0 = 0; i0 < n; i0 += chunk) {
             const int i1 = i0 + chunk < n ? i0 + chunk : n;
             for (int r = r0; r < r1; r++) {

@@ -76,28 +76,27 @@ static inline __attribute__((always_inline)) void rows_dot_q(const ft_matrix *m,
                         y + (int64_t)(r - r0) * ldy, ldy, 1, 4, 1, 1, W8);
             }
         }
-        /* the tokens a chunk at a time, as many int8 activation rows as fit 24 KB (rows.c row_tokens: their reads
-         * from L1, not every token's from L2 for each row) */
-        const int fit = (24 << 10) / K / 4 * 4, chunk = fit > 4 ? fit : 4, rb = r;
-        for (int i0 = 0; i0 < n; i0 += chunk)
-        for (r = rb; r < b1; r++) {
-            const float *s1[1] = {su + (int64_t)(r - b0) * nu}, *z1[1] = {zs + (int64_t)(r - b0) * nu};
+        const int chunk = ft_tokens_per_pass(K, 4), rb = r; /* int8 activations, four per q8_tile (ftk.h) */
+        for (int i0 = 0; i0 < n; i0 += chunk) {
             const int i1 = i0 + chunk < n ? i0 + chunk : n;
-            for (int i = i0; i < i1; i += 4) {
-                const int nt = i1 - i < 4 ? i1 - i : 4;
-                const int8_t *x[4];
-                const float *xd[4], *xza[4];
-                for (int t = 0; t < nt; t++) {
-                    const int64_t row = idx ? idx[i + t] : i + t;
-                    x[t] = xq + row * K, xd[t] = a->xd + row * nu, xza[t] = a->xsum + row * nu;
-                }
-                float *yr = y + (int64_t)(r - r0) * ldy + i;
-                const uint8_t *q = base + (int64_t)r * m->row_bytes;
-                switch (nt) {
-                case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0, W8); break;
-                case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0, W8); break;
-                case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0, W8); break;
-                default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0, W8);
+            for (r = rb; r < b1; r++) {
+                const float *s1[1] = {su + (int64_t)(r - b0) * nu}, *z1[1] = {zs + (int64_t)(r - b0) * nu};
+                for (int i = i0; i < i1; i += 4) {
+                    const int nt = i1 - i < 4 ? i1 - i : 4;
+                    const int8_t *x[4];
+                    const float *xd[4], *xza[4];
+                    for (int t = 0; t < nt; t++) {
+                        const int64_t row = idx ? idx[i + t] : i + t;
+                        x[t] = xq + row * K, xd[t] = a->xd + row * nu, xza[t] = a->xsum + row * nu;
+                    }
+                    float *yr = y + (int64_t)(r - r0) * ldy + i;
+                    const uint8_t *q = base + (int64_t)r * m->row_bytes;
+                    switch (nt) {
+                    case 1: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 1, 0, W8); break;
+                    case 2: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 2, 0, W8); break;
+                    case 3: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 3, 0, W8); break;
+                    default: q8_tile(q, m->row_bytes, K, U, s1, z1, x, xd, xza, yr, ldy, 1, 1, 4, 0, W8);
+                    }
                 }
             }
         }
