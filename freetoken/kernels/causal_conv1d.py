@@ -70,14 +70,15 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, si
     grid = (triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
     _causal_conv1d_kernel[grid](x, weight, state, out, T, C, x.stride(0), weight.stride(0), state.stride(0),
                                 out.stride(0), KW=KW, SILU=silu, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
-    _shift_state(state, x)
+    shift_state(state, x.t())
     return out
 
 
-def _shift_state(state: torch.Tensor, x: torch.Tensor) -> None:
-    """state <- the last K - 1 columns of (state, x^T): the inputs the next chunk's first taps read."""
-    if state.shape[1]:
-        state.copy_(torch.cat([state, x.t().to(state.dtype)], dim=1)[:, -state.shape[1]:])
+def shift_state(state: torch.Tensor, cols: torch.Tensor) -> None:
+    """state [..., C, K - 1] <- the last K - 1 columns of (state, cols [..., C, T]), cols joining in the state's
+    dtype: the inputs the next chunk's first taps read."""
+    if state.shape[-1]:
+        state.copy_(torch.cat([state, cols.to(state.dtype)], dim=-1)[..., -state.shape[-1]:])
 
 
 def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor, silu: bool = True) -> torch.Tensor:
@@ -90,7 +91,7 @@ def causal_conv1d_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor
     out = conv_taps(full, weight, T).t()  # [T, C]
     if silu:
         out = torch.nn.functional.silu(out)
-    _shift_state(state, x)
+    shift_state(state, x.t())
     return out.to(x.dtype).contiguous()
 
 

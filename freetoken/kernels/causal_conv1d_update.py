@@ -85,13 +85,12 @@ def causal_conv1d_update(x: torch.Tensor, weight: torch.Tensor, state: torch.Ten
 def causal_conv1d_update_ref(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
                              silu: bool = True) -> torch.Tensor:
     """torch: the one-token case of causal_conv1d_ref (same taps, same state shift), every sequence at once."""
-    from freetoken.kernels.causal_conv1d import conv_taps
+    from freetoken.kernels.causal_conv1d import conv_taps, shift_state
 
     states = _batched(x, weight, state)  # [B, C, K - 1]
     full = torch.cat([states.to(weight.dtype), x[:, :, None].to(weight.dtype)], dim=2).float()  # [B, C, K]
     out = conv_taps(full, weight, 1)[:, :, 0]  # [B, C]
     if silu:
         out = torch.nn.functional.silu(out)
-    if states.shape[2]:  # (as _shift_state: x joins in the state's dtype)
-        states.copy_(torch.cat([states[:, :, 1:], x[:, :, None].to(states.dtype)], dim=2))
+    shift_state(states, x[:, :, None])
     return out.to(x.dtype)
