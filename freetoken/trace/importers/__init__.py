@@ -79,9 +79,10 @@ def import_trace(path: str | Path, fmt: str | None = None, *, model: str | None 
     """Read a routing log; options go to the format's importer (e.g. incomplete='error' for mixtral_jsonl)."""
     import inspect
 
-    path = trace_file(path)
     if fmt is None:
-        fmt = detect_format(path)
+        fmt = detect_format(path)  # (which checks the path with trace_file first)
+    else:
+        trace_file(path)
     try:
         fn = IMPORTERS[fmt]
     except KeyError:
