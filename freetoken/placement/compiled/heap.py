@@ -11,7 +11,6 @@ from __future__ import annotations
 from freetoken.placement.compiled.cache import jit
 
 
-
 @jit
 def before(a, b, desc, x, y):
     """Key x sorts before key y."""
@@ -23,33 +22,26 @@ def before(a, b, desc, x, y):
 
 
 @jit
-def sift_up(heap, pos, a, b, desc, i):
+def sift(heap, pos, n, a, b, desc, i):
+    """Move heap[i] to its place in heap[:n]: up past the parents it sorts before, else down past the children that
+    sort before it (a key that rose needs no step down)."""
     key = heap[i]
+    child = 2 * i + 1  # (up: stays past n, so the down loop does not run)
     while i > 0:
         parent = (i - 1) >> 1
         if not before(a, b, desc, key, heap[parent]):
             break
         heap[i] = heap[parent]
         pos[heap[i]] = i
-        i = parent
-    heap[i] = key
-    pos[key] = i
-
-
-@jit
-def sift_down(heap, pos, n, a, b, desc, i):
-    key = heap[i]
-    while True:
-        child = 2 * i + 1
-        if child >= n:
-            break
+        i, child = parent, n
+    while child < n:
         if child + 1 < n and before(a, b, desc, heap[child + 1], heap[child]):
             child += 1
         if not before(a, b, desc, heap[child], key):
             break
         heap[i] = heap[child]
         pos[heap[i]] = i
-        i = child
+        i, child = child, 2 * child + 1
     heap[i] = key
     pos[key] = i
 
@@ -62,8 +54,7 @@ def refile(heap, pos, size, at, a, b, desc, key):
         i = size[at]
         heap[i] = key
         size[at] += 1
-    sift_up(heap, pos, a, b, desc, i)
-    sift_down(heap, pos, size[at], a, b, desc, pos[key])
+    sift(heap, pos, size[at], a, b, desc, i)
 
 
 @jit
@@ -73,11 +64,8 @@ def remove_at(heap, pos, size, at, a, b, desc, i):
     n = size[at]
     if i == n:
         return
-    moved = heap[n]
-    heap[i] = moved
-    pos[moved] = i
-    sift_up(heap, pos, a, b, desc, i)
-    sift_down(heap, pos, n, a, b, desc, pos[moved])
+    heap[i] = heap[n]  # the last key fills the hole, then finds its place
+    sift(heap, pos, n, a, b, desc, i)
 
 
 @jit
@@ -97,8 +85,7 @@ def pop(heap, pos, size, at, a, b, desc):
     n = size[at]
     if n > 0:
         heap[0] = heap[n]
-        pos[heap[0]] = 0
-        sift_down(heap, pos, n, a, b, desc, 0)
+        sift(heap, pos, n, a, b, desc, 0)
     return key
 
 
