@@ -176,7 +176,10 @@ def test_share_two_flows_by_hand():
     assert share(100, 10, 60, 20, math.inf) == pytest.approx((10.0, 3.0))
     # DRAM 15 B/s < 30: rates 5 and 10; b ends at 6 s, a has 70 B left at 10 B/s -> 13 s
     assert share(100, 10, 60, 20, 15) == pytest.approx((13.0, 6.0))
+    # the other way round: a (60 B at 10 B/s) ends at 6 s, b has 100 - 5 * 6 = 70 B left at min(10, 15) -> 13 s
+    assert share(60, 20, 100, 10, 15) == pytest.approx((6.0, 13.0))
     assert share(0, 10, 60, 20, 15) == pytest.approx((0.0, 4.0))  # alone: min(cap, DRAM)
+    assert share(100, 20, 0, 10, 15) == pytest.approx((100 / 15, 0.0))
 
 
 def _hybrid_log(rule: str, m: int, hw: HardwareProfile):
@@ -250,6 +253,10 @@ def test_host_work_bounds_and_kernel_floors_by_hand():
     work.post_launches[:] = 200
     t = charge(log_of(dict(hits=1, hit_tokens=1)), meta_of([1]), toy_card(), hw, options, work).seconds[0]
     assert t == pytest.approx(1.5 * MS + 20e-6 + 2 * MS, rel=1e-9)
+    # 50 launches before the router (0.5 ms) now run under the dense part and its 3 kernel floors (1.003 ms)
+    work.pre_launches[:], work.post_launches[:] = 50, 50
+    t = charge(log_of(dict(hits=1, hit_tokens=1)), meta_of([1]), toy_card(), hw, options, work).seconds[0]
+    assert t == pytest.approx(DENSE + 3e-6 + 20e-6 + 1 * MS + 2e-6, rel=1e-9)
     # no host work: the old lanes, at the datasheet rates (the toy's efficiencies are 1)
     assert charge(log_of(dict(hits=1, hit_tokens=1)), meta_of([1]), toy_card(), hw, options).seconds[0] == \
         pytest.approx(DENSE + 1 * MS, rel=1e-9)
@@ -340,3 +347,47 @@ def test_layer_copies_load_every_expert_of_a_prefill_calls_layer():
             == pytest.approx(DENSE + 2 * MS + 1 * MS, rel=1e-9))
     with pytest.raises(ValueError, match="prefill_copies 'all' is not one of missing, layer"):
         CostOptions(prefill_copies="all")
+
+
+def _two_layer_card() -> ModelCard:
+    """Four layers, two of them MoE (Lm = 2): one attention layer (half a share per MoE call), one Gated DeltaNet
+    layer of one head; dense weights 6 MB and 6 bytes of KV per token (3 MB and 3 bytes per MoE call), states 6 MB
+    per sequence (read and written: 6 MB per sequence per MoE call)."""
+    return toy_card(num_layers=4, moe_layers=2, attention_layers=1, linear_layers=1, linear_heads=1,
+                    dense_params=0.006, kv_bytes_per_token=6, state_bytes_per_sequence=6_000_000,
+                    attention_width=1000, total_params=0.030, active_params=0.018)
+
+
+def test_a_batched_call_of_a_multi_layer_model_by_hand():
+    """The dense part of one MoE call is the model's per-MoE-layer share, and a batched call (sequences) reads each
+    sequence's KV and state: the toy's one-layer, one-sequence calls cannot tell * from / by Lm or seqs."""
+    card, dense_only = _two_layer_card(), dict(phase=1)
+    # decode of 2 sequences (1 token each) at mean context 999,999: bytes 3 MB dense + 3 B x 2 x 1e6 KV + 6 MB x 2
+    # states = 21 MB at 3 GB/s = 7 ms; FLOPs (12 us GEMM, 4 us attention, 0.1 us delta rule) far under it
+    meta = CallMeta(np.array([2]), np.array([999_999]), np.array([0]), sequences=np.array([2]))
+    t = charge(log_of(dense_only), meta, card, toy_hw(), CostOptions(host="independent")).seconds[0]
+    assert t == pytest.approx(21e6 / 3e9, rel=1e-9)
+    # a prefill chunk of 2 sequences x 500 tokens at context 5,000, FLOP-bound (bytes: 3 MB + 3 B x 2 x 5,500 +
+    # 12 MB = 5.011 ms): GEMMs 2 x 3e6 x 1000 = 6 ms; attention 4 x 1000 x 1000 x (5000 + 501 / 2) x 1/2 =
+    # 10.501 ms; the delta rule per token of 64-token chunks 6 x 128 x 128 + 64 x (6 + 4) x 128 + 2 x 64^2 / 3,
+    # x 1000 tokens / 2 MoE layers
+    meta = CallMeta(np.array([1000]), np.array([5000]), np.array([0]), sequences=np.array([2]))
+    t = charge(log_of(dict(phase=0)), meta, card, toy_hw(), CostOptions(host="independent")).seconds[0]
+    delta_rule = (6 * 128 * 128 + 64 * 10 * 128 + 2 * 64 * 64 / 3) * 1000 / 2
+    assert t == pytest.approx(6 * MS + 10.501 * MS + delta_rule / 1e12, rel=1e-9)
+
+
+def test_a_prefill_call_after_a_decode_call_loads_nothing_early():
+    # the double buffer loads a prefill call's experts while the call before it runs only when that call is a
+    # prefill call too: after a decode step (a hit, 1 ms) the prefill call copies after its own routing
+    calls = [dict(phase=1, hits=1, hit_tokens=1), dict(phase=0, fetched=1, fetch_tokens=1)]
+    t = seconds(calls, [1, 1])
+    assert t.tolist() == pytest.approx([DENSE + 1 * MS, DENSE + 2 * MS + 1 * MS])
+
+
+def test_fetched_experts_compute_flop_bound_in_prefill():
+    # a 1000-token prefill chunk on one fetched expert: its copy 2 ms, then 2 x 3e6 x 1000 FLOPs = 6 ms (bytes: 1 ms)
+    single = CostOptions(host="independent", double_buffer=False)
+    t = seconds([dict(phase=0, fetched=1, fetch_tokens=1000)], [1000], single)
+    dense = (6e9 + 4 * 1000 * 500.5) / 1e12
+    assert t[0] == pytest.approx(dense + 2 * MS + 6 * MS)
