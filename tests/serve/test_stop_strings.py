@@ -14,7 +14,7 @@ import pytest
 from conftest import TIMEOUT, openai_client, running
 from test_textstream import decode, run
 
-from freetoken.serve.stopmatch import MAX_STOP_CHARS, MAX_STOPS, StopMatcher
+from freetoken.serve.stopmatch import MAX_STOP_CHARS, MAX_STOPS, Match, StopMatcher, check_stops
 from freetoken.serve.textstream import TextStream
 
 
@@ -44,6 +44,44 @@ def test_matcher_equals_brute_force(seed):
             found = (end, hit.start)
             break
     assert found == brute(text, needles)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_every_match_and_partial_past_the_first(seed):
+    """Fed on past each match, at every position: the earliest-starting needle that ends there (its first index
+    among equal needles) and the partial, against a search over the text. Letters that start no needle, and
+    repeated needles, exercise the automaton's fallbacks."""
+    rng = random.Random(seed)
+    alphabet = "abcd"
+    needles = ["".join(rng.choice(alphabet[:3]) for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 4))]
+    needles += rng.sample(needles, rng.randint(0, 1))  # a needle given twice
+    text = "".join(rng.choice(alphabet) for _ in range(80))
+    m = StopMatcher(needles)
+    for end, ch in enumerate(text, start=1):
+        hit = m.feed(ch)
+        ending = [(end - len(n), i) for i, n in enumerate(needles) if text[:end].endswith(n)]
+        assert (hit.start, hit.needle) == min(ending) if ending else hit is None
+        longest = max((k for n in needles for k in range(1, len(n) + 1) if text[:end].endswith(n[:k])), default=0)
+        assert m.partial == longest
+
+
+def test_a_chunk_reports_the_stop_that_completed_first_among_equal_starts():
+    # fed at once or char by char, "ab" completes before "abc" does: the same stop either way
+    assert StopMatcher(["abc", "ab"]).feed("xabcd") == StopMatcher(["abc", "ab"]).feed("xab") == Match(1, 1)
+
+
+def test_an_empty_stop_string_never_matches():
+    hit = StopMatcher(["", "b"]).feed("ab")
+    assert (hit.start, hit.needle) == (1, 1)
+
+
+def test_the_caps_on_stop_strings_are_inclusive():
+    check_stops(["x"] * MAX_STOPS)
+    check_stops(["x" * MAX_STOP_CHARS])
+    with pytest.raises(ValueError, match=f"at most {MAX_STOPS} stop strings, got {MAX_STOPS + 1}"):
+        check_stops(["x"] * (MAX_STOPS + 1))
+    with pytest.raises(ValueError, match=rf"stop\[1\]: a stop string is at most {MAX_STOP_CHARS} characters"):
+        check_stops(["x", "x" * (MAX_STOP_CHARS + 1)])
 
 
 def test_include_stop_str_in_output_and_min_tokens():

@@ -52,6 +52,27 @@ def test_deltas_add_up_to_the_text_cut_at_the_earliest_stop(seed):
         assert emitted == expect[: len(emitted)]
 
 
+def test_text_streams_as_it_comes_holding_back_only_a_stop_in_the_making():
+    # after each byte, everything but the longest tail that could still become the stop string has been emitted
+    text, stop = "we wow work wo", "wox"
+    ts, emitted = TextStream(decode, [stop]), ""
+    for k, b in enumerate(text.encode(), start=1):
+        emitted += ts.push(b)
+        tail = max((n for n in range(1, len(stop)) if text[:k].endswith(stop[:n])), default=0)
+        assert emitted == text[:k - tail]
+    assert emitted + ts.finish() == text and ts.stop is None
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_stop_string_completed_inside_a_token(include):
+    # multi-character tokens: the stop ends in the middle of the second one, a character of its own on each side
+    vocab = ["ab", "cSTOPde", "fg"]
+    ts = TextStream(lambda ids: "".join(vocab[i] for i in ids), ["STOP"], include_stop=include)
+    deltas = [ts.push(0), ts.push(1), ts.push(2), ts.finish()]
+    assert "".join(deltas) == ts.text == ("abcSTOP" if include else "abc")
+    assert ts.stop == "STOP"
+
+
 @pytest.mark.parametrize("seed", range(10))
 def test_invalid_bytes_stream_to_the_whole_text_decode(seed):
     # random bytes: broken and unfinished UTF-8 sequences, as a random-weight byte-level model emits
