@@ -174,6 +174,7 @@ def test_double_buffering_loads_the_next_prefill_call_early():
 def test_share_two_flows_by_hand():
     # a: 100 B capped at 10 B/s, b: 60 B capped at 20 B/s
     assert share(100, 10, 60, 20, math.inf) == pytest.approx((10.0, 3.0))
+    assert share(100, 10, 60, 20, 45) == pytest.approx((10.0, 3.0))  # a DRAM above both caps: each at its own
     # DRAM 15 B/s < 30: rates 5 and 10; b ends at 6 s, a has 70 B left at 10 B/s -> 13 s
     assert share(100, 10, 60, 20, 15) == pytest.approx((13.0, 6.0))
     # the other way round: a (60 B at 10 B/s) ends at 6 s, b has 100 - 5 * 6 = 70 B left at min(10, 15) -> 13 s
