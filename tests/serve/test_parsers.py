@@ -29,10 +29,10 @@ OTHER_FORMS = {  # second documented form of a format
 
 
 def run(parser, text: str, seed: int) -> tuple[list, list]:
-    """Feeds text in random pieces; -> (merged (kind, text) pieces, calls)."""
+    """Feeds text in random pieces (seed None: in one); -> (merged (kind, text) pieces, calls)."""
     rng, pieces, i = random.Random(seed), [], 0
     while i < len(text):
-        n = rng.randint(1, 6)
+        n = rng.randint(1, 6) if seed is not None else len(text)  # None: the whole text at once
         pieces += parser.feed(text[i:i + n])
         i += n
     rest, calls = parser.finish()
@@ -90,6 +90,42 @@ def test_harmony_channels_and_calls(seed):
     assert pieces == [("reasoning", "Think."), ("content", "Hello!")] and calls == []
     pieces, _ = run(output_parser("harmony", "harmony", False, False), "plain text, no channels", seed)
     assert pieces == [("content", "plain text, no channels")]
+
+
+@pytest.mark.parametrize("seed", [*range(3), None])
+def test_harmony_edges(seed):
+    """Every message of a whole text in one feed (seed None) or in pieces: what each channel accumulated, a header
+    left without its message, a malformed call's body as text, and a final body ending in a marker's first char."""
+    parser = output_parser("harmony", "harmony", False, False)
+    text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi<|end|>" \
+           "<|start|>assistant"  # a header the output ended in
+    assert run(parser, text, seed) == ([("reasoning", "Think."), ("content", "Hi")], [])
+    assert (parser.reasoning, parser.content) == ("Think.", "Hi")
+    body = '{"city": "Par'  # the call's JSON cut short: the body is text
+    text = f"<|channel|>commentary to=functions.get_weather<|message|>{body}"
+    assert run(output_parser("harmony", "harmony", True, False), text, seed) == ([("content", body)], [])
+    text = "<|channel|>final<|message|>a <"
+    assert run(output_parser("harmony", "harmony", False, False), text, seed) == ([("content", "a <")], [])
+    assert run(output_parser("harmony", "harmony", False, False), "", seed) == ([], [])
+
+
+def test_harmony_in_reasoning_follows_the_channel():
+    parser = output_parser("harmony", "harmony", False, False)
+    parser.feed("<|channel|>analysis<|message|>Thi")
+    assert parser.in_reasoning
+    parser.feed("nk.<|end|><|start|>assistant<|channel|>final<|message|>He")
+    assert not parser.in_reasoning
+
+
+@pytest.mark.parametrize("seed", [*range(3), None])
+def test_think_and_tool_edges(seed):
+    # a call with no content before it; content and reasoning that end in a marker's first characters at the end
+    text = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>'
+    pieces, calls = run(output_parser("hermes", "none", True, False), text, seed)
+    assert pieces == [] and [(c.name, json.loads(c.arguments)) for c in calls] == [(CALL["name"], CALL["arguments"])]
+    assert run(output_parser("hermes", "none", True, False), "a <tool", seed) == ([("content", "a <tool")], [])
+    assert run(output_parser("hermes", "think", False, True), "plan </thi", seed) == ([("reasoning", "plan </thi")], [])
+    assert run(output_parser("hermes", "think", False, False), "<thi", seed) == ([("content", "<thi")], [])
 
 
 def test_family_picks_the_parsers_and_flags_override():
