@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -54,6 +55,26 @@ def test_tool_formats_streamed_in_any_split(fmt, seed):
         # streamed: the text before the marker (a newline before it may already be out); final: without it
         assert [(k, t.rstrip()) for k, t in pieces] == [("content", OUTPUTS[fmt][1])] and parser.content == "Sure."
         assert [(c.name, json.loads(c.arguments)) for c in calls] == [(CALL["name"], CALL["arguments"])]
+
+
+@pytest.mark.parametrize("fmt", sorted(OUTPUTS))
+def test_calls_with_no_text_before_them(fmt):
+    # the model answers with the call alone: no content, the call parsed (its id as OpenAI's: call_ + 24 hex)
+    for text in (OUTPUTS[fmt][0], OTHER_FORMS.get(fmt, OUTPUTS[fmt][0])):
+        text = text.removeprefix("Sure.").lstrip("\n")
+        parser = output_parser(fmt, "none", tools_enabled=True, thinking_open=False)
+        pieces, calls = run(parser, text, None)
+        assert pieces == [] and parser.content == ""
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [(CALL["name"], CALL["arguments"])]
+        assert re.fullmatch(r"call_[0-9a-f]{24}", calls[0].id)
+
+
+def test_deepseek_v2_arguments_over_several_lines():
+    # the name<sep>{json} form with pretty-printed JSON: a newline in the body does not make it the V3 form
+    text = ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\n  "city": "Paris",\n  "days": 2\n}'
+            "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    _, calls = run(output_parser("deepseek", "none", tools_enabled=True, thinking_open=False), text, None)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [(CALL["name"], CALL["arguments"])]
 
 
 @pytest.mark.parametrize("fmt", sorted(OUTPUTS))
