@@ -77,3 +77,24 @@ def test_per_request_counts_equal_a_masked_count_per_request():
     assert list(got) == [2, 3, 7, 40]
     assert got == {r: count(log, request == r, EXPERT_BYTES) for r in (2, 3, 7, 40)}
     assert sum(c.hits for c in got.values()) == int(cols["hits"].sum())
+
+
+def test_counts_of_a_small_log_by_hand():
+    from freetoken.placement.counts import Counts, count_by
+    from freetoken.sim.replay import COLUMNS, ReplayLog
+
+    calls = [dict(phase=0, request=0, hits=2, fetched=1, prefetched=1),
+             dict(phase=1, request=0, fetched=2, cpu=1, evictions=1, cpu_tokens=3),
+             dict(phase=1, request=1, hits=1, cpu=1, cpu_tokens=1)]
+    log = ReplayLog(**{c: np.array([call.get(c, 0) for call in calls], np.int64) for c in COLUMNS})
+    total = count(log, None, 10)  # fetched bytes: (3 fetched + 1 prefetched) x 10
+    assert total == Counts(calls=3, hits=3, fetched=3, cpu=2, evictions=1, prefetched=1, cpu_tokens=4,
+                           fetched_bytes=40)
+    assert (total.misses, total.accesses, total.hit_rate) == (5, 8, 3 / 8)
+    assert total.to_dict()["miss_rate"] == 5 / 8
+    assert count(log, np.array([False, True, True]), 10) == Counts(2, 1, 2, 2, 1, 0, 4, 20)
+    assert count_by(log, log.request, 10) == {0: Counts(2, 2, 3, 1, 1, 1, 3, 40), 1: Counts(1, 1, 0, 1, 0, 0, 1, 0)}
+    assert count(log).fetched_bytes == 0 and count_by(log, log.request)[0].fetched_bytes == 0  # no expert size given
+    empty = Counts()
+    assert empty == Counts(0, 0, 0, 0, 0, 0, 0, 0)
+    assert (empty.hit_rate, empty.to_dict()["miss_rate"]) == (0.0, 0.0)
