@@ -81,12 +81,11 @@ def test_per_request_counts_equal_a_masked_count_per_request():
 
 def test_counts_of_a_small_log_by_hand():
     from freetoken.placement.counts import Counts, count_by
-    from freetoken.sim.replay import COLUMNS, ReplayLog
+    from tests.test_cost_lanes import log_of
 
-    calls = [dict(phase=0, request=0, hits=2, fetched=1, prefetched=1),
-             dict(phase=1, request=0, fetched=2, cpu=1, evictions=1, cpu_tokens=3),
-             dict(phase=1, request=1, hits=1, cpu=1, cpu_tokens=1)]
-    log = ReplayLog(**{c: np.array([call.get(c, 0) for call in calls], np.int64) for c in COLUMNS})
+    log = log_of(dict(phase=0, request=0, hits=2, fetched=1, prefetched=1),
+                 dict(phase=1, request=0, fetched=2, cpu=1, evictions=1, cpu_tokens=3),
+                 dict(phase=1, request=1, hits=1, cpu=1, cpu_tokens=1))
     total = count(log, None, 10)  # fetched bytes: (3 fetched + 1 prefetched) x 10
     assert total == Counts(calls=3, hits=3, fetched=3, cpu=2, evictions=1, prefetched=1, cpu_tokens=4,
                            fetched_bytes=40)

@@ -28,6 +28,11 @@ def brute(text: str, needles: list[str]) -> tuple[int, int] | None:
     return None
 
 
+def partial(text: str, needles: list[str]) -> int:
+    """The longest suffix of text that is a prefix of some needle (or a whole one)."""
+    return max((k for n in needles for k in range(1, len(n) + 1) if text.endswith(n[:k])), default=0)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_matcher_equals_brute_force(seed):
     rng = random.Random(seed)
@@ -37,9 +42,7 @@ def test_matcher_equals_brute_force(seed):
     m, found = StopMatcher(needles), None
     for end, ch in enumerate(text, start=1):
         hit = m.feed(ch)
-        # partial: the longest suffix that is a proper prefix of some needle (or a whole one)
-        longest = max((k for n in needles for k in range(1, len(n) + 1) if text[:end].endswith(n[:k])), default=0)
-        assert m.partial == longest
+        assert m.partial == partial(text[:end], needles)
         if hit is not None:
             found = (end, hit.start)
             break
@@ -61,8 +64,7 @@ def test_every_match_and_partial_past_the_first(seed):
         hit = m.feed(ch)
         ending = [(end - len(n), i) for i, n in enumerate(needles) if text[:end].endswith(n)]
         assert (hit.start, hit.needle) == min(ending) if ending else hit is None
-        longest = max((k for n in needles for k in range(1, len(n) + 1) if text[:end].endswith(n[:k])), default=0)
-        assert m.partial == longest
+        assert m.partial == partial(text[:end], needles)
 
 
 def test_a_chunk_reports_the_stop_that_completed_first_among_equal_starts():
